@@ -1,0 +1,351 @@
+"""The GPT decoder (and, switched on by config, the encoder of the full seq2seq Transformer).
+
+    from gpt import GPT, GPTConfig
+    model = GPT(GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128))
+    logits, loss = model(idx, targets)          # logits always (B, T, vocab_size)
+
+Design notes
+- Parameter names follow GPT-2 (`transformer.wte`, `transformer.h.0.attn.c_attn`, ...), so GPT-2
+  weights map key for key (Hugging Face's Conv1D stores them transposed: see gpt/hf.py).
+- `Attention` takes optional key/value input (cross-attention), an optional mask and an optional
+  `KVCache`; the decoder-only path uses `is_causal=True` and no explicit mask, the fast path of
+  `F.scaled_dot_product_attention`.
+- `forward` always returns full logits; generation asks `hidden()` for the last position only
+  (gpt/sampling.py), so nothing here changes shape depending on whether targets were given.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64
+    block_size: int = 1024  # longest sequence (learned positions are absolute)
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True  # biases in Linear and LayerNorm, as GPT-2
+    # Seq2seq (the encoder of "Attention Is All You Need"); 0 keeps the decoder-only model.
+    n_encoder_layer: int = 0
+    pos_encoding: str = "learned"  # "learned" or "sinusoidal"
+    norm: str = "pre"  # "pre" (GPT-2) or "post" (the paper: LayerNorm(x + Sublayer(x)))
+    label_smoothing: float = 0.0
+
+    def __post_init__(self):
+        problems = []
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                problems.append(f"{name} must be a positive integer, got {value!r}")
+        if not problems and self.n_embd % self.n_head:
+            problems.append(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if not (0.0 <= self.dropout < 1.0):
+            problems.append(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if not isinstance(self.n_encoder_layer, int) or self.n_encoder_layer < 0:
+            problems.append(f"n_encoder_layer must be an integer >= 0, got {self.n_encoder_layer!r}")
+        if self.pos_encoding not in ("learned", "sinusoidal"):
+            problems.append(f"pos_encoding must be 'learned' or 'sinusoidal', got {self.pos_encoding!r}")
+        if self.norm not in ("pre", "post"):
+            problems.append(f"norm must be 'pre' or 'post', got {self.norm!r}")
+        if not (0.0 <= self.label_smoothing < 1.0):
+            problems.append(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
+        if problems:
+            raise ValueError("invalid GPTConfig: " + "; ".join(problems))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GPTConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown GPTConfig fields {unknown}; valid: {sorted(known)}")
+        return cls(**d)
+
+
+class KVCache:
+    """Keys and values of one attention layer for incremental decoding.
+
+    Preallocated to `max_len`; `append` writes the new keys/values at `pos` and returns views of
+    everything cached so far. For cross-attention the encoder's keys/values are stored once
+    (`fixed=True`) and returned unchanged at every step.
+    """
+
+    def __init__(self, batch: int, n_head: int, max_len: int, head_dim: int, device, dtype):
+        shape = (batch, n_head, max_len, head_dim)
+        self.k = torch.empty(shape, device=device, dtype=dtype)
+        self.v = torch.empty(shape, device=device, dtype=dtype)
+        self.pos = 0
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        t = k.size(2)
+        if self.pos + t > self.k.size(2):
+            raise RuntimeError(f"KV cache overflow: {self.pos} + {t} > {self.k.size(2)}")
+        self.k[:, :, self.pos : self.pos + t] = k
+        self.v[:, :, self.pos : self.pos + t] = v
+        self.pos += t
+        return self.k[:, :, : self.pos], self.v[:, :, : self.pos]
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Select batch rows (beam search keeps the surviving hypotheses)."""
+        self.k = self.k.index_select(0, index)
+        self.v = self.v.index_select(0, index)
+
+
+class Attention(nn.Module):
+    """Multi-head scaled dot-product attention, softmax(QK^T/sqrt(d_k) + M)V.
+
+    Self-attention when `kv is None`; cross-attention otherwise (queries from `x`, keys and values
+    from `kv`, both through the one fused `c_attn` weight as torch.nn.MultiheadAttention does).
+    `mask` is a boolean (B or 1, 1, Tq or 1, Tk) tensor, True where attention is allowed.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.dropout = config.dropout
+
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        B, T, C = t.shape
+        return t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+
+    def project_kv(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values for cross-attention over `kv` (computed once per source in generation)."""
+        C = self.n_embd
+        b = self.c_attn.bias[C:] if self.c_attn.bias is not None else None
+        k, v = F.linear(kv, self.c_attn.weight[C:], b).split(C, dim=2)
+        return self._heads(k), self._heads(v)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        kv: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
+        mask: torch.Tensor | None = None,
+        causal: bool = False,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        B, T, C = x.shape
+        if kv is None:  # self-attention
+            q, k, v = self.c_attn(x).split(C, dim=2)
+            q, k, v = self._heads(q), self._heads(k), self._heads(v)
+            past = 0
+            if cache is not None:
+                past = cache.pos
+                k, v = cache.append(k, v)
+        else:  # cross-attention: kv is the memory (B, S, C) or its precomputed (k, v) heads
+            b = self.c_attn.bias[:C] if self.c_attn.bias is not None else None
+            q = self._heads(F.linear(x, self.c_attn.weight[:C], b))
+            k, v = kv if isinstance(kv, tuple) else self.project_kv(kv)
+            past, causal = 0, False
+        if causal and (past > 0 or mask is not None):
+            # SDPA's is_causal assumes no cache and no other mask: build the mask explicitly.
+            # Query i (at absolute position past + i) sees keys <= past + i; one new token sees all.
+            if T > 1:
+                allowed = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
+                mask = allowed if mask is None else mask & allowed
+            causal = False
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, dropout_p=self.dropout if self.training else 0.0
+        )  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward network, width 4 * n_embd, GELU."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's gelu_new
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """Self-attention, optional cross-attention, feed-forward; each a residual sublayer.
+
+    Pre-norm (GPT-2): x + Sublayer(LN(x)). Post-norm (the paper): LN(x + Sublayer(x)).
+    """
+
+    def __init__(self, config: GPTConfig, cross: bool = False):
+        super().__init__()
+        self.post_norm = config.norm == "post"
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = Attention(config)
+        if cross:
+            self.ln_cross = nn.LayerNorm(config.n_embd, bias=config.bias)
+            self.cross_attn = Attention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def _sublayer(self, x, ln, fn):
+        return ln(x + fn(x)) if self.post_norm else x + fn(ln(x))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        causal: bool = True,
+        cache: KVCache | None = None,
+        memory=None,
+        memory_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = self._sublayer(x, self.ln_1, lambda h: self.attn(h, mask=mask, causal=causal, cache=cache))
+        if memory is not None:
+            x = self._sublayer(x, self.ln_cross, lambda h: self.cross_attn(h, kv=memory, mask=memory_mask))
+        return self._sublayer(x, self.ln_2, self.mlp)
+
+
+def sinusoidal_positions(n_pos: int, dim: int) -> torch.Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d))."""
+    pos = torch.arange(n_pos, dtype=torch.float32)[:, None]
+    inv = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    pe = torch.zeros(n_pos, dim)
+    pe[:, 0::2] = torch.sin(pos * inv)
+    pe[:, 1::2] = torch.cos(pos * inv[: dim // 2])
+    return pe
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList(Block(config, cross=config.n_encoder_layer > 0) for _ in range(config.n_layer)),
+                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            )
+        )
+        if config.pos_encoding == "sinusoidal":  # fixed, not learned: a buffer in place of wpe's weight
+            del self.transformer["wpe"]
+            self.register_buffer("pe", sinusoidal_positions(config.block_size, config.n_embd), persistent=False)
+        if config.n_encoder_layer > 0:
+            self.encoder = nn.ModuleDict(
+                dict(
+                    h=nn.ModuleList(Block(config) for _ in range(config.n_encoder_layer)),
+                    ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+                )
+            )
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # weight tying: one matrix, two uses
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """GPT-2 initialisation, all in one place:
+
+        | parameter                                  | init                                  |
+        |--------------------------------------------|---------------------------------------|
+        | Linear weights, embeddings (wte, wpe)      | normal(0, 0.02)                       |
+        | residual projections (attn/mlp `c_proj`)   | normal(0, 0.02 / sqrt(2 * n_layer))   |
+        | biases                                     | zero                                  |
+        | LayerNorm                                  | weight 1, bias 0 (PyTorch's default)  |
+        """
+        if isinstance(module, nn.Linear):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        elif isinstance(module, (Attention, MLP)):  # residual projection, after its own Linear init
+            n_residual = 2 * (self.config.n_layer + self.config.n_encoder_layer)
+            torch.nn.init.normal_(module.c_proj.weight, mean=0.0, std=0.02 / math.sqrt(n_residual))
+
+    # ---- forward paths -------------------------------------------------------------------------
+
+    def embed(self, idx: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
+        T = idx.size(1)
+        if start_pos + T > self.config.block_size:
+            raise ValueError(
+                f"sequence of length {start_pos + T} exceeds block_size {self.config.block_size}; "
+                f"crop the input to its last {self.config.block_size} tokens"
+            )
+        tok = self.transformer.wte(idx)  # (B, T, C)
+        if self.config.pos_encoding == "sinusoidal":
+            tok = tok * math.sqrt(self.config.n_embd)  # the paper scales embeddings by sqrt(d_model)
+            return self.transformer.drop(tok + self.pe[start_pos : start_pos + T])
+        pos = torch.arange(start_pos, start_pos + T, device=idx.device)
+        return self.transformer.drop(tok + self.transformer.wpe(pos))
+
+    def hidden(
+        self,
+        idx: torch.Tensor,
+        caches: list[KVCache] | None = None,
+        memory=None,
+        memory_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Final-LayerNorm hidden states (B, T, C) of the decoder stack.
+
+        With `caches` (one KVCache per layer) the tokens continue the cached sequence. With an
+        encoder, `memory` is its output (or, per layer, precomputed cross-attention key/values).
+        """
+        start = caches[0].pos if caches else 0
+        x = self.embed(idx, start)
+        for i, block in enumerate(self.transformer.h):
+            mem = memory[i] if isinstance(memory, list) else memory
+            x = block(x, causal=True, cache=caches[i] if caches else None, memory=mem, memory_mask=memory_mask)
+        return self.transformer.ln_f(x)
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(
+            logits.view(-1, logits.size(-1)).float(), targets.reshape(-1),
+            ignore_index=-1, label_smoothing=self.config.label_smoothing,
+        )
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        """Logits (B, T, vocab_size) and, given targets, the mean cross-entropy (ignore_index=-1)."""
+        logits = self.lm_head(self.hidden(idx))
+        loss = self.loss(logits, targets) if targets is not None else None
+        return logits, loss
+
+    # ---- what users expect next to the model ---------------------------------------------------
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Unique parameters (the tied head counted once); without position embeddings by default."""
+        n = sum(p.numel() for p in self.parameters())  # parameters() yields a tied tensor once
+        if non_embedding and "wpe" in self.transformer:
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs per token (forward + backward): 6N + 12 * L * T * C (PaLM appendix B)."""
+        T = seq_len or self.config.block_size
+        L = self.config.n_layer + self.config.n_encoder_layer
+        return 6 * self.num_params() + 12 * L * T * self.config.n_embd
+
+    def param_groups(self, weight_decay: float) -> list[dict]:
+        """Weight decay on matrices (Linear weights, embeddings); none on biases and LayerNorms."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        return [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+
+    def crop_block_size(self, block_size: int) -> None:
+        """Shrink the context (fine-tuning at a shorter block): position embeddings are cropped."""
+        if block_size > self.config.block_size:
+            raise ValueError(f"cannot grow block_size from {self.config.block_size} to {block_size}")
+        self.config.block_size = block_size
+        if "wpe" in self.transformer:
+            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+        else:
+            self.pe = self.pe[:block_size]

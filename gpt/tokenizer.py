@@ -1,0 +1,196 @@
+"""Tokenizers: one small interface, rebuilt from a JSON-serialisable spec.
+
+    tok = get_tokenizer({"kind": "gpt2"})          # tiktoken's GPT-2 BPE (50257 ids)
+    tok = CharTokenizer.from_text(corpus)          # a character vocabulary
+    tok = get_tokenizer(tok.spec)                  # the same tokenizer again, e.g. from meta.json
+
+Every tokenizer has `encode(text) -> list[int]`, `decode(ids) -> str`, `decode_bytes(ids)`,
+`vocab_size`, `eot_token` and `spec`. Datasets and checkpoints store the spec, so sampling always
+uses the tokenizer that made the data.
+
+Policies
+- Decoding never raises: bytes cut in the middle of a UTF-8 character decode to U+FFFD; for
+  streaming, `StreamDecoder` holds incomplete bytes back until the character is complete.
+- `char`: text containing a character outside the vocabulary is an error (ValueError naming the
+  characters), never a silent substitution.
+- `gpt2` offline: set GPT2_TIKTOKEN_FILE (or pass `ranks_file`) to a `.tiktoken` ranks file;
+  otherwise tiktoken downloads and caches its files the normal way.
+"""
+
+from __future__ import annotations
+
+import base64
+import codecs
+import os
+from typing import Iterable, Protocol
+
+EOT_TEXT = "<|endoftext|>"
+# GPT-2's pre-tokenizer: contractions, letters, digits, other symbols, whitespace.
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+GPT2_RANKS_ENV = "GPT2_TIKTOKEN_FILE"
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+    eot_token: int
+
+    @property
+    def spec(self) -> dict: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes: ...
+
+    def decode(self, ids: Iterable[int]) -> str: ...
+
+
+class TiktokenTokenizer:
+    """Byte-level BPE run by tiktoken: GPT-2's, or one trained on a corpus (`bpe`)."""
+
+    def __init__(self, encoding, spec: dict):
+        self.enc = encoding
+        self._spec = spec
+        self.eot_token = encoding.eot_token
+        self.vocab_size = encoding.n_vocab
+
+    @property
+    def spec(self) -> dict:
+        return dict(self._spec)
+
+    def encode(self, text: str) -> list[int]:
+        return self.enc.encode_ordinary(text)
+
+    def encode_batch(self, texts: list[str], num_threads: int = 0) -> list[list[int]]:
+        """Encode many texts on all cores (tiktoken releases the GIL)."""
+        return self.enc.encode_ordinary_batch(texts, num_threads=num_threads or os.cpu_count() or 1)
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        return self.enc.decode_bytes([int(i) for i in ids])
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+
+class CharTokenizer:
+    """One id per character of a fixed vocabulary, plus an end-of-text id after them."""
+
+    def __init__(self, chars: str):
+        if len(set(chars)) != len(chars):
+            raise ValueError("char vocabulary has repeated characters")
+        self.chars = chars
+        self.stoi = {c: i for i, c in enumerate(chars)}
+        self.eot_token = len(chars)
+        self.vocab_size = len(chars) + 1
+
+    @classmethod
+    def from_text(cls, text: str) -> "CharTokenizer":
+        return cls("".join(sorted(set(text))))
+
+    @property
+    def spec(self) -> dict:
+        return {"kind": "char", "chars": self.chars}
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return [self.stoi[c] for c in text]
+        except KeyError:
+            unknown = sorted(set(text) - set(self.stoi))
+            shown = ", ".join(repr(c) for c in unknown[:10])
+            raise ValueError(
+                f"{len(unknown)} character(s) not in the char vocabulary: {shown}"
+                f"{' ...' if len(unknown) > 10 else ''}"
+            ) from None
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        return self.decode(ids).encode("utf-8")
+
+    def decode(self, ids: Iterable[int]) -> str:
+        n = len(self.chars)
+        return "".join(self.chars[i] if 0 <= i < n else (EOT_TEXT if i == n else "\ufffd") for i in map(int, ids))
+
+
+class StreamDecoder:
+    """Turns ids into text as they arrive, holding back the bytes of an incomplete character."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, ids: Iterable[int]) -> str:
+        return self._utf8.decode(self.tokenizer.decode_bytes(ids))
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
+
+
+# ---- building tokenizers from specs ----------------------------------------------------------------
+
+
+def load_ranks(path: str) -> dict[bytes, int]:
+    """Read a `.tiktoken` ranks file (one `base64(token) rank` per line)."""
+    ranks = {}
+    with open(path, "rb") as f:
+        for line in f:
+            if line.strip():
+                token, rank = line.split()
+                ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+def dump_ranks(ranks: dict[bytes, int]) -> str:
+    return "".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in sorted(ranks.items(), key=lambda kv: kv[1]))
+
+
+def _encoding(name: str, pattern: str, ranks: dict[bytes, int]):
+    import tiktoken
+
+    return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens={EOT_TEXT: len(ranks)})
+
+
+def gpt2_tokenizer(ranks_file: str | None = None) -> TiktokenTokenizer:
+    """GPT-2's BPE from `ranks_file`, $GPT2_TIKTOKEN_FILE, or tiktoken's own download and cache."""
+    spec = {"kind": "gpt2"}
+    path = ranks_file or os.environ.get(GPT2_RANKS_ENV)
+    if path:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"GPT-2 ranks file not found: {path}")
+        return TiktokenTokenizer(_encoding("gpt2", GPT2_PATTERN, load_ranks(path)), spec)
+    import tiktoken
+
+    try:
+        return TiktokenTokenizer(tiktoken.get_encoding("gpt2"), spec)
+    except Exception as e:  # no network and nothing cached
+        raise RuntimeError(
+            f"cannot load GPT-2's BPE: tiktoken could not download it ({type(e).__name__}). Either connect "
+            f"to the internet once (tiktoken caches it), or point {GPT2_RANKS_ENV}=/path/to/gpt2.tiktoken "
+            f"(or --tokenizer-file) at a local ranks file"
+        ) from None
+
+
+def bpe_tokenizer(ranks: dict[bytes, int] | str, pattern: str = GPT2_PATTERN) -> TiktokenTokenizer:
+    """A byte-level BPE trained on a corpus; `ranks` as a dict or in `.tiktoken` text form."""
+    if isinstance(ranks, str):
+        text = ranks
+        ranks = {base64.b64decode(t): int(r) for t, r in (line.split() for line in text.splitlines() if line)}
+    else:
+        text = dump_ranks(ranks)
+    return TiktokenTokenizer(_encoding("bpe", pattern, ranks), {"kind": "bpe", "pattern": pattern, "ranks": text})
+
+
+def get_tokenizer(spec: dict | str, ranks_file: str | None = None) -> Tokenizer:
+    """Build the tokenizer a spec describes ("gpt2" is short for {"kind": "gpt2"})."""
+    if isinstance(spec, str):
+        spec = {"kind": spec}
+    kind = spec.get("kind")
+    if kind == "gpt2":
+        return gpt2_tokenizer(ranks_file)
+    if kind == "char":
+        return CharTokenizer(spec["chars"])
+    if kind == "bpe":
+        return bpe_tokenizer(spec["ranks"], spec.get("pattern", GPT2_PATTERN))
+    raise ValueError(f"unknown tokenizer kind {kind!r}; expected 'gpt2', 'char' or 'bpe'")
