@@ -1,0 +1,93 @@
+"""Checkpoints: written atomically, loaded without executing anything, self-describing.
+
+A run directory (`out/NAME`) holds `last.pt` (latest), `best.pt` (lowest val loss), `config.json`
+(the resolved configuration, written at start) and `log.jsonl` (every logged step and eval).
+
+A checkpoint file is a dict of tensors and plain data, loadable with `torch.load(weights_only=True)`:
+
+| key         | contents                                                                  |
+|-------------|---------------------------------------------------------------------------|
+| `model`     | the (uncompiled) model's state dict                                       |
+| `optimizer` | optimizer state dict (training checkpoints only)                          |
+| `scaler`    | GradScaler state dict, or None                                            |
+| `rng`       | torch CPU / CUDA generator states                                         |
+| `meta`      | a JSON string: format, step, model_config, train_config, tokenizer spec,  |
+|             | val loss, data sampler position ... (see `read_meta`)                     |
+
+Footgun: a crash while writing must never destroy the previous good checkpoint, so `save` writes a
+temporary file in the same directory, flushes and fsyncs it, then renames it over the old one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A path that is missing or is not a gpt checkpoint."""
+
+
+def save(path: str | os.PathLike, state: dict, meta: dict) -> None:
+    """Atomically write `state` (tensors and plain data) plus `meta` (JSON-serialisable) to `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = dict(state, meta=json.dumps({"format": FORMAT_VERSION, **meta}))
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one, never half
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+
+
+def resolve(path: str | os.PathLike) -> Path:
+    """A checkpoint file from a file path or a run directory (best.pt, else last.pt)."""
+    path = Path(path)
+    if path.is_dir():
+        for name in ("best.pt", "last.pt"):
+            if (path / name).is_file():
+                return path / name
+        raise CheckpointError(f"no best.pt or last.pt in {path}: train one with `python train.py --out-dir {path}`")
+    if not path.exists():
+        raise CheckpointError(f"no checkpoint at {path}")
+    return path
+
+
+def read(path: str | os.PathLike, map_location="cpu") -> dict:
+    """The raw checkpoint dict with `meta` parsed; never unpickles arbitrary objects."""
+    path = resolve(path)
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        ckpt["meta"] = json.loads(ckpt["meta"])
+    except Exception as e:
+        raise CheckpointError(f"{path} is not a gpt checkpoint ({type(e).__name__}: {str(e)[:120]})") from None
+    if ckpt["meta"].get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: unsupported checkpoint format {ckpt['meta'].get('format')!r}")
+    return ckpt
+
+
+def load_checkpoint(path: str | os.PathLike, device="cpu"):
+    """(model, tokenizer, meta) from a run directory or checkpoint file, model in eval mode."""
+    from gpt.model import GPT, GPTConfig
+    from gpt.tokenizer import get_tokenizer
+
+    ckpt = read(path, map_location=device)
+    meta = ckpt["meta"]
+    model = GPT(GPTConfig.from_dict(meta["model_config"]))
+    model.load_state_dict(ckpt["model"])
+    return model.to(device).eval(), get_tokenizer(meta["tokenizer"]), meta
