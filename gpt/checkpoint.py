@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -55,6 +56,18 @@ def save(path: str | os.PathLike, state: dict, meta: dict) -> None:
         os.close(dir_fd)
 
 
+def link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Atomically make `dst` a copy of `src` (a hard link where the filesystem allows: no extra disk)."""
+    src, dst = Path(src), Path(dst)
+    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
 def resolve(path: str | os.PathLike) -> Path:
     """A checkpoint file from a file path or a run directory (best.pt, else last.pt)."""
     path = Path(path)
@@ -79,6 +92,15 @@ def read(path: str | os.PathLike, map_location="cpu") -> dict:
     if ckpt["meta"].get("format") != FORMAT_VERSION:
         raise CheckpointError(f"{path}: unsupported checkpoint format {ckpt['meta'].get('format')!r}")
     return ckpt
+
+
+def read_meta(path: str | os.PathLike) -> dict:
+    """Only the metadata (the tensors are memory-mapped, not read)."""
+    path = resolve(path)
+    try:
+        return json.loads(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["meta"])
+    except Exception as e:
+        raise CheckpointError(f"{path} is not a gpt checkpoint ({type(e).__name__}: {str(e)[:120]})") from None
 
 
 def load_checkpoint(path: str | os.PathLike, device="cpu"):

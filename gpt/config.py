@@ -1,0 +1,272 @@
+"""Training configuration: one typed dataclass, TOML files and `--key value` overrides.
+
+Precedence, stated once: command line > config file (`--config FILE_OR_NAME`) > defaults.
+Config files are plain TOML data, never executed. Keys may use dashes or underscores
+(`--max-iters 100`, `--max_iters=100`). Every problem (unknown key, wrongly typed value, invalid
+value) is collected and reported together in one `ConfigError`.
+
+Shipped configs live in `gpt/configs/` and are usable by short name: `--config shakespeare_char_cpu`.
+Model fields (`n_layer`, `n_embd`, ...) are part of the same flat namespace and are split off into
+a `GPTConfig` by `model_kwargs()`; `vocab_size` always comes from the dataset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+class ConfigError(ValueError):
+    """Bad configuration: the message lists every problem, one per line."""
+
+
+def opt(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class TrainConfig:
+    # data and run directories
+    data: str = opt("", "prepared dataset directory (from data/prepare.py)")
+    out_dir: str = opt("out/run", "run directory for checkpoints, config.json and log.jsonl")
+    init_from: str = opt("", "fine-tune: start from the weights of a run dir, checkpoint file or HF GPT-2 dir")
+    resume: str = opt("", "continue a run exactly from its last.pt (a run dir or checkpoint file)")
+    force: bool = opt(False, "allow writing into an out_dir that already holds a run")
+    # model (vocab_size comes from the dataset)
+    n_layer: int = opt(4, "transformer blocks")
+    n_head: int = opt(4, "attention heads")
+    n_embd: int = opt(128, "embedding width")
+    block_size: int = opt(64, "context length in tokens")
+    dropout: float = opt(0.0, "dropout probability")
+    bias: bool = opt(False, "biases in Linear and LayerNorm layers")
+    n_encoder_layer: int = opt(0, "encoder blocks (seq2seq); 0 = decoder-only GPT")
+    pos_encoding: str = opt("learned", "position encoding: learned | sinusoidal")
+    norm: str = opt("pre", "residual norm placement: pre | post")
+    label_smoothing: float = opt(0.0, "label smoothing of the cross-entropy")
+    # batch
+    batch_size: int = opt(12, "sequences per micro-batch (per process)")
+    grad_accum: int = opt(1, "micro-batches per optimizer step, over all processes (global batch = batch_size * grad_accum)")
+    sampling: str = opt("random", "training windows: random (with replacement) | epoch (each window once per epoch)")
+    # optimizer and schedule
+    max_iters: int = opt(2000, "optimizer steps")
+    learning_rate: float = opt(1e-3, "peak learning rate")
+    min_lr: float = opt(1e-4, "final learning rate of the cosine / wsd decay")
+    lr_schedule: str = opt("cosine", "cosine | constant | wsd (warmup-stable-decay) | noam")
+    warmup_iters: int = opt(100, "linear warmup steps")
+    lr_decay_iters: int = opt(0, "steps over which the LR decays (0 = max_iters)")
+    decay_fraction: float = opt(0.2, "wsd: fraction of lr_decay_iters spent decaying")
+    weight_decay: float = opt(0.1, "AdamW weight decay (matrices only)")
+    beta1: float = opt(0.9, "AdamW beta1")
+    beta2: float = opt(0.99, "AdamW beta2")
+    grad_clip: float = opt(1.0, "clip the gradient norm to this (0 = off)")
+    # evaluation, logging, stopping
+    eval_interval: int = opt(250, "evaluate (and checkpoint) every N steps; also at the end")
+    eval_iters: int = opt(50, "batches per evaluation (0 = the whole split)")
+    eval_batch_size: int = opt(0, "sequences per eval batch (0 = batch_size)")
+    log_interval: int = opt(10, "print and log every N steps")
+    target_val_loss: float = opt(0.0, "stop at the first evaluation with val loss <= this (0 = off)")
+    skip_nonfinite: bool = opt(False, "skip (and count) steps with a non-finite loss or gradient instead of stopping")
+    wandb_project: str = opt("", "log to Weights & Biases under this project (off when empty)")
+    wandb_run_name: str = opt("", "W&B run name (default: the out_dir name)")
+    wandb_mode: str = opt("", "W&B mode: online | offline (default: wandb's own)")
+    # system
+    seed: int = opt(1337, "seed for initialisation, dropout and data order")
+    device: str = opt("auto", "auto | cpu | cuda | cuda:N | mps")
+    dtype: str = opt("auto", "auto (bf16/fp16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16")
+    compile: bool = opt(False, "torch.compile the model (the uncompiled module is what gets saved)")
+    threads: int = opt(0, "CPU threads for PyTorch (0 = its default)")
+    peak_flops: float = opt(0.0, "device peak FLOP/s for MFU (0 = look it up / estimate)")
+
+    def __post_init__(self):
+        problems = []
+        choices = {
+            "sampling": ("random", "epoch"),
+            "lr_schedule": ("cosine", "constant", "wsd", "noam"),
+            "dtype": ("auto", "float32", "bfloat16", "float16"),
+            "wandb_mode": ("", "online", "offline", "disabled"),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                problems.append(f"{name}: {getattr(self, name)!r} is not one of {', '.join(map(repr, allowed))}")
+        for name in ("batch_size", "grad_accum", "max_iters", "eval_interval", "log_interval"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup_iters", "lr_decay_iters", "eval_iters", "eval_batch_size", "threads"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if self.learning_rate <= 0:
+            problems.append(f"learning_rate: must be > 0, got {self.learning_rate}")
+        if not 0 <= self.min_lr <= self.learning_rate:
+            problems.append(f"min_lr: must be in [0, learning_rate={self.learning_rate}], got {self.min_lr}")
+        if not 0 < self.decay_fraction <= 1:
+            problems.append(f"decay_fraction: must be in (0, 1], got {self.decay_fraction}")
+        if self.resume and self.init_from:
+            problems.append("resume and init_from: give one or the other (resume continues a run, init_from starts a new one)")
+        if problems:
+            raise ConfigError("\n".join(problems))
+
+    def model_kwargs(self) -> dict:
+        from gpt.model import GPTConfig
+
+        names = {f.name for f in fields(GPTConfig)} - {"vocab_size"}
+        return {k: v for k, v in dataclasses.asdict(self).items() if k in names}
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ---- building a TrainConfig from files and the command line ----------------------------------------
+
+
+def _coerce(name: str, kind: type, value):
+    """A value of the field's type from TOML data or a CLI string; raises ValueError with the reason."""
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(f"{name}: expected true/false, got {value!r}")
+    if kind is int:
+        try:
+            number = float(value) if not isinstance(value, bool) else 0.5
+        except (TypeError, ValueError):
+            number = 0.5
+        if not number.is_integer():
+            raise ValueError(f"{name}: expected an integer, got {value!r}")
+        return int(number)
+    if kind is float:
+        if isinstance(value, bool):
+            raise ValueError(f"{name}: expected a number, got {value!r}")
+        try:
+            return float(value)
+        except ValueError:
+            raise ValueError(f"{name}: expected a number, got {value!r}") from None
+    if not isinstance(value, str):
+        raise ValueError(f"{name}: expected a string, got {value!r}")
+    return value
+
+
+def _field_types() -> dict[str, type]:
+    return {f.name: {"int": int, "float": float, "bool": bool, "str": str}[str(f.type)] for f in fields(TrainConfig)}
+
+
+def _unknown(key: str, valid) -> str:
+    close = difflib.get_close_matches(key, valid, n=1)
+    return f"{key}: unknown option" + (f" (did you mean {close[0]}?)" if close else "")
+
+
+def find_config(name: str) -> Path:
+    """A config file path, or the shipped config of that short name."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    shipped = CONFIG_DIR / f"{name.removesuffix('.toml')}.toml"
+    if shipped.is_file():
+        return shipped
+    names = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.toml")))
+    raise ConfigError(f"config: no file {name!r} and no shipped config of that name (shipped: {names})")
+
+
+def load_toml(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config: {path} is not valid TOML ({e})") from None
+    flat = {}
+    for key, value in data.items():  # optional [model] / [train] tables are flattened
+        if isinstance(value, dict) and key in ("model", "train"):
+            flat.update(value)
+        else:
+            flat[key] = value
+    return flat
+
+
+def parse_cli(argv: list[str]) -> tuple[dict[str, str], str | None, list[str]]:
+    """`--key value` / `--key=value` / `--flag` / `--no-flag` pairs, the --config value, and problems."""
+    types = _field_types()
+    values, config, problems = {}, None, []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if not arg.startswith("--"):
+            problems.append(f"{arg}: unexpected argument (options look like --key value)")
+            continue
+        key, eq, value = arg[2:].partition("=")
+        key = key.replace("-", "_")
+        if key.startswith("no_") and key[3:] in types and types[key[3:]] is bool and not eq:
+            values[key[3:]] = "false"
+            continue
+        if key != "config" and key not in types:
+            problems.append(_unknown(key, list(types)))
+            if not eq and i < len(argv) and not argv[i].startswith("--"):
+                i += 1  # skip its value too
+            continue
+        if not eq:
+            if key != "config" and types[key] is bool and (i >= len(argv) or argv[i].startswith("--")):
+                value = "true"  # a bare --flag
+            elif i < len(argv):
+                value = argv[i]
+                i += 1
+            else:
+                problems.append(f"{key}: missing value")
+                continue
+        if key == "config":
+            config = value
+        else:
+            values[key] = value
+    return values, config, problems
+
+
+def build_config(argv: list[str] | None = None, base: dict | None = None) -> TrainConfig:
+    """Defaults, then `base` (e.g. a resumed run's config), then the config file, then the CLI."""
+    types = _field_types()
+    cli, config_name, problems = parse_cli(list(argv or []))
+    merged: dict = dict(base or {})
+    if config_name:
+        file_values = load_toml(find_config(config_name))
+        for key, value in file_values.items():
+            if key not in types:
+                problems.append(_unknown(key, list(types)) + f" in {config_name}")
+            else:
+                merged[key] = value
+    merged.update(cli)
+    typed = {}
+    for key, value in merged.items():
+        try:
+            typed[key] = _coerce(key, types[key], value)
+        except ValueError as e:
+            problems.append(str(e))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return TrainConfig(**typed)
+
+
+def help_text(prog: str = "train.py") -> str:
+    lines = [
+        f"usage: python {prog} --data data/NAME --out-dir out/NAME [--config FILE_OR_NAME] [--key value ...]",
+        "",
+        "Precedence: command line > config file > defaults. Keys take dashes or underscores;",
+        "booleans take true/false, or --flag / --no-flag.",
+        "",
+        f"  --config FILE_OR_NAME  a TOML file, or a shipped config: "
+        f"{', '.join(sorted(p.stem for p in CONFIG_DIR.glob('*.toml')))}",
+    ]
+    for f in fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default != "" else '""'
+        lines.append(f"  {flag:<22} {f.metadata['help']} (default: {default})")
+    return "\n".join(lines)

@@ -1,0 +1,110 @@
+"""Where training progress goes: the console, `log.jsonl` in the run directory, and W&B if asked.
+
+One logger object; the loop never asks "is wandb on?" (`NullTracker` stands in when it is not).
+A W&B failure (not installed, no network, bad key) prints one warning and training goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+# Dense bf16 peak FLOP/s of common accelerators (vendor datasheets), matched against the device name.
+GPU_PEAK_FLOPS = [
+    ("H200", 989e12), ("H100", 989e12), ("A100", 312e12), ("L40S", 362e12), ("A10G", 125e12),
+    ("L4", 121e12), ("RTX 4090", 165e12), ("RTX 3090", 71e12), ("V100", 125e12), ("T4", 65e12),
+]
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """The device's peak FLOP/s for MFU: a datasheet table for GPUs, an estimate for CPUs."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        return next((f for key, f in GPU_PEAK_FLOPS if key in name), None)
+    if device.type == "cpu":  # threads x clock x fp32 FLOPs per cycle (2 FMA units x vector width)
+        try:
+            info = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+        mhz = [float(m) for m in re.findall(r"cpu MHz\s*:\s*([\d.]+)", info)]
+        per_cycle = 64 if " avx512f" in info else 32 if " fma" in info else 8
+        return torch.get_num_threads() * (max(mhz) if mhz else 2000.0) * 1e6 * per_cycle if mhz else None
+    return None
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+class NullTracker:
+    def log(self, data: dict, step: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+class WandbTracker:
+    def __init__(self, project: str, name: str, config: dict, mode: str, out_dir: str):
+        import wandb  # lazily: only when asked for
+
+        self.run = wandb.init(
+            project=project, name=name, config=config, dir=out_dir, mode=mode or None,
+            settings=wandb.Settings(init_timeout=60, silent=True),
+        )
+
+    def log(self, data: dict, step: int) -> None:
+        self.run.log(data, step=step)
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+class RunLogger:
+    """Console lines, JSONL records and the tracker, for the master process only."""
+
+    def __init__(self, out_dir: str, enabled: bool = True, tracker=None):
+        self.enabled = enabled
+        self.tracker = tracker or NullTracker()
+        self.path = Path(out_dir) / "log.jsonl"
+        self.file = open(self.path, "a", buffering=1) if enabled else None
+
+    @classmethod
+    def create(cls, out_dir: str, enabled: bool, wandb_project: str, wandb_name: str, wandb_mode: str, config: dict):
+        tracker = NullTracker()
+        if enabled and wandb_project:
+            try:
+                tracker = WandbTracker(wandb_project, wandb_name or Path(out_dir).name, config, wandb_mode, out_dir)
+            except Exception as e:  # never let logging stop training
+                print(f"warning: Weights & Biases disabled ({type(e).__name__}: {str(e)[:200]})", file=sys.stderr)
+        return cls(out_dir, enabled, tracker)
+
+    def print(self, line: str) -> None:
+        if self.enabled:
+            print(line, flush=True)
+
+    def record(self, kind: str, step: int, **values) -> None:
+        if not self.enabled:
+            return
+        self.file.write(json.dumps({"kind": kind, "step": step, "time": round(time.time(), 3), **values}) + "\n")
+        try:
+            self.tracker.log({f"{kind}/{k}": v for k, v in values.items() if isinstance(v, (int, float))}, step)
+        except Exception as e:
+            print(f"warning: Weights & Biases logging failed, disabled ({type(e).__name__}: {e})", file=sys.stderr)
+            self.tracker = NullTracker()
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+        try:
+            self.tracker.finish()
+        except Exception:
+            pass

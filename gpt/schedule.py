@@ -1,0 +1,50 @@
+"""Learning-rate schedules as pure functions of the step (so resuming needs only the step).
+
+| schedule   | shape                                                                          |
+|------------|--------------------------------------------------------------------------------|
+| `cosine`   | linear warmup to `lr`, cosine decay to `min_lr` at `decay_iters`, then `min_lr` |
+| `constant` | linear warmup to `lr`, then constant                                           |
+| `wsd`      | warmup, stable at `lr`, linear decay to `min_lr` over the last `decay_fraction` |
+| `noam`     | "Attention Is All You Need": lr * d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)  |
+
+For `noam`, `lr` is the multiplier of the paper's formula (1.0 in the paper) and s = step + 1.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def noam_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
+    s = step + 1
+    return scale * d_model**-0.5 * min(s**-0.5, s * max(warmup, 1) ** -1.5)
+
+
+def get_lr(
+    step: int,
+    *,
+    schedule: str,
+    lr: float,
+    min_lr: float = 0.0,
+    warmup_iters: int = 0,
+    decay_iters: int = 1,
+    decay_fraction: float = 0.2,
+    d_model: int = 512,
+) -> float:
+    if schedule == "noam":
+        return noam_lr(step, d_model, warmup_iters, lr)
+    if step < warmup_iters:
+        return lr * (step + 1) / (warmup_iters + 1)
+    if schedule == "constant":
+        return lr
+    if step >= decay_iters:
+        return min_lr
+    if schedule == "cosine":
+        progress = (step - warmup_iters) / max(1, decay_iters - warmup_iters)
+        return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
+    if schedule == "wsd":
+        decay_start = decay_iters - int(decay_fraction * decay_iters)
+        if step < decay_start:
+            return lr
+        return lr - (lr - min_lr) * (step - decay_start) / max(1, decay_iters - decay_start)
+    raise ValueError(f"unknown lr schedule {schedule!r}")

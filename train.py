@@ -1,0 +1,34 @@
+"""Pretrain or fine-tune a GPT on a prepared dataset.
+
+    python data/shakespeare_char/prepare.py
+    python train.py --config shakespeare_char_cpu --data data/shakespeare_char --out-dir out/shakespeare_char
+    python train.py --resume out/shakespeare_char                       # continue after a stop
+    python train.py --config finetune --data data/shakespeare --init-from out/wikitext --out-dir out/ft
+    torchrun --nproc-per-node 2 train.py --data data/shakespeare_char --out-dir out/ddp
+
+`python train.py --help` lists every option with its default.
+"""
+
+import sys
+
+from gpt.checkpoint import CheckpointError
+from gpt.config import ConfigError, help_text
+from gpt.data import DataError
+from gpt.trainer import TrainingError, config_from_argv, train
+
+
+def main(argv: list[str]) -> int:
+    if "-h" in argv or "--help" in argv:
+        print(help_text())
+        return 0
+    try:
+        cfg, explicit = config_from_argv(argv)
+        train(cfg, explicit)
+    except (ConfigError, DataError, CheckpointError, TrainingError) as e:
+        print(f"error: {e}".replace("\n", "\n  "), file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
