@@ -67,7 +67,7 @@ class PrepareSummary:
         total = sum(self.tokens.values())
         mb = self.corpus_bytes / 1e6
         text = (
-            f"prepared {self.path}: {self.documents:,} documents, {total:,} tokens "
+            f"prepared {self.path}: {self.documents:,} document{'s' if self.documents != 1 else ''}, {total:,} tokens "
             f"(train {self.tokens['train']:,}, val {self.tokens['val']:,}), {self.meta['tokenizer']['kind']} "
             f"vocab {self.meta['vocab_size']:,} as {self.meta['dtype']}, {mb:,.1f} MB in {self.seconds:.1f} s "
             f"({mb / max(self.seconds, 1e-9):,.1f} MB/s)"
