@@ -79,9 +79,14 @@ class TokenDataset:
         counts = ", ".join(f"{s}={self.meta['splits'][s]['tokens']:,}" for s in SPLITS)
         return f"TokenDataset({str(self.path)!r}, {self.meta['tokenizer']['kind']}, vocab={self.vocab_size}, {counts})"
 
-    @cached_property
+    @property
     def tokenizer_spec(self) -> dict:
-        """A self-contained spec for gpt.tokenizer.get_tokenizer (a bpe's ranks are read in inline)."""
+        """A self-contained spec for gpt.tokenizer.get_tokenizer (a bpe's ranks are read in inline),
+        so a checkpoint that stores it can rebuild the tokenizer without the dataset directory."""
+        return dict(self._tokenizer_spec)
+
+    @cached_property
+    def _tokenizer_spec(self) -> dict:
         spec = dict(self.meta["tokenizer"])
         if spec["kind"] == "bpe" and "ranks" not in spec:
             ranks_file = self.path / spec.pop("ranks_file")

@@ -127,7 +127,7 @@ def prepare(
 
     tok = _build_tokenizer(tokenizer, segments, vocab_size, tokenizer_file, strict_utf8, chunk_bytes, progress)
     dtype = dtype_for_vocab(tok.vocab_size)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    made = _mkdirs(out.parent)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}{TMP_MARK}{os.getpid()}-", dir=out.parent))
     umask = os.umask(0)
     os.umask(umask)
@@ -152,40 +152,56 @@ def prepare(
                     f"{' or a larger --val-fraction' if s == 'val' else ''}"
                 )
         spec = tok.spec
-        if spec["kind"] == "bpe":
+        if spec["kind"] == "bpe":  # the ranks go in their own file, in tiktoken's format
             (tmp / RANKS_FILE).write_text(spec.pop("ranks"), encoding="ascii")
             spec.update(ranks_file=RANKS_FILE, ranks_sha256=_sha256_file(tmp / RANKS_FILE))
-        seconds = time.perf_counter() - t0
-        meta = {
-            "format_version": FORMAT_VERSION,
-            "dtype": dtype,
-            "vocab_size": tok.vocab_size,
-            "eot_token": tok.eot_token,
-            "tokenizer": spec,
-            "tokens": sum(w.tokens for w in writers.values()),
-            "documents": len(docs),
-            "splits": {
-                s: {"file": f"{s}.bin", "tokens": w.tokens, "documents": w.documents, "sha256": w.sha256.hexdigest()}
-                for s, w in writers.items()
-            },
-            "corpus": {
-                "inputs": [str(i) for i in inputs],
-                "bytes": sum(d.size for d in docs),
-                "replaced_bytes": stats.replaced_bytes,
-                "val_fraction": val_fraction,
-                "split_by": split_by,
-            },
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        corpus = {
+            "inputs": [str(i) for i in inputs],
+            "bytes": sum(d.size for d in docs),
+            "replaced_bytes": stats.replaced_bytes,
+            "val_fraction": val_fraction,
+            "split_by": split_by,
         }
+        meta = _meta(tok, dtype, spec, writers, len(docs), corpus)
         _write_durably(tmp / META_FILE, json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
         _publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        for d in made:  # parents this call created, innermost first
+            try:
+                d.rmdir()
+            except OSError:
+                break
         raise
     return PrepareSummary(
-        out, len(docs), {s: w.tokens for s, w in writers.items()}, meta["corpus"]["bytes"], stats.replaced_bytes,
+        out, len(docs), {s: w.tokens for s, w in writers.items()}, corpus["bytes"], stats.replaced_bytes,
         time.perf_counter() - t0, meta,
     )
+
+
+def _meta(tok, dtype: str, spec: dict, writers: dict, documents: int, corpus: dict) -> dict:
+    return {
+        "format_version": FORMAT_VERSION,
+        "dtype": dtype,
+        "vocab_size": tok.vocab_size,
+        "eot_token": tok.eot_token,
+        "tokenizer": spec,
+        "tokens": sum(w.tokens for w in writers.values()),
+        "documents": documents,
+        "splits": {
+            s: {"file": f"{s}.bin", "tokens": w.tokens, "documents": w.documents, "sha256": w.sha256.hexdigest()}
+            for s, w in writers.items()
+        },
+        "corpus": corpus,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _mkdirs(path: Path) -> list[Path]:
+    """mkdir -p; returns the directories it created, innermost first (to undo it on failure)."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    return missing
 
 
 # ---- tokenizers -------------------------------------------------------------------------------------

@@ -140,8 +140,8 @@ def test_corpus_smaller_than_one_window(tmp_path):
     (tmp_path / "small.txt").write_text("To be, or not to be, that is the question.\n" * 100)
     with pytest.raises(DataError, match=r"corpus too small: the val split has [\d,]+ tokens, fewer than one training "
                                         r"window of block_size \+ 1 = 1,025.*--block-size or a larger --val-fraction"):
-        prepare([tmp_path / "small.txt"], tmp_path / "ds", "gpt2", block_size=1024, progress=False)
-    assert _nothing_written(tmp_path)
+        prepare([tmp_path / "small.txt"], tmp_path / "new" / "sub" / "ds", "gpt2", block_size=1024, progress=False)
+    assert not (tmp_path / "new").exists()  # not even the parent directories it made
     prepare([tmp_path / "small.txt"], tmp_path / "ds", "gpt2", block_size=32, progress=False)  # fits
 
 
