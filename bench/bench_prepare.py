@@ -1,0 +1,159 @@
+"""Benchmark `data/prepare.py --tokenizer gpt2` against tiktoken's own batch encoding, and BPE training.
+
+    python bench/bench_prepare.py                       # 100 MB and 200 MB corpora, ~1-2 minutes on 2 cores
+    python bench/bench_prepare.py --sizes 100,400 --shared ../shared/data
+
+Builds each corpus in a temporary directory as a folder of documents (copies of tiny-shakespeare and
+WikiText-2 valid/test, about 1.1 MB each), then runs, each in its own process so peak memory is its own:
+- ours: `python data/prepare.py CORPUS --out TMP --tokenizer gpt2 --quiet` (reads, decodes, encodes,
+  writes and hashes); throughput from prepare's own timing (the summary line) and from the process
+  wall clock (which adds interpreter start-up and importing torch);
+- tiktoken: `encode_ordinary_batch(texts, num_threads=cores)` on the same documents already in memory
+  (no reading, no writing), timed around that one call; at the first size also `encode_to_numpy` on
+  a thread pool, the call prepare itself uses.
+Peak memory is each process's maximum resident set size. Also times training an 8192-id BPE on
+tiny-shakespeare + WikiText-2 (valid + test). Writes bench/results/prepare.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = ("tinyshakespeare.txt", "wikitext2-valid.txt", "wikitext2-test.txt")
+
+BASELINE = r"""
+import json, os, resource, sys, time
+from concurrent.futures import ThreadPoolExecutor
+sys.path.insert(0, sys.argv[3])
+from gpt.tokenizer import get_tokenizer
+enc = get_tokenizer("gpt2", ranks_file=sys.argv[2]).enc
+folder = sys.argv[1]
+texts = [open(os.path.join(folder, n), encoding="utf-8").read() for n in sorted(os.listdir(folder))]
+nbytes = sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder))
+threads = len(os.sched_getaffinity(0))
+t0 = time.perf_counter()
+ids = enc.encode_ordinary_batch(texts, num_threads=threads)
+seconds = time.perf_counter() - t0
+result = {"seconds": seconds, "tokens": sum(map(len, ids)), "threads": threads}
+if sys.argv[4] == "numpy":
+    del ids
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        arrays = list(pool.map(lambda t: enc.encode_to_numpy(t, disallowed_special=()), texts))
+    result["numpy_seconds"] = time.perf_counter() - t0
+result["nbytes"] = nbytes
+print(json.dumps(result))
+"""
+
+
+def build_corpus(folder: Path, shared: Path, megabytes: int) -> int:
+    folder.mkdir(parents=True)
+    total, i = 0, 0
+    while total < megabytes * 1e6:
+        src = shared / SOURCES[i % len(SOURCES)]
+        dst = folder / f"{i:05d}-{src.name}"
+        shutil.copyfile(src, dst)
+        total += dst.stat().st_size
+        i += 1
+    return total
+
+
+def run(cmd: list[str]) -> tuple[str, float, float]:
+    """(stdout, wall seconds, peak RSS in MB) of a child process."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    out, err = proc.stdout.read(), proc.stderr.read()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err}")
+    return out, wall, usage.ru_maxrss / 1024  # Linux reports KiB
+
+
+def bench_size(megabytes: int, shared: Path, ranks: Path, tmp: Path, first: bool) -> dict:
+    corpus = tmp / f"corpus-{megabytes}"
+    nbytes = build_corpus(corpus, shared, megabytes)
+    mb = nbytes / 1e6
+    out, wall, rss = run([sys.executable, str(ROOT / "data" / "prepare.py"), str(corpus), "--out", str(tmp / f"ds-{megabytes}"),
+                          "--tokenizer", "gpt2", "--tokenizer-file", str(ranks), "--quiet"])
+    inner = mb / float(re.search(r"\(([\d.,]+) MB/s\)", out).group(1).replace(",", ""))  # prepare's own seconds
+    meta = json.loads((tmp / f"ds-{megabytes}" / "meta.json").read_text())
+    shutil.rmtree(tmp / f"ds-{megabytes}")
+    base_out, _, base_rss = run([sys.executable, "-c", BASELINE, str(corpus), str(ranks), str(ROOT), "numpy" if first else "-"])
+    base = json.loads(base_out)
+    shutil.rmtree(corpus)
+    # ours appends one end-of-text per document: the same ids otherwise
+    assert meta["tokens"] == base["tokens"] + meta["documents"], (meta["tokens"], base["tokens"])
+    row = {
+        "corpus_mb": round(mb, 1), "documents": meta["documents"], "tokens": meta["tokens"],
+        "ours_mb_s": round(mb / inner, 2), "ours_wall_mb_s": round(mb / wall, 2), "ours_peak_rss_mb": round(rss),
+        "tiktoken_batch_mb_s": round(mb / base["seconds"], 2), "tiktoken_peak_rss_mb": round(base_rss),
+        "ratio": round(base["seconds"] / inner, 3), "ratio_wall": round(base["seconds"] / wall, 3),
+        "threads": base["threads"],
+    }
+    if "numpy_seconds" in base:
+        row["tiktoken_numpy_pool_mb_s"] = round(mb / base["numpy_seconds"], 2)
+    return row
+
+
+def bench_bpe(shared: Path, vocab_size: int = 8192) -> dict:
+    sys.path.insert(0, str(ROOT))
+    from gpt.bpe import train_bpe
+
+    text = "".join((shared / name).read_text(encoding="utf-8") for name in SOURCES)
+    chunks = [text[i : i + (1 << 20)] for i in range(0, len(text), 1 << 20)]
+    t0 = time.perf_counter()
+    tok = train_bpe(chunks, vocab_size)
+    seconds = time.perf_counter() - t0
+    return {"corpus_mb": round(len(text.encode()) / 1e6, 2), "vocab_size": tok.vocab_size, "seconds": round(seconds, 2),
+            "tokens_per_byte": round(len(tok.encode(text)) / len(text.encode()), 4)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="100,200", help="corpus sizes in MB (default: %(default)s)")
+    p.add_argument("--shared", default=str(ROOT.parent / "shared" / "data"), help="folder with the source corpora")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "prepare.json"))
+    args = p.parse_args()
+    shared = Path(args.shared)
+    ranks = shared / "gpt2.tiktoken"
+    load_before = os.getloadavg()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-prepare-") as tmp:
+        for i, size in enumerate(int(s) for s in args.sizes.split(",")):
+            rows.append(bench_size(size, shared, ranks, Path(tmp), first=i == 0))
+            print(json.dumps(rows[-1]), flush=True)
+    bpe = bench_bpe(shared)
+    print(json.dumps({"bpe": bpe}), flush=True)
+    result = {
+        "machine": {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "platform": platform.platform(),
+                    "python": platform.python_version(), "load_average_before": [round(x, 2) for x in load_before],
+                    "load_average_after": [round(x, 2) for x in os.getloadavg()]},
+        "prepare_gpt2": rows,
+        "bpe_training": bpe,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print("\n| corpus | ours (prepare) | ours (process) | tiktoken batch | ratio | ours peak RSS | tiktoken peak RSS |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['corpus_mb']} MB | {r['ours_mb_s']} MB/s | {r['ours_wall_mb_s']} MB/s | {r['tiktoken_batch_mb_s']} MB/s "
+              f"| {r['ratio']:.0%} | {r['ours_peak_rss_mb']} MB | {r['tiktoken_peak_rss_mb']} MB |")
+    print(f"\nBPE {bpe['vocab_size']} ids on {bpe['corpus_mb']} MB: {bpe['seconds']} s; results in {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""Tiny Shakespeare as characters (nanoGPT's shakespeare_char): 1.1 MB, 65 characters + end-of-text.
+
+    python data/shakespeare_char/prepare.py                                          # downloads when online
+    python data/shakespeare_char/prepare.py --input ../shared/data/tinyshakespeare.txt  # offline copy
+
+Writes train.bin, val.bin and meta.json next to this script (val = the last 10% of the text).
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))  # run from a checkout without installing
+
+from gpt.data import DataError  # noqa: E402
+from gpt.prepare import fetch, prepare  # noqa: E402
+
+URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input", default=None, help=f"local copy of the corpus (default: download {URL} to input.txt here)")
+    p.add_argument("--out", default=str(HERE), help="dataset directory (default: this script's directory)")
+    p.add_argument("--force", action="store_true", help="replace a dataset already in --out")
+    args = p.parse_args(argv)
+    try:
+        corpus = args.input or fetch(URL, HERE / "input.txt")
+        summary = prepare([corpus], args.out, "char", block_size=256, force=args.force)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"error: interrupted; {args.out} was left as it was", file=sys.stderr)
+        return 130
+    print(summary.line())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""A text corpus on disk: which files are documents, how they split into train/val, and reading them
+as bounded text chunks cut where a BPE pre-tokenizer would cut anyway.
+
+    docs = find_documents(["books/", "notes.txt"])
+    segments, split_by = plan_split(docs, val_fraction=0.1)
+    for chunk, nbytes in read_chunks(segment, chunk_bytes=1 << 20, stats=stats): ...
+
+Policies
+- A document is one file. A directory stands for every file below it, in sorted path order,
+  skipping hidden names (".git", ".DS_Store") and files that look binary (a NUL byte in the first
+  8 KiB). A file named explicitly is always read. Empty files are not documents.
+- Validation split: by document when that gives at least one validation document (every
+  1/val_fraction-th document, spread evenly through the sorted list), else the tail of the
+  concatenated corpus (nanoGPT's way for one file), cut at the start of a line.
+- Bytes that are not UTF-8 are replaced by U+FFFD and counted (`ReadStats.replaced_bytes`), or are
+  an error with `strict=True`. The file is never rejected silently and never decoded as Latin-1.
+- Chunks end just after a newline that sits between two non-space characters ("x\\ny"), where
+  GPT-2's pre-tokenizer always cuts, so encoding chunk by chunk gives the same ids as encoding the
+  whole text. A chunk with no such newline is cut before a space that follows a non-space, and a
+  single huge "word" at a character boundary (the only case where ids can differ, never the text).
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+SNIFF_BYTES = 8192
+
+
+class CorpusError(ValueError):
+    """A corpus that cannot be read as text (gpt.prepare turns it into a DataError)."""
+
+
+@dataclass(frozen=True)
+class Document:
+    path: Path
+    size: int  # bytes
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Bytes [start, end) of one document, going to one split; `last` when it ends the document."""
+
+    doc: Document
+    start: int
+    end: int
+    split: str
+    last: bool
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class ReadStats:
+    replaced_bytes: int = 0
+    files_with_replacements: list = field(default_factory=list)
+
+
+# ---- finding and splitting documents -----------------------------------------------------------------
+
+
+def _looks_binary(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return b"\0" in f.read(SNIFF_BYTES)
+
+
+def find_documents(inputs: list[str | Path], exclude: Path | None = None) -> list[Document]:
+    """The documents named by `inputs` (files and directories), in order, without duplicates."""
+    if not inputs:
+        raise CorpusError("no input given: name one or more text files or directories")
+    exclude = exclude.resolve() if exclude else None
+    seen, docs = set(), []
+    for item in map(Path, inputs):
+        if not item.exists():
+            raise CorpusError(f"no such file or directory: {item}")
+        if item.is_dir():
+            files = []
+            for root, dirs, names in os.walk(item):
+                dirs[:] = sorted(d for d in dirs if not d.startswith(".") and (exclude is None or Path(root, d).resolve() != exclude))
+                files += [Path(root, n) for n in names if not n.startswith(".")]
+            files = [f for f in sorted(files) if f.is_file() and not _looks_binary(f)]
+        else:
+            files = [item]
+        for f in files:
+            key = f.resolve()
+            if key not in seen and f.stat().st_size > 0:
+                seen.add(key)
+                docs.append(Document(f, f.stat().st_size))
+    return docs
+
+
+def _cut_point(path: Path, offset: int, size: int, limit: int = 1 << 20) -> int:
+    """Where to cut a document near byte `offset`: the next line start if there is one before the
+    end (within `limit` bytes), else the next UTF-8 character start."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        window = f.read(limit)
+    nl = window.find(b"\n")
+    if nl >= 0 and offset + nl + 1 < size:
+        return offset + nl + 1
+    i = 0
+    while i < len(window) and 0x80 <= window[i] < 0xC0:  # skip UTF-8 continuation bytes
+        i += 1
+    return offset + i
+
+
+def plan_split(docs: list[Document], val_fraction: float) -> tuple[list[Segment], str]:
+    """Assign every byte of the corpus to train or val: (segments, "document" or "tail")."""
+    if not 0 < val_fraction < 1:
+        raise CorpusError(f"--val-fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+    n = len(docs)
+    if int(n * val_fraction) >= 1:
+        # Document i goes to val when floor((i+1)f) > floor(if): floor(n f) documents, evenly spread.
+        return [
+            Segment(d, 0, d.size, "val" if int((i + 1) * val_fraction) > int(i * val_fraction) else "train", True)
+            for i, d in enumerate(docs)
+        ], "document"
+    total = sum(d.size for d in docs)
+    cut = int(total * (1 - val_fraction))
+    segments, offset = [], 0
+    for d in docs:
+        if offset + d.size <= cut:
+            segments.append(Segment(d, 0, d.size, "train", True))
+        elif offset >= cut:
+            segments.append(Segment(d, 0, d.size, "val", True))
+        else:
+            at = min(_cut_point(d.path, cut - offset, d.size), d.size)
+            if at > 0:
+                segments.append(Segment(d, 0, at, "train", at == d.size))
+            if at < d.size:
+                segments.append(Segment(d, at, d.size, "val", True))
+        offset += d.size
+    return segments, "tail"
+
+
+# ---- reading text in chunks ----------------------------------------------------------------------------
+
+
+def decode_utf8(data: bytes, final: bool, strict: bool = False) -> tuple[str, int, int]:
+    """Decode as much of `data` as possible: (text, bytes consumed, bytes replaced by U+FFFD).
+
+    An incomplete character at the end is left unconsumed unless `final`. Invalid bytes are replaced
+    (one U+FFFD per maximal invalid sequence, as Python's "replace") and counted, or raise with `strict`.
+    """
+    view, pos, parts, replaced = memoryview(data), 0, [], 0
+    while True:
+        try:
+            text, n = codecs.utf_8_decode(view[pos:], "strict", final)
+            parts.append(text)
+            return "".join(parts), pos + n, replaced
+        except UnicodeDecodeError as e:
+            if strict:
+                raise UnicodeDecodeError("utf-8", data, pos + e.start, pos + e.end, e.reason) from None
+            parts.append(codecs.utf_8_decode(view[pos : pos + e.start], "strict", True)[0])
+            parts.append("\ufffd")
+            replaced += e.end - e.start
+            pos += e.end
+
+
+def _safe_cut(text: str) -> int:
+    """Index just past the last place in `text` where GPT-2's pre-tokenizer is sure to cut, or 0."""
+    lo = len(text) // 2  # only look at the second half: chunks stay at least half the target size
+    i = text.rfind("\n", lo, len(text) - 1)
+    while i > lo:
+        if not text[i - 1].isspace() and not text[i + 1].isspace():
+            return i + 1
+        i = text.rfind("\n", lo, i)
+    i = text.rfind(" ", lo, len(text) - 1)
+    while i > lo:
+        if not text[i - 1].isspace() and not text[i + 1].isspace():
+            return i
+        i = text.rfind(" ", lo, i)
+    return 0
+
+
+def read_chunks(
+    segment: Segment, chunk_bytes: int, stats: ReadStats, strict: bool = False
+) -> Iterator[tuple[str, int]]:
+    """Yield (text, nbytes) pieces of the segment, each about `chunk_bytes` of UTF-8 or less, where
+    `nbytes` counts the file bytes consumed since the previous piece (for progress)."""
+    replaced_here = 0
+    with open(segment.doc.path, "rb") as f:
+        f.seek(segment.start)
+        remaining, carry, pending, consumed = segment.size, b"", "", 0
+        offset = segment.start  # file offset of carry[0]
+        while remaining > 0:
+            block = f.read(min(chunk_bytes, remaining))
+            if not block:  # the file shrank while we read it
+                break
+            remaining -= len(block)
+            consumed += len(block)
+            data = carry + block
+            try:
+                text, used, replaced = decode_utf8(data, final=remaining == 0, strict=strict)
+            except UnicodeDecodeError as e:
+                raise CorpusError(
+                    f"{segment.doc.path}: bytes at offset {offset + e.start} are not UTF-8 ({e.reason}); "
+                    f"convert the file to UTF-8, or leave out --strict-utf8 to replace them with U+FFFD"
+                ) from None
+            replaced_here += replaced
+            carry, offset = data[used:], offset + used
+            text = pending + text
+            cut = _safe_cut(text) if remaining > 0 else len(text)
+            if cut == 0:
+                cut = len(text)  # one huge "word": cut at a character boundary
+            yield text[:cut], consumed
+            pending, consumed = text[cut:], 0
+        if pending or consumed:
+            yield pending, consumed
+    if replaced_here:
+        stats.replaced_bytes += replaced_here
+        stats.files_with_replacements.append((segment.doc.path, replaced_here))

@@ -1,0 +1,338 @@
+"""Token datasets on disk, read through np.memmap, and deterministic batches of windows.
+
+    ds = open_dataset("data/shakespeare_char")          # checks meta.json against the files
+    train = Batches(ds.split("train"), block_size=256, batch_size=64, seed=1337, device="cuda")
+    x, y = train.get(step)                               # int64 (64, 256); y is x shifted by one
+    for x, y in eval_batches(ds.split("val"), 256, 64, max_batches=20): ...
+
+A dataset directory (written by `python data/prepare.py`, see gpt/prepare.py) holds `train.bin` and
+`val.bin` (flat token ids, little-endian uint16 or uint32), `meta.json`, and for a trained BPE its
+ranks file `tokenizer.tiktoken`. meta.json is written last, so a directory without it is incomplete.
+
+Sampling is a pure function of (seed, step): the global batch of a step is `batch_size * grad_accum
+* world_size` windows, and rank r / micro-step m reads slice `r * grad_accum + m` of it. So a resumed
+run draws exactly the batches an uninterrupted one would, DDP ranks read disjoint slices, and the
+windows of a step do not depend on how the global batch is split between ranks and micro-steps.
+
+Footguns
+- Offsets are int64 before any arithmetic: a uint16/uint32 id or an int32 index times block_size
+  wraps past 2^31 tokens (4 GiB of uint16) without a sound.
+- A memmap slice is a view of the page cache; windows are copied out (and widened to int64) before
+  they become tensors, and the memmap itself is read-only.
+- On CUDA the host batch is pinned and copied with non_blocking=True, so the copy overlaps the
+  previous step's compute. Nothing per step touches more than the batch's own windows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import torch
+
+FORMAT_VERSION = 1
+META_FILE = "meta.json"
+SPLITS = ("train", "val")
+DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+MODES = ("random", "epoch")
+PREPARE_HINT = "run `python data/prepare.py INPUT... --out {path} --tokenizer {{gpt2,char,bpe}}`"
+
+
+class DataError(ValueError):
+    """A dataset or corpus problem the user can fix (missing files, bad meta.json, too little data)."""
+
+
+def dtype_for_vocab(vocab_size: int) -> str:
+    """The narrowest stored dtype that holds every id below `vocab_size`."""
+    if vocab_size <= 1 << 16:
+        return "uint16"
+    if vocab_size <= 1 << 32:
+        return "uint32"
+    raise DataError(f"vocabulary of {vocab_size} ids does not fit in uint32")
+
+
+def file_sha256(path: str | Path, chunk_bytes: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk_bytes):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ---- datasets ---------------------------------------------------------------------------------------
+
+
+class TokenDataset:
+    """A prepared dataset directory; `split(name)` memory-maps one split's token ids."""
+
+    def __init__(self, path: Path, meta: dict):
+        self.path = path
+        self.meta = meta
+        self.vocab_size = int(meta["vocab_size"])
+        self.dtype = np.dtype(DTYPES[meta["dtype"]]).newbyteorder("<")
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{s}={self.meta['splits'][s]['tokens']:,}" for s in SPLITS)
+        return f"TokenDataset({str(self.path)!r}, {self.meta['tokenizer']['kind']}, vocab={self.vocab_size}, {counts})"
+
+    @property
+    def tokenizer_spec(self) -> dict:
+        """A self-contained spec for gpt.tokenizer.get_tokenizer (a bpe's ranks are read in inline),
+        so a checkpoint that stores it can rebuild the tokenizer without the dataset directory."""
+        return dict(self._tokenizer_spec)
+
+    @cached_property
+    def _tokenizer_spec(self) -> dict:
+        spec = dict(self.meta["tokenizer"])
+        if spec["kind"] == "bpe" and "ranks" not in spec:
+            ranks_file = self.path / spec.pop("ranks_file")
+            spec.pop("ranks_sha256", None)
+            spec["ranks"] = ranks_file.read_text(encoding="ascii")
+        return spec
+
+    def tokenizer(self):
+        from gpt.tokenizer import get_tokenizer
+
+        return get_tokenizer(self.tokenizer_spec)
+
+    def split(self, name: str) -> np.ndarray:
+        """The split's token ids as a read-only 1-D array backed by the file (nothing is loaded)."""
+        if name not in SPLITS:
+            raise ValueError(f"unknown split {name!r}; expected one of {', '.join(SPLITS)}")
+        if name not in self._arrays:
+            file = self.path / self.meta["splits"][name]["file"]
+            if self.meta["splits"][name]["tokens"] == 0:
+                empty = np.empty(0, dtype=self.dtype)
+                empty.flags.writeable = False
+                self._arrays[name] = empty
+            else:
+                self._arrays[name] = np.memmap(file, dtype=self.dtype, mode="r")
+        return self._arrays[name]
+
+    def verify_checksums(self) -> None:
+        """Hash every file in full and compare with meta.json (reads the whole dataset once)."""
+        for name in SPLITS:
+            entry = self.meta["splits"][name]
+            digest = file_sha256(self.path / entry["file"])
+            if digest != entry["sha256"]:
+                raise DataError(
+                    f"{self.path / entry['file']} does not match its checksum in meta.json (the file was "
+                    f"changed or damaged): prepare the dataset again with --force"
+                )
+        spec = self.meta["tokenizer"]
+        if spec["kind"] == "bpe" and "ranks_file" in spec:
+            if file_sha256(self.path / spec["ranks_file"]) != spec["ranks_sha256"]:
+                raise DataError(f"{self.path / spec['ranks_file']} does not match its checksum in meta.json")
+
+
+def open_dataset(path: str | Path, verify: bool = False) -> TokenDataset:
+    """Open a prepared dataset directory, checking meta.json against the files.
+
+    Always checked: the format version, that each .bin exists with a byte size that is a whole number
+    of tokens and equal to meta.json's token count, and that ids sampled from across each split are
+    below the vocabulary size. `verify=True` also compares the full sha256 of every file.
+    """
+    path = Path(path)
+    hint = PREPARE_HINT.format(path=path)
+    if not path.is_dir():
+        raise DataError(f"no dataset directory {path}: {hint}")
+    meta_file = path / META_FILE
+    if not meta_file.is_file():
+        raise DataError(f"no {META_FILE} in {path} (not prepared, or an interrupted prepare): {hint}")
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"{meta_file} is not valid JSON ({e}): prepare the dataset again with --force") from None
+    _check_meta(meta, path, hint)
+    ds = TokenDataset(path, meta)
+    for name in SPLITS:
+        _check_split(ds, name, hint)
+    if meta["tokenizer"]["kind"] == "bpe" and "ranks_file" in meta["tokenizer"]:
+        if not (path / meta["tokenizer"]["ranks_file"]).is_file():
+            raise DataError(f"no {meta['tokenizer']['ranks_file']} in {path} (the BPE's ranks): {hint}")
+    if verify:
+        ds.verify_checksums()
+    return ds
+
+
+def _check_meta(meta: dict, path: Path, hint: str) -> None:
+    version = meta.get("format_version") if isinstance(meta, dict) else None
+    if version != FORMAT_VERSION:
+        raise DataError(
+            f"{path / META_FILE} has format_version {version!r}, this version of gpt reads {FORMAT_VERSION}: "
+            f"prepare the dataset again (add --force)"
+        )
+    missing = [k for k in ("dtype", "vocab_size", "tokenizer", "splits") if k not in meta]
+    missing += [f"splits.{s}" for s in SPLITS if s not in meta.get("splits", {})]
+    if missing:
+        raise DataError(f"{path / META_FILE} lacks {', '.join(missing)}: prepare the dataset again (add --force)")
+    if meta["dtype"] not in DTYPES:
+        raise DataError(f"{path / META_FILE}: unsupported dtype {meta['dtype']!r} (expected uint16 or uint32)")
+    if np.iinfo(DTYPES[meta["dtype"]]).max < meta["vocab_size"] - 1:
+        raise DataError(f"{path / META_FILE}: vocab_size {meta['vocab_size']} does not fit dtype {meta['dtype']}")
+
+
+def _check_split(ds: TokenDataset, name: str, hint: str, samples: int = 64, sample_len: int = 4096) -> None:
+    entry = ds.meta["splits"][name]
+    file = ds.path / entry["file"]
+    if not file.is_file():
+        raise DataError(f"no {entry['file']} in {ds.path}: {hint}")
+    size = file.stat().st_size
+    if size % ds.dtype.itemsize:
+        raise DataError(
+            f"{file} is {size:,} bytes, not a whole number of {ds.meta['dtype']} tokens (truncated or damaged): "
+            f"prepare the dataset again with --force"
+        )
+    if size // ds.dtype.itemsize != entry["tokens"]:
+        raise DataError(
+            f"{file} holds {size // ds.dtype.itemsize:,} tokens but meta.json says {entry['tokens']:,}: "
+            f"prepare the dataset again with --force"
+        )
+    tokens = ds.split(name)
+    n = len(tokens)
+    if n == 0:
+        return
+    # A bounded sample spread over the whole split (first and last tokens included), never a full scan.
+    starts = np.linspace(0, max(n - sample_len, 0), num=min(samples, n), dtype=np.int64)
+    top = max(int(tokens[s : s + sample_len].max()) for s in np.unique(starts))
+    if top >= ds.vocab_size:
+        raise DataError(
+            f"{file} holds id {top}, outside the vocabulary of {ds.vocab_size} (wrong dtype or damaged file): "
+            f"prepare the dataset again with --force"
+        )
+
+
+# ---- batches ----------------------------------------------------------------------------------------
+
+
+def gather_windows(tokens: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
+    """(len(starts), length) int64 array of tokens[s : s + length] for each start (int64 offsets)."""
+    starts = np.asarray(starts, dtype=np.int64)
+    out = np.empty((len(starts), length), dtype=np.int64)
+    for i, s in enumerate(starts.tolist()):  # Python ints: arbitrary precision, no wrap-around
+        out[i] = tokens[s : s + length]
+    return out
+
+
+def _to_device(x: np.ndarray, y: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = torch.from_numpy(x), torch.from_numpy(y)
+    if device.type == "cuda":
+        # Pinned host memory lets the copy run asynchronously; torch's caching host allocator keeps
+        # each pinned block alive until its copy has finished, so reusing memory is safe.
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+def _check_tokens(tokens, block_size: int) -> np.ndarray:
+    if not isinstance(tokens, np.ndarray):
+        tokens = np.asarray(tokens)
+    if tokens.ndim != 1:
+        raise ValueError(f"tokens must be a 1-D array, got shape {tokens.shape}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    if len(tokens) < block_size + 1:
+        raise DataError(
+            f"the split has {len(tokens):,} tokens, fewer than one window of block_size + 1 = {block_size + 1}: "
+            f"lower --block-size or prepare a larger corpus"
+        )
+    return tokens
+
+
+class Batches:
+    """Deterministic batches of (x, y) windows from a 1-D token array.
+
+    mode="random": each window starts at any offset (nanoGPT's sampling); a global batch holds
+    distinct windows whenever the split has enough of them.
+    mode="epoch": the non-overlapping windows starting at 0, T, 2T, ... (every token is a target once),
+    visited in a fresh permutation per epoch drawn from (seed, epoch); the global batches run through
+    the permutations back to back, so each window comes exactly once per epoch, a batch may straddle
+    two epochs, and `steps_per_epoch` = n_windows / global_batch need not be whole.
+    """
+
+    def __init__(
+        self,
+        tokens,
+        block_size: int,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        mode: str = "random",
+        rank: int = 0,
+        world_size: int = 1,
+        grad_accum: int = 1,
+        device="cpu",
+    ):
+        self.tokens = _check_tokens(tokens, block_size)
+        if mode not in MODES:
+            raise ValueError(f"unknown batch mode {mode!r}; expected one of {', '.join(MODES)}")
+        if batch_size < 1 or grad_accum < 1 or world_size < 1:
+            raise ValueError(f"batch_size, grad_accum and world_size must be >= 1: {batch_size}, {grad_accum}, {world_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside 0..{world_size - 1} (world_size {world_size})")
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        self.block_size, self.batch_size, self.seed, self.mode = block_size, batch_size, seed, mode
+        self.rank, self.world_size, self.grad_accum = rank, world_size, grad_accum
+        self.device = torch.device(device)
+        self.global_batch = batch_size * grad_accum * world_size
+        n = len(self.tokens)
+        self.n_windows = n - block_size if mode == "random" else (n - 1) // block_size
+        self._perms: dict[int, np.ndarray] = {}
+
+    @property
+    def steps_per_epoch(self) -> float:
+        return self.n_windows / self.global_batch
+
+    def window_starts(self, step: int) -> np.ndarray:
+        """Token offsets (int64) of all `global_batch` windows of `step`, before slicing by rank."""
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        if self.mode == "random":
+            rng = np.random.default_rng([self.seed, 0, step])
+            replace = self.global_batch > self.n_windows
+            return rng.choice(self.n_windows, size=self.global_batch, replace=replace).astype(np.int64)
+        positions = step * self.global_batch + np.arange(self.global_batch, dtype=np.int64)
+        epochs, index = np.divmod(positions, self.n_windows)
+        windows = np.empty(self.global_batch, dtype=np.int64)
+        for epoch in np.unique(epochs).tolist():
+            at = epochs == epoch
+            windows[at] = self._permutation(epoch)[index[at]]
+        return windows * self.block_size
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if epoch not in self._perms:
+            # Keep the permutation of the epoch in use and of the one before (a batch can straddle).
+            self._perms = {e: p for e, p in self._perms.items() if e == epoch - 1}
+            self._perms[epoch] = np.random.default_rng([self.seed, 1, epoch]).permutation(self.n_windows)
+        return self._perms[epoch]
+
+    def get(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y) for this rank's slice `micro_step` of global step `step`: int64 (batch_size, block_size)."""
+        if not 0 <= micro_step < self.grad_accum:
+            raise ValueError(f"micro_step {micro_step} is outside 0..{self.grad_accum - 1} (grad_accum {self.grad_accum})")
+        k = self.rank * self.grad_accum + micro_step
+        starts = self.window_starts(step)[k * self.batch_size : (k + 1) * self.batch_size]
+        xy = gather_windows(self.tokens, starts, self.block_size + 1)
+        return _to_device(xy[:, :-1].copy(), xy[:, 1:].copy(), self.device)
+
+
+def eval_batches(tokens, block_size: int, batch_size: int, max_batches: int | None = None, device="cpu"):
+    """Yield (x, y) over consecutive non-overlapping windows from the start of the split (the whole
+    split when max_batches is None; the last partial batch may be smaller)."""
+    tokens = _check_tokens(tokens, block_size)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    device = torch.device(device)
+    n_windows = (len(tokens) - 1) // block_size
+    n_batches = -(-n_windows // batch_size)
+    if max_batches is not None:
+        n_batches = min(n_batches, max_batches)
+    for b in range(n_batches):
+        first = b * batch_size
+        starts = np.arange(first, min(first + batch_size, n_windows), dtype=np.int64) * block_size
+        xy = gather_windows(tokens, starts, block_size + 1)
+        yield _to_device(xy[:, :-1].copy(), xy[:, 1:].copy(), device)

@@ -1,0 +1,58 @@
+"""A one-line progress bar on stderr with rate and ETA, redrawn at most a few times a second.
+
+    bar = Progress("encode", total=nbytes, unit="MB", scale=1e-6)
+    bar.update(n)   # after each piece of work
+    bar.close()     # final state, then a newline
+
+On a stream that is not a terminal (a log file, CI) it prints nothing: the caller's summary line says
+what happened.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    h, rest = divmod(seconds, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+class Progress:
+    def __init__(self, label: str, total: float, unit: str = "MB", scale: float = 1e-6, stream=None, enabled=None):
+        self.label, self.total, self.unit, self.scale = label, total, unit, scale
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self.done = 0.0
+        self.start = self._last = time.perf_counter()
+
+    def update(self, n: float) -> None:
+        self.done += n
+        now = time.perf_counter()
+        if self.enabled and now - self._last >= 0.2:
+            self._last = now
+            self._draw(now)
+
+    def line(self, now: float | None = None) -> str:
+        now = time.perf_counter() if now is None else now
+        elapsed = max(now - self.start, 1e-9)
+        frac = min(self.done / self.total, 1.0) if self.total else 1.0
+        rate = self.done * self.scale / elapsed
+        eta = (self.total - self.done) / (self.done / elapsed) if 0 < self.done < self.total else 0.0
+        bar = "#" * int(frac * 24)
+        return (
+            f"{self.label} [{bar:<24}] {frac:4.0%} {self.done * self.scale:,.1f}/{self.total * self.scale:,.1f} "
+            f"{self.unit} {rate:,.1f} {self.unit}/s elapsed {_clock(elapsed)} ETA {_clock(eta)}"
+        )
+
+    def _draw(self, now: float) -> None:
+        self.stream.write("\r" + self.line(now) + "\x1b[K")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self._draw(time.perf_counter())
+            self.stream.write("\n")
+            self.stream.flush()
