@@ -12,7 +12,7 @@ from gpt import checkpoint
 from gpt.model import GPT, GPTConfig
 from gpt.trainer import Runtime, TrainingError, config_from_argv, train, train_step
 
-from .conftest import ROOT, SHAKESPEARE
+from conftest import ROOT, SHAKESPEARE
 
 TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--block-size", "32", "--batch-size", "4",
         "--eval-iters", "4", "--log-interval", "1", "--warmup-iters", "2"]
