@@ -82,13 +82,12 @@ def read(path: str | os.PathLike, map_location="cpu") -> dict:
 
 
 def load_checkpoint(path: str | os.PathLike, device="cpu"):
-    """(model, tokenizer, meta) from a run directory, checkpoint file or Hugging Face GPT-2
-    directory (see gpt/hf.py), model in eval mode."""
+    """(model, tokenizer, meta) from a run directory or checkpoint file, model in eval mode."""
     from gpt import hf
     from gpt.model import GPT, GPTConfig
     from gpt.tokenizer import get_tokenizer
 
-    if hf.is_hf_dir(path):
+    if hf.is_hf_dir(path):  # a Hugging Face GPT-2 directory (config.json + weights): see gpt/hf.py
         return hf.load_hf_dir(path, device)
     ckpt = read(path, map_location=device)
     meta = ckpt["meta"]

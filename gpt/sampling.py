@@ -238,7 +238,7 @@ class Decoder:
 
     @torch.no_grad()
     def _forward(self, idx: torch.Tensor) -> torch.Tensor:
-        h = self.model.hidden(idx, self.caches)  # (B, T, C)
+        h = self.model.hidden(idx.contiguous(), self.caches)  # (B, T, C)
         return self.model.lm_head(h[:, -1]).float()  # (B, V): the last position only
 
     def _prefill(self) -> torch.Tensor:
@@ -343,7 +343,6 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str | Sequence[int]) -> list[int
     return ids or [tokenizer.eot_token]
 
 
-@torch.no_grad()
 def generate(
     model: GPT,
     tokenizer: Tokenizer,
@@ -357,11 +356,10 @@ def generate(
 
     Settings are `SampleConfig` fields, as a config and/or keywords (keywords win), e.g.
     `generate(model, tok, "ROMEO:", max_new_tokens=100, temperature=0, stop=["\\n\\n"])`.
-    `generator` overrides `seed` (pass one to control the randomness yourself).
+    `generator` overrides `seed` (pass one to control the randomness yourself). Settings and the
+    prompt are checked here, before the first piece is asked for.
     """
     cfg = dataclasses.replace(config or SampleConfig(), **settings) if settings else (config or SampleConfig())
-    model.eval()
-    device = next(model.parameters()).device
     ids = encode_prompt(tokenizer, prompt)
     if any(not 0 <= i < model.config.vocab_size for i in ids):
         raise SamplingError(f"prompt ids must be in [0, {model.config.vocab_size}) for this model")
@@ -371,12 +369,19 @@ def generate(
             f"the prompt has {len(ids)} tokens, more than the model's context of {block_size}: "
             f"only its last {block_size} tokens are used",
             ContextWarning,
-            stacklevel=3,
+            stacklevel=2,
         )
+    device = next(model.parameters()).device
     if generator is None:
         seed = cfg.seed if cfg.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
         generator = torch.Generator(device=device).manual_seed(seed)
+    model.eval()
+    return _generate(model, tokenizer, ids, cfg, generator)
 
+
+@torch.no_grad()
+def _generate(model: GPT, tokenizer: Tokenizer, ids: list[int], cfg: SampleConfig, generator) -> Iterator[Piece]:
+    device = generator.device
     dec = Decoder(model, torch.tensor([ids] * cfg.num_samples, dtype=torch.long, device=device), cfg.window_keep)
     rows = list(range(cfg.num_samples))  # the sample each batch row belongs to
     streams = [TextStream(tokenizer, cfg.stop) for _ in rows]
