@@ -7,8 +7,8 @@
 
 Layers, bottom up
 - Pure functions on a (B, V) logits tensor, each with explicit arguments (a seq2seq decoder and beam
-  search reuse them): `mask_vocab`, `apply_repetition_penalty`, `top_k_filter`, `top_p_filter`, and
-  `next_token`, which composes them in the usual order (penalty, temperature, top-k, top-p) and
+  search reuse them): `apply_repetition_penalty`, `top_k_filter`, `top_p_filter`, `sample_probs`,
+  and `next_token`, which composes them in the usual order (penalty, temperature, top-k, top-p) and
   draws with an explicit `torch.Generator`. Temperature 0 is argmax and never touches the generator.
 - `Decoder`: next-token logits for a batch of sequences; one prefill of the prompt, then one token
   per step through a `KVCache` per layer; finished rows can be dropped from the batch.
@@ -25,8 +25,8 @@ Design notes
 - Only the last position goes through `lm_head` (`model.hidden` then `lm_head(h[:, -1])`); the
   model's `forward` keeps returning full logits.
 - Logits are processed in float32 whatever the model's dtype.
-- A padded vocabulary (e.g. 50304 rows for GPT-2's 50257 ids) never yields a padded id: ids at or
-  above the tokenizer's vocab_size are masked.
+- A padded vocabulary (e.g. 50304 rows for GPT-2's 50257 ids) never yields a padded id: logits
+  of ids at or above the tokenizer's vocab_size are cut off before sampling.
 - Repetition penalty (CTRL, Keskar et al. 2019): for every id present in the sequence so far
   (prompt included, as Hugging Face does), a positive logit is divided by the penalty and a negative
   one multiplied by it. 1.0 is off; > 1 discourages repetition.
@@ -140,15 +140,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 # ---- logits -> next token (pure functions) --------------------------------------------------------
 
 
-def mask_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """-inf for the padded ids >= vocab_size (rows of the embedding no tokenizer id maps to)."""
-    if logits.size(-1) <= vocab_size:
-        return logits
-    logits = logits.clone()
-    logits[..., vocab_size:] = float("-inf")
-    return logits
-
-
 def apply_repetition_penalty(logits: torch.Tensor, prev_ids: torch.Tensor, penalty: float) -> torch.Tensor:
     """CTRL's penalty: logits (B, V) of the ids in prev_ids (B, T) are divided by `penalty` where
     positive and multiplied by it where negative. Each id counts once, however often it occurs."""
@@ -179,6 +170,18 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 
+def sample_probs(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One draw per row of probs (B, V) by inverting the CDF with a uniform from `generator`.
+
+    An id of probability 0 is never drawn. (torch.multinomial draws V exponentials per row, which
+    is most of a decode step's sampling time with a 50k vocabulary on CPU.)
+    """
+    cdf = probs.double().cumsum(dim=-1)
+    u = torch.rand(probs.size(0), 1, generator=generator, device=probs.device, dtype=torch.float64)
+    ids = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # first id whose cdf exceeds u * total
+    return ids.clamp_(max=probs.size(-1) - 1).squeeze(-1)
+
+
 def next_token(
     logits: torch.Tensor,
     *,
@@ -190,18 +193,26 @@ def next_token(
     vocab_size: int | None = None,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Next ids (B,) from logits (B, V): padded ids masked, repetition penalty, then greedy argmax
-    (temperature 0) or a draw from softmax(logits / temperature) after top-k and top-p."""
+    """Next ids (B,) from logits (B, V): only ids < vocab_size (a padded vocabulary's extra rows are
+    cut off), repetition penalty on prev_ids (B, T), then greedy argmax (temperature 0) or a draw
+    from softmax(logits / temperature) restricted by top-k, then top-p.
+
+    With top-k the draw happens among the k candidates only (the same distribution as filtering the
+    whole vocabulary, at a fraction of the cost).
+    """
     logits = logits.float()
     if vocab_size is not None:
-        logits = mask_vocab(logits, vocab_size)
+        logits = logits[..., :vocab_size]
     if prev_ids is not None:
         logits = apply_repetition_penalty(logits, prev_ids, repetition_penalty)
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = top_p_filter(top_k_filter(logits / temperature, top_k), top_p)
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        values, candidates = torch.topk(logits, top_k, dim=-1)  # (B, k), sorted
+        choice = sample_probs(torch.softmax(top_p_filter(values, top_p), dim=-1), generator)
+        return candidates.gather(-1, choice[:, None]).squeeze(-1)
+    return sample_probs(torch.softmax(top_p_filter(logits, top_p), dim=-1), generator)
 
 
 # ---- the KV-cached decode loop --------------------------------------------------------------------
@@ -361,8 +372,11 @@ def generate(
     """
     cfg = dataclasses.replace(config or SampleConfig(), **settings) if settings else (config or SampleConfig())
     ids = encode_prompt(tokenizer, prompt)
-    if any(not 0 <= i < model.config.vocab_size for i in ids):
-        raise SamplingError(f"prompt ids must be in [0, {model.config.vocab_size}) for this model")
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise SamplingError(f"the tokenizer has {tokenizer.vocab_size} ids but the model only "
+                            f"{model.config.vocab_size} embedding rows: they do not belong together")
+    if any(not 0 <= i < tokenizer.vocab_size for i in ids):
+        raise SamplingError(f"prompt ids must be in [0, {tokenizer.vocab_size}), the tokenizer's ids")
     block_size = model.config.block_size
     if len(ids) > block_size:
         warnings.warn(

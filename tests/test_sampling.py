@@ -9,7 +9,7 @@ from gpt import GPT, GPTConfig, generate
 from gpt.model import KVCache
 from gpt.sampling import (
     ContextWarning, Decoder, SampleConfig, SamplingError, StopMatcher, apply_repetition_penalty, complete,
-    mask_vocab, next_token, top_k_filter, top_p_filter,
+    next_token, sample_probs, top_k_filter, top_p_filter,
 )
 from gpt.tokenizer import CharTokenizer, get_tokenizer
 
@@ -163,6 +163,17 @@ def test_temperature_zero_is_argmax_and_never_touches_the_generator():
     assert complete(model, tok, "ab", seed=1, **kw) == complete(model, tok, "ab", seed=2, **kw)
 
 
+def test_sample_probs_follows_the_distribution_and_never_draws_zero_probability():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.25, 0.25, 0.0]])
+    g = torch.Generator().manual_seed(0)
+    out = sample_probs(probs.expand(20000, -1), g)
+    counts = torch.bincount(out, minlength=6).float() / 20000
+    assert counts[[0, 2, 5]].sum() == 0
+    torch.testing.assert_close(counts, probs[0], atol=0.02, rtol=0)
+    edge = torch.tensor([[1.0, 0.0], [0.0, 1.0]])  # all mass on the first / last id
+    assert sample_probs(edge.repeat(500, 1), g).view(500, 2).eq(torch.tensor([0, 1])).all()
+
+
 def test_top_k_support_is_exactly_the_k_largest():
     logits = torch.randn(1, 50)
     out = draws(logits, top_k=5)
@@ -220,8 +231,8 @@ def test_repetition_penalty_makes_greedy_text_less_repetitive():
 def test_padded_vocab_ids_are_never_sampled():
     logits = torch.zeros(1, 64)
     logits[0, 60:] = 100.0  # padded rows would win everything
-    assert torch.isinf(mask_vocab(logits, 50)[0, 50:]).all()
-    assert set(draws(logits, vocab_size=50).tolist()) <= set(range(50))
+    assert set(draws(logits, vocab_size=50).tolist()) == set(range(50))
+    assert set(draws(logits, vocab_size=50, top_k=5).tolist()) <= set(range(50))
     assert next_token(logits, temperature=0, vocab_size=50).item() < 50
     # through generate: a model with 40 rows for a 31-id tokenizer, padded rows inflated
     model, tok = random_model(vocab=40), CharTokenizer(CHARS)
