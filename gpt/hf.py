@@ -155,7 +155,10 @@ def load_hf_dir(path, device="cpu"):
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{path / 'config.json'} is not a readable JSON config ({e})") from None
     cfg = config_from_hf(hf_config)
-    sd = state_dict_from_hf(_load_weights(path))
+    try:
+        sd = state_dict_from_hf(_load_weights(path))
+    except Exception as e:  # a corrupt file, or a pickle that wants to run code (weights_only refuses)
+        raise CheckpointError(f"cannot read the weights in {path} ({type(e).__name__}: {str(e)[:200]})") from None
     if not torch.equal(sd["lm_head.weight"], sd["transformer.wte.weight"]):
         raise CheckpointError(f"{path}: lm_head differs from wte, but this model ties them")
     model = GPT(cfg)

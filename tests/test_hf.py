@@ -186,3 +186,17 @@ def test_export_refuses_what_gpt2_cannot_express(tmp_path, gpt2):
     model = GPT(GPTConfig(vocab_size=50257, block_size=8, n_layer=1, n_head=1, n_embd=8, norm="post"))
     with pytest.raises(ValueError, match="norm='post'"):
         export_hf(model, gpt2, tmp_path)
+
+
+def test_weights_that_want_to_run_code_are_refused(hf_model, tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    torch.save({"h.0.attn.c_attn.weight": Evil()}, tmp_path / "pytorch_model.bin")
+    hf_model.config.to_json_file(tmp_path / "config.json")
+    with pytest.raises(CheckpointError, match="cannot read the weights"):
+        load_checkpoint(tmp_path)
+    assert not marker.exists()

@@ -96,6 +96,12 @@ def test_prompt_file_and_long_prompt_warning(run_dir, tmp_path, capsys):
     assert "warning: the prompt has 41 tokens, more than the model's context of 16" in err
 
 
+def test_bfloat16_on_cpu(run_dir, capsys):
+    code, out, err = cli(capsys, "--ckpt", run_dir, "--prompt", "A", "--max-new-tokens", 10, "--dtype", "bfloat16",
+                         "--device", "cpu", "--no-stop-at-eot")
+    assert code == 0 and out.startswith("A") and "1 sample(s), 10 tokens" in err and "cpu, bfloat16" in err
+
+
 def test_empty_prompt_starts_from_end_of_text(run_dir, capsys):
     code, out, err = cli(capsys, "--ckpt", run_dir, "--max-new-tokens", 5, "--no-stop-at-eot")
     assert code == 0 and len(out) >= 5
