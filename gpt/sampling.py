@@ -371,6 +371,9 @@ def generate(
     prompt are checked here, before the first piece is asked for.
     """
     cfg = dataclasses.replace(config or SampleConfig(), **settings) if settings else (config or SampleConfig())
+    if model.config.n_encoder_layer:
+        raise SamplingError(f"this model has an encoder (n_encoder_layer={model.config.n_encoder_layer}): "
+                            "generate continues text with decoder-only models; translate with gpt.translate")
     ids = encode_prompt(tokenizer, prompt)
     if tokenizer.vocab_size > model.config.vocab_size:
         raise SamplingError(f"the tokenizer has {tokenizer.vocab_size} ids but the model only "

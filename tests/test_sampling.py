@@ -376,6 +376,12 @@ def test_invalid_settings_name_the_flag_and_value(field, value, flag):
         SampleConfig(**{field: value})
 
 
+def test_encoder_decoder_models_are_refused_before_anything_runs():
+    model = GPT(GPTConfig(vocab_size=31, block_size=16, n_layer=1, n_head=2, n_embd=8, n_encoder_layer=1))
+    with pytest.raises(SamplingError, match="has an encoder"):
+        generate(model, CharTokenizer(CHARS), "ab")
+
+
 def test_all_problems_are_reported_together():
     with pytest.raises(SamplingError) as e:
         SampleConfig(top_k=0, top_p=2.0, temperature=-1)
