@@ -105,9 +105,12 @@ def read_meta(path: str | os.PathLike) -> dict:
 
 def load_checkpoint(path: str | os.PathLike, device="cpu"):
     """(model, tokenizer, meta) from a run directory or checkpoint file, model in eval mode."""
+    from gpt import hf
     from gpt.model import GPT, GPTConfig
     from gpt.tokenizer import get_tokenizer
 
+    if hf.is_hf_dir(path):  # a Hugging Face GPT-2 directory (config.json + weights): see gpt/hf.py
+        return hf.load_hf_dir(path, device)
     ckpt = read(path, map_location=device)
     meta = ckpt["meta"]
     model = GPT(GPTConfig.from_dict(meta["model_config"]))

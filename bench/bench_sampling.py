@@ -1,0 +1,255 @@
+"""Sampling speed on CPU: our KV-cached generate vs recomputing the context (nanoGPT's sample.py) vs
+transformers' GPT2LMHeadModel.generate on the same (exported) weights.
+
+    python bench/bench_sampling.py                       # ~2-3 minutes; writes bench/results/sampling.{json,md}
+    python bench/bench_sampling.py --threads 0 --budget 10     # torch's default thread count
+
+Models (random weights: speed does not depend on them; end-of-text never stops a run, so every run
+generates exactly the tokens asked for):
+| name        | vocab                      | layers x heads x embd | block |
+|-------------|----------------------------|-----------------------|-------|
+| char-cpu    | 65 tiny-shakespeare chars + eot | 4 x 4 x 128      | 64    | nanoGPT's CPU shakespeare-char
+| char-gpu    | same                       | 6 x 6 x 384           | 256   | nanoGPT's GPU shakespeare-char
+| bpe-6x384   | GPT-2 BPE, 50304 rows      | 6 x 6 x 384           | 256   |
+
+Runs, each in its own process (so peak RSS is that run's), 5 samples as one batch, temperature 1,
+top-k 200, after a short warm-up:
+- `cached`: ours, a full block_size-token prompt (tiny shakespeare), 500 new tokens: the window
+  slides (a re-prefill of block_size/2 tokens every block_size/2 + 1 steps).
+- `recompute`: the same prompt, nanoGPT's loop: crop to the last block_size tokens, run the whole
+  model, take the last position's logits (only that position through lm_head, as nanoGPT does),
+  sample. Its cost per token is constant once the context is full, so it runs for `--budget`
+  seconds (at most 500 tokens) and tokens/s is measured over what it generated.
+- `cached-in-context` and `hf`: a 16-token prompt and block_size - 16 new tokens (transformers'
+  GPT-2 cannot go past n_positions), ours vs `generate(do_sample=True, top_k=200, use_cache=True)`.
+Reported: time to first token (prompt prefill + first sample), tokens/s over the whole run, peak RSS
+and RSS after loading the model. The machine's load average is recorded: the CPU may be shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+SHARED = Path(os.environ.get("GPT_SHARED_DATA", ROOT.parent / "shared" / "data"))
+if (SHARED / "gpt2.tiktoken").exists():
+    os.environ.setdefault("GPT2_TIKTOKEN_FILE", str(SHARED / "gpt2.tiktoken"))
+
+MODELS = {
+    "char-cpu": dict(tokenizer="char", n_layer=4, n_head=4, n_embd=128, block_size=64),
+    "char-gpu": dict(tokenizer="char", n_layer=6, n_head=6, n_embd=384, block_size=256),
+    "bpe-6x384": dict(tokenizer="gpt2", n_layer=6, n_head=6, n_embd=384, block_size=256),
+}
+SAMPLES, NEW_TOKENS, SHORT_PROMPT, TOP_K = 5, 500, 16, 200
+
+
+def tokenizer_and_text(name: str):
+    """The model's tokenizer and the prompt source (tiny shakespeare's opening) as ids."""
+    from gpt.tokenizer import CharTokenizer, get_tokenizer
+
+    text = (SHARED / "tinyshakespeare.txt").read_text(encoding="utf-8")
+    tok = CharTokenizer.from_text(text) if MODELS[name]["tokenizer"] == "char" else get_tokenizer("gpt2")
+    return tok, tok.encode(text[:5000])
+
+
+def build(name: str, tok):
+    """The benchmark model, seeded random weights."""
+    from gpt import GPT, GPTConfig
+
+    spec = MODELS[name]
+    vocab = tok.vocab_size if spec["tokenizer"] == "char" else 50304  # GPT-2's 50257 padded to 64s
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=vocab, **{k: v for k, v in spec.items() if k != "tokenizer"})).eval()
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+# ---- one run (child process) ---------------------------------------------------------------------
+
+
+def run_ours(model, tok, prompt, new_tokens):
+    from gpt import generate
+
+    def once(p, n):
+        t0, first, count = time.perf_counter(), None, 0
+        for piece in generate(model, tok, p, num_samples=SAMPLES, max_new_tokens=n, temperature=1.0,
+                              top_k=TOP_K, stop_at_eot=False, generator=torch.Generator().manual_seed(0)):
+            first = first if first is not None else time.perf_counter() - t0
+            count += len(piece.ids)
+        return first, count, time.perf_counter() - t0
+
+    once(prompt[:8], 4)  # warm-up
+    return once(prompt, new_tokens)
+
+
+@torch.no_grad()
+def run_recompute(model, prompt, new_tokens, budget):
+    """nanoGPT's sample loop: crop, full forward, last position's logits, sample."""
+    from gpt.sampling import next_token
+
+    block = model.config.block_size
+    g = torch.Generator().manual_seed(0)
+
+    def step(idx):
+        cond = idx if idx.size(1) <= block else idx[:, -block:]
+        logits = model.lm_head(model.hidden(cond)[:, -1])
+        return torch.cat([idx, next_token(logits, temperature=1.0, top_k=TOP_K, generator=g)[:, None]], 1)
+
+    step(torch.tensor([prompt[:8]] * SAMPLES))  # warm-up
+    idx = torch.tensor([prompt] * SAMPLES)
+    t0 = time.perf_counter()
+    idx = step(idx)
+    first = time.perf_counter() - t0
+    n = 1
+    while n < new_tokens and time.perf_counter() - t0 < budget:
+        idx = step(idx)
+        n += 1
+    return first, n * SAMPLES, time.perf_counter() - t0
+
+
+def run_hf(hf_dir, prompt, new_tokens):
+    import transformers
+
+    model = transformers.GPT2LMHeadModel.from_pretrained(hf_dir).eval()
+    model.generation_config.eos_token_id = None
+    rss_loaded = rss_mb()
+    times = []
+
+    class Clock(transformers.generation.BaseStreamer):
+        def put(self, value):
+            times.append(time.perf_counter())
+
+        def end(self):
+            pass
+
+    def once(p, n):
+        ids = torch.tensor([p] * SAMPLES)
+        torch.manual_seed(0)
+        times.clear()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=True, temperature=1.0,
+                top_k=TOP_K, top_p=1.0, use_cache=True, pad_token_id=0, eos_token_id=None, streamer=Clock(),
+            )
+        elapsed = time.perf_counter() - t0
+        return times[1] - t0, (out.size(1) - ids.size(1)) * SAMPLES, elapsed  # put #0 is the prompt
+
+    once(prompt[:8], 4)  # warm-up
+    return rss_loaded, once(prompt, new_tokens)
+
+
+def child(args) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    job = json.loads(args.child)
+    tok, text_ids = tokenizer_and_text(job["model"])
+    block = MODELS[job["model"]]["block_size"]
+    if job["run"] == "hf":
+        rss_loaded, (first, count, elapsed) = run_hf(job["hf_dir"], text_ids[:SHORT_PROMPT], block - SHORT_PROMPT)
+    else:
+        model = build(job["model"], tok)
+        rss_loaded = rss_mb()
+        if job["run"] == "cached":
+            first, count, elapsed = run_ours(model, tok, text_ids[:block], NEW_TOKENS)
+        elif job["run"] == "cached-in-context":
+            first, count, elapsed = run_ours(model, tok, text_ids[:SHORT_PROMPT], block - SHORT_PROMPT)
+        else:
+            first, count, elapsed = run_recompute(model, text_ids[:block], NEW_TOKENS, args.budget)
+    print(json.dumps(dict(
+        job, threads=torch.get_num_threads(), ttft_ms=1000 * first, tokens=count, seconds=elapsed,
+        tokens_per_s=count / elapsed, peak_rss_mb=peak_rss_mb(), rss_loaded_mb=rss_loaded,
+    )))
+
+
+# ---- the whole benchmark (parent) ----------------------------------------------------------------
+
+
+def table(results: list[dict]) -> str:
+    rows = ["| model | run | prompt -> new tokens (x5 samples) | time to first token | tokens/s | peak RSS |",
+            "|---|---|---|---|---|---|"]
+    for r in results:
+        new = r["tokens"] // SAMPLES
+        rows.append(f"| {r['model']} | {r['run']} | {r['prompt']} -> {new} | {r['ttft_ms']:.0f} ms | "
+                    f"{r['tokens_per_s']:.0f} | {r['peak_rss_mb']:.0f} MB |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads, 0 for torch's default (default: 1: on a shared CPU more threads stall)")
+    p.add_argument("--budget", type=float, default=15.0, help="seconds for each no-cache recompute run (default: 15)")
+    p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "sampling"), help="results path, without suffix")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        return child(args)
+
+    from gpt.hf import export_hf
+
+    load_before = os.getloadavg()
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            tok, _ = tokenizer_and_text(name)
+            block = MODELS[name]["block_size"]
+            hf_dir = export_hf(build(name, tok), tok, Path(tmp) / name)
+            for run, prompt in [("cached", block), ("recompute", block),
+                                ("cached-in-context", SHORT_PROMPT), ("hf", SHORT_PROMPT)]:
+                job = dict(model=name, run=run, prompt=prompt, hf_dir=str(hf_dir))
+                cmd = [sys.executable, __file__, "--child", json.dumps(job), "--budget", str(args.budget),
+                       "--threads", str(args.threads)]
+                out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+                result = json.loads(out.strip().splitlines()[-1])
+                result.pop("hf_dir")
+                results.append(result)
+                print(f"{name:10s} {run:18s} {result['tokens_per_s']:8.0f} tokens/s  "
+                      f"ttft {result['ttft_ms']:6.0f} ms  peak {result['peak_rss_mb']:5.0f} MB", flush=True)
+    speedups = {}
+    for name in args.models.split(","):
+        by = {r["run"]: r for r in results if r["model"] == name}
+        speedups[name] = {
+            "cached_vs_recompute": by["cached"]["tokens_per_s"] / by["recompute"]["tokens_per_s"],
+            "cached_vs_hf_in_context": by["cached-in-context"]["tokens_per_s"] / by["hf"]["tokens_per_s"],
+        }
+    env = dict(
+        python=platform.python_version(), torch=torch.__version__, cpu=platform.processor() or platform.machine(),
+        cores=os.cpu_count(), threads=results[0]["threads"], load_avg_before=load_before,
+        load_avg_after=os.getloadavg(),
+    )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(dict(env=env, results=results, speedups=speedups), indent=2) + "\n")
+    md = [f"Environment: {json.dumps(env)}", "", table(results), "", "| model | cached / recompute | "
+          "ours / transformers (in context) |", "|---|---|---|"]
+    md += [f"| {k} | {v['cached_vs_recompute']:.1f}x | {v['cached_vs_hf_in_context']:.2f}x |" for k, v in speedups.items()]
+    out.with_suffix(".md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

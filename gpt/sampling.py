@@ -1,0 +1,443 @@
+"""Sampling: logits -> next token, the KV-cached decode loop, and `generate` for text.
+
+    from gpt import generate, load_checkpoint
+    model, tok, meta = load_checkpoint("out/shakespeare-char")
+    for piece in generate(model, tok, "ROMEO:", max_new_tokens=200, temperature=0.8, top_k=200, seed=1337):
+        print(piece.text, end="", flush=True)
+
+Layers, bottom up
+- Pure functions on a (B, V) logits tensor, each with explicit arguments (a seq2seq decoder and beam
+  search reuse them): `apply_repetition_penalty`, `top_k_filter`, `top_p_filter`, `sample_probs`,
+  and `next_token`, which composes them in the usual order (penalty, temperature, top-k, top-p) and
+  draws with an explicit `torch.Generator`. Temperature 0 is argmax and never touches the generator.
+- `Decoder`: next-token logits for a batch of sequences; one prefill of the prompt, then one token
+  per step through a `KVCache` per layer; finished rows can be dropped from the batch.
+- `generate`: a prompt string in, `Piece`s of text out (streamed UTF-8, stop strings, end-of-text).
+
+Design notes
+- Sliding window. Positions are learned and absolute, so when the context is full the cache cannot
+  just drop its oldest entry: every kept token would need a new position. When appending a token
+  would make the context longer than block_size, the context becomes its last `keep` tokens
+  (default block_size // 2) and the cache is rebuilt by one prefill of them. That prefill happens
+  once every block_size - keep + 1 steps, so the amortised cost stays about one token's worth per
+  step, while the model always sees at least `keep` tokens of context. keep=block_size reproduces
+  nanoGPT's crop-to-the-last-block_size-tokens behaviour, at the price of a full prefill per step.
+- Only the last position goes through `lm_head` (`model.hidden` then `lm_head(h[:, -1])`); the
+  model's `forward` keeps returning full logits.
+- Logits are processed in float32 whatever the model's dtype.
+- A padded vocabulary (e.g. 50304 rows for GPT-2's 50257 ids) never yields a padded id: logits
+  of ids at or above the tokenizer's vocab_size are cut off before sampling.
+- Repetition penalty (CTRL, Keskar et al. 2019): for every id present in the sequence so far
+  (prompt included, as Hugging Face does), a positive logit is divided by the penalty and a negative
+  one multiplied by it. 1.0 is off; > 1 discourages repetition.
+- Text is decoded incrementally: bytes of a character split across tokens are held back until the
+  character is complete, and text that could be the start of a stop string is held back until it
+  is known not to be one, so a stop string is never printed, even across token boundaries. An
+  incomplete character left at the very end (the length limit cut it) is dropped, not printed as
+  U+FFFD.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import torch
+
+from gpt.model import GPT, KVCache
+from gpt.tokenizer import StreamDecoder, Tokenizer
+
+
+class SamplingError(ValueError):
+    """Invalid sampling settings (the message names the flag, the value and what is allowed)."""
+
+
+class ContextWarning(UserWarning):
+    """The prompt is longer than the model's context: only its last block_size tokens are used."""
+
+
+# ---- settings -------------------------------------------------------------------------------------
+
+
+@dataclass
+class SampleConfig:
+    """Decoding settings shared by `generate` and `sample.py` (flags are the field names with dashes)."""
+
+    num_samples: int = 1
+    max_new_tokens: int = 500
+    temperature: float = 0.8  # 0 is greedy (argmax)
+    top_k: int | None = 200  # keep the k most likely ids; None keeps all
+    top_p: float = 1.0  # nucleus: the smallest set of ids whose probability reaches top_p; 1.0 is off
+    repetition_penalty: float = 1.0  # CTRL-style; 1.0 is off
+    stop: tuple[str, ...] = ()  # stop strings, not included in the output
+    stop_at_eot: bool = True  # end a sample at the end-of-text token
+    seed: int | None = None  # None: a fresh random seed
+    window_keep: int | None = None  # tokens kept when the context slides; None: block_size // 2
+
+    def __post_init__(self):
+        self.stop = tuple(self.stop)
+        problems = []
+
+        def is_int(v):
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        if not is_int(self.num_samples) or self.num_samples < 1:
+            problems.append(f"--num-samples must be an integer >= 1, got {self.num_samples!r}")
+        if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+            problems.append(f"--max-new-tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
+            problems.append(f"--temperature must be >= 0 (0 is greedy), got {self.temperature!r}")
+        if self.top_k is not None and (not is_int(self.top_k) or self.top_k < 1):
+            problems.append(f"--top-k must be an integer >= 1 (or none to disable), got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            problems.append(f"--top-p must be in (0, 1] (1 disables it), got {self.top_p!r}")
+        if not isinstance(self.repetition_penalty, (int, float)) or not self.repetition_penalty > 0:
+            problems.append(f"--repetition-penalty must be > 0 (1 disables it), got {self.repetition_penalty!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            problems.append(f"--stop must be non-empty text, got {self.stop!r}")
+        if self.seed is not None and not is_int(self.seed):
+            problems.append(f"--seed must be an integer, got {self.seed!r}")
+        if self.window_keep is not None and (not is_int(self.window_keep) or self.window_keep < 1):
+            problems.append(f"window_keep must be an integer >= 1, got {self.window_keep!r}")
+        if problems:
+            raise SamplingError("invalid sampling settings: " + "; ".join(problems))
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """'auto' is cuda when available, else cpu; anything else is checked for availability."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise SamplingError(f"--device {name!r} is not a device: use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SamplingError(f"--device {name}: CUDA is not available here; use --device cpu")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise SamplingError(f"--device {name}: MPS is not available here; use --device cpu")
+    return device
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """'auto' is bfloat16 on a GPU that supports it, else float32; float16 needs CUDA."""
+    if name == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    if name not in DTYPES:
+        raise SamplingError(f"--dtype {name!r} is not one of auto, {', '.join(DTYPES)}")
+    if name == "float16" and device.type != "cuda":
+        raise SamplingError(f"--dtype float16 needs a CUDA device (got {device}); use bfloat16 or float32")
+    return DTYPES[name]
+
+
+# ---- logits -> next token (pure functions) --------------------------------------------------------
+
+
+def apply_repetition_penalty(logits: torch.Tensor, prev_ids: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL's penalty: logits (B, V) of the ids in prev_ids (B, T) are divided by `penalty` where
+    positive and multiplied by it where negative. Each id counts once, however often it occurs."""
+    if penalty == 1.0 or prev_ids.numel() == 0:
+        return logits
+    seen = logits.gather(-1, prev_ids)
+    seen = torch.where(seen > 0, seen / penalty, seen * penalty)
+    return logits.scatter(-1, prev_ids, seen)
+
+
+def top_k_filter(logits: torch.Tensor, k: int | None) -> torch.Tensor:
+    """Exactly the k largest logits per row survive (ties broken by torch.topk); the rest are -inf."""
+    if k is None or k >= logits.size(-1):
+        return logits
+    values, indices = torch.topk(logits, k, dim=-1)
+    return torch.full_like(logits, float("-inf")).scatter(-1, indices, values)
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Nucleus filtering: keep the smallest set of most likely ids whose total probability is >= p
+    (an id survives when the probability of the ids ranked above it is < p; the top id always does)."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    before = torch.cumsum(probs, dim=-1) - probs  # probability mass ranked above each id
+    sorted_logits = sorted_logits.masked_fill(before >= p, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+def sample_probs(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One draw per row of probs (B, V) by inverting the CDF with a uniform from `generator`.
+
+    An id of probability 0 is never drawn. (torch.multinomial draws V exponentials per row, which
+    is most of a decode step's sampling time with a 50k vocabulary on CPU.)
+    """
+    cdf = probs.double().cumsum(dim=-1)
+    u = torch.rand(probs.size(0), 1, generator=generator, device=probs.device, dtype=torch.float64)
+    ids = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # first id whose cdf exceeds u * total
+    return ids.clamp_(max=probs.size(-1) - 1).squeeze(-1)
+
+
+def next_token(
+    logits: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float = 1.0,
+    repetition_penalty: float = 1.0,
+    prev_ids: torch.Tensor | None = None,
+    vocab_size: int | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Next ids (B,) from logits (B, V): only ids < vocab_size (a padded vocabulary's extra rows are
+    cut off), repetition penalty on prev_ids (B, T), then greedy argmax (temperature 0) or a draw
+    from softmax(logits / temperature) restricted by top-k, then top-p.
+
+    With top-k the draw happens among the k candidates only (the same distribution as filtering the
+    whole vocabulary, at a fraction of the cost).
+    """
+    logits = logits.float()
+    if vocab_size is not None:
+        logits = logits[..., :vocab_size]
+    if prev_ids is not None:
+        logits = apply_repetition_penalty(logits, prev_ids, repetition_penalty)
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        values, candidates = torch.topk(logits, top_k, dim=-1)  # (B, k), sorted
+        choice = sample_probs(torch.softmax(top_p_filter(values, top_p), dim=-1), generator)
+        return candidates.gather(-1, choice[:, None]).squeeze(-1)
+    return sample_probs(torch.softmax(top_p_filter(logits, top_p), dim=-1), generator)
+
+
+# ---- the KV-cached decode loop --------------------------------------------------------------------
+
+
+class Decoder:
+    """Next-token logits for a batch of equally long sequences, advanced one token at a time.
+
+        dec = Decoder(model, idx)                 # one prefill of idx (B, T)
+        ids = next_token(dec.logits, ...)         # (B,)
+        dec.advance(ids)                          # one cached step (or a window slide)
+
+    `tokens` is the whole history (B, T_total); the model sees `tokens[:, start:]`, at most
+    block_size tokens, slid as described in the module notes.
+    """
+
+    def __init__(self, model: GPT, idx: torch.Tensor, keep: int | None = None):
+        cfg = model.config
+        if cfg.n_encoder_layer:
+            raise ValueError("Decoder runs decoder-only models; an encoder-decoder model decodes with gpt.translate")
+        self.model = model
+        self.block_size = cfg.block_size
+        self.keep = min(keep or max(1, cfg.block_size // 2), cfg.block_size)
+        param = next(model.parameters())
+        head_dim = cfg.n_embd // cfg.n_head
+        self.caches = [
+            KVCache(idx.size(0), cfg.n_head, cfg.block_size, head_dim, param.device, param.dtype)
+            for _ in range(cfg.n_layer)
+        ]
+        self.tokens = idx
+        self.start = max(0, idx.size(1) - cfg.block_size)
+        self.prefills = 0
+        self.logits = self._prefill()
+
+    @torch.no_grad()
+    def _forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = self.model.hidden(idx.contiguous(), self.caches)  # (B, T, C)
+        return self.model.lm_head(h[:, -1]).float()  # (B, V): the last position only
+
+    def _prefill(self) -> torch.Tensor:
+        for cache in self.caches:
+            cache.pos = 0
+        self.prefills += 1
+        return self._forward(self.tokens[:, self.start :])
+
+    @property
+    def context_len(self) -> int:
+        return self.tokens.size(1) - self.start
+
+    def advance(self, ids: torch.Tensor) -> None:
+        """Append ids (B,) and compute the logits that follow them."""
+        self.tokens = torch.cat([self.tokens, ids.view(-1, 1).to(self.tokens.device)], dim=1)
+        if self.context_len > self.block_size:  # full: keep the last `keep` tokens, rebuild the cache
+            self.start = self.tokens.size(1) - self.keep
+            self.logits = self._prefill()
+        else:
+            self.logits = self._forward(self.tokens[:, -1:])
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only these batch rows (finished samples leave the batch)."""
+        rows = rows.to(self.tokens.device)
+        self.tokens = self.tokens.index_select(0, rows)
+        self.logits = self.logits.index_select(0, rows)
+        for cache in self.caches:
+            cache.reorder(rows)
+
+
+# ---- text: streaming decode and stop strings ------------------------------------------------------
+
+
+class StopMatcher:
+    """Releases text as it arrives, holding back any tail that could begin a stop string.
+
+    `push(text)` returns (text safe to show, whether a stop string was found); after a hit, the text
+    before the earliest match is released and the rest discarded.
+    """
+
+    def __init__(self, stops: Sequence[str] = ()):
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+
+    def push(self, text: str) -> tuple[str, bool]:
+        self.pending += text
+        if not self.stops:
+            out, self.pending = self.pending, ""
+            return out, False
+        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out, self.pending = self.pending[: min(hits)], ""
+            return out, True
+        hold = 0
+        for s in self.stops:  # the longest tail of pending that is a proper prefix of a stop string
+            for n in range(min(len(s) - 1, len(self.pending)), hold, -1):
+                if self.pending.endswith(s[:n]):
+                    hold = n
+                    break
+        cut = len(self.pending) - hold
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+class TextStream:
+    """One sample's ids -> text: UTF-8 completed across tokens, then stop strings held back."""
+
+    def __init__(self, tokenizer: Tokenizer, stops: Sequence[str] = ()):
+        self.utf8 = StreamDecoder(tokenizer)
+        self.stops = StopMatcher(stops)
+
+    def push(self, token: int) -> tuple[str, bool]:
+        return self.stops.push(self.utf8.push([token]))
+
+    def finish(self) -> str:
+        """What is held back, at the end (an incomplete trailing character is dropped)."""
+        return self.stops.flush()
+
+
+@dataclass
+class Piece:
+    """A step of one sample: the text it adds (possibly "" while held back) and the ids behind it.
+
+    `ids` holds the token generated at this step (end-of-text and the tokens of a stop string
+    included, though their text is not); `finish` is None until the sample's last piece, then
+    "eot" (end-of-text), "stop" (a stop string) or "length" (max_new_tokens reached).
+    """
+
+    sample: int
+    text: str
+    ids: list[int] = field(default_factory=list)
+    finish: str | None = None
+
+
+def encode_prompt(tokenizer: Tokenizer, prompt: str | Sequence[int]) -> list[int]:
+    """Prompt text (or ids) -> ids; an empty prompt starts from end-of-text."""
+    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
+    return ids or [tokenizer.eot_token]
+
+
+def generate(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompt: str | Sequence[int] = "",
+    config: SampleConfig | None = None,
+    *,
+    generator: torch.Generator | None = None,
+    **settings,
+) -> Iterator[Piece]:
+    """Sample `num_samples` continuations of `prompt` as one batch, yielding `Piece`s as they come.
+
+    Settings are `SampleConfig` fields, as a config and/or keywords (keywords win), e.g.
+    `generate(model, tok, "ROMEO:", max_new_tokens=100, temperature=0, stop=["\\n\\n"])`.
+    `generator` overrides `seed` (pass one to control the randomness yourself). Settings and the
+    prompt are checked here, before the first piece is asked for.
+    """
+    cfg = dataclasses.replace(config or SampleConfig(), **settings) if settings else (config or SampleConfig())
+    if model.config.n_encoder_layer:
+        raise SamplingError(f"this model has an encoder (n_encoder_layer={model.config.n_encoder_layer}): "
+                            "generate continues text with decoder-only models; translate with gpt.translate")
+    ids = encode_prompt(tokenizer, prompt)
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise SamplingError(f"the tokenizer has {tokenizer.vocab_size} ids but the model only "
+                            f"{model.config.vocab_size} embedding rows: they do not belong together")
+    if any(not 0 <= i < tokenizer.vocab_size for i in ids):
+        raise SamplingError(f"prompt ids must be in [0, {tokenizer.vocab_size}), the tokenizer's ids")
+    block_size = model.config.block_size
+    if len(ids) > block_size:
+        warnings.warn(
+            f"the prompt has {len(ids)} tokens, more than the model's context of {block_size}: "
+            f"only its last {block_size} tokens are used",
+            ContextWarning,
+            stacklevel=2,
+        )
+    device = next(model.parameters()).device
+    if generator is None:
+        seed = cfg.seed if cfg.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+        generator = torch.Generator(device=device).manual_seed(seed)
+    model.eval()
+    return _generate(model, tokenizer, ids, cfg, generator)
+
+
+@torch.no_grad()
+def _generate(model: GPT, tokenizer: Tokenizer, ids: list[int], cfg: SampleConfig, generator) -> Iterator[Piece]:
+    device = generator.device
+    dec = Decoder(model, torch.tensor([ids] * cfg.num_samples, dtype=torch.long, device=device), cfg.window_keep)
+    rows = list(range(cfg.num_samples))  # the sample each batch row belongs to
+    streams = [TextStream(tokenizer, cfg.stop) for _ in rows]
+    eot = tokenizer.eot_token if cfg.stop_at_eot else None
+    vocab_size = tokenizer.vocab_size if tokenizer.vocab_size < model.config.vocab_size else None
+    for step in range(cfg.max_new_tokens):
+        new = next_token(
+            dec.logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+            repetition_penalty=cfg.repetition_penalty, prev_ids=dec.tokens if cfg.repetition_penalty != 1.0 else None,
+            vocab_size=vocab_size, generator=generator,
+        )
+        alive = []
+        for row, (sample, token) in enumerate(zip(rows, new.tolist())):
+            stream = streams[sample]
+            if token == eot:
+                yield Piece(sample, stream.finish(), [token], "eot")
+                continue
+            text, hit = stream.push(token)
+            if hit:
+                yield Piece(sample, text, [token], "stop")
+            elif step == cfg.max_new_tokens - 1:
+                yield Piece(sample, text + stream.finish(), [token], "length")
+            else:
+                yield Piece(sample, text, [token])
+                alive.append(row)
+        if not alive:
+            return
+        if len(alive) < len(rows):
+            keep = torch.tensor(alive, device=device)
+            dec.select(keep)
+            new = new.index_select(0, keep)
+            rows = [rows[r] for r in alive]
+        dec.advance(new)
+
+
+def complete(model: GPT, tokenizer: Tokenizer, prompt: str | Sequence[int] = "", **settings) -> list[str]:
+    """The generated text of each sample (without the prompt), for scripts and tests."""
+    cfg = SampleConfig(**settings)
+    out = [""] * cfg.num_samples
+    for piece in generate(model, tokenizer, prompt, cfg):
+        out[piece.sample] += piece.text
+    return out

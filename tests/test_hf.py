@@ -1,0 +1,202 @@
+"""GPT-2 interoperability: import a Hugging Face directory, export one transformers loads."""
+
+import json
+
+import pytest
+import torch
+
+from gpt import GPT, GPTConfig, load_checkpoint
+from gpt.sampling import complete
+from gpt.checkpoint import CheckpointError
+from gpt.hf import bpe_merges, export_hf, is_hf_dir
+from gpt.hf import main as hf_main
+from gpt.tokenizer import CharTokenizer, get_tokenizer
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: one thread avoids oversubscription stalls on a busy machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny_hf(vocab=50257, seed=0):
+    cfg = transformers.GPT2Config(
+        vocab_size=vocab, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )
+    torch.manual_seed(seed)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():  # random everywhere, biases and LayerNorms included
+        for p in hf.parameters():
+            p.normal_(0, 0.3)
+    return hf
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    return tiny_hf()
+
+
+@pytest.fixture(scope="module")
+def hf_dir(hf_model, tmp_path_factory):
+    path = tmp_path_factory.mktemp("hf-gpt2")
+    hf_model.save_pretrained(path)
+    assert (path / "model.safetensors").is_file()
+    return path
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return get_tokenizer("gpt2")
+
+
+def hf_logits(hf, idx):
+    with torch.no_grad():
+        return hf(idx).logits
+
+
+def test_import_safetensors_dir_gives_equal_logits(hf_model, hf_dir):
+    assert is_hf_dir(hf_dir)
+    model, tok, meta = load_checkpoint(hf_dir)
+    assert tok.spec == {"kind": "gpt2"} and tok.vocab_size == 50257
+    assert meta["model_config"]["block_size"] == 32 and meta["tokenizer"] == {"kind": "gpt2"}
+    assert GPTConfig.from_dict(meta["model_config"]).n_layer == 2  # usable by train.py --init-from
+    idx = torch.randint(0, 50257, (2, 32))
+    with torch.no_grad():
+        ours, _ = model(idx)
+    torch.testing.assert_close(ours, hf_logits(hf_model, idx), atol=1e-4, rtol=1e-4)
+
+
+def test_import_pytorch_model_bin_without_prefix_gives_equal_logits(hf_model, tmp_path):
+    # the original GPT-2 files: pytorch_model.bin with keys like "h.0.attn.c_attn.weight", no lm_head
+    sd = {k.removeprefix("transformer."): v for k, v in hf_model.state_dict().items() if k != "lm_head.weight"}
+    torch.save(sd, tmp_path / "pytorch_model.bin")
+    hf_model.config.to_json_file(tmp_path / "config.json")
+    model, _, _ = load_checkpoint(tmp_path)
+    idx = torch.randint(0, 50257, (1, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx)[0], hf_logits(hf_model, idx), atol=1e-4, rtol=1e-4)
+
+
+def test_greedy_continuation_equals_transformers_generate(hf_model, hf_dir, gpt2):
+    model, tok, _ = load_checkpoint(hf_dir)
+    prompt = tok.encode("Hello, my name is")
+    with torch.no_grad():
+        theirs = hf_model.generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=tok.eot_token,
+        )[0, len(prompt):].tolist()
+    ours = [i for p in load_and_generate(model, tok, prompt) for i in p.ids]
+    assert len(theirs) == 20 and ours == theirs
+    assert len(set(ours)) > 3
+
+
+def load_and_generate(model, tok, prompt):
+    from gpt import generate
+
+    return list(generate(model, tok, prompt, max_new_tokens=20, temperature=0, stop_at_eot=False))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_export_loads_in_transformers_with_equal_logits(tmp_path, gpt2, bias):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50304, block_size=24, n_layer=2, n_head=2, n_embd=16, bias=bias)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    out = export_hf(model, gpt2, tmp_path / "export")
+    config = json.loads((out / "config.json").read_text())
+    assert config["vocab_size"] == 50304 and config["n_positions"] == 24  # padded rows kept
+    hf = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
+    idx = torch.randint(0, 50257, (2, 24))
+    with torch.no_grad():
+        torch.testing.assert_close(hf_logits(hf, idx), model(idx)[0], atol=1e-4, rtol=1e-4)
+    # and back: the re-imported model is the same model, with the same tokenizer
+    again, tok, meta = load_checkpoint(out)
+    assert tok.spec == {"kind": "gpt2"} and meta["model_config"]["vocab_size"] == 50304
+    with torch.no_grad():
+        torch.testing.assert_close(again(idx)[0], model(idx)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_exported_gpt2_tokenizer_files_match_tiktoken(tmp_path, gpt2):
+    model = GPT(GPTConfig(vocab_size=50257, block_size=8, n_layer=1, n_head=1, n_embd=8))
+    out = export_hf(model, gpt2, tmp_path / "export")
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    for text in ["Hello world", "  Crème brûlée, 東京 🚀!\n\tdon't stop 12345", "ROMEO:\nWhat light"]:
+        assert hf_tok.encode(text) == gpt2.encode(text)
+        assert hf_tok.decode(gpt2.encode(text)) == text
+    assert hf_tok.eos_token_id == gpt2.eot_token
+
+
+def test_bpe_merges_recovers_each_tokens_merge():
+    tokens = [b"a", b"b", b"c", b"ab", b"abc", b"cc", b"ccab"]
+    assert bpe_merges(tokens) == [(b"a", b"b"), (b"ab", b"c"), (b"c", b"c"), (b"cc", b"ab")]
+    with pytest.raises(ValueError, match="not one merge"):
+        bpe_merges([b"a", b"b", b"c", b"abc"])
+
+
+def test_char_tokenizer_round_trips_through_an_exported_dir(tmp_path):
+    tok = CharTokenizer("abc \n")
+    model = GPT(GPTConfig(vocab_size=8, block_size=16, n_layer=1, n_head=2, n_embd=8)).eval()
+    out = export_hf(model, tok, tmp_path / "char")
+    assert not (out / "vocab.json").exists()
+    again, tok2, _ = load_checkpoint(out)
+    assert tok2.spec == tok.spec
+    kw = dict(max_new_tokens=10, temperature=0, stop_at_eot=False)
+    assert complete(again, tok2, "ab", **kw) == complete(model, tok, "ab", **kw)
+
+
+def test_export_cli_writes_a_loadable_dir(tmp_path, capsys):
+    from gpt import checkpoint
+
+    tok = CharTokenizer("abc \n")
+    cfg = GPTConfig(vocab_size=8, block_size=16, n_layer=1, n_head=2, n_embd=8)
+    checkpoint.save(tmp_path / "run" / "best.pt", {"model": GPT(cfg).state_dict()},
+                    {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec})
+    assert hf_main(["export", "--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
+    assert "wrote" in capsys.readouterr().out
+    assert transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").config.n_positions == 16
+    capsys.readouterr()  # transformers' progress bar
+    assert hf_main(["export", "--ckpt", str(tmp_path / "nope"), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_unsupported_hf_config_is_a_clear_error(hf_model, tmp_path):
+    hf_model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "activation_function": "relu"}))
+    with pytest.raises(CheckpointError, match="activation_function 'relu'"):
+        load_checkpoint(tmp_path)
+
+
+def test_unknown_tokenizer_is_a_clear_error(tmp_path):
+    tiny_hf(vocab=100).save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match="cannot tell which tokenizer .* vocab_size 100"):
+        load_checkpoint(tmp_path)
+
+
+def test_export_refuses_what_gpt2_cannot_express(tmp_path, gpt2):
+    model = GPT(GPTConfig(vocab_size=50257, block_size=8, n_layer=1, n_head=1, n_embd=8, norm="post"))
+    with pytest.raises(ValueError, match="norm='post'"):
+        export_hf(model, gpt2, tmp_path)
+
+
+def test_weights_that_want_to_run_code_are_refused(hf_model, tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    torch.save({"h.0.attn.c_attn.weight": Evil()}, tmp_path / "pytorch_model.bin")
+    hf_model.config.to_json_file(tmp_path / "config.json")
+    with pytest.raises(CheckpointError, match="cannot read the weights"):
+        load_checkpoint(tmp_path)
+    assert not marker.exists()

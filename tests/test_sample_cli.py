@@ -1,0 +1,168 @@
+"""sample.py: streaming output, separators and summary, reproducibility, one-line errors."""
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gpt import GPT, GPTConfig, checkpoint
+from gpt.tokenizer import CharTokenizer
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+CHARS = "\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("sample_script", ROOT / "sample.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+sample = _load_script()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: one thread avoids oversubscription stalls on a busy machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A run directory with a tiny random char-level checkpoint (block_size 16)."""
+    path = tmp_path_factory.mktemp("run")
+    tok = CharTokenizer(CHARS)
+    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=16)
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 1.0)
+    checkpoint.save(path / "best.pt", {"model": model.state_dict()},
+                    {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec})
+    return path
+
+
+def cli(capsys, *argv):
+    code = sample.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_samples_are_separated_and_summarised(run_dir, capsys):
+    code, out, err = cli(capsys, "--ckpt", run_dir, "--prompt", "ROMEO:", "--num-samples", 3,
+                         "--max-new-tokens", 40, "--seed", 1, "--no-stop-at-eot")
+    assert code == 0
+    samples = out.split(sample.SEPARATOR)
+    assert len(samples) == 3 and all(s.startswith("ROMEO:") for s in samples)
+    assert all(len(s.rstrip("\n")) >= len("ROMEO:") + 40 for s in samples)  # 40 chars each (eot prints as text)
+    assert "3 sample(s), 120 tokens" in err and "tokens/s" in err and "seed 1" in err
+
+
+def test_fixed_seed_reproduces_and_greedy_ignores_the_seed(run_dir, capsys):
+    args = ["--ckpt", run_dir, "--prompt", "KING", "--max-new-tokens", 30, "--temperature", 1.0, "--top-k", "none"]
+    first = cli(capsys, *args, "--seed", 5)[1]
+    assert first == cli(capsys, *args, "--seed", 5)[1]
+    assert first != cli(capsys, *args, "--seed", 6)[1]
+    greedy = ["--ckpt", run_dir, "--prompt", "KING", "--max-new-tokens", 30, "--temperature", 0]
+    assert cli(capsys, *greedy, "--seed", 1)[1] == cli(capsys, *greedy, "--seed", 2)[1]
+
+
+def test_no_stream_prints_the_same_text(run_dir, capsys):
+    args = ["--ckpt", run_dir, "--prompt", "A", "--num-samples", 2, "--max-new-tokens", 20, "--seed", 3]
+    assert cli(capsys, *args)[1] == cli(capsys, *args, "--no-stream")[1]
+
+
+def test_stop_string_ends_the_sample_and_is_not_printed(run_dir, capsys):
+    base = ["--ckpt", run_dir, "--prompt", "A", "--max-new-tokens", 60, "--temperature", 0, "--no-stop-at-eot"]
+    full = cli(capsys, *base)[1].rstrip("\n")
+    stop = full[10:13]  # three characters: three tokens
+    cut = full.index(stop)
+    code, out, err = cli(capsys, *base, "--stop", stop)
+    assert code == 0 and out == full[:cut] + "\n" and stop not in out
+
+
+def test_prompt_file_and_long_prompt_warning(run_dir, tmp_path, capsys):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("To be, or not to be, that is the question", encoding="utf-8")
+    code, out, err = cli(capsys, "--ckpt", run_dir, "--prompt-file", prompt, "--max-new-tokens", 5)
+    assert code == 0 and out.startswith("To be, or not")
+    assert "warning: the prompt has 41 tokens, more than the model's context of 16" in err
+
+
+def test_bfloat16_on_cpu(run_dir, capsys):
+    code, out, err = cli(capsys, "--ckpt", run_dir, "--prompt", "A", "--max-new-tokens", 10, "--dtype", "bfloat16",
+                         "--device", "cpu", "--no-stop-at-eot")
+    assert code == 0 and out.startswith("A") and "1 sample(s), 10 tokens" in err and "cpu, bfloat16" in err
+
+
+def test_empty_prompt_starts_from_end_of_text(run_dir, capsys):
+    code, out, err = cli(capsys, "--ckpt", run_dir, "--max-new-tokens", 5, "--no-stop-at-eot")
+    assert code == 0 and len(out) >= 5
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--top-k", "0"], "--top-k must be an integer >= 1"),
+        (["--top-p", "0"], "--top-p must be in (0, 1]"),
+        (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+        (["--temperature", "-1"], "--temperature must be >= 0"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be an integer >= 1"),
+        (["--dtype", "float16", "--device", "cpu"], "float16 needs a CUDA device"),
+        (["--dtype", "float64"], "--dtype 'float64' is not one of"),
+        (["--prompt", "ROMEO~"], "not in the char vocabulary: '~'"),
+        (["--prompt-file", "/nonexistent/prompt.txt"], "No such file"),
+    ],
+)
+def test_each_mistake_is_one_clear_line(run_dir, capsys, args, message):
+    code, out, err = cli(capsys, "--ckpt", run_dir, *args)
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_missing_checkpoint_and_not_a_checkpoint(tmp_path, capsys):
+    code, _, err = cli(capsys, "--ckpt", tmp_path / "nope")
+    assert code == 2 and err == f"error: no checkpoint at {tmp_path / 'nope'}\n"
+    code, _, err = cli(capsys, "--ckpt", tmp_path)
+    assert code == 2 and err.startswith("error: no best.pt or last.pt in")
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"definitely not a checkpoint")
+    code, _, err = cli(capsys, "--ckpt", junk)
+    assert code == 2 and err.startswith(f"error: {junk} is not a gpt checkpoint") and err.count("\n") == 1
+
+
+def test_pickled_code_is_never_executed(tmp_path, capsys):
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    torch.save({"model": Evil(), "meta": "{}"}, tmp_path / "evil.pt")
+    code, _, err = cli(capsys, "--ckpt", tmp_path / "evil.pt")
+    assert code == 2 and "is not a gpt checkpoint" in err and not marker.exists()
+
+
+def test_samples_from_a_hugging_face_gpt2_dir(tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(vocab_size=50257, n_positions=32, n_embd=16, n_layer=1, n_head=2)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path)
+    code, out, err = cli(capsys, "--ckpt", tmp_path, "--prompt", "Hello", "--max-new-tokens", 8,
+                         "--no-stop-at-eot", "--seed", 0)
+    assert code == 0 and out.startswith("Hello") and "8 tokens" in err
+
+
+def test_script_runs_as_a_program_and_exits_2_without_traceback(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "sample.py"), "--ckpt", str(tmp_path / "missing"), "--top-p", "2"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: invalid sampling settings: --top-p")  # settings checked before loading
