@@ -4,6 +4,12 @@
     model = GPT(GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128))
     logits, loss = model(idx, targets)          # logits always (B, T, vocab_size)
 
+    # the full encoder-decoder Transformer ("Attention Is All You Need"): n_encoder_layer > 0
+    model = GPT(GPTConfig(..., n_encoder_layer=6, norm="post", pos_encoding="sinusoidal"))
+    logits, loss = model(tgt_in, tgt_out, src=src, src_mask=src_mask)   # teacher forcing
+    memory = model.encode(src, src_mask)        # once per source
+    h = model.decode(memory, src_mask, tgt_in)  # (B, T, C); logits = model.lm_head(h)
+
 Design notes
 - Parameter names follow GPT-2 (`transformer.wte`, `transformer.h.0.attn.c_attn`, ...), so GPT-2
   weights map key for key (Hugging Face's Conv1D stores them transposed: see gpt/hf.py).
@@ -12,6 +18,13 @@ Design notes
   `F.scaled_dot_product_attention`.
 - `forward` always returns full logits; generation asks `hidden()` for the last position only
   (gpt/sampling.py), so nothing here changes shape depending on whether targets were given.
+- Seq2seq reuses the same `Block`s: the encoder's are not causal and mask padded source
+  positions; the decoder's add cross-attention (`ln_cross`, `cross_attn`) over the encoder output
+  with the same source mask. One embedding matrix serves source, target and output head (the
+  vocabulary is shared). Masks are boolean, True = may attend; a (B, S) padding mask is True at
+  real tokens. Every source needs at least one real token (pairs add an end token to each).
+  With norm="post" the final `ln_f` of encoder and decoder match torch.nn.Transformer's final
+  norms (tests/test_seq2seq_model.py checks equal outputs with copied weights).
 """
 
 from __future__ import annotations
