@@ -4,6 +4,12 @@
     model = GPT(GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128))
     logits, loss = model(idx, targets)          # logits always (B, T, vocab_size)
 
+    # the full encoder-decoder Transformer ("Attention Is All You Need"): n_encoder_layer > 0
+    model = GPT(GPTConfig(..., n_encoder_layer=6, norm="post", pos_encoding="sinusoidal"))
+    logits, loss = model(tgt_in, tgt_out, src=src, src_mask=src_mask)   # teacher forcing
+    memory = model.encode(src, src_mask)        # once per source
+    h = model.decode(memory, src_mask, tgt_in)  # (B, T, C); logits = model.lm_head(h)
+
 Design notes
 - Parameter names follow GPT-2 (`transformer.wte`, `transformer.h.0.attn.c_attn`, ...), so GPT-2
   weights map key for key (Hugging Face's Conv1D stores them transposed: see gpt/hf.py).
@@ -12,6 +18,13 @@ Design notes
   `F.scaled_dot_product_attention`.
 - `forward` always returns full logits; generation asks `hidden()` for the last position only
   (gpt/sampling.py), so nothing here changes shape depending on whether targets were given.
+- Seq2seq reuses the same `Block`s: the encoder's are not causal and mask padded source
+  positions; the decoder's add cross-attention (`ln_cross`, `cross_attn`) over the encoder output
+  with the same source mask. One embedding matrix serves source, target and output head (the
+  vocabulary is shared). Masks are boolean, True = may attend; a (B, S) padding mask is True at
+  real tokens. Every source needs at least one real token (pairs add an end token to each).
+  With norm="post" the final `ln_f` of encoder and decoder match torch.nn.Transformer's final
+  norms (tests/test_seq2seq_model.py checks equal outputs with copied weights).
 """
 
 from __future__ import annotations
@@ -292,18 +305,68 @@ class GPT(nn.Module):
         caches: list[KVCache] | None = None,
         memory=None,
         memory_mask: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final-LayerNorm hidden states (B, T, C) of the decoder stack.
 
         With `caches` (one KVCache per layer) the tokens continue the cached sequence. With an
         encoder, `memory` is its output (or, per layer, precomputed cross-attention key/values).
+        `mask` (boolean, broadcastable to (B, nh, T, T_past + T)) further restricts self-attention,
+        which is causal in any case.
         """
         start = caches[0].pos if caches else 0
         x = self.embed(idx, start)
         for i, block in enumerate(self.transformer.h):
             mem = memory[i] if isinstance(memory, list) else memory
-            x = block(x, causal=True, cache=caches[i] if caches else None, memory=mem, memory_mask=memory_mask)
+            x = block(
+                x, mask=mask, causal=True, cache=caches[i] if caches else None, memory=mem, memory_mask=memory_mask
+            )
         return self.transformer.ln_f(x)
+
+    # ---- seq2seq: encode the source once, decode against it -------------------------------------
+
+    @staticmethod
+    def key_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
+        """A (B, S) padding mask (True = real token) as an attention mask over keys, (B, 1, 1, S)."""
+        if mask is None or mask.dim() != 2:
+            return mask
+        if mask.dtype != torch.bool:
+            raise ValueError(f"padding masks must be boolean (True = real token), got dtype {mask.dtype}")
+        return mask[:, None, None, :]
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The encoder's output ("memory"), (B, S, C), for source ids `src` (B, S).
+
+        `src_mask` (B, S) is True at real tokens and False at padding; padded positions are never
+        attended to (each source needs at least one real token). Blocks are not causal.
+        """
+        if self.config.n_encoder_layer == 0:
+            raise ValueError("encode() needs an encoder: this model has n_encoder_layer=0 (decoder-only)")
+        mask = self.key_mask(src_mask)
+        x = self.embed(src)
+        for block in self.encoder.h:
+            x = block(x, mask=mask, causal=False)
+        return self.encoder.ln_f(x)
+
+    def decode(
+        self,
+        memory,
+        src_mask: torch.Tensor | None,
+        tgt: torch.Tensor,
+        tgt_mask: torch.Tensor | None = None,
+        caches: list[KVCache] | None = None,
+    ) -> torch.Tensor:
+        """Decoder hidden states (B, T, C) for target ids `tgt` given the encoder's `memory`.
+
+        `memory` is `encode()`'s output, or per decoder layer the cross-attention (k, v) from
+        `block.cross_attn.project_kv(memory)` (generation computes these once per source).
+        `src_mask` (B, S) masks padded source positions in cross-attention. Self-attention is
+        causal; `tgt_mask` (a (B, T) padding mask or anything broadcastable to (B, nh, T, T))
+        restricts it further, though right-padded targets need none. Logits: `lm_head(hidden)`.
+        """
+        if self.config.n_encoder_layer == 0:
+            raise ValueError("decode() needs an encoder: this model has n_encoder_layer=0 (decoder-only)")
+        return self.hidden(tgt, caches, memory=memory, memory_mask=self.key_mask(src_mask), mask=self.key_mask(tgt_mask))
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(
@@ -311,9 +374,25 @@ class GPT(nn.Module):
             ignore_index=-1, label_smoothing=self.config.label_smoothing,
         )
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        """Logits (B, T, vocab_size) and, given targets, the mean cross-entropy (ignore_index=-1)."""
-        logits = self.lm_head(self.hidden(idx))
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        src: torch.Tensor | None = None,
+        src_mask: torch.Tensor | None = None,
+    ):
+        """Logits (B, T, vocab_size) and, given targets, the mean cross-entropy (ignore_index=-1).
+
+        Decoder-only: `idx` is the token sequence. Seq2seq (n_encoder_layer > 0): `idx` is the
+        teacher-forced target input (start token + target), `src` (B, S) the source ids and
+        `src_mask` (B, S) True at real source tokens; targets are -1 at padding.
+        """
+        if src is None:
+            if self.config.n_encoder_layer > 0:
+                raise ValueError(f"this model has an encoder (n_encoder_layer={self.config.n_encoder_layer}): pass src=")
+            logits = self.lm_head(self.hidden(idx))
+        else:
+            logits = self.lm_head(self.decode(self.encode(src, src_mask), src_mask, idx))
         loss = self.loss(logits, targets) if targets is not None else None
         return logits, loss
 

@@ -7,7 +7,8 @@
 | `wsd`      | warmup, stable at `lr`, linear decay to `min_lr` over the last `decay_fraction` |
 | `noam`     | "Attention Is All You Need": lr * d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)  |
 
-For `noam`, `lr` is the multiplier of the paper's formula (1.0 in the paper) and s = step + 1.
+For `noam`, `lr` is the multiplier of the paper's formula (1.0 in the paper); the trainer's step 0 is
+the paper's step 1.
 """
 
 from __future__ import annotations
@@ -16,8 +17,17 @@ import math
 
 
 def noam_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
-    s = step + 1
-    return scale * d_model**-0.5 * min(s**-0.5, s * max(warmup, 1) ** -1.5)
+    """The paper's schedule: `scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)`.
+
+    Linear warm-up for `warmup` steps to the peak `scale * (d_model * warmup)^-0.5`, then decay
+    proportional to 1/sqrt(step). `step` counts optimizer updates from 1 as in the paper; step 0
+    (a trainer counting from 0) is given step 1's rate rather than a wasted zero. With Adam the
+    paper uses betas (0.9, 0.98), eps 1e-9 and the rate as given (scale 1).
+    """
+    if d_model <= 0 or warmup <= 0:
+        raise ValueError(f"noam_lr needs d_model > 0 and warmup > 0, got d_model={d_model}, warmup={warmup}")
+    step = max(step, 1)
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
 def get_lr(
@@ -32,7 +42,7 @@ def get_lr(
     d_model: int = 512,
 ) -> float:
     if schedule == "noam":
-        return noam_lr(step, d_model, warmup_iters, lr)
+        return noam_lr(step + 1, d_model, max(warmup_iters, 1), lr)
     if step < warmup_iters:
         return lr * (step + 1) / (warmup_iters + 1)
     if schedule == "constant":

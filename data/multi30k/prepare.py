@@ -1,0 +1,54 @@
+"""Multi30k (task 1) German-English translation pairs, tokenized for the seq2seq model.
+
+    python data/multi30k/prepare.py                      # de -> en into data/multi30k/de-en
+    python data/multi30k/prepare.py --src en --tgt de    # the other direction, data/multi30k/en-de
+
+Reads {train,val,test_2016_flickr}.{de,en} from --input (default: the offline copy in
+../shared/data/multi30k beside the checkout). train and val become the dataset's splits;
+test_2016_flickr stays raw text for BLEU:
+
+    python -m gpt.evaluate --ckpt out/multi30k --source-file ../shared/data/multi30k/test_2016_flickr.de \
+        --reference ../shared/data/multi30k/test_2016_flickr.en
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from gpt.pairs import PairsError, TOKENIZERS, prepare_pairs, summary  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--input", default=str(ROOT.parent / "shared" / "data" / "multi30k"), help="directory of the raw files")
+    p.add_argument("--src", default="de", choices=("de", "en"), help="source language")
+    p.add_argument("--tgt", default="en", choices=("de", "en"), help="target language")
+    p.add_argument("--out", help="output directory (default: data/multi30k/SRC-TGT)")
+    p.add_argument("--tokenizer", choices=TOKENIZERS, default="gpt2", help="one tokenizer for both languages")
+    p.add_argument("--vocab-size", type=int, default=8000, help="vocabulary size of a bpe tokenizer")
+    p.add_argument("--tokenizer-file", help="GPT-2 .tiktoken ranks file (offline)")
+    p.add_argument("--max-len", type=int, default=256, help="most tokens per side, end/start token included")
+    p.add_argument("--force", action="store_true", help="replace an existing output directory")
+    args = p.parse_args(argv)
+    if args.src == args.tgt:
+        p.error(f"--src and --tgt are both {args.src!r}")
+    data = Path(args.input)
+    out = Path(args.out or Path(__file__).resolve().parent / f"{args.src}-{args.tgt}")
+    try:
+        meta = prepare_pairs(
+            data / f"train.{args.src}", data / f"train.{args.tgt}", out, tokenizer=args.tokenizer,
+            val_pairs=(data / f"val.{args.src}", data / f"val.{args.tgt}"), max_len=args.max_len,
+            vocab_size=args.vocab_size, tokenizer_file=args.tokenizer_file, force=args.force,
+        )
+    except (PairsError, FileNotFoundError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(summary(meta, out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

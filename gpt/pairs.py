@@ -1,0 +1,450 @@
+"""Parallel text for the seq2seq model: prepare sentence pairs, open them, batch them by length.
+
+    python -m gpt.pairs --pairs train.de train.en --val-pairs val.de val.en --out data/multi30k/de-en
+
+    from gpt.pairs import open_pairs, PairBatches
+    ds = open_pairs("data/multi30k/de-en")
+    batches = PairBatches(ds, "train", max_tokens=4096, seed=0)
+    src, src_mask, tgt_in, tgt_out = batches.get(step)      # a pure function of (seed, step, rank)
+
+Input: two UTF-8 text files, line i of SRC translates line i of TGT. Lines are split on "\n" only
+(not str.splitlines, which also splits on U+2028 and friends and would misalign the pairs), and
+stripped of surrounding whitespace. Different line counts are an error.
+
+Filtering, counted per split in meta.json and printed in the summary:
+- a pair with an empty side (after stripping) is skipped (`skipped_empty`);
+- a side longer than `max_len` tokens *including* its end/start token is skipped
+  (`skipped_long`), or with `truncate=True` cut to fit (`truncated`). Skipping is the default:
+  a truncated sentence no longer translates its partner.
+
+On disk, `data/NAME/`:
+
+| file            | contents                                                                   |
+|-----------------|----------------------------------------------------------------------------|
+| `meta.json`     | `"kind": "pairs"`, tokenizer spec (self-contained: `get_tokenizer(spec)`),  |
+|                 | `bos` / `eos` / `pad` ids, `dtype`, `max_len`, per-split counts            |
+| `{split}.bin`   | token ids (uint16, or uint32 when the vocabulary needs it), for each pair   |
+|                 | its source tokens then its target tokens, no special tokens                 |
+| `{split}.idx`   | int64 offsets into `.bin`, 2N+1 of them: pair i's source is                |
+|                 | `bin[idx[2i]:idx[2i+1]]`, its target `bin[idx[2i+1]:idx[2i+2]]`             |
+
+Special tokens: the tokenizer's end-of-text id serves as end token (`eos`), start token (`bos`)
+and padding id (`pad`) alike. That is unambiguous: the start token is always at position 0 of
+the decoder input, padding is masked (source) or ignored by the loss (targets are -1 there), and
+it needs no new id in GPT-2's vocabulary. The batcher adds them: source = tokens + eos,
+decoder input = bos + tokens, labels = tokens + eos.
+
+The directory is written under a temporary name and renamed at the end, so a crash never leaves
+a half-written dataset; an existing non-empty `--out` is refused unless `force=True`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from gpt.tokenizer import CharTokenizer, Tokenizer, get_tokenizer, gpt2_tokenizer
+
+PAIRS_FORMAT = 1
+TOKENIZERS = ("gpt2", "char", "bpe")
+
+
+class PairsError(ValueError):
+    """Bad input for a pairs dataset: mismatched files, nothing left, a missing or foreign dataset."""
+
+
+# ---- preparing ------------------------------------------------------------------------------------
+
+
+def make_tokenizer(kind: str, texts: Sequence[str], vocab_size: int | None = None, tokenizer_file: str | None = None):
+    """The tokenizer for both sides: `gpt2`, `char` (over `texts`) or `bpe` (trained on `texts`)."""
+    if kind == "gpt2":
+        return gpt2_tokenizer(tokenizer_file)
+    if kind == "char":
+        return CharTokenizer.from_text("".join(texts))
+    if kind == "bpe":
+        raise PairsError(
+            "--tokenizer bpe is not available in this build yet (BPE training lands with the data layer); "
+            "use --tokenizer gpt2 or --tokenizer char"
+        )
+    raise PairsError(f"unknown tokenizer {kind!r}; expected one of {', '.join(TOKENIZERS)}")
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+    path = Path(path)
+    if not path.is_file():
+        raise PairsError(f"no such file: {path}")
+    text = path.read_text(encoding="utf-8")
+    if text.endswith("\n"):
+        text = text[:-1]
+    return [line.strip() for line in text.split("\n")] if text else []
+
+
+def read_pairs(src_file: str | os.PathLike, tgt_file: str | os.PathLike) -> tuple[list[str], list[str]]:
+    """The lines of two parallel files; different line counts are an error."""
+    src, tgt = read_lines(src_file), read_lines(tgt_file)
+    if len(src) != len(tgt):
+        raise PairsError(
+            f"{src_file} has {len(src)} lines but {tgt_file} has {len(tgt)}: line i of the source must "
+            f"translate line i of the target"
+        )
+    return src, tgt
+
+
+def encode_pairs(tok: Tokenizer, src: list[str], tgt: list[str], max_len: int, truncate: bool = False):
+    """Token id lists of the kept pairs, and counts of what was skipped or truncated."""
+    stats = {"lines": len(src), "skipped_empty": 0, "skipped_long": 0, "truncated": 0}
+    keep = [i for i in range(len(src)) if src[i] and tgt[i]]
+    stats["skipped_empty"] = len(src) - len(keep)
+    src_ids = tok.encode_batch([src[i] for i in keep])
+    tgt_ids = tok.encode_batch([tgt[i] for i in keep])
+    limit = max_len - 1  # room for the end token (source, labels) / start token (decoder input)
+    pairs = []
+    for s, t in zip(src_ids, tgt_ids):
+        if len(s) > limit or len(t) > limit:
+            if not truncate:
+                stats["skipped_long"] += 1
+                continue
+            stats["truncated"] += 1
+            s, t = s[:limit], t[:limit]
+        if s and t:  # text that tokenizes to nothing counts as empty
+            pairs.append((s, t))
+        else:
+            stats["skipped_empty"] += 1
+    return pairs, stats
+
+
+def write_split(out_dir: Path, split: str, pairs: list, dtype) -> dict:
+    lengths = np.array([[len(s), len(t)] for s, t in pairs], dtype=np.int64).reshape(-1)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = np.fromiter((i for s, t in pairs for i in (*s, *t)), dtype=dtype, count=int(offsets[-1]))
+    tokens.tofile(out_dir / f"{split}.bin")
+    offsets.tofile(out_dir / f"{split}.idx")
+    src_len, tgt_len = lengths[0::2], lengths[1::2]
+    return {
+        "pairs": len(pairs), "src_tokens": int(src_len.sum()), "tgt_tokens": int(tgt_len.sum()),
+        "max_src_len": int(src_len.max()), "max_tgt_len": int(tgt_len.max()),
+    }
+
+
+def prepare_pairs(
+    src_file: str | os.PathLike,
+    tgt_file: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    tokenizer: str = "gpt2",
+    val_pairs: tuple[str, str] | None = None,
+    val_fraction: float = 0.01,
+    max_len: int = 256,
+    truncate: bool = False,
+    vocab_size: int | None = None,
+    tokenizer_file: str | None = None,
+    seed: int = 0,
+    force: bool = False,
+) -> dict:
+    """Tokenize parallel files into a pairs dataset at `out_dir`; returns its meta.
+
+    The validation split is `val_pairs` (two files) if given, else a random `val_fraction` of the
+    lines (drawn with `seed`). One tokenizer serves both sides; `char` and `bpe` are built from
+    the training text of both sides (char also from the validation text, so it can encode it).
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not force:
+        raise PairsError(f"{out_dir} already exists: choose another --out or pass --force to replace it")
+    if max_len < 2:
+        raise PairsError(f"max_len must be >= 2 (a token plus the end token), got {max_len}")
+    if not val_pairs and not (0.0 < val_fraction < 1.0):
+        raise PairsError(f"val_fraction must be in (0, 1) when no --val-pairs are given, got {val_fraction}")
+
+    src, tgt = read_pairs(src_file, tgt_file)
+    if val_pairs:
+        val = read_pairs(*val_pairs)
+    else:
+        held_out = np.zeros(len(src), dtype=bool)
+        n_val = max(1, round(val_fraction * len(src)))
+        held_out[np.random.default_rng(seed).permutation(len(src))[:n_val]] = True
+        val = [s for s, h in zip(src, held_out) if h], [t for t, h in zip(tgt, held_out) if h]
+        src, tgt = [s for s, h in zip(src, held_out) if not h], [t for t, h in zip(tgt, held_out) if not h]
+
+    texts = src + tgt + (val[0] + val[1] if tokenizer == "char" else [])
+    tok = make_tokenizer(tokenizer, texts, vocab_size=vocab_size, tokenizer_file=tokenizer_file)
+    dtype = np.uint16 if tok.vocab_size <= 2**16 else np.uint32
+    meta = {
+        "kind": "pairs", "format": PAIRS_FORMAT, "tokenizer": tok.spec, "vocab_size": tok.vocab_size,
+        "bos": tok.eot_token, "eos": tok.eot_token, "pad": tok.eot_token,
+        "dtype": np.dtype(dtype).name, "max_len": max_len, "truncate": truncate,
+        "source": {"train": [str(src_file), str(tgt_file)], "val": [str(p) for p in val_pairs] if val_pairs else None},
+        "splits": {},
+    }
+
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        for split, (s, t) in (("train", (src, tgt)), ("val", val)):
+            pairs, stats = encode_pairs(tok, s, t, max_len, truncate)
+            if not pairs:
+                raise PairsError(
+                    f"no {split} pairs left out of {stats['lines']} lines ({stats['skipped_empty']} empty, "
+                    f"{stats['skipped_long']} longer than max_len={max_len}): check the files, or raise --max-len"
+                )
+            meta["splits"][split] = {**stats, **write_split(tmp, split, pairs, dtype)}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        _replace_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return meta
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    """Move `new` to `target`, replacing whatever is there, never leaving `target` half-written."""
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        old = target.parent / f".{target.name}.old-{os.getpid()}"
+        os.replace(target, old)
+        os.replace(new, target)
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+    else:
+        os.replace(new, target)  # rename over an empty directory (or into a free name)
+
+
+def summary(meta: dict, out_dir) -> str:
+    lines = [f"wrote {out_dir} ({meta['tokenizer']['kind']} tokenizer, vocab {meta['vocab_size']}, {meta['dtype']})"]
+    for split, s in meta["splits"].items():
+        lines.append(
+            f"  {split}: {s['pairs']} pairs of {s['lines']} lines, {s['src_tokens']} + {s['tgt_tokens']} tokens "
+            f"(longest {s['max_src_len']} / {s['max_tgt_len']}); skipped {s['skipped_empty']} empty, "
+            f"{s['skipped_long']} over max_len={meta['max_len']}; truncated {s['truncated']}"
+        )
+    return "\n".join(lines)
+
+
+# ---- reading --------------------------------------------------------------------------------------
+
+
+class PairDataset:
+    """A prepared pairs dataset: memory-mapped splits, the special ids and the tokenizer."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        meta_file = self.path / "meta.json"
+        if not meta_file.is_file():
+            raise PairsError(
+                f"no meta.json in {self.path}: run `python data/prepare.py --pairs SRC TGT --out {self.path}` first"
+            )
+        self.meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        if self.meta.get("kind") != "pairs":
+            raise PairsError(f"{self.path} holds a {self.meta.get('kind', 'token')!r} dataset, not translation pairs")
+        if self.meta.get("format") != PAIRS_FORMAT:
+            raise PairsError(f"{self.path}: unsupported pairs format {self.meta.get('format')!r}")
+        self.bos, self.eos, self.pad = self.meta["bos"], self.meta["eos"], self.meta["pad"]
+        self.vocab_size = self.meta["vocab_size"]
+        self._splits: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    @property
+    def splits(self) -> list[str]:
+        return list(self.meta["splits"])
+
+    def _split(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        if split not in self._splits:
+            if split not in self.meta["splits"]:
+                raise PairsError(f"{self.path} has no split {split!r}; it has {self.splits}")
+            tokens = np.memmap(self.path / f"{split}.bin", dtype=self.meta["dtype"], mode="r")
+            offsets = np.fromfile(self.path / f"{split}.idx", dtype=np.int64)
+            n = self.meta["splits"][split]["pairs"]
+            if len(offsets) != 2 * n + 1 or offsets[-1] != len(tokens):
+                raise PairsError(f"{self.path}/{split}.idx does not match {split}.bin: re-run the prepare step")
+            self._splits[split] = (tokens, offsets)
+        return self._splits[split]
+
+    def __len__(self) -> int:
+        return self.meta["splits"]["train"]["pairs"]
+
+    def num_pairs(self, split: str) -> int:
+        return len(self._split(split)[1]) // 2
+
+    def lengths(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """Source and target lengths in tokens (without special tokens), one per pair."""
+        n = np.diff(self._split(split)[1])
+        return n[0::2], n[1::2]
+
+    def pair(self, split: str, i: int) -> tuple[np.ndarray, np.ndarray]:
+        tokens, off = self._split(split)
+        return tokens[off[2 * i] : off[2 * i + 1]], tokens[off[2 * i + 1] : off[2 * i + 2]]
+
+    def tokenizer(self) -> Tokenizer:
+        return get_tokenizer(self.meta["tokenizer"])
+
+    def seq2seq_meta(self) -> dict:
+        """What a checkpoint must carry (as meta["seq2seq"]) to translate: the special ids."""
+        return {"bos": self.bos, "eos": self.eos, "pad": self.pad}
+
+
+def open_pairs(path: str | os.PathLike) -> PairDataset:
+    return PairDataset(path)
+
+
+# ---- batching -------------------------------------------------------------------------------------
+
+
+class PairBatches:
+    """Padded (src, src_mask, tgt_in, tgt_out) batches of similar lengths, sized by tokens.
+
+    The split is cut once into batches: pairs shuffled with `seed`, sorted by (source, target)
+    length (a stable sort, so equal lengths stay shuffled), then packed greedily while
+    `batch_size * max(padded source length, padded target length) <= max_tokens` (the paper's
+    "approximately 25000 source tokens and 25000 target tokens"). Each epoch visits these batches
+    in a fresh order drawn from (seed, epoch). Micro-batch j = (step * grad_accum + micro_step)
+    * world_size + rank of that endless sequence is what `get` returns: a pure function of its
+    arguments, so resuming at a step reproduces the data exactly and ranks never overlap.
+
+    Padding: `src` and `tgt_in` hold `pad` there, `src_mask` is False and `tgt_out` is -1 (the
+    loss's ignore_index). Batches hold different numbers of tokens; the loss is a mean per token.
+    """
+
+    def __init__(
+        self,
+        dataset: PairDataset,
+        split: str,
+        max_tokens: int,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        grad_accum: int = 1,
+        device: str | torch.device = "cpu",
+    ):
+        if not (0 <= rank < world_size) or grad_accum < 1:
+            raise ValueError(f"need 0 <= rank < world_size and grad_accum >= 1, got {rank}, {world_size}, {grad_accum}")
+        self.dataset, self.split, self.max_tokens, self.seed = dataset, split, max_tokens, seed
+        self.rank, self.world_size, self.grad_accum = rank, world_size, grad_accum
+        self.device = torch.device(device)
+        src_len, tgt_len = dataset.lengths(split)
+        self.src_len, self.tgt_len = src_len + 1, tgt_len + 1  # with the end / start token
+        longest = int(np.maximum(self.src_len, self.tgt_len).max())
+        if longest > max_tokens:
+            raise PairsError(
+                f"max_tokens={max_tokens} is smaller than the longest {split} pair ({longest} tokens per side): "
+                f"raise --max-tokens or re-prepare the data with a smaller --max-len"
+            )
+        self.batches = self._pack()
+        self._epoch_order: tuple[int, np.ndarray] | None = None
+
+    def _pack(self) -> list[np.ndarray]:
+        perm = np.random.default_rng([self.seed, 1]).permutation(len(self.src_len))
+        perm = perm[np.argsort(self.tgt_len[perm], kind="stable")]
+        order = perm[np.argsort(self.src_len[perm], kind="stable")]  # by source, then target length
+        batches, start, width = [], 0, 0
+        for end, i in enumerate(order):
+            w = max(width, self.src_len[i], self.tgt_len[i])
+            if (end - start + 1) * w > self.max_tokens:
+                batches.append(order[start:end])
+                start, w = end, max(self.src_len[i], self.tgt_len[i])
+            width = w
+        batches.append(order[start:])
+        return batches
+
+    def __len__(self) -> int:
+        """Batches per epoch (over all ranks and micro-steps)."""
+        return len(self.batches)
+
+    def epoch(self, step: int) -> float:
+        """Epochs completed after `step` optimizer steps (for logging)."""
+        return step * self.grad_accum * self.world_size / len(self.batches)
+
+    def padding_fraction(self) -> float:
+        """Share of padded positions over both sides of all batches (the waste length grouping avoids)."""
+        real = padded = 0
+        for b in self.batches:
+            s, t = self.src_len[b], self.tgt_len[b]
+            real += s.sum() + t.sum()
+            padded += len(b) * (s.max() + t.max())
+        return float(1 - real / padded)
+
+    def indices(self, step: int, micro_step: int = 0) -> np.ndarray:
+        """Pair indices of this rank's micro-batch at (step, micro_step)."""
+        j = (step * self.grad_accum + micro_step) * self.world_size + self.rank
+        epoch, pos = divmod(j, len(self.batches))
+        if self._epoch_order is None or self._epoch_order[0] != epoch:
+            self._epoch_order = (epoch, np.random.default_rng([self.seed, 2, epoch]).permutation(len(self.batches)))
+        return self.batches[self._epoch_order[1][pos]]
+
+    def get(self, step: int, micro_step: int = 0):
+        return self.collate(self.indices(step, micro_step))
+
+    def __iter__(self):
+        """Every batch of the split once, in length order, this rank's share (e.g. a full val loss)."""
+        for b in self.batches[self.rank :: self.world_size]:
+            yield self.collate(b)
+
+    def collate(self, idx: np.ndarray):
+        ds = self.dataset
+        S, T = int(self.src_len[idx].max()), int(self.tgt_len[idx].max())
+        src = np.full((len(idx), S), ds.pad, dtype=np.int64)
+        tgt_in = np.full((len(idx), T), ds.pad, dtype=np.int64)
+        tgt_out = np.full((len(idx), T), -1, dtype=np.int64)
+        for row, i in enumerate(idx):
+            s, t = ds.pair(self.split, i)
+            src[row, : len(s)], src[row, len(s)] = s, ds.eos
+            tgt_in[row, 0], tgt_in[row, 1 : len(t) + 1] = ds.bos, t
+            tgt_out[row, : len(t)], tgt_out[row, len(t)] = t, ds.eos
+        src_mask = np.arange(S)[None, :] < self.src_len[idx][:, None]
+        out = [torch.from_numpy(a) for a in (src, src_mask, tgt_in, tgt_out)]
+        if self.device.type == "cuda":
+            return tuple(a.pin_memory().to(self.device, non_blocking=True) for a in out)
+        return tuple(a.to(self.device) for a in out)
+
+
+# ---- command line ---------------------------------------------------------------------------------
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    p = parser or argparse.ArgumentParser(
+        prog="python -m gpt.pairs",
+        description="Tokenize parallel text (line i of SRC translates line i of TGT) into a pairs dataset.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--pairs", nargs=2, metavar=("SRC", "TGT"), required=True, help="training source and target files")
+    p.add_argument("--out", required=True, help="output directory, e.g. data/NAME")
+    p.add_argument("--val-pairs", nargs=2, metavar=("SRC", "TGT"), help="validation files (else --val-fraction)")
+    p.add_argument("--val-fraction", type=float, default=0.01, help="share of --pairs held out without --val-pairs")
+    p.add_argument("--tokenizer", choices=TOKENIZERS, default="gpt2", help="one tokenizer for both sides")
+    p.add_argument("--vocab-size", type=int, help="vocabulary size of a trained bpe tokenizer")
+    p.add_argument("--tokenizer-file", help="GPT-2 .tiktoken ranks file for offline use (or $GPT2_TIKTOKEN_FILE)")
+    p.add_argument("--max-len", type=int, default=256, help="most tokens per side, the end/start token included")
+    p.add_argument("--truncate", action="store_true", help="truncate over-long pairs instead of skipping them")
+    p.add_argument("--seed", type=int, default=0, help="seed of the held-out validation lines")
+    p.add_argument("--force", action="store_true", help="replace an existing --out directory")
+    return p
+
+
+def run(args: argparse.Namespace) -> dict:
+    meta = prepare_pairs(
+        args.pairs[0], args.pairs[1], args.out, tokenizer=args.tokenizer, val_pairs=args.val_pairs,
+        val_fraction=args.val_fraction, max_len=args.max_len, truncate=args.truncate, vocab_size=args.vocab_size,
+        tokenizer_file=args.tokenizer_file, seed=args.seed, force=args.force,
+    )
+    print(summary(meta, args.out))
+    return meta
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry (`python -m gpt.pairs`, `data/prepare.py --pairs`): one clear line on bad input."""
+    args = build_parser().parse_args(argv)
+    try:
+        run(args)
+    except (PairsError, FileNotFoundError, RuntimeError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,234 @@
+"""Seq2seq decoding: greedy, sampling and beam search, batched over sentences.
+
+    from gpt.translate import translate
+    hyps = translate(model, tok, ["Ein Mann fährt Fahrrad."], bos=eos, eos=eos, beam_size=4)
+
+The source is encoded once; each decoder layer's cross-attention keys and values are computed once
+per source (`Attention.project_kv`), and self-attention keys and values are cached (`KVCache`),
+so each step feeds only the newest token. Decoding starts from the start token and stops at the
+end token or after `max_new_tokens` (default: the longest source in the batch + 50, at most
+`block_size`). Returned hypotheses exclude the start and end tokens.
+
+Beam search keeps `beam_size` live hypotheses per sentence. Each step ranks the 2K best
+continuations; one ending in the end token among the top K is finished, and the K best others
+live on (so beam size 1 is exactly greedy). Finished hypotheses are compared by
+score / lp(length) with GNMT's length penalty lp(n) = ((5 + n) / 6) ** alpha (Wu et al. 2016;
+alpha=0 ranks by total log-probability, larger alpha favours longer outputs; n counts the end
+token). A sentence is done once it holds K finished hypotheses none worse than its best live one
+at the current length (Hugging Face's default stopping rule); at the length limit the live ones
+count as finished.
+
+Note: `sample_next` is a local copy of the sampling engineer's logits -> token step (gpt/sampling.py);
+merge onto that one when both land.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from gpt.model import GPT, KVCache
+
+
+def sample_next(
+    logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Next token ids (B,) from logits (B, V): argmax at temperature 0, else a top-k sample."""
+    if temperature == 0.0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = F.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+def length_penalty(n: int, alpha: float) -> float:
+    """GNMT's ((5 + n) / 6) ** alpha: divides a hypothesis' total log-probability."""
+    return ((5 + n) / 6) ** alpha
+
+
+def _default_max_new(model: GPT, src: torch.Tensor, max_new_tokens: int | None) -> int:
+    limit = model.config.block_size
+    n = min(src.size(1) + 50, limit) if max_new_tokens is None else max_new_tokens
+    if not 1 <= n <= limit:
+        raise ValueError(f"max_new_tokens must be in [1, block_size={limit}], got {n}")
+    return n
+
+
+def _start(model: GPT, src: torch.Tensor, src_mask: torch.Tensor, max_len: int, expand: int = 1):
+    """Encode once; per decoder layer the cross-attention (k, v) and an empty self-attention cache."""
+    memory = model.encode(src, src_mask)
+    kv = [block.cross_attn.project_kv(memory) for block in model.transformer.h]
+    if expand > 1:  # beams of a sentence share its source: rows b*K .. b*K+K-1
+        kv = [(k.repeat_interleave(expand, 0), v.repeat_interleave(expand, 0)) for k, v in kv]
+        src_mask = src_mask.repeat_interleave(expand, 0)
+    B, nh = src.size(0) * expand, model.config.n_head
+    k = kv[0][0]
+    caches = [KVCache(B, nh, max_len, k.size(-1), k.device, k.dtype) for _ in model.transformer.h]
+    return memory, kv, src_mask, caches
+
+
+@torch.inference_mode()
+def generate(
+    model: GPT,
+    src: torch.Tensor,
+    src_mask: torch.Tensor,
+    bos: int,
+    eos: int,
+    max_new_tokens: int | None = None,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+    vocab_size: int | None = None,
+    use_cache: bool = True,
+) -> list[list[int]]:
+    """Greedy (temperature 0) or sampled translations of a padded source batch, as token ids.
+
+    `vocab_size` limits the choice to the tokenizer's ids (the model's may be padded up).
+    `use_cache=False` recomputes the whole prefix every step (the reference the cache must equal).
+    """
+    B = src.size(0)
+    n = _default_max_new(model, src, max_new_tokens)
+    memory, kv, mask, caches = _start(model, src, src_mask, n)
+    tokens = torch.full((B, 1), bos, dtype=torch.long, device=src.device)
+    done = torch.zeros(B, dtype=torch.bool, device=src.device)
+    for _ in range(n):
+        if use_cache:
+            h = model.decode(kv, mask, tokens[:, -1:], caches=caches)
+        else:
+            h = model.decode(memory, mask, tokens)
+        logits = model.lm_head(h[:, -1])[:, :vocab_size]  # (B, V)
+        nxt = sample_next(logits, temperature, top_k, generator).masked_fill(done, eos)
+        tokens = torch.cat([tokens, nxt[:, None]], 1)
+        done |= nxt == eos
+        if done.all():
+            break
+    return [_strip(row, eos) for row in tokens[:, 1:].tolist()]
+
+
+def _strip(ids: list[int], eos: int) -> list[int]:
+    return ids[: ids.index(eos)] if eos in ids else ids
+
+
+@torch.inference_mode()
+def beam_search(
+    model: GPT,
+    src: torch.Tensor,
+    src_mask: torch.Tensor,
+    bos: int,
+    eos: int,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_new_tokens: int | None = None,
+    vocab_size: int | None = None,
+) -> list[list[int]]:
+    """The best hypothesis per source under beam search with GNMT's length penalty (module docs)."""
+    B, K = src.size(0), beam_size
+    n = _default_max_new(model, src, max_new_tokens)
+    V = vocab_size or model.config.vocab_size
+    if K < 1 or 2 * K > V:
+        raise ValueError(f"beam_size must be between 1 and vocab_size / 2 = {V // 2}, got {K}")
+    _, kv, mask, caches = _start(model, src, src_mask, n, expand=K)
+    dev = src.device
+    tokens = torch.full((B * K, 1), bos, dtype=torch.long, device=dev)
+    scores = torch.zeros(B, K, device=dev)
+    scores[:, 1:] = float("-inf")  # all beams start identical: expand only the first
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]  # (normalised score, ids)
+    done = [False] * B
+    rows = torch.arange(B, device=dev)[:, None] * K
+    for t in range(n):
+        h = model.decode(kv, mask, tokens[:, -1:], caches=caches)
+        logp = F.log_softmax(model.lm_head(h[:, -1])[:, :V].float(), dim=-1)  # (B*K, V)
+        cand = (scores.view(-1, 1) + logp).view(B, K * V)
+        top, idx = cand.topk(2 * K, dim=1)  # (B, 2K), best first
+        beam, tok = idx // V, idx % V
+        is_eos = tok == eos
+        length = t + 1
+        for b, r in (is_eos[:, :K] & top[:, :K].isfinite()).nonzero().tolist():  # finish the top-K ones
+            if not done[b]:
+                hyp = tokens[b * K + beam[b, r], 1:].tolist()
+                finished[b].append((top[b, r].item() / length_penalty(length, alpha), hyp))
+        alive, pos = top.masked_fill(is_eos, float("-inf")).topk(K, dim=1)  # the K best non-ending
+        index = (rows + beam.gather(1, pos)).view(-1)
+        tokens = torch.cat([tokens[index], tok.gather(1, pos).view(-1, 1)], 1)
+        for cache in caches:
+            cache.reorder(index)
+        scores = alive
+        best_alive = (alive[:, 0] / length_penalty(length, alpha)).tolist()
+        for b in range(B):
+            if not done[b] and finished[b]:
+                finished[b] = sorted(finished[b], key=lambda f: -f[0])[:K]
+                done[b] = len(finished[b]) == K and finished[b][-1][0] >= best_alive[b]
+        if all(done):
+            break
+    for b in range(B):  # at the length limit the live hypotheses count as finished
+        if not done[b]:
+            for k in range(K):
+                if math.isfinite(scores[b, k].item()):
+                    hyp = tokens[b * K + k, 1:].tolist()
+                    finished[b].append((scores[b, k].item() / length_penalty(len(hyp), alpha), hyp))
+    return [max(f, key=lambda x: x[0])[1] for f in finished]
+
+
+def encode_sources(tok, texts: list[str], eos: int, max_len: int, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Padded source ids (B, S) with the end token appended, and the padding mask (True = real).
+
+    A source longer than `max_len` (the model's block_size) is cut to fit, with a warning.
+    """
+    encoded = tok.encode_batch(texts)
+    n_long = sum(len(x) > max_len - 1 for x in encoded)
+    ids = [x[: max_len - 1] + [eos] for x in encoded]
+    if n_long:
+        warnings.warn(f"{n_long} source(s) longer than block_size={max_len} tokens were truncated", stacklevel=2)
+    S = max(len(x) for x in ids)
+    src = torch.full((len(ids), S), eos, dtype=torch.long)
+    mask = torch.zeros(len(ids), S, dtype=torch.bool)
+    for i, x in enumerate(ids):
+        src[i, : len(x)] = torch.tensor(x)
+        mask[i, : len(x)] = True
+    return src.to(device), mask.to(device)
+
+
+def translate(
+    model: GPT,
+    tok,
+    texts: list[str],
+    bos: int,
+    eos: int,
+    beam_size: int = 1,
+    alpha: float = 0.6,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    batch_size: int = 64,
+    max_new_tokens: int | None = None,
+    generator: torch.Generator | None = None,
+) -> list[str]:
+    """Translate `texts` (one output per input, same order), in batches of similar length.
+
+    beam_size > 1 runs beam search (deterministic); otherwise greedy at temperature 0, or sampling.
+    """
+    if beam_size > 1 and temperature > 0:
+        raise ValueError("beam search is deterministic: use beam_size=1 to sample with a temperature")
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
+    out: list[str] = [""] * len(texts)
+    try:
+        for start in range(0, len(order), batch_size):
+            batch = order[start : start + batch_size]
+            src, mask = encode_sources(tok, [texts[i] for i in batch], eos, model.config.block_size, device)
+            if beam_size > 1:
+                ids = beam_search(model, src, mask, bos, eos, beam_size, alpha, max_new_tokens, tok.vocab_size)
+            else:
+                ids = generate(model, src, mask, bos, eos, max_new_tokens, temperature, top_k, generator, tok.vocab_size)
+            for i, hyp in zip(batch, ids):
+                out[i] = tok.decode(hyp)
+    finally:
+        model.train(was_training)
+    return out

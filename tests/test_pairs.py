@@ -1,0 +1,224 @@
+"""Pairs datasets: preparing (format, filtering, errors), opening, and the length-bucketed batcher."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gpt.pairs import PairBatches, PairsError, main, open_pairs, prepare_pairs
+from gpt.tokenizer import get_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SRC = ["ein Haus", "zwei Hunde laufen", "", "ein sehr langer Satz mit vielen Worten darin", "Katze", "Vogel\u2028singt"]
+TGT = ["a house", "two dogs run", "nothing", "a very long sentence with many words in it", "", "bird sings"]
+
+
+def write(tmp_path, name, lines):
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def toy(tmp_path):
+    """Tiny parallel files with an empty line on each side and one over-long pair."""
+    return write(tmp_path, "train.de", SRC), write(tmp_path, "train.en", TGT)
+
+
+def random_corpus(tmp_path, n=300, seed=0):
+    rng = np.random.default_rng(seed)
+    words = ["ab", "cd", "efg", "h", "ijkl", "mn"]
+    src = [" ".join(rng.choice(words, rng.integers(1, 12))) for _ in range(n)]
+    tgt = [" ".join(reversed(s.split())) for s in src]
+    return write(tmp_path, "s.txt", src), write(tmp_path, "t.txt", tgt)
+
+
+def test_prepare_round_trip_and_format(toy, tmp_path):
+    out = tmp_path / "ds"
+    meta = prepare_pairs(*toy, out, tokenizer="char", val_pairs=toy, max_len=30)
+    on_disk = json.loads((out / "meta.json").read_text())
+    assert on_disk == meta and meta["kind"] == "pairs" and meta["dtype"] == "uint16"
+    tok = get_tokenizer(meta["tokenizer"])  # self-contained spec
+    assert meta["bos"] == meta["eos"] == meta["pad"] == tok.eot_token
+    stats = meta["splits"]["train"]
+    assert (stats["lines"], stats["pairs"], stats["skipped_empty"], stats["skipped_long"]) == (6, 3, 2, 1)
+    ds = open_pairs(out)
+    kept = [(s, t) for s, t in zip(SRC, TGT) if s and t and len(s) < 30 and len(t) < 30]
+    assert [(tok.decode(s), tok.decode(t)) for s, t in (ds.pair("train", i) for i in range(3))] == kept
+    offsets = np.fromfile(out / "train.idx", dtype=np.int64)
+    assert len(offsets) == 2 * 3 + 1 and offsets[-1] == (out / "train.bin").stat().st_size // 2
+    assert list(ds.lengths("train")[0]) == [len(s) for s, _ in kept]
+    assert not list(tmp_path.glob(".ds.*"))  # the temporary directory is gone
+
+
+def test_line_separators_other_than_newline_do_not_split_pairs(toy, tmp_path):
+    meta = prepare_pairs(*toy, tmp_path / "ds", tokenizer="char", val_pairs=toy, max_len=100)
+    assert meta["splits"]["train"]["lines"] == 6  # "Vogel\u2028singt" is one line
+
+
+def test_truncate_instead_of_skip(toy, tmp_path):
+    meta = prepare_pairs(*toy, tmp_path / "ds", tokenizer="char", val_pairs=toy, max_len=30, truncate=True)
+    s = meta["splits"]["train"]
+    assert (s["pairs"], s["skipped_long"], s["truncated"], s["max_src_len"], s["max_tgt_len"]) == (4, 0, 1, 29, 29)
+
+
+def test_gpt2_tokenizer_and_held_out_validation(tmp_path):
+    src, tgt = random_corpus(tmp_path, n=200)
+    meta = prepare_pairs(src, tgt, tmp_path / "ds", tokenizer="gpt2", val_fraction=0.1)
+    assert meta["tokenizer"] == {"kind": "gpt2"} and meta["eos"] == 50256 and meta["dtype"] == "uint16"
+    assert meta["splits"]["train"]["pairs"] == 180 and meta["splits"]["val"]["pairs"] == 20
+    again = prepare_pairs(src, tgt, tmp_path / "ds2", tokenizer="gpt2", val_fraction=0.1)
+    assert (tmp_path / "ds" / "val.bin").read_bytes() == (tmp_path / "ds2" / "val.bin").read_bytes()
+
+
+def test_large_vocabulary_uses_uint32(tmp_path, monkeypatch):
+    import gpt.pairs
+
+    class Big:
+        vocab_size, eot_token, spec = 70000, 69999, {"kind": "fake"}
+
+        def encode_batch(self, texts):
+            return [[69998] * len(t.split()) for t in texts]
+
+    monkeypatch.setattr(gpt.pairs, "make_tokenizer", lambda *a, **k: Big())
+    src, tgt = random_corpus(tmp_path, n=20)
+    meta = prepare_pairs(src, tgt, tmp_path / "ds", val_fraction=0.1)
+    assert meta["dtype"] == "uint32"
+    tokens = np.fromfile(tmp_path / "ds" / "train.bin", dtype=np.uint32)
+    assert (tokens == 69998).all()
+
+
+def test_bad_inputs_are_clear_errors(toy, tmp_path):
+    short = write(tmp_path, "short.en", TGT[:4])
+    with pytest.raises(PairsError, match="has 6 lines but .*short.en has 4"):
+        prepare_pairs(toy[0], short, tmp_path / "a", tokenizer="char", val_pairs=toy)
+    empty = write(tmp_path, "empty.txt", ["", ""])
+    with pytest.raises(PairsError, match="no train pairs left out of 2 lines"):
+        prepare_pairs(empty, empty, tmp_path / "b", tokenizer="char", val_pairs=toy)
+    with pytest.raises(PairsError, match="no such file"):
+        prepare_pairs(tmp_path / "missing", toy[1], tmp_path / "c", tokenizer="char", val_pairs=toy)
+    with pytest.raises(PairsError, match="--tokenizer gpt2 or --tokenizer char"):
+        prepare_pairs(*toy, tmp_path / "d", tokenizer="bpe", val_pairs=toy)
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # failures leave no directories behind
+
+
+def test_existing_output_is_refused_unless_forced(toy, tmp_path):
+    out = tmp_path / "ds"
+    prepare_pairs(*toy, out, tokenizer="char", val_pairs=toy, max_len=30)
+    with pytest.raises(PairsError, match="already exists.*--force"):
+        prepare_pairs(*toy, out, tokenizer="char", val_pairs=toy, max_len=100)
+    assert open_pairs(out).meta["max_len"] == 30  # untouched
+    prepare_pairs(*toy, out, tokenizer="char", val_pairs=toy, max_len=100, force=True)
+    assert open_pairs(out).meta["max_len"] == 100
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "train.de", "train.en"]
+
+
+def test_open_pairs_errors(tmp_path):
+    with pytest.raises(PairsError, match="no meta.json in .*run `python data/prepare.py --pairs"):
+        open_pairs(tmp_path)
+    (tmp_path / "meta.json").write_text(json.dumps({"kind": "tokens"}))
+    with pytest.raises(PairsError, match="not translation pairs"):
+        open_pairs(tmp_path)
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    src, tgt = random_corpus(tmp_path, n=300)
+    prepare_pairs(src, tgt, tmp_path / "ds", tokenizer="char", val_fraction=0.1)
+    return open_pairs(tmp_path / "ds")
+
+
+def test_batches_are_teacher_forcing_triples(corpus):
+    batches = PairBatches(corpus, "train", max_tokens=200, seed=0)
+    bos, eos = corpus.bos, corpus.eos
+    for step in range(5):
+        src, src_mask, tgt_in, tgt_out = batches.get(step)
+        B, S = src.shape
+        assert src.dtype == tgt_in.dtype == tgt_out.dtype == torch.long and src_mask.dtype == torch.bool
+        assert B * max(S, tgt_in.size(1)) <= 200
+        n_src = src_mask.sum(1)
+        assert (src[torch.arange(B), n_src - 1] == eos).all()  # source ends with the end token
+        assert (src[~src_mask] == corpus.pad).all()
+        assert (tgt_in[:, 0] == bos).all()
+        real = tgt_out != -1
+        assert torch.equal(tgt_in[:, 1:][real[:, 1:]], tgt_out[:, :-1][real[:, 1:]])  # labels = inputs shifted left
+        n_tgt = real.sum(1)
+        assert torch.equal(real, torch.arange(tgt_in.size(1))[None, :] < n_tgt[:, None])  # padding only at the end
+        assert (tgt_out[torch.arange(B), n_tgt - 1] == eos).all()
+        for row, i in enumerate(batches.indices(step)):  # the real tokens are the dataset's
+            s, t = corpus.pair("train", i)
+            assert src[row, : len(s)].tolist() == s.tolist() and tgt_out[row, : len(t)].tolist() == t.tolist()
+
+
+def test_batches_are_a_pure_function_of_seed_step_and_rank(corpus):
+    a = PairBatches(corpus, "train", max_tokens=200, seed=3)
+    b = PairBatches(corpus, "train", max_tokens=200, seed=3)
+    order = [a.get(s) for s in (7, 0, 150, 7)]  # any order, across epochs, as on resume
+    for s, got in zip((7, 0, 150, 7), order):
+        assert all(torch.equal(x, y) for x, y in zip(got, b.get(s)))
+    c = PairBatches(corpus, "train", max_tokens=200, seed=4)
+    assert not all(np.array_equal(a.indices(s), c.indices(s)) for s in range(3))
+
+
+def test_ranks_and_micro_steps_cover_an_epoch_exactly_once(corpus):
+    world, accum = 2, 3
+    ranks = [PairBatches(corpus, "train", max_tokens=150, seed=0, rank=r, world_size=world, grad_accum=accum)
+             for r in range(world)]
+    n = len(ranks[0])
+    steps = n // (world * accum)
+    seen = [i for s in range(steps) for m in range(accum) for r in ranks for i in r.indices(s, m)]
+    assert len(seen) == len(set(seen))  # no pair twice within an epoch
+    leftover = [i for j in range(steps * world * accum, n) for i in ranks[0].batches[ranks[0]._epoch_order[1][j]]]
+    assert sorted(seen + leftover) == list(range(corpus.num_pairs("train")))
+    assert ranks[0].epoch(steps) == pytest.approx(steps * world * accum / n)
+
+
+def test_length_grouping_wastes_little_padding(corpus):
+    batches = PairBatches(corpus, "train", max_tokens=200)
+    assert batches.padding_fraction() < 0.1
+    # the same batch sizes drawn at random would pad far more
+    rng = np.random.default_rng(0)
+    perm = rng.permutation(corpus.num_pairs("train"))
+    sizes = np.cumsum([len(b) for b in batches.batches])[:-1]
+    batches.batches = np.split(perm, sizes)
+    assert batches.padding_fraction() > 0.3
+
+
+def test_iteration_visits_every_pair_once(corpus):
+    batches = PairBatches(corpus, "val", max_tokens=120)
+    assert sum(len(src) for src, *_ in batches) == corpus.num_pairs("val")
+
+
+def test_max_tokens_below_longest_pair_is_an_error(corpus):
+    with pytest.raises(PairsError, match="max_tokens=10 is smaller than the longest train pair"):
+        PairBatches(corpus, "train", max_tokens=10)
+
+
+def test_cli_main(toy, tmp_path, capsys):
+    out = tmp_path / "cli"
+    assert main(["--pairs", *map(str, toy), "--out", str(out), "--tokenizer", "char", "--val-pairs", *map(str, toy),
+                 "--max-len", "30"]) == 0
+    assert "train: 3 pairs of 6 lines" in capsys.readouterr().out
+    assert main(["--pairs", str(toy[0]), str(tmp_path / "nope"), "--out", str(tmp_path / "x")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: no such file") and err.count("\n") == 1
+
+
+def test_multi30k_recipe(tmp_path):
+    for split in ("train", "val"):
+        write(tmp_path, f"{split}.de", ["Ein Mann fährt Fahrrad.", "Zwei Hunde."])
+        write(tmp_path, f"{split}.en", ["A man rides a bike.", "Two dogs."])
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "data" / "multi30k" / "prepare.py"), "--input", str(tmp_path), "--out", str(out),
+         "--tokenizer", "char"], capture_output=True, text=True, timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    ds = open_pairs(out)
+    tok = ds.tokenizer()
+    assert [tok.decode(x) for x in ds.pair("val", 0)] == ["Ein Mann fährt Fahrrad.", "A man rides a bike."]

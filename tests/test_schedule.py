@@ -1,0 +1,33 @@
+import pytest
+
+from gpt.schedule import noam_lr
+
+
+@pytest.mark.parametrize(
+    "step,expected",
+    [
+        (1, 512**-0.5 * 4000**-1.5),  # warm-up: linear in step
+        (2000, 512**-0.5 * 2000 * 4000**-1.5),
+        (4000, (512 * 4000) ** -0.5),  # the peak, where both branches meet
+        (16000, 512**-0.5 * 16000**-0.5),  # decay: 1/sqrt(step), half the peak at 4x warmup
+    ],
+)
+def test_noam_lr_table(step, expected):
+    assert noam_lr(step, d_model=512, warmup=4000) == pytest.approx(expected, rel=1e-12)
+
+
+def test_noam_lr_shape():
+    lrs = [noam_lr(s, 512, 4000) for s in range(0, 20001, 100)]
+    peak = max(lrs)
+    assert peak == pytest.approx(noam_lr(4000, 512, 4000)) == pytest.approx(7.0e-4, rel=0.01)
+    i = lrs.index(peak)
+    assert all(a < b for a, b in zip(lrs[1:i], lrs[2 : i + 1]))  # rises to the peak
+    assert all(a > b for a, b in zip(lrs[i:], lrs[i + 1 :]))  # then falls
+    assert noam_lr(16000, 512, 4000) == pytest.approx(peak / 2)
+    assert noam_lr(0, 512, 4000) == noam_lr(1, 512, 4000) > 0  # a 0-based trainer loses no step
+    assert noam_lr(100, 512, 4000, scale=2.0) == 2 * noam_lr(100, 512, 4000)
+
+
+def test_noam_lr_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="warmup=0"):
+        noam_lr(1, 512, 0)
