@@ -56,6 +56,7 @@ class TrainConfig:
     # batch
     batch_size: int = opt(12, "sequences per micro-batch (per process)")
     grad_accum: int = opt(1, "micro-batches per optimizer step, over all processes (global batch = batch_size * grad_accum)")
+    max_tokens: int = opt(0, "seq2seq: tokens per micro-batch, pairs grouped by length (0 = batch_size * block_size)")
     sampling: str = opt("random", "training windows: random (with replacement) | epoch (each window once per epoch)")
     # optimizer and schedule
     max_iters: int = opt(2000, "optimizer steps")
@@ -74,6 +75,7 @@ class TrainConfig:
     eval_iters: int = opt(50, "batches per evaluation (0 = the whole split)")
     eval_batch_size: int = opt(0, "sequences per eval batch (0 = batch_size)")
     log_interval: int = opt(10, "print and log every N steps")
+    max_minutes: float = opt(0.0, "stop cleanly (evaluate, save) after this many minutes of wall time (0 = off)")
     target_val_loss: float = opt(0.0, "stop at the first evaluation with val loss <= this (0 = off)")
     skip_nonfinite: bool = opt(False, "skip (and count) steps with a non-finite loss or gradient instead of stopping")
     wandb_project: str = opt("", "log to Weights & Biases under this project (off when empty)")
@@ -101,7 +103,7 @@ class TrainConfig:
         for name in ("batch_size", "grad_accum", "max_iters", "eval_interval", "log_interval"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}: must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup_iters", "lr_decay_iters", "eval_iters", "eval_batch_size", "threads"):
+        for name in ("warmup_iters", "lr_decay_iters", "eval_iters", "eval_batch_size", "threads", "max_tokens", "max_minutes"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}: must be >= 0, got {getattr(self, name)}")
         if self.learning_rate <= 0:

@@ -106,16 +106,19 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 def train_step(train_model, optimizer, scaler, get_batch, step: int, accum: int, rt: Runtime, grad_clip: float):
     """Accumulate `accum` micro-batches, then clip; returns (mean loss, gradient norm) as tensors.
 
+    `get_batch(step, micro_step)` gives the positional arguments of `GPT.forward`: (idx, targets)
+    for language modelling, (idx, targets, src, src_mask) for seq2seq.
+
     Each micro-loss is divided by `accum` so the summed gradients equal the gradient of the mean
     loss over the whole global batch, the same as one big batch would give.
     """
     total = torch.zeros((), device=rt.device)
     for micro in range(accum):
-        x, y = get_batch(step, micro)
+        batch = get_batch(step, micro)
         last = micro == accum - 1
         with train_model.no_sync() if rt.ddp and not last else nullcontext():
             with rt.autocast():
-                _, loss = train_model(x, y)
+                _, loss = train_model(*batch)
                 loss = loss / accum
             scaler.scale(loss).backward()
         total += loss.detach()
@@ -126,27 +129,20 @@ def train_step(train_model, optimizer, scaler, get_batch, step: int, accum: int,
 
 
 @torch.no_grad()
-def estimate_loss(model: GPT, splits: dict, cfg: TrainConfig, rt: Runtime) -> dict[str, float]:
-    """Mean loss per split: over `eval_iters` fixed random batches, or the whole split."""
-    from gpt.data import Batches, eval_batches
-
+def estimate_loss(model: GPT, task, splits=("train", "val"), rt: Runtime | None = None) -> dict[str, float]:
+    """Mean loss per target token on each split, over the task's evaluation batches."""
     was_training = model.training
     model.eval()
     out = {}
-    bs = cfg.eval_batch_size or cfg.batch_size
-    for name, tokens in splits.items():
-        if cfg.eval_iters == 0 or cfg.sampling == "epoch":
-            batches = eval_batches(tokens, cfg.block_size, bs, device=rt.device)
-        else:  # the same windows at every evaluation, so evaluations compare like with like
-            sampler = Batches(tokens, cfg.block_size, bs, seed=cfg.seed + 1, device=rt.device)
-            batches = (sampler.get(i) for i in range(cfg.eval_iters))
+    for split in splits:
         total, count = 0.0, 0
-        for x, y in batches:
-            with rt.autocast():
-                logits, _ = model(x)
-            total += F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum").item()
-            count += y.numel()
-        out[name] = total / max(count, 1)
+        for idx, targets, *rest in task.eval_batches(split):
+            with rt.autocast() if rt else nullcontext():
+                logits, _ = model(idx, None, *rest)
+            total += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1,
+                                     reduction="sum").item()
+            count += int((targets != -1).sum())
+        out[split] = total / max(count, 1)
     model.train(was_training)
     return out
 
@@ -156,17 +152,17 @@ def tokenizers_match(a: dict, b: dict) -> bool:
     return bool(keys) and all(a.get(k) == b.get(k) for k in keys)
 
 
-def build_model(cfg: TrainConfig, dataset, explicit: set[str], log) -> tuple[GPT, dict]:
+def build_model(cfg: TrainConfig, task, explicit: set[str], log) -> tuple[GPT, dict]:
     """A fresh model, or one initialised from `init_from`; returns (model, the model config used)."""
-    vocab = math.ceil(dataset.vocab_size / 64) * 64  # padded to a multiple of 64: faster matmuls
+    vocab = math.ceil(task.vocab_size / 64) * 64  # padded to a multiple of 64: faster matmuls
     if not cfg.init_from:
         mcfg = GPTConfig(vocab_size=vocab, **cfg.model_kwargs())
         return GPT(mcfg), mcfg.to_dict()
     model, _, meta = checkpoint.load_checkpoint(cfg.init_from)
-    if not tokenizers_match(meta["tokenizer"], dataset.tokenizer_spec):
+    if not tokenizers_match(meta["tokenizer"], task.tokenizer_spec):
         raise TrainingError(
             f"tokenizer mismatch: {cfg.init_from} was trained with a {meta['tokenizer'].get('kind')!r} tokenizer "
-            f"different from the dataset's {dataset.tokenizer_spec.get('kind')!r} one; prepare the data with the "
+            f"different from the dataset's {task.tokenizer_spec.get('kind')!r} one; prepare the data with the "
             f"checkpoint's tokenizer (e.g. `python data/prepare.py ... --tokenizer {meta['tokenizer'].get('kind')}`)"
         )
     mdict = dict(meta["model_config"], dropout=cfg.dropout)  # architecture from the checkpoint
@@ -238,7 +234,7 @@ def config_from_argv(argv: list[str]) -> tuple[TrainConfig, set[str]]:
 
 def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
     """Run training as configured; returns a summary dict (final losses, steps, time)."""
-    from gpt.data import Batches, open_dataset
+    from gpt.tasks import open_task
 
     t_start = time.time()
     if not cfg.data:
@@ -251,11 +247,13 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
             f"or pass --force to start over there"
         )
     out_dir.mkdir(parents=True, exist_ok=True)
-    dataset = open_dataset(cfg.data)
+    task = open_task(cfg.data)
+    if not cfg.init_from:
+        task.check_model(cfg)
     log = RunLogger.create(str(out_dir), rt.master, cfg.wandb_project, cfg.wandb_run_name, cfg.wandb_mode, cfg.to_dict())
     torch.manual_seed(cfg.seed + rt.rank)
 
-    model, model_config = build_model(cfg, dataset, explicit, log.print)
+    model, model_config = build_model(cfg, task, explicit, log.print)
     cfg.block_size = model.config.block_size
     model.to(rt.device)
     optimizer = make_optimizer(model, cfg, rt.device)
@@ -286,11 +284,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
     if cfg.grad_accum % rt.world_size:
         raise ConfigError(f"grad_accum: {cfg.grad_accum} must be a multiple of the {rt.world_size} processes")
     accum = cfg.grad_accum // rt.world_size
-    batches = Batches(
-        dataset.split("train"), cfg.block_size, cfg.batch_size, seed=cfg.seed, mode=cfg.sampling,
-        rank=rt.rank, world_size=rt.world_size, grad_accum=accum, device=rt.device,
-    )
-    splits = {"train": dataset.split("train"), "val": dataset.split("val")}
+    task.start(cfg, rt, accum)
     tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.block_size
     peak = cfg.peak_flops or peak_flops(rt.device)
     flops_per_step = model.flops_per_token(cfg.block_size) * tokens_per_step
@@ -305,7 +299,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
             return
         meta = dict(
             step=step, val_loss=val_loss, best_val_loss=best_val, skipped_steps=skipped, world_size=rt.world_size,
-            model_config=model_config, train_config=cfg.to_dict(), tokenizer=dataset.tokenizer_spec,
+            model_config=model_config, train_config=cfg.to_dict(), tokenizer=task.tokenizer_spec, **task.checkpoint_meta,
             sampler={"seed": cfg.seed, "mode": cfg.sampling, "next_step": step}, dataset=str(cfg.data),
         )
         state = dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
@@ -325,7 +319,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
             lr = lr_at(step, cfg)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss, grad_norm = train_step(train_model, optimizer, scaler, batches.get, step, accum, rt, cfg.grad_clip)
+            loss, grad_norm = train_step(train_model, optimizer, scaler, task.train_batch, step, accum, rt, cfg.grad_clip)
             finite = torch.isfinite(loss) & (torch.isfinite(grad_norm) | scaler.is_enabled())
             if not finite:
                 optimizer.zero_grad(set_to_none=True)
@@ -361,14 +355,16 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
                 log.record("train", step, loss=loss.item(), lr=lr, grad_norm=grad_norm.item(), tokens_per_s=tok_s,
                            ms_per_step=dt * 1e3, mfu=mfu, skipped_steps=skipped, elapsed=now - t_start)
 
-            stopping = stop.signum is not None
-            if rt.ddp:  # every rank stops at the same step if any of them was signalled
-                flag = torch.tensor([float(stopping)], device=rt.device)
+            # 0 = go on, 1 = out of time (evaluate, save, stop), 2 = signalled (save, stop)
+            halt = 2 if stop.signum is not None else int(bool(cfg.max_minutes) and now - t_start >= 60 * cfg.max_minutes)
+            if rt.ddp:  # every rank stops at the same step, for the same reason, if any of them must
+                flag = torch.tensor([float(halt)], device=rt.device)
                 torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-                stopping = bool(flag.item())
-            if step % cfg.eval_interval == 0 or step == cfg.max_iters:
+                halt = int(flag.item())
+            evaluate = step % cfg.eval_interval == 0 or step == cfg.max_iters or halt == 1
+            if evaluate:
                 t_eval = time.time()
-                last_eval = estimate_loss(model, splits, cfg, rt)
+                last_eval = estimate_loss(model, task, rt=rt)
                 val = last_eval["val"]
                 improved = val < best_val
                 best_val = min(best_val, val)
@@ -385,11 +381,11 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
                 if cfg.target_val_loss and val <= cfg.target_val_loss:
                     log.print(f"reached val loss {val:.4f} <= {cfg.target_val_loss} at step {step}")
                     break
-            if stopping:
-                if step % cfg.eval_interval != 0:
+            if halt:
+                if not evaluate:
                     save("last.pt", step, None)
-                name = signal.Signals(stop.signum).name if stop.signum else "signal"
-                log.print(f"stopped by {name} at step {step}; resume with: python train.py --resume {out_dir}")
+                reason = signal.Signals(stop.signum).name if stop.signum else f"--max-minutes {cfg.max_minutes}"
+                log.print(f"stopped by {reason} at step {step}; resume with: python train.py --resume {out_dir}")
                 break
 
     elapsed = time.time() - t_start

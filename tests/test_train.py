@@ -225,3 +225,41 @@ def test_ddp_two_processes_match_one_and_resume_in_one(char_data, tmp_path):
     run("--resume", tmp_path / "ddp", "--max-iters", "6")  # the 2-process checkpoint, resumed in one process
     resumed = [r["loss"] for r in records(tmp_path / "ddp", "train")]
     assert resumed == pytest.approx(single, rel=1e-5)
+
+
+@pytest.fixture(scope="session")
+def reverse_pairs(tmp_path_factory):
+    """A tiny translation task: lowercase words and their reverses, as a pairs dataset."""
+    import random
+
+    from gpt.pairs import prepare_pairs
+
+    d = tmp_path_factory.mktemp("pairs")
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefgh") for _ in range(rng.randint(3, 8))) for _ in range(1200)]
+    (d / "src.txt").write_text("\n".join(words) + "\n")
+    (d / "tgt.txt").write_text("\n".join(w[::-1] for w in words) + "\n")
+    prepare_pairs(d / "src.txt", d / "tgt.txt", d / "rev", tokenizer="char", val_fraction=0.1, max_len=16)
+    return d / "rev"
+
+
+def test_seq2seq_trains_with_the_same_loop_and_resumes_exactly(reverse_pairs, tmp_path):
+    s2s = ["--data", reverse_pairs, "--n-encoder-layer", "2", "--n-layer", "2", "--n-head", "2", "--n-embd", "32",
+           "--block-size", "16", "--norm", "post", "--pos-encoding", "sinusoidal", "--label-smoothing", "0.1",
+           "--max-tokens", "256", "--dropout", "0.1", "--grad-accum", "2", "--learning-rate", "3e-3",
+           "--lr-decay-iters", "40", "--eval-interval", "20", "--log-interval", "1", "--eval-iters", "4",
+           "--warmup-iters", "5"]
+    full = run(*s2s, "--out-dir", tmp_path / "full", "--max-iters", "40")
+    run(*s2s, "--out-dir", tmp_path / "split", "--max-iters", "20")
+    run("--resume", tmp_path / "split", "--max-iters", "40")
+    losses = lambda out: [(r["step"], r["loss"]) for r in records(out, "train")]  # noqa: E731
+    assert losses(tmp_path / "split") == losses(tmp_path / "full")
+    first, last = records(tmp_path / "full", "eval")[0]["val_loss"], full["val_loss"]
+    assert last < first < 3.0  # learning: from ln(64) = 4.2 (padded vocab) at init
+    meta = checkpoint.read(tmp_path / "full")["meta"]
+    assert meta["seq2seq"]["eos"] == meta["seq2seq"]["bos"] and meta["model_config"]["n_encoder_layer"] == 2
+
+
+def test_pairs_dataset_needs_an_encoder(reverse_pairs, tmp_path):
+    with pytest.raises(ValueError, match="n_encoder_layer: a pairs dataset needs an encoder"):
+        run("--data", reverse_pairs, "--out-dir", tmp_path / "o", "--n-layer", "1", "--block-size", "8")

@@ -1,0 +1,125 @@
+"""What the trainer trains on: a token stream (language modelling) or sentence pairs (seq2seq).
+
+The dataset directory's meta.json says which (`"kind": "pairs"` for translation pairs, tokens
+otherwise). Both kinds give the loop the same face, so the loop itself never asks:
+
+    task = open_task(cfg.data)                  # vocab_size, tokenizer_spec, checkpoint_meta
+    task.start(cfg, rt, accum)                  # the training sampler (after the model is built)
+    args = task.train_batch(step, micro_step)   # positional args of GPT.forward: (idx, targets, ...)
+    for args in task.eval_batches("val"): ...
+
+Batches are pure functions of (seed, step, micro_step, rank) for both kinds: that is what makes a
+resumed run draw exactly the batches the uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gpt.config import ConfigError
+
+
+class LanguageModelling:
+    """Windows of block_size + 1 tokens from a memory-mapped token stream (gpt/data.py)."""
+
+    kind = "tokens"
+
+    def __init__(self, path: str):
+        from gpt.data import open_dataset
+
+        self.dataset = open_dataset(path)
+        self.vocab_size = self.dataset.vocab_size
+        self.tokenizer_spec = self.dataset.tokenizer_spec
+        self.checkpoint_meta: dict = {}
+
+    def check_model(self, cfg) -> None:
+        if cfg.n_encoder_layer:
+            raise ConfigError(f"n_encoder_layer: {cfg.n_encoder_layer} needs a pairs dataset (data/prepare.py --pairs)")
+
+    def start(self, cfg, rt, accum: int) -> None:
+        from gpt.data import Batches
+
+        self.cfg, self.device = cfg, rt.device
+        self.sampler = Batches(
+            self.dataset.split("train"), cfg.block_size, cfg.batch_size, seed=cfg.seed, mode=cfg.sampling,
+            rank=rt.rank, world_size=rt.world_size, grad_accum=accum, device=rt.device,
+        )
+
+    def train_batch(self, step: int, micro_step: int):
+        return self.sampler.get(step, micro_step)
+
+    def eval_batches(self, split: str):
+        """The whole split (eval_iters = 0 or epoch sampling), else the same eval_iters random batches each time."""
+        from gpt.data import Batches, eval_batches
+
+        cfg, tokens = self.cfg, self.dataset.split(split)
+        bs = cfg.eval_batch_size or cfg.batch_size
+        if cfg.eval_iters == 0 or cfg.sampling == "epoch":
+            return eval_batches(tokens, cfg.block_size, bs, device=self.device)
+        sampler = Batches(tokens, cfg.block_size, bs, seed=cfg.seed + 1, device=self.device)
+        return (sampler.get(i) for i in range(cfg.eval_iters))
+
+
+class Translation:
+    """Length-grouped, token-budgeted (src, tgt) pair batches for the encoder-decoder (gpt/pairs.py)."""
+
+    kind = "pairs"
+
+    def __init__(self, path: str):
+        from gpt.pairs import open_pairs
+
+        self.dataset = open_pairs(path)
+        self.vocab_size = self.dataset.vocab_size
+        self.tokenizer_spec = getattr(self.dataset, "tokenizer_spec", None) or self.dataset.meta["tokenizer"]
+        self.checkpoint_meta = {"seq2seq": self.dataset.seq2seq_meta()}
+
+    def check_model(self, cfg) -> None:
+        problems = []
+        if cfg.n_encoder_layer < 1:
+            problems.append("n_encoder_layer: a pairs dataset needs an encoder (e.g. --config multi30k_cpu)")
+        splits = self.dataset.meta["splits"].values()
+        need = 1 + max(max(s["max_src_len"], s["max_tgt_len"]) for s in splits)  # plus the start / end token
+        if cfg.block_size < need:
+            problems.append(f"block_size: {cfg.block_size} is shorter than the dataset's longest side ({need} tokens)")
+        if problems:
+            raise ConfigError("\n".join(problems))
+
+    def _tokens(self, cfg) -> int:
+        return cfg.max_tokens or cfg.batch_size * cfg.block_size
+
+    def start(self, cfg, rt, accum: int) -> None:
+        from gpt.pairs import PairBatches
+
+        self.cfg, self.rt = cfg, rt
+        self.sampler = PairBatches(self.dataset, "train", self._tokens(cfg), seed=cfg.seed, rank=rt.rank,
+                                   world_size=rt.world_size, grad_accum=accum, device=rt.device)
+
+    @staticmethod
+    def _args(batch):
+        src, src_mask, tgt_in, tgt_out = batch
+        return tgt_in, tgt_out, src, src_mask  # GPT.forward(idx, targets, src, src_mask)
+
+    def train_batch(self, step: int, micro_step: int):
+        return self._args(self.sampler.get(step, micro_step))
+
+    def eval_batches(self, split: str):
+        from gpt.pairs import PairBatches
+
+        cfg = self.cfg
+        batches = PairBatches(self.dataset, split, self._tokens(cfg), seed=cfg.seed + 1, device=self.rt.device)
+        if split == "val" or cfg.eval_iters == 0:
+            return (self._args(b) for b in batches)  # the whole split once
+        return (self._args(batches.get(i)) for i in range(cfg.eval_iters))
+
+
+def open_task(path: str):
+    """The task for a prepared dataset directory, by its meta.json kind."""
+    meta_path = Path(path) / "meta.json"
+    kind = None
+    if meta_path.is_file():
+        try:
+            kind = json.loads(meta_path.read_text()).get("kind")
+        except (json.JSONDecodeError, OSError):
+            pass  # the dataset loader reports a broken meta.json with its fix
+    return Translation(path) if kind == "pairs" else LanguageModelling(path)
