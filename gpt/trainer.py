@@ -15,6 +15,7 @@ same losses as one that never stopped (bit-identical on CPU in float32).
 
 from __future__ import annotations
 
+import collections
 import math
 import os
 import signal
@@ -104,7 +105,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def train_step(train_model, optimizer, scaler, get_batch, step: int, accum: int, rt: Runtime, grad_clip: float):
-    """Accumulate `accum` micro-batches, then clip; returns (mean loss, gradient norm) as tensors.
+    """Accumulate `accum` micro-batches, then clip; returns (mean loss, gradient norm, target tokens).
 
     `get_batch(step, micro_step)` gives the positional arguments of `GPT.forward`: (idx, targets)
     for language modelling, (idx, targets, src, src_mask) for seq2seq.
@@ -113,6 +114,7 @@ def train_step(train_model, optimizer, scaler, get_batch, step: int, accum: int,
     loss over the whole global batch, the same as one big batch would give.
     """
     total = torch.zeros((), device=rt.device)
+    tokens = torch.zeros((), dtype=torch.long, device=rt.device)
     for micro in range(accum):
         batch = get_batch(step, micro)
         last = micro == accum - 1
@@ -122,10 +124,11 @@ def train_step(train_model, optimizer, scaler, get_batch, step: int, accum: int,
                 loss = loss / accum
             scaler.scale(loss).backward()
         total += loss.detach()
+        tokens += batch[1].ne(-1).sum()  # targets that count (seq2seq batches vary in size)
     scaler.unscale_(optimizer)
     params = [p for g in optimizer.param_groups for p in g["params"]]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
-    return total, grad_norm
+    return total, grad_norm, tokens
 
 
 @torch.no_grad()
@@ -285,9 +288,8 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
         raise ConfigError(f"grad_accum: {cfg.grad_accum} must be a multiple of the {rt.world_size} processes")
     accum = cfg.grad_accum // rt.world_size
     task.start(cfg, rt, accum)
-    tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.block_size
     peak = cfg.peak_flops or peak_flops(rt.device)
-    flops_per_step = model.flops_per_token(cfg.block_size) * tokens_per_step
+    flops_per_token = model.flops_per_token(cfg.block_size)
 
     def save(name: str, step: int, val_loss: float | None) -> None:
         rng = _rng_state(rt.device)
@@ -313,13 +315,14 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
     )
     model.train()
     step, last_eval = start_step, {}
-    t_step, step_times, t_log = time.time(), [], time.time()
+    t_step, recent = time.time(), collections.deque(maxlen=50)  # recent step times, for the ETA
+    interval = {"steps": 0, "seconds": 0.0, "tokens": torch.zeros((), dtype=torch.long, device=rt.device)}
     with StopSignal() as stop:
         while step < cfg.max_iters:
             lr = lr_at(step, cfg)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss, grad_norm = train_step(train_model, optimizer, scaler, task.train_batch, step, accum, rt, cfg.grad_clip)
+            loss, grad_norm, n_tokens = train_step(train_model, optimizer, scaler, task.train_batch, step, accum, rt, cfg.grad_clip)
             finite = torch.isfinite(loss) & (torch.isfinite(grad_norm) | scaler.is_enabled())
             if not finite:
                 optimizer.zero_grad(set_to_none=True)
@@ -336,17 +339,23 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
                 optimizer.zero_grad(set_to_none=True)
             step += 1
             now = time.time()
-            step_times.append(now - t_step)
+            recent.append(now - t_step)
+            interval["steps"] += 1
+            interval["seconds"] += now - t_step
+            interval["tokens"] += n_tokens
             t_step = now
 
             if step % cfg.log_interval == 0 or step == cfg.max_iters:
-                if rt.ddp:
+                if rt.ddp:  # the global batch's mean loss and token count
                     torch.distributed.all_reduce(loss, op=torch.distributed.ReduceOp.AVG)
-                dt = sum(step_times[-cfg.log_interval:]) / len(step_times[-cfg.log_interval:])
-                recent = sorted(step_times[-50:])[len(step_times[-50:]) // 2]  # median: robust to eval pauses
-                tok_s = tokens_per_step / dt
-                mfu = flops_per_step / dt / peak if peak else None
-                eta = recent * (cfg.max_iters - step)
+                    torch.distributed.all_reduce(interval["tokens"])
+                dt = interval["seconds"] / interval["steps"]
+                tok_s = interval["tokens"].item() / interval["seconds"]
+                mfu = flops_per_token * tok_s / peak if peak else None
+                eta = sorted(recent)[len(recent) // 2] * (cfg.max_iters - step)  # median: robust to pauses
+                if cfg.max_minutes:
+                    eta = min(eta, 60 * cfg.max_minutes - (now - t_start))
+                interval.update(steps=0, seconds=0.0, tokens=torch.zeros_like(interval["tokens"]))
                 log.print(
                     f"step {step:>6} | loss {loss.item():.4f} | lr {lr:.2e} | {tok_s / 1e3:,.1f}k tok/s | "
                     f"{dt * 1e3:.0f} ms/step" + (f" | mfu {mfu:.1%}" if mfu is not None else "") +

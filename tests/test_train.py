@@ -88,7 +88,8 @@ def test_accumulation_equals_one_big_batch():
         scaler = torch.amp.GradScaler("cpu", enabled=False)
         size = 8 // accum
         get = lambda step, micro: (x[micro * size:(micro + 1) * size], y[micro * size:(micro + 1) * size])  # noqa: E731
-        loss, _ = train_step(model, opt, scaler, get, 0, accum, rt, grad_clip=0.0)
+        loss, _, tokens = train_step(model, opt, scaler, get, 0, accum, rt, grad_clip=0.0)
+        assert tokens.item() == 8 * 16
         grads.append((loss, [p.grad.clone() for p in model.parameters()]))
     torch.testing.assert_close(grads[0][0], grads[1][0])
     for a, b in zip(grads[0][1], grads[1][1]):
