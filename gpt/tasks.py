@@ -50,13 +50,17 @@ class LanguageModelling:
         return self.sampler.get(step, micro_step)
 
     def eval_batches(self, split: str):
-        """The whole split (eval_iters = 0 or epoch sampling), else the same eval_iters random batches each time."""
+        """The same `eval_iters` random batches at every evaluation; or, with eval_iters = 0 or epoch
+        sampling, the whole val split, and as many train tokens (the train split is usually ~10x
+        larger, and the comparison wants equal counts)."""
         from gpt.data import Batches, eval_batches
 
         cfg, tokens = self.cfg, self.dataset.split(split)
         bs = cfg.eval_batch_size or cfg.batch_size
         if cfg.eval_iters == 0 or cfg.sampling == "epoch":
-            return eval_batches(tokens, cfg.block_size, bs, device=self.device)
+            n_val_windows = (len(self.dataset.split("val")) - 1) // cfg.block_size
+            limit = None if split == "val" else -(-n_val_windows // bs)
+            return eval_batches(tokens, cfg.block_size, bs, max_batches=limit, device=self.device)
         sampler = Batches(tokens, cfg.block_size, bs, seed=cfg.seed + 1, device=self.device)
         return (sampler.get(i) for i in range(cfg.eval_iters))
 
