@@ -252,9 +252,63 @@ def test_cli_main(toy, tmp_path, capsys):
     assert main(["--pairs", *map(str, toy), "--out", str(out), "--tokenizer", "char", "--val-pairs", *map(str, toy),
                  "--max-len", "30"]) == 0
     assert "train: 3 pairs of 6 lines" in capsys.readouterr().out
-    assert main(["--pairs", str(toy[0]), str(tmp_path / "nope"), "--out", str(tmp_path / "x")]) == 1
+    assert main(["--pairs", str(toy[0]), str(tmp_path / "nope"), "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: no such file") and err.count("\n") == 1
+
+
+def prepare_cli(*args):
+    """`python data/prepare.py ...` in its own process, as a user runs it."""
+    return subprocess.run([sys.executable, str(ROOT / "data" / "prepare.py"), *map(str, args)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_data_prepare_pairs_cli(tmp_path):
+    src, tgt = write(tmp_path, "train.de", BPE_SRC * 5), write(tmp_path, "train.en", BPE_TGT * 5)
+    vsrc, vtgt = write(tmp_path, "val.de", BPE_SRC[:3]), write(tmp_path, "val.en", BPE_TGT[:3])
+    out = tmp_path / "data" / "de-en"
+    r = prepare_cli("--pairs", src, tgt, "--val-pairs", vsrc, vtgt, "--out", out, "--tokenizer", "bpe",
+                    "--vocab-size", 400, "--max-len", 64)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"wrote {out} (bpe tokenizer, vocab ") and "train: 30 pairs of 30 lines" in r.stdout
+    ds = open_pairs(out)
+    assert ds.meta["max_len"] == 64 and ds.meta["source"]["val"] == [str(vsrc), str(vtgt)]
+    tok = ds.tokenizer()
+    assert [[tok.decode(x) for x in ds.pair("val", i)] for i in range(3)] == [list(p) for p in zip(BPE_SRC[:3], BPE_TGT[:3])]
+
+    r = prepare_cli("--pairs", src, tgt, "--out", out, "--tokenizer", "char")  # the dataset is there now
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == f"error: {out} already exists: choose another --out or pass --force to replace it\n"
+    r = prepare_cli("--pairs", src, tgt, "--out", out, "--tokenizer", "char", "--force", "--val-fraction", "0.2")
+    assert r.returncode == 0, r.stderr
+    assert open_pairs(out).meta["splits"]["val"]["pairs"] == 6  # 20% of 30 lines held out
+
+
+def test_data_prepare_pairs_cli_errors_are_one_line(toy, tmp_path):
+    short = write(tmp_path, "short.en", TGT[:4])
+    r = prepare_cli("--pairs", toy[0], short, "--out", tmp_path / "a")
+    assert (r.returncode, r.stdout) == (2, "") and "Traceback" not in r.stderr
+    assert r.stderr == (f"error: {toy[0]} has 6 lines but {short} has 4: line i of the source must translate "
+                        f"line i of the target\n")
+    r = prepare_cli("--pairs", toy[0], tmp_path / "missing.en", "--out", tmp_path / "b")
+    assert (r.returncode, r.stderr) == (2, f"error: no such file: {tmp_path / 'missing.en'}\n")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--pairs", "s", "t", "corpus.txt"], "give INPUT files or --pairs SRC TGT, not both (got INPUT corpus.txt)"),
+    ([], "nothing to prepare: give INPUT files and directories, or --pairs SRC TGT for translation pairs"),
+    (["--pairs", "s", "t", "--block-size", "64"], "--block-size is for INPUT text datasets, not --pairs"),
+    (["corpus.txt", "--max-len", "64", "--truncate"], "--max-len, --truncate are for --pairs datasets, not INPUT text"),
+])
+def test_data_prepare_rejects_mixed_modes(tmp_path, capsys, args, message):
+    import runpy
+
+    prepare_main = runpy.run_path(str(ROOT / "data" / "prepare.py"), run_name="script")["main"]
+    assert prepare_main([*args, "--out", str(tmp_path / "x")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"error: {message}\n"
+    assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.parametrize("args,kind", [([], "bpe"), (["--tokenizer", "char"], "char")])
