@@ -18,8 +18,10 @@ token). A sentence is done once it holds K finished hypotheses none worse than i
 at the current length (Hugging Face's default stopping rule); at the length limit the live ones
 count as finished.
 
-Note: `sample_next` is a local copy of the sampling engineer's logits -> token step (gpt/sampling.py);
-merge onto that one when both land.
+Greedy and sampled decoding pick each token with `gpt.sampling.next_token`, the same logits -> token
+step as text generation: argmax at temperature 0 (the generator is never touched), else a draw
+restricted by top-k, then top-p, with an explicit `torch.Generator`; ids at or above the
+tokenizer's vocab_size (a padded embedding's extra rows) are never chosen.
 """
 
 from __future__ import annotations
@@ -31,20 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt.model import GPT, KVCache
-
-
-def sample_next(
-    logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None, generator: torch.Generator | None = None
-) -> torch.Tensor:
-    """Next token ids (B,) from logits (B, V): argmax at temperature 0, else a top-k sample."""
-    if temperature == 0.0:
-        return logits.argmax(-1)
-    logits = logits.float() / temperature
-    if top_k is not None and top_k < logits.size(-1):
-        kth = logits.topk(top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = F.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+from gpt.sampling import next_token
 
 
 def length_penalty(n: int, alpha: float) -> float:
@@ -86,8 +75,10 @@ def generate(
     generator: torch.Generator | None = None,
     vocab_size: int | None = None,
     use_cache: bool = True,
+    top_p: float = 1.0,
 ) -> list[list[int]]:
-    """Greedy (temperature 0) or sampled translations of a padded source batch, as token ids.
+    """Greedy (temperature 0) or sampled (top-k, then top-p) translations of a padded source batch,
+    as token ids.
 
     `vocab_size` limits the choice to the tokenizer's ids (the model's may be padded up).
     `use_cache=False` recomputes the whole prefix every step (the reference the cache must equal).
@@ -102,8 +93,10 @@ def generate(
             h = model.decode(kv, mask, tokens[:, -1:], caches=caches)
         else:
             h = model.decode(memory, mask, tokens)
-        logits = model.lm_head(h[:, -1])[:, :vocab_size]  # (B, V)
-        nxt = sample_next(logits, temperature, top_k, generator).masked_fill(done, eos)
+        logits = model.lm_head(h[:, -1])  # (B, V)
+        nxt = next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p, vocab_size=vocab_size,
+                         generator=generator)
+        nxt = nxt.masked_fill(done, eos)
         tokens = torch.cat([tokens, nxt[:, None]], 1)
         done |= nxt == eos
         if done.all():
@@ -207,6 +200,7 @@ def translate(
     batch_size: int = 64,
     max_new_tokens: int | None = None,
     generator: torch.Generator | None = None,
+    top_p: float = 1.0,
 ) -> list[str]:
     """Translate `texts` (one output per input, same order), in batches of similar length.
 
@@ -226,7 +220,8 @@ def translate(
             if beam_size > 1:
                 ids = beam_search(model, src, mask, bos, eos, beam_size, alpha, max_new_tokens, tok.vocab_size)
             else:
-                ids = generate(model, src, mask, bos, eos, max_new_tokens, temperature, top_k, generator, tok.vocab_size)
+                ids = generate(model, src, mask, bos, eos, max_new_tokens, temperature, top_k, generator,
+                               tok.vocab_size, top_p=top_p)
             for i, hyp in zip(batch, ids):
                 out[i] = tok.decode(hyp)
     finally:
