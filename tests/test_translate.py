@@ -247,17 +247,17 @@ def test_evaluate_cli_from_a_checkpoint(reverser, tmp_path, capsys):
 
     meta_space = dict(meta, tokenizer=CharTokenizer(CHARS + "z").spec)  # one id more than the model has
     checkpoint.save(tmp_path / "run" / "last.pt", {"model": model.state_dict()}, meta_space)
-    assert main(args) == 1
+    assert main(args) == 2
     assert "tokenizer has 14 ids but the model only 13" in capsys.readouterr().err
 
     decoder_only = dict(meta, model_config=dict(meta["model_config"], n_encoder_layer=0))
     sd = {k: v for k, v in model.state_dict().items() if not k.startswith("encoder.") and "cross" not in k}
     checkpoint.save(tmp_path / "run" / "last.pt", {"model": sd}, decoder_only)
-    assert main(args) == 1
+    assert main(args) == 2
     assert "decoder-only model" in capsys.readouterr().err
     (tmp_path / "ref.txt").write_text("one line\n")
     checkpoint.save(tmp_path / "run" / "last.pt", {"model": model.state_dict()}, meta)
-    assert main(args) == 1
+    assert main(args) == 2
     assert "5 source lines but 1 reference lines" in capsys.readouterr().err
 
 
