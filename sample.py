@@ -1,11 +1,24 @@
-"""Sample text from a trained checkpoint or a Hugging Face GPT-2 directory, streamed as it comes.
+"""Sample text from a trained checkpoint or a Hugging Face GPT-2 directory, streamed as it comes;
+or translate with a seq2seq (encoder-decoder) checkpoint.
 
     python sample.py --ckpt out/shakespeare-char --prompt "ROMEO:" --num-samples 3 --max-new-tokens 300
     python sample.py --ckpt path/to/hf-gpt2-dir --prompt-file prompt.txt --temperature 0 --stop "\\n\\n"
+    python sample.py --ckpt out/multi30k --source "Ein Mann fährt Fahrrad." --beam-size 4
+    python sample.py --ckpt out/multi30k --source-file test.de --batch-size 64 > test.hyp.en
 
 Samples are generated as one batch; the first streams live, each later one as soon as those before
 it are done. A separator line goes between samples; a summary (tokens/s, time to first token, the
 seed that reproduces the run) goes to stderr. Mistakes print one `error: ...` line and exit 2.
+
+Translation (`--source`, repeatable, or `--source-file`, one sentence per line) needs a checkpoint
+whose meta has "seq2seq" (trained on a pairs dataset) and prints exactly one line per source, in
+order (line breaks inside a translation become spaces); sentences are decoded in batches of similar
+length. It is greedy by default: `--temperature` defaults to 0 here (0.8 when sampling text), and
+`--beam-size N` > 1 is beam search with `--length-penalty` alpha. An explicit `--temperature` > 0
+samples (with `--top-k`, `--top-p`, `--seed`). `--max-new-tokens` bounds each translation (default:
+its batch's longest source + 50 tokens, at most the model's block_size). Text-only flags (`--prompt`,
+`--num-samples`, `--stop`, ...) with a seq2seq checkpoint, or `--source` with a decoder-only one, are
+errors.
 """
 
 from __future__ import annotations
@@ -18,6 +31,12 @@ import time
 import warnings
 
 SEPARATOR = "\n---------------\n"
+LM_DEFAULTS = {"temperature": 0.8, "max_new_tokens": 500}
+# flags of one mode given in the other: dest -> (flag, the default that means "not given")
+TEXT_ONLY = {"num_samples": ("--num-samples", 1), "stop": ("--stop", []), "stop_at_eot": ("--no-stop-at-eot", True),
+             "repetition_penalty": ("--repetition-penalty", 1.0), "compile": ("--compile", False)}
+TRANSLATION_ONLY = {"beam_size": ("--beam-size", None), "length_penalty": ("--length-penalty", None),
+                    "batch_size": ("--batch-size", None)}
 
 
 def _top_k(value: str) -> int | None:
@@ -33,11 +52,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--ckpt", required=True, help="run directory (best.pt, else last.pt), checkpoint file, or HF GPT-2 dir")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--prompt", default="", help="prompt text (default: empty, which starts from end-of-text)")
+    src.add_argument("--prompt", default=None, help="prompt text (default: empty, which starts from end-of-text)")
     src.add_argument("--prompt-file", help="read the prompt from this UTF-8 file instead")
+    src.add_argument("--source", action="append", metavar="TEXT",
+                     help="seq2seq checkpoints: a sentence to translate; repeatable, one output line each")
+    src.add_argument("--source-file", help="seq2seq checkpoints: translate each line of this UTF-8 file")
     p.add_argument("--num-samples", type=int, default=1, help="samples, generated as one batch (default: 1)")
-    p.add_argument("--max-new-tokens", type=int, default=500, help="tokens generated per sample at most (default: 500)")
-    p.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0 is greedy (default: 0.8)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="tokens generated per sample at most (default: 500; translation: source length + 50, "
+                   "at most block_size)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="softmax temperature; 0 is greedy (default: 0.8; translation: 0)")
     p.add_argument("--top-k", type=_top_k, default=200,
                    help="keep the k most likely tokens; 'none' keeps all (default: 200)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 is off (default: 1)")
@@ -56,7 +81,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="torch.compile the model's forward (default: off)")
     p.add_argument("--no-stream", dest="stream", action="store_false",
                    help="print everything at the end (default: stream as generated)")
+    t = p.add_argument_group("translation (--source / --source-file, seq2seq checkpoints)")
+    t.add_argument("--beam-size", type=int, default=None, help="beams; 1 is greedy (or sampling) (default: 1)")
+    t.add_argument("--length-penalty", type=float, default=None,
+                   help="GNMT length penalty alpha for beam search; larger favours longer output (default: 0.6)")
+    t.add_argument("--batch-size", type=int, default=None, help="sentences decoded together (default: 64)")
     return p.parse_args(argv)
+
+
+def _given(value, default):
+    """A flag's value, or the mode's default when it was not given (0 is a value, not "not given")."""
+    return default if value is None else value
+
+
+def mode_error(args: argparse.Namespace) -> str | None:
+    """Flags of text sampling given for translation (--source), or the other way round."""
+    translating = bool(args.source or args.source_file)
+    wrong = TEXT_ONLY if translating else TRANSLATION_ONLY
+    given = [flag for dest, (flag, unset) in wrong.items() if getattr(args, dest) != unset]
+    if not given:
+        return None
+    if translating:
+        return f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for text sampling (--prompt), not translation"
+    return f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for translation: give --source or --source-file"
 
 
 class OrderedPrinter:
@@ -87,22 +134,28 @@ def run(args: argparse.Namespace) -> None:
     import torch
 
     from gpt import generate, load_checkpoint
-    from gpt.sampling import ContextWarning, SampleConfig, resolve_device, resolve_dtype
+    from gpt.sampling import ContextWarning, SampleConfig, SamplingError, resolve_device, resolve_dtype
 
+    if args.source or args.source_file:
+        return translate(args)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") >> 1
     cfg = SampleConfig(
-        num_samples=args.num_samples, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+        num_samples=args.num_samples, max_new_tokens=_given(args.max_new_tokens, LM_DEFAULTS["max_new_tokens"]),
+        temperature=_given(args.temperature, LM_DEFAULTS["temperature"]),
         top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty, stop=tuple(args.stop),
         stop_at_eot=args.stop_at_eot, seed=seed,
     )  # validated before anything slow happens
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    prompt = args.prompt
+    prompt = args.prompt or ""
     if args.prompt_file:
         with open(args.prompt_file, encoding="utf-8") as f:
             prompt = f.read()
 
     model, tokenizer, _ = load_checkpoint(args.ckpt, device=device)
+    if model.config.n_encoder_layer:
+        raise SamplingError(f"{args.ckpt} is a seq2seq (encoder-decoder) checkpoint: translate with --source TEXT "
+                            f"or --source-file FILE{', not --prompt' if args.prompt is not None or args.prompt_file else ''}")
     model.to(dtype)
     if args.compile:
         model.hidden = torch.compile(model.hidden, dynamic=True)
@@ -138,16 +191,56 @@ def run(args: argparse.Namespace) -> None:
     )
 
 
+def translate(args: argparse.Namespace) -> None:
+    """--source / --source-file: one translated line per source on stdout, a summary on stderr."""
+    from gpt import load_checkpoint
+    from gpt.pairs import read_lines
+    from gpt.sampling import resolve_device, resolve_dtype
+    from gpt.translate import TranslateConfig, TranslateError, is_seq2seq, translate_lines
+
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") >> 1
+    cfg = TranslateConfig(
+        beam_size=_given(args.beam_size, 1), length_penalty=_given(args.length_penalty, 0.6),
+        temperature=_given(args.temperature, 0.0), top_k=args.top_k, top_p=args.top_p,
+        batch_size=_given(args.batch_size, 64),
+        max_new_tokens=args.max_new_tokens, seed=seed,
+    )  # validated before anything slow happens
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    sources = args.source or read_lines(args.source_file)
+    if not sources:
+        raise TranslateError(f"{args.source_file} is empty: nothing to translate")
+    model, tokenizer, meta = load_checkpoint(args.ckpt, device=device)
+    if not is_seq2seq(meta):
+        raise TranslateError(f"--source needs a seq2seq (encoder-decoder) checkpoint; {args.ckpt} is decoder-only: "
+                             f"continue text with --prompt instead")
+    model.to(dtype)
+    start = time.perf_counter()
+    lines = translate_lines(model, tokenizer, meta, sources, cfg)
+    elapsed = time.perf_counter() - start
+    sys.stdout.write("".join(line + "\n" for line in lines))
+    sys.stdout.flush()
+    print(
+        f"{len(lines)} sentence(s) in {elapsed:.2f} s: {len(lines) / elapsed:.1f} sentences/s; {cfg.describe()}"
+        f"{f'; seed {seed}' if cfg.sampling else ''}; {device}, {str(dtype).replace('torch.', '')}",
+        file=sys.stderr,
+    )
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="replace")  # a terminal that cannot show a character never raises
+    problem = mode_error(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         run(args)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
-    except (ValueError, OSError, RuntimeError) as e:  # CheckpointError and SamplingError are ValueErrors
+    except (ValueError, OSError, RuntimeError) as e:  # Checkpoint-, Sampling-, Translate-, PairsError: ValueErrors
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -1,11 +1,14 @@
-"""Prepare a memory-mapped token dataset from any text: files, directories, or a mix.
+"""Prepare a memory-mapped token dataset from any text: files, directories, or a mix; or translation pairs.
 
     python data/prepare.py corpus/ notes.txt --out data/mine --tokenizer gpt2
     python data/prepare.py corpus/ --out data/mine --tokenizer bpe --vocab-size 8192
     python data/prepare.py input.txt --out data/mine_char --tokenizer char --block-size 256
+    python data/prepare.py --pairs train.de train.en --val-pairs val.de val.en --out data/de-en --tokenizer bpe
 
 Writes train.bin, val.bin and meta.json (plus tokenizer.tiktoken for bpe) into --out; see the README's
-"Prepare data" section and gpt/prepare.py for the format and the policies.
+"Prepare data" section and gpt/prepare.py for the format and the policies. With --pairs (line i of
+SRC translates line i of TGT; no INPUT) it writes a pairs dataset for the seq2seq model instead:
+{train,val}.{bin,idx} and meta.json, see gpt/pairs.py.
 """
 
 import argparse
@@ -15,27 +18,63 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from gpt.data import DataError  # noqa: E402
+from gpt.pairs import DEFAULT_VAL_FRACTION, add_pairs_options, run_cli  # noqa: E402
 from gpt.prepare import TOKENIZERS, prepare  # noqa: E402
 
+DEFAULT_BLOCK_SIZE = 1024
+TEXT_ONLY = {"block_size": "--block-size", "strict_utf8": "--strict-utf8", "workers": "--workers"}
+PAIRS_ONLY = {"val_pairs": "--val-pairs", "max_len": "--max-len", "truncate": "--truncate", "seed": "--seed"}
 
-def main(argv=None) -> int:
+
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("inputs", nargs="+", metavar="INPUT", help="text files and directories (all text files below them)")
+    p.add_argument("inputs", nargs="*", metavar="INPUT", help="text files and directories (all text files below them)")
+    p.add_argument("--pairs", nargs=2, metavar=("SRC", "TGT"),
+                   help="instead of INPUTs: parallel files for a seq2seq pairs dataset (line i of SRC translates line i of TGT)")
     p.add_argument("--out", required=True, help="dataset directory to create, e.g. data/NAME")
     p.add_argument("--tokenizer", choices=TOKENIZERS, default="gpt2", help="default: %(default)s")
     p.add_argument("--vocab-size", type=int, default=None, help="bpe only: ids including end-of-text (default 8192)")
-    p.add_argument("--val-fraction", type=float, default=0.1, help="share of the corpus for val (default: %(default)s)")
-    p.add_argument("--block-size", type=int, default=1024, help="each split must hold one window of this + 1 tokens (default: %(default)s)")
+    p.add_argument("--val-fraction", type=float, default=None,
+                   help=f"share of the corpus for val (default: 0.1; with --pairs and no --val-pairs: {DEFAULT_VAL_FRACTION})")
     p.add_argument("--tokenizer-file", default=None, help="gpt2 only: local GPT-2 .tiktoken ranks file (else $GPT2_TIKTOKEN_FILE or tiktoken's download)")
-    p.add_argument("--strict-utf8", action="store_true", help="stop at bytes that are not UTF-8 instead of replacing them by U+FFFD")
-    p.add_argument("--workers", type=int, default=None, help="encoding threads (default: all cores)")
     p.add_argument("--force", action="store_true", help="replace a dataset already in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    args = p.parse_args(argv)
+    text = p.add_argument_group("text datasets (INPUT ...)")
+    text.add_argument("--block-size", type=int, default=None, help=f"each split must hold one window of this + 1 tokens (default: {DEFAULT_BLOCK_SIZE})")
+    text.add_argument("--strict-utf8", action="store_true", help="stop at bytes that are not UTF-8 instead of replacing them by U+FFFD")
+    text.add_argument("--workers", type=int, default=None, help="encoding threads (default: all cores)")
+    add_pairs_options(p.add_argument_group("pairs datasets (--pairs SRC TGT)"))
+    return p.parse_args(argv)
+
+
+def mode_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the mix of INPUTs, --pairs and the options of each, if anything."""
+    if args.pairs and args.inputs:
+        return f"give INPUT files or --pairs SRC TGT, not both (got INPUT {' '.join(args.inputs)})"
+    if not args.pairs and not args.inputs:
+        return "nothing to prepare: give INPUT files and directories, or --pairs SRC TGT for translation pairs"
+    wrong = TEXT_ONLY if args.pairs else PAIRS_ONLY
+    given = [flag for key, flag in wrong.items() if getattr(args, key) is not None and getattr(args, key) is not False]
+    if given:
+        return f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for " + (
+            "INPUT text datasets, not --pairs" if args.pairs else "--pairs datasets, not INPUT text")
+    return None
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    problem = mode_error(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    if args.pairs:
+        return run_cli(args)
     try:
         summary = prepare(
-            args.inputs, args.out, args.tokenizer, vocab_size=args.vocab_size, val_fraction=args.val_fraction,
-            block_size=args.block_size, tokenizer_file=args.tokenizer_file, strict_utf8=args.strict_utf8,
+            args.inputs, args.out, args.tokenizer, vocab_size=args.vocab_size,
+            val_fraction=0.1 if args.val_fraction is None else args.val_fraction,
+            block_size=DEFAULT_BLOCK_SIZE if args.block_size is None else args.block_size,
+            tokenizer_file=args.tokenizer_file, strict_utf8=args.strict_utf8,
             workers=args.workers, force=args.force, progress=False if args.quiet else None,
         )
     except DataError as e:

@@ -6,6 +6,7 @@
 
 Prints one line: BLEU, sentences, seconds, sentences/s (decoding only, model loading excluded),
 and sacrebleu's signature; `--output F` also writes the translations, one per source line.
+Mistakes print one `error: ...` line and exit 2.
 
 The checkpoint must describe a seq2seq model: `meta["model_config"]` with `n_encoder_layer > 0`,
 `meta["tokenizer"]` (the dataset's spec) and `meta["seq2seq"] = {"bos": .., "eos": .., "pad": ..}`,
@@ -24,26 +25,11 @@ from typing import Sequence
 import torch
 
 from gpt.pairs import PairsError, read_lines
-from gpt.translate import translate
+from gpt.translate import check_vocab, one_line, seq2seq_ids, translate  # noqa: F401 (seq2seq_ids re-exported)
 
 
 class EvaluateError(ValueError):
     """A checkpoint or input files that cannot be evaluated."""
-
-
-def seq2seq_ids(meta: dict) -> tuple[int, int]:
-    """The (bos, eos) ids of a seq2seq checkpoint's meta."""
-    if meta.get("model_config", {}).get("n_encoder_layer", 0) == 0:
-        raise EvaluateError(
-            "this checkpoint is a decoder-only model (n_encoder_layer=0): BLEU evaluation needs an "
-            "encoder-decoder model trained on a pairs dataset"
-        )
-    if "seq2seq" not in meta:
-        raise EvaluateError(
-            'checkpoint meta has no "seq2seq" entry with the start/end token ids: the trainer must save '
-            "meta['seq2seq'] = dataset.seq2seq_meta()"
-        )
-    return meta["seq2seq"]["bos"], meta["seq2seq"]["eos"]
 
 
 def corpus_bleu(hypotheses: list[str], references: list[str]):
@@ -111,18 +97,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             sources, references = sources[: args.limit], references[: args.limit]
         model, tok, meta = load_checkpoint(args.ckpt, device=args.device)
         bos, eos = seq2seq_ids(meta)
-        if tok.vocab_size > model.config.vocab_size:
-            raise EvaluateError(
-                f"the checkpoint's tokenizer has {tok.vocab_size} ids but the model only "
-                f"{model.config.vocab_size}: meta['tokenizer'] is not the one it was trained with"
-            )
+        check_vocab(tok, model)
         result = evaluate(model, tok, sources, references, bos, eos, args.beam_size, args.length_penalty,
                           args.batch_size, args.max_new_tokens)
     except (EvaluateError, PairsError, CheckpointError, ValueError) as e:  # e.g. a char outside the vocabulary
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     if args.output:
-        Path(args.output).write_text("".join(h + "\n" for h in result["hypotheses"]), encoding="utf-8")
+        Path(args.output).write_text("".join(one_line(h) + "\n" for h in result["hypotheses"]), encoding="utf-8")
     print(
         f"BLEU {result['bleu']:.2f} | beam {args.beam_size} | {result['sentences']} sentences in "
         f"{result['seconds']:.1f} s = {result['sentences_per_s']:.1f} sentences/s | {result['bleu_text']} | "

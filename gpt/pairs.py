@@ -1,6 +1,7 @@
 """Parallel text for the seq2seq model: prepare sentence pairs, open them, batch them by length.
 
-    python -m gpt.pairs --pairs train.de train.en --val-pairs val.de val.en --out data/multi30k/de-en
+    python data/prepare.py --pairs train.de train.en --val-pairs val.de val.en --out data/NAME --tokenizer bpe
+    python data/multi30k/prepare.py                  # the Multi30k recipe: de -> en, bpe 8192
 
     from gpt.pairs import open_pairs, PairBatches
     ds = open_pairs("data/multi30k/de-en")
@@ -21,12 +22,19 @@ On disk, `data/NAME/`:
 
 | file            | contents                                                                   |
 |-----------------|----------------------------------------------------------------------------|
-| `meta.json`     | `"kind": "pairs"`, tokenizer spec (self-contained: `get_tokenizer(spec)`),  |
-|                 | `bos` / `eos` / `pad` ids, `dtype`, `max_len`, per-split counts            |
+| `meta.json`     | `"kind": "pairs"`, tokenizer spec, `bos` / `eos` / `pad` ids, `dtype`,     |
+|                 | `max_len`, per-split counts                                                 |
+| `tokenizer.tiktoken` | bpe only: the trained ranks (tiktoken's format), checksummed in meta   |
 | `{split}.bin`   | token ids (uint16, or uint32 when the vocabulary needs it), for each pair   |
 |                 | its source tokens then its target tokens, no special tokens                 |
 | `{split}.idx`   | int64 offsets into `.bin`, 2N+1 of them: pair i's source is                |
 |                 | `bin[idx[2i]:idx[2i+1]]`, its target `bin[idx[2i+1]:idx[2i+2]]`             |
+
+One tokenizer serves both sides: `gpt2`, `char` (the characters of all the text) or `bpe`, a
+byte-level BPE trained on both sides of the training pairs (`--vocab-size`, default 8192). As in
+the LM datasets (gpt/prepare.py), a bpe's ranks live in `tokenizer.tiktoken` and meta.json names
+the file and its sha256; `open_pairs(path).tokenizer_spec` reads them back inline, a self-contained
+spec a checkpoint can store to rebuild the tokenizer without the dataset directory.
 
 Special tokens: the tokenizer's end-of-text id serves as end token (`eos`), start token (`bos`)
 and padding id (`pad`) alike. That is unambiguous: the start token is always at position 0 of
@@ -51,6 +59,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from gpt.data import file_sha256
+from gpt.prepare import DEFAULT_BPE_VOCAB, RANKS_FILE
 from gpt.tokenizer import CharTokenizer, Tokenizer, get_tokenizer, gpt2_tokenizer
 
 PAIRS_FORMAT = 1
@@ -65,24 +75,34 @@ class PairsError(ValueError):
 
 
 def make_tokenizer(kind: str, texts: Sequence[str], vocab_size: int | None = None, tokenizer_file: str | None = None):
-    """The tokenizer for both sides: `gpt2`, `char` (over `texts`) or `bpe` (trained on `texts`)."""
+    """The tokenizer for both sides: `gpt2`, `char` (over `texts`) or `bpe` (trained on `texts`,
+    `vocab_size` ids including end-of-text, default 8192; fewer if `texts` has fewer pairs to merge)."""
+    if kind not in TOKENIZERS:
+        raise PairsError(f"unknown tokenizer {kind!r}; expected one of {', '.join(TOKENIZERS)}")
+    if vocab_size is not None and kind != "bpe":
+        raise PairsError(f"--vocab-size is for --tokenizer bpe (the {kind} vocabulary is fixed by the tokenizer)")
+    if tokenizer_file is not None and kind != "gpt2":
+        raise PairsError(f"--tokenizer-file is GPT-2's ranks file, for --tokenizer gpt2 only (got --tokenizer {kind})")
     if kind == "gpt2":
         return gpt2_tokenizer(tokenizer_file)
     if kind == "char":
         return CharTokenizer.from_text("".join(texts))
-    if kind == "bpe":
-        raise PairsError(
-            "--tokenizer bpe is not available in this build yet (BPE training lands with the data layer); "
-            "use --tokenizer gpt2 or --tokenizer char"
-        )
-    raise PairsError(f"unknown tokenizer {kind!r}; expected one of {', '.join(TOKENIZERS)}")
+    from gpt.bpe import train_bpe
+
+    try:
+        return train_bpe(texts, vocab_size or DEFAULT_BPE_VOCAB)
+    except ValueError as e:  # a vocabulary too small for byte-level BPE
+        raise PairsError(str(e)) from None
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise PairsError(f"no such file: {path}")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise PairsError(f"{path} is not UTF-8 text (byte {e.start}: {e.reason}): convert it to UTF-8 first") from None
     if text.endswith("\n"):
         text = text[:-1]
     return [line.strip() for line in text.split("\n")] if text else []
@@ -141,7 +161,7 @@ def prepare_pairs(
     tgt_file: str | os.PathLike,
     out_dir: str | os.PathLike,
     tokenizer: str = "gpt2",
-    val_pairs: tuple[str, str] | None = None,
+    val_pairs: Sequence[str | os.PathLike] | None = None,
     val_fraction: float = 0.01,
     max_len: int = 256,
     truncate: bool = False,
@@ -155,6 +175,7 @@ def prepare_pairs(
     The validation split is `val_pairs` (two files) if given, else a random `val_fraction` of the
     lines (drawn with `seed`). One tokenizer serves both sides; `char` and `bpe` are built from
     the training text of both sides (char also from the validation text, so it can encode it).
+    Raises PairsError for every user mistake; nothing is left behind then.
     """
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not force:
@@ -175,10 +196,14 @@ def prepare_pairs(
         src, tgt = [s for s, h in zip(src, held_out) if not h], [t for t, h in zip(tgt, held_out) if not h]
 
     texts = src + tgt + (val[0] + val[1] if tokenizer == "char" else [])
-    tok = make_tokenizer(tokenizer, texts, vocab_size=vocab_size, tokenizer_file=tokenizer_file)
+    try:
+        tok = make_tokenizer(tokenizer, texts, vocab_size=vocab_size, tokenizer_file=tokenizer_file)
+    except (FileNotFoundError, RuntimeError) as e:  # GPT-2's ranks: no file, no network
+        raise PairsError(str(e)) from None
     dtype = np.uint16 if tok.vocab_size <= 2**16 else np.uint32
+    spec = tok.spec
     meta = {
-        "kind": "pairs", "format": PAIRS_FORMAT, "tokenizer": tok.spec, "vocab_size": tok.vocab_size,
+        "kind": "pairs", "format": PAIRS_FORMAT, "tokenizer": spec, "vocab_size": tok.vocab_size,
         "bos": tok.eot_token, "eos": tok.eot_token, "pad": tok.eot_token,
         "dtype": np.dtype(dtype).name, "max_len": max_len, "truncate": truncate,
         "source": {"train": [str(src_file), str(tgt_file)], "val": [str(p) for p in val_pairs] if val_pairs else None},
@@ -189,6 +214,9 @@ def prepare_pairs(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
+        if spec["kind"] == "bpe":  # the ranks go in their own file, in tiktoken's format, as in LM datasets
+            (tmp / RANKS_FILE).write_text(spec.pop("ranks"), encoding="ascii")
+            spec.update(ranks_file=RANKS_FILE, ranks_sha256=file_sha256(tmp / RANKS_FILE))
         for split, (s, t) in (("train", (src, tgt)), ("val", val)):
             pairs, stats = encode_pairs(tok, s, t, max_len, truncate)
             if not pairs:
@@ -248,6 +276,7 @@ class PairDataset:
         self.bos, self.eos, self.pad = self.meta["bos"], self.meta["eos"], self.meta["pad"]
         self.vocab_size = self.meta["vocab_size"]
         self._splits: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._spec: dict | None = None
 
     @property
     def splits(self) -> list[str]:
@@ -280,8 +309,26 @@ class PairDataset:
         tokens, off = self._split(split)
         return tokens[off[2 * i] : off[2 * i + 1]], tokens[off[2 * i + 1] : off[2 * i + 2]]
 
+    @property
+    def tokenizer_spec(self) -> dict:
+        """A self-contained spec for gpt.tokenizer.get_tokenizer (a bpe's ranks are read in inline,
+        checked against meta.json's sha256), so a checkpoint that stores it can rebuild the
+        tokenizer without the dataset directory."""
+        if self._spec is None:
+            spec = dict(self.meta["tokenizer"])
+            if spec["kind"] == "bpe" and "ranks" not in spec:
+                ranks_file = self.path / spec.pop("ranks_file")
+                if not ranks_file.is_file():
+                    raise PairsError(f"{ranks_file} is missing: prepare {self.path} again with --force")
+                if file_sha256(ranks_file) != spec.pop("ranks_sha256"):
+                    raise PairsError(f"{ranks_file} does not match its checksum in meta.json: prepare "
+                                     f"{self.path} again with --force")
+                spec["ranks"] = ranks_file.read_text(encoding="ascii")
+            self._spec = spec
+        return dict(self._spec)
+
     def tokenizer(self) -> Tokenizer:
-        return get_tokenizer(self.meta["tokenizer"])
+        return get_tokenizer(self.tokenizer_spec)
 
     def seq2seq_meta(self) -> dict:
         """What a checkpoint must carry (as meta["seq2seq"]) to translate: the special ids."""
@@ -404,45 +451,69 @@ class PairBatches:
 
 # ---- command line ---------------------------------------------------------------------------------
 
+DEFAULT_MAX_LEN = 256
+DEFAULT_VAL_FRACTION = 0.01
 
-def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    p = parser or argparse.ArgumentParser(
+
+def add_pairs_options(p) -> None:
+    """The options only a pairs dataset has (shared by `python -m gpt.pairs` and `data/prepare.py`).
+
+    Defaults are None here so a caller can tell which were given; `run` fills them in.
+    """
+    p.add_argument("--val-pairs", nargs=2, metavar=("SRC", "TGT"),
+                   help="validation files (default: hold out --val-fraction of the --pairs lines)")
+    p.add_argument("--max-len", type=int, default=None,
+                   help=f"most tokens per side, the end/start token included (default: {DEFAULT_MAX_LEN})")
+    p.add_argument("--truncate", action="store_true", help="cut over-long pairs instead of skipping them")
+    p.add_argument("--seed", type=int, default=None, help="seed of the held-out validation lines (default: 0)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
         prog="python -m gpt.pairs",
-        description="Tokenize parallel text (line i of SRC translates line i of TGT) into a pairs dataset.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Tokenize parallel text (line i of SRC translates line i of TGT) into a pairs dataset "
+                    "(the same as `python data/prepare.py --pairs SRC TGT ...`).",
     )
     p.add_argument("--pairs", nargs=2, metavar=("SRC", "TGT"), required=True, help="training source and target files")
     p.add_argument("--out", required=True, help="output directory, e.g. data/NAME")
-    p.add_argument("--val-pairs", nargs=2, metavar=("SRC", "TGT"), help="validation files (else --val-fraction)")
-    p.add_argument("--val-fraction", type=float, default=0.01, help="share of --pairs held out without --val-pairs")
-    p.add_argument("--tokenizer", choices=TOKENIZERS, default="gpt2", help="one tokenizer for both sides")
-    p.add_argument("--vocab-size", type=int, help="vocabulary size of a trained bpe tokenizer")
-    p.add_argument("--tokenizer-file", help="GPT-2 .tiktoken ranks file for offline use (or $GPT2_TIKTOKEN_FILE)")
-    p.add_argument("--max-len", type=int, default=256, help="most tokens per side, the end/start token included")
-    p.add_argument("--truncate", action="store_true", help="truncate over-long pairs instead of skipping them")
-    p.add_argument("--seed", type=int, default=0, help="seed of the held-out validation lines")
+    p.add_argument("--tokenizer", choices=TOKENIZERS, default="gpt2", help="one tokenizer for both sides (default: gpt2)")
+    p.add_argument("--vocab-size", type=int, help=f"bpe only: ids including end-of-text (default: {DEFAULT_BPE_VOCAB})")
+    p.add_argument("--tokenizer-file", help="gpt2 only: local GPT-2 .tiktoken ranks file (else $GPT2_TIKTOKEN_FILE)")
+    p.add_argument("--val-fraction", type=float, default=None,
+                   help=f"share of the --pairs lines held out without --val-pairs (default: {DEFAULT_VAL_FRACTION})")
     p.add_argument("--force", action="store_true", help="replace an existing --out directory")
+    add_pairs_options(p)
     return p
 
 
 def run(args: argparse.Namespace) -> dict:
+    """Prepare the dataset the parsed arguments describe (either CLI's), print its summary."""
     meta = prepare_pairs(
         args.pairs[0], args.pairs[1], args.out, tokenizer=args.tokenizer, val_pairs=args.val_pairs,
-        val_fraction=args.val_fraction, max_len=args.max_len, truncate=args.truncate, vocab_size=args.vocab_size,
-        tokenizer_file=args.tokenizer_file, seed=args.seed, force=args.force,
+        val_fraction=DEFAULT_VAL_FRACTION if args.val_fraction is None else args.val_fraction,
+        max_len=DEFAULT_MAX_LEN if args.max_len is None else args.max_len, truncate=args.truncate,
+        vocab_size=args.vocab_size, tokenizer_file=args.tokenizer_file, seed=args.seed or 0, force=args.force,
     )
     print(summary(meta, args.out))
     return meta
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry (`python -m gpt.pairs`, `data/prepare.py --pairs`): one clear line on bad input."""
+    """CLI entry (`python -m gpt.pairs`): one `error: ...` line and exit status 2 on bad input."""
     args = build_parser().parse_args(argv)
+    return run_cli(args)
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """`run` with the CLI's error handling (also used by `data/prepare.py --pairs`)."""
     try:
         run(args)
-    except (PairsError, FileNotFoundError, RuntimeError, ValueError) as e:
+    except PairsError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
+    except KeyboardInterrupt:
+        print(f"error: interrupted; {args.out} was left as it was", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -1,7 +1,12 @@
 """Seq2seq decoding: greedy, sampling and beam search, batched over sentences.
 
+    python sample.py --ckpt out/multi30k --source "Ein Mann fährt Fahrrad." --beam-size 4
+
     from gpt.translate import translate
     hyps = translate(model, tok, ["Ein Mann fährt Fahrrad."], bos=eos, eos=eos, beam_size=4)
+
+    model, tok, meta = load_checkpoint("out/multi30k")          # what sample.py --source does
+    lines = translate_lines(model, tok, meta, sources, TranslateConfig(beam_size=4))
 
 The source is encoded once; each decoder layer's cross-attention keys and values are computed once
 per source (`Attention.project_kv`), and self-attention keys and values are cached (`KVCache`),
@@ -18,33 +23,117 @@ token). A sentence is done once it holds K finished hypotheses none worse than i
 at the current length (Hugging Face's default stopping rule); at the length limit the live ones
 count as finished.
 
-Note: `sample_next` is a local copy of the sampling engineer's logits -> token step (gpt/sampling.py);
-merge onto that one when both land.
+Greedy and sampled decoding pick each token with `gpt.sampling.next_token`, the same logits -> token
+step as text generation: argmax at temperature 0 (the generator is never touched), else a draw
+restricted by top-k, then top-p, with an explicit `torch.Generator`; ids at or above the
+tokenizer's vocab_size (a padded embedding's extra rows) are never chosen.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import warnings
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from gpt.model import GPT, KVCache
+from gpt.sampling import next_token
 
 
-def sample_next(
-    logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None, generator: torch.Generator | None = None
-) -> torch.Tensor:
-    """Next token ids (B,) from logits (B, V): argmax at temperature 0, else a top-k sample."""
-    if temperature == 0.0:
-        return logits.argmax(-1)
-    logits = logits.float() / temperature
-    if top_k is not None and top_k < logits.size(-1):
-        kth = logits.topk(top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = F.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+class TranslateError(ValueError):
+    """Settings or a checkpoint that cannot translate (the message names the flag or what is missing)."""
+
+
+@dataclass
+class TranslateConfig:
+    """Decoding settings of `sample.py --source` (flags are the field names with dashes).
+
+    beam_size 1 decodes greedily at temperature 0 (the default) or samples at temperature > 0
+    (top-k, then top-p, from `seed`); beam_size > 1 is beam search, deterministic, with GNMT's
+    length penalty alpha. max_new_tokens None: the longest source in a batch + 50, at most
+    block_size.
+    """
+
+    beam_size: int = 1
+    length_penalty: float = 0.6
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float = 1.0
+    batch_size: int = 64
+    max_new_tokens: int | None = None
+    seed: int | None = None  # None: a fresh random seed (only drawn when sampling)
+
+    def __post_init__(self):
+        problems = []
+
+        def is_int(v):
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        if not is_int(self.beam_size) or self.beam_size < 1:
+            problems.append(f"--beam-size must be an integer >= 1 (1 is greedy), got {self.beam_size!r}")
+        if not isinstance(self.length_penalty, (int, float)) or not math.isfinite(self.length_penalty):
+            problems.append(f"--length-penalty must be a finite number (0 ranks by total log-probability), "
+                            f"got {self.length_penalty!r}")
+        if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
+            problems.append(f"--temperature must be >= 0 (0 is greedy), got {self.temperature!r}")
+        elif self.temperature > 0 and is_int(self.beam_size) and self.beam_size > 1:
+            problems.append(f"--beam-size {self.beam_size} searches deterministically: leave --temperature at 0 "
+                            f"(got {self.temperature!r}), or sample with --beam-size 1")
+        if self.top_k is not None and (not is_int(self.top_k) or self.top_k < 1):
+            problems.append(f"--top-k must be an integer >= 1 (or none to disable), got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            problems.append(f"--top-p must be in (0, 1] (1 disables it), got {self.top_p!r}")
+        if not is_int(self.batch_size) or self.batch_size < 1:
+            problems.append(f"--batch-size must be an integer >= 1, got {self.batch_size!r}")
+        if self.max_new_tokens is not None and (not is_int(self.max_new_tokens) or self.max_new_tokens < 1):
+            problems.append(f"--max-new-tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if self.seed is not None and not is_int(self.seed):
+            problems.append(f"--seed must be an integer, got {self.seed!r}")
+        if problems:
+            raise TranslateError("invalid translation settings: " + "; ".join(problems))
+
+    @property
+    def sampling(self) -> bool:
+        return self.beam_size == 1 and self.temperature > 0
+
+    def describe(self) -> str:
+        if self.beam_size > 1:
+            return f"beam {self.beam_size}, length penalty {self.length_penalty:g}"
+        if self.sampling:
+            return f"sampling at temperature {self.temperature:g}, top-k {self.top_k}, top-p {self.top_p:g}"
+        return "greedy"
+
+
+def is_seq2seq(meta: dict) -> bool:
+    """Whether a checkpoint's meta describes an encoder-decoder model."""
+    return meta.get("model_config", {}).get("n_encoder_layer", 0) > 0
+
+
+def seq2seq_ids(meta: dict) -> tuple[int, int]:
+    """The (bos, eos) ids of a seq2seq checkpoint's meta."""
+    if not is_seq2seq(meta):
+        raise TranslateError(
+            "this checkpoint is a decoder-only model (n_encoder_layer=0): translation and BLEU evaluation "
+            "need an encoder-decoder model trained on a pairs dataset"
+        )
+    if "seq2seq" not in meta:
+        raise TranslateError(
+            'checkpoint meta has no "seq2seq" entry with the start/end token ids: the trainer must save '
+            "meta['seq2seq'] = dataset.seq2seq_meta()"
+        )
+    return meta["seq2seq"]["bos"], meta["seq2seq"]["eos"]
+
+
+def check_vocab(tok, model: GPT) -> None:
+    """The tokenizer's ids must all have embedding rows (the model's may be padded up)."""
+    if tok.vocab_size > model.config.vocab_size:
+        raise TranslateError(
+            f"the checkpoint's tokenizer has {tok.vocab_size} ids but the model only "
+            f"{model.config.vocab_size}: meta['tokenizer'] is not the one it was trained with"
+        )
 
 
 def length_penalty(n: int, alpha: float) -> float:
@@ -86,8 +175,10 @@ def generate(
     generator: torch.Generator | None = None,
     vocab_size: int | None = None,
     use_cache: bool = True,
+    top_p: float = 1.0,
 ) -> list[list[int]]:
-    """Greedy (temperature 0) or sampled translations of a padded source batch, as token ids.
+    """Greedy (temperature 0) or sampled (top-k, then top-p) translations of a padded source batch,
+    as token ids.
 
     `vocab_size` limits the choice to the tokenizer's ids (the model's may be padded up).
     `use_cache=False` recomputes the whole prefix every step (the reference the cache must equal).
@@ -102,8 +193,10 @@ def generate(
             h = model.decode(kv, mask, tokens[:, -1:], caches=caches)
         else:
             h = model.decode(memory, mask, tokens)
-        logits = model.lm_head(h[:, -1])[:, :vocab_size]  # (B, V)
-        nxt = sample_next(logits, temperature, top_k, generator).masked_fill(done, eos)
+        logits = model.lm_head(h[:, -1])  # (B, V)
+        nxt = next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p, vocab_size=vocab_size,
+                         generator=generator)
+        nxt = nxt.masked_fill(done, eos)
         tokens = torch.cat([tokens, nxt[:, None]], 1)
         done |= nxt == eos
         if done.all():
@@ -207,6 +300,7 @@ def translate(
     batch_size: int = 64,
     max_new_tokens: int | None = None,
     generator: torch.Generator | None = None,
+    top_p: float = 1.0,
 ) -> list[str]:
     """Translate `texts` (one output per input, same order), in batches of similar length.
 
@@ -226,9 +320,40 @@ def translate(
             if beam_size > 1:
                 ids = beam_search(model, src, mask, bos, eos, beam_size, alpha, max_new_tokens, tok.vocab_size)
             else:
-                ids = generate(model, src, mask, bos, eos, max_new_tokens, temperature, top_k, generator, tok.vocab_size)
+                ids = generate(model, src, mask, bos, eos, max_new_tokens, temperature, top_k, generator,
+                               tok.vocab_size, top_p=top_p)
             for i, hyp in zip(batch, ids):
                 out[i] = tok.decode(hyp)
     finally:
         model.train(was_training)
     return out
+
+
+def one_line(text: str) -> str:
+    """A translation as a single line: line breaks inside it (any str.splitlines boundary) become spaces."""
+    return " ".join(text.splitlines()) if text else text
+
+
+def translate_lines(model: GPT, tok, meta: dict, texts: list[str], config: TranslateConfig | None = None) -> list[str]:
+    """Translate `texts` with a checkpoint's (model, tokenizer, meta): one single-line output per input.
+
+    Checks the checkpoint (`seq2seq_ids`, `check_vocab`) and that `max_new_tokens` fits the model.
+    When sampling, the randomness comes from `config.seed` (set it to reproduce a run).
+    """
+    cfg = config or TranslateConfig()
+    bos, eos = seq2seq_ids(meta)
+    check_vocab(tok, model)
+    limit = model.config.block_size
+    if cfg.max_new_tokens is not None and cfg.max_new_tokens > limit:
+        raise TranslateError(f"--max-new-tokens {cfg.max_new_tokens} is more than the model's block_size={limit}: "
+                             f"the decoder has no positions beyond it")
+    generator = None
+    if cfg.sampling:
+        seed = cfg.seed if cfg.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+        generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    out = translate(
+        model, tok, texts, bos, eos, beam_size=cfg.beam_size, alpha=cfg.length_penalty,
+        temperature=cfg.temperature if cfg.beam_size == 1 else 0.0, top_k=cfg.top_k, top_p=cfg.top_p,
+        batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens, generator=generator,
+    )
+    return [one_line(t) for t in out]

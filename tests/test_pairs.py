@@ -1,6 +1,7 @@
 """Pairs datasets: preparing (format, filtering, errors), opening, and the length-bucketed batcher."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -76,6 +77,51 @@ def test_gpt2_tokenizer_and_held_out_validation(tmp_path):
     assert (tmp_path / "ds" / "val.bin").read_bytes() == (tmp_path / "ds2" / "val.bin").read_bytes()
 
 
+BPE_SRC = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch.",
+           "Kinder spielen Fußball auf der Straße.", "Ein Hund läuft über die Wiese.", "Ünïcødé: 東京 🚲"]
+BPE_TGT = ["A man rides a bike.", "Two dogs play in the snow.", "A woman reads a book.",
+           "Children play soccer in the street.", "A dog runs across the meadow.", "Unicode: Tokyo 🚲"]
+
+
+def test_bpe_round_trip_and_self_contained_spec(tmp_path):
+    src, tgt = write(tmp_path, "train.de", BPE_SRC * 20), write(tmp_path, "train.en", BPE_TGT * 20)
+    vsrc, vtgt = write(tmp_path, "val.de", BPE_SRC[:2]), write(tmp_path, "val.en", BPE_TGT[:2])
+    out = tmp_path / "ds"
+    meta = prepare_pairs(src, tgt, out, tokenizer="bpe", vocab_size=1000, val_pairs=(vsrc, vtgt))
+    spec_on_disk = meta["tokenizer"]
+    assert spec_on_disk["kind"] == "bpe" and spec_on_disk["ranks_file"] == "tokenizer.tiktoken"
+    assert "ranks" not in spec_on_disk and (out / "tokenizer.tiktoken").is_file()
+    ds = open_pairs(out)
+    tok = ds.tokenizer()
+    assert 257 < tok.vocab_size < 1000 and meta["vocab_size"] == tok.vocab_size  # all merges of a tiny corpus
+    assert meta["bos"] == meta["eos"] == meta["pad"] == tok.eot_token == tok.vocab_size - 1
+    # trained on both sides: words of each language are single tokens
+    assert [len(tok.encode(w)) for w in (" Hunde", " dogs", " Fahrrad", " bike")] == [1, 1, 1, 1]
+    decoded = [(tok.decode(s), tok.decode(t)) for s, t in (ds.pair("train", i) for i in range(ds.num_pairs("train")))]
+    assert decoded == list(zip(BPE_SRC * 20, BPE_TGT * 20))
+    assert [tok.decode(x) for x in ds.pair("val", 1)] == [BPE_SRC[1], BPE_TGT[1]]
+
+    spec = ds.tokenizer_spec  # self-contained: rebuilds the same tokenizer with the dataset gone
+    assert "ranks" in spec and "ranks_file" not in spec and json.loads(json.dumps(spec)) == spec
+    shutil.rmtree(out)
+    again = get_tokenizer(spec)
+    texts = BPE_SRC + BPE_TGT + ["unseen words, Zeichen ß and 🚲🚲"]
+    assert [again.encode(t) for t in texts] == [tok.encode(t) for t in texts]
+    assert again.vocab_size == tok.vocab_size and again.spec == tok.spec
+
+
+def test_bpe_ranks_file_is_checked(tmp_path):
+    src, tgt = write(tmp_path, "s.de", BPE_SRC), write(tmp_path, "t.en", BPE_TGT)
+    prepare_pairs(src, tgt, tmp_path / "ds", tokenizer="bpe", vocab_size=280, val_pairs=(src, tgt))
+    ranks = tmp_path / "ds" / "tokenizer.tiktoken"
+    ranks.write_text(ranks.read_text().replace(" 256\n", " 999\n"), encoding="ascii")
+    with pytest.raises(PairsError, match="tokenizer.tiktoken does not match its checksum"):
+        open_pairs(tmp_path / "ds").tokenizer()
+    ranks.unlink()
+    with pytest.raises(PairsError, match="tokenizer.tiktoken is missing"):
+        open_pairs(tmp_path / "ds").tokenizer_spec
+
+
 def test_large_vocabulary_uses_uint32(tmp_path, monkeypatch):
     import gpt.pairs
 
@@ -102,8 +148,10 @@ def test_bad_inputs_are_clear_errors(toy, tmp_path):
         prepare_pairs(empty, empty, tmp_path / "b", tokenizer="char", val_pairs=toy)
     with pytest.raises(PairsError, match="no such file"):
         prepare_pairs(tmp_path / "missing", toy[1], tmp_path / "c", tokenizer="char", val_pairs=toy)
-    with pytest.raises(PairsError, match="--tokenizer gpt2 or --tokenizer char"):
-        prepare_pairs(*toy, tmp_path / "d", tokenizer="bpe", val_pairs=toy)
+    with pytest.raises(PairsError, match="--vocab-size 100 is too small"):
+        prepare_pairs(*toy, tmp_path / "d", tokenizer="bpe", vocab_size=100, val_pairs=toy)
+    with pytest.raises(PairsError, match="--vocab-size is for --tokenizer bpe"):
+        prepare_pairs(*toy, tmp_path / "e", tokenizer="char", vocab_size=300, val_pairs=toy)
     assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # failures leave no directories behind
 
 
@@ -204,21 +252,84 @@ def test_cli_main(toy, tmp_path, capsys):
     assert main(["--pairs", *map(str, toy), "--out", str(out), "--tokenizer", "char", "--val-pairs", *map(str, toy),
                  "--max-len", "30"]) == 0
     assert "train: 3 pairs of 6 lines" in capsys.readouterr().out
-    assert main(["--pairs", str(toy[0]), str(tmp_path / "nope"), "--out", str(tmp_path / "x")]) == 1
+    assert main(["--pairs", str(toy[0]), str(tmp_path / "nope"), "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: no such file") and err.count("\n") == 1
 
 
-def test_multi30k_recipe(tmp_path):
+def prepare_cli(*args):
+    """`python data/prepare.py ...` in its own process, as a user runs it."""
+    return subprocess.run([sys.executable, str(ROOT / "data" / "prepare.py"), *map(str, args)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_data_prepare_pairs_cli(tmp_path):
+    src, tgt = write(tmp_path, "train.de", BPE_SRC * 5), write(tmp_path, "train.en", BPE_TGT * 5)
+    vsrc, vtgt = write(tmp_path, "val.de", BPE_SRC[:3]), write(tmp_path, "val.en", BPE_TGT[:3])
+    out = tmp_path / "data" / "de-en"
+    r = prepare_cli("--pairs", src, tgt, "--val-pairs", vsrc, vtgt, "--out", out, "--tokenizer", "bpe",
+                    "--vocab-size", 400, "--max-len", 64)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"wrote {out} (bpe tokenizer, vocab ") and "train: 30 pairs of 30 lines" in r.stdout
+    ds = open_pairs(out)
+    assert ds.meta["max_len"] == 64 and ds.meta["source"]["val"] == [str(vsrc), str(vtgt)]
+    tok = ds.tokenizer()
+    assert [[tok.decode(x) for x in ds.pair("val", i)] for i in range(3)] == [list(p) for p in zip(BPE_SRC[:3], BPE_TGT[:3])]
+
+    r = prepare_cli("--pairs", src, tgt, "--out", out, "--tokenizer", "char")  # the dataset is there now
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == f"error: {out} already exists: choose another --out or pass --force to replace it\n"
+    r = prepare_cli("--pairs", src, tgt, "--out", out, "--tokenizer", "char", "--force", "--val-fraction", "0.2")
+    assert r.returncode == 0, r.stderr
+    assert open_pairs(out).meta["splits"]["val"]["pairs"] == 6  # 20% of 30 lines held out
+
+
+def test_data_prepare_pairs_cli_errors_are_one_line(toy, tmp_path):
+    short = write(tmp_path, "short.en", TGT[:4])
+    r = prepare_cli("--pairs", toy[0], short, "--out", tmp_path / "a")
+    assert (r.returncode, r.stdout) == (2, "") and "Traceback" not in r.stderr
+    assert r.stderr == (f"error: {toy[0]} has 6 lines but {short} has 4: line i of the source must translate "
+                        f"line i of the target\n")
+    r = prepare_cli("--pairs", toy[0], tmp_path / "missing.en", "--out", tmp_path / "b")
+    assert (r.returncode, r.stderr) == (2, f"error: no such file: {tmp_path / 'missing.en'}\n")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--pairs", "s", "t", "corpus.txt"], "give INPUT files or --pairs SRC TGT, not both (got INPUT corpus.txt)"),
+    ([], "nothing to prepare: give INPUT files and directories, or --pairs SRC TGT for translation pairs"),
+    (["--pairs", "s", "t", "--block-size", "64"], "--block-size is for INPUT text datasets, not --pairs"),
+    (["corpus.txt", "--max-len", "64", "--truncate"], "--max-len, --truncate are for --pairs datasets, not INPUT text"),
+])
+def test_data_prepare_rejects_mixed_modes(tmp_path, capsys, args, message):
+    import runpy
+
+    prepare_main = runpy.run_path(str(ROOT / "data" / "prepare.py"), run_name="script")["main"]
+    assert prepare_main([*args, "--out", str(tmp_path / "x")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"error: {message}\n"
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("args,kind", [([], "bpe"), (["--tokenizer", "char"], "char")])
+def test_multi30k_recipe(tmp_path, args, kind):
     for split in ("train", "val"):
         write(tmp_path, f"{split}.de", ["Ein Mann fährt Fahrrad.", "Zwei Hunde."])
         write(tmp_path, f"{split}.en", ["A man rides a bike.", "Two dogs."])
     out = tmp_path / "out"
     r = subprocess.run(
         [sys.executable, str(ROOT / "data" / "multi30k" / "prepare.py"), "--input", str(tmp_path), "--out", str(out),
-         "--tokenizer", "char"], capture_output=True, text=True, timeout=60,
+         *args], capture_output=True, text=True, timeout=60,
     )
     assert r.returncode == 0, r.stderr
     ds = open_pairs(out)
     tok = ds.tokenizer()
+    assert ds.meta["tokenizer"]["kind"] == kind and f"({kind} tokenizer" in r.stdout
     assert [tok.decode(x) for x in ds.pair("val", 0)] == ["Ein Mann fährt Fahrrad.", "A man rides a bike."]
+
+
+def test_non_utf8_input_is_a_clear_error(toy, tmp_path):
+    bad = tmp_path / "latin1.de"
+    bad.write_bytes("Ein Mann fährt.\n".encode("latin-1"))
+    with pytest.raises(PairsError, match="latin1.de is not UTF-8 text .*convert it to UTF-8"):
+        prepare_pairs(bad, bad, tmp_path / "ds", tokenizer="char", val_pairs=toy)

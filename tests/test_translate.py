@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from gpt import GPT, GPTConfig
 from gpt.tokenizer import CharTokenizer
-from gpt.translate import beam_search, encode_sources, generate, length_penalty, sample_next, translate
+from gpt.translate import beam_search, encode_sources, generate, length_penalty, translate
 
 V, EOS = 20, 19
 
@@ -43,17 +43,33 @@ def random_sources(lengths, seed=1):
     return src.masked_fill(~mask, EOS), mask
 
 
-def test_sample_next():
-    logits = torch.randn(4, 30)
-    assert torch.equal(sample_next(logits), logits.argmax(-1))
-    assert torch.equal(sample_next(logits, temperature=1.0, top_k=1), logits.argmax(-1))
-    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
-    a = torch.stack([sample_next(logits, 1.0, 3, g1) for _ in range(50)])
-    b = torch.stack([sample_next(logits, 1.0, 3, g2) for _ in range(50)])
-    assert torch.equal(a, b)  # reproducible with an injected generator
-    top3 = logits.topk(3).indices
-    assert all((a[:, i : i + 1] == top3[i]).any(1).all() for i in range(4))  # never outside the top k
-    assert len(set(a[:, 0].tolist())) > 1  # and really sampling
+def test_sampled_decoding_draws_through_next_token():
+    """Sampling is gpt.sampling.next_token's: top-k 1 is greedy, a seeded generator reproduces, ids
+    beyond the tokenizer's vocabulary (a padded embedding) are never drawn."""
+    model = random_model()
+    src, mask = random_sources([6, 3, 5])
+    greedy = generate(model, src, mask, EOS, EOS, max_new_tokens=12)
+
+    def sample(seed, **kw):
+        return generate(model, src, mask, EOS, EOS, 12, temperature=1.0, generator=torch.Generator().manual_seed(seed), **kw)
+
+    assert sample(0, top_k=1) == greedy and sample(0, top_p=1e-6) == greedy
+    assert sample(3) == sample(3) and sample(3) != sample(4)
+    torch.manual_seed(0)
+    padded = GPT(GPTConfig(vocab_size=V + 12, block_size=32, n_layer=1, n_encoder_layer=1, n_head=2, n_embd=16))
+    with torch.no_grad():  # every final hidden state is all ones: the logit of v is sum(wte[v])
+        padded.transformer.ln_f.weight.zero_()
+        padded.transformer.ln_f.bias.fill_(1.0)
+        padded.transformer.wte.weight[V:] = 1.0  # the padded rows win every draw if they may
+        padded.transformer.wte.weight[EOS] = -1.0  # never the end token
+
+    def draw(**kw):
+        g = torch.Generator().manual_seed(0)
+        return generate(padded.eval(), src, mask, EOS, EOS, 12, temperature=1.0, generator=g, **kw)
+
+    assert all(i >= V for h in draw() for i in h)
+    ids = draw(vocab_size=V)
+    assert all(len(h) == 12 for h in ids) and all(0 <= i < EOS for h in ids for i in h)
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
@@ -231,17 +247,17 @@ def test_evaluate_cli_from_a_checkpoint(reverser, tmp_path, capsys):
 
     meta_space = dict(meta, tokenizer=CharTokenizer(CHARS + "z").spec)  # one id more than the model has
     checkpoint.save(tmp_path / "run" / "last.pt", {"model": model.state_dict()}, meta_space)
-    assert main(args) == 1
+    assert main(args) == 2
     assert "tokenizer has 14 ids but the model only 13" in capsys.readouterr().err
 
     decoder_only = dict(meta, model_config=dict(meta["model_config"], n_encoder_layer=0))
     sd = {k: v for k, v in model.state_dict().items() if not k.startswith("encoder.") and "cross" not in k}
     checkpoint.save(tmp_path / "run" / "last.pt", {"model": sd}, decoder_only)
-    assert main(args) == 1
+    assert main(args) == 2
     assert "decoder-only model" in capsys.readouterr().err
     (tmp_path / "ref.txt").write_text("one line\n")
     checkpoint.save(tmp_path / "run" / "last.pt", {"model": model.state_dict()}, meta)
-    assert main(args) == 1
+    assert main(args) == 2
     assert "5 source lines but 1 reference lines" in capsys.readouterr().err
 
 

@@ -1,7 +1,11 @@
 """Multi30k (task 1) German-English translation pairs, tokenized for the seq2seq model.
 
-    python data/multi30k/prepare.py                      # de -> en into data/multi30k/de-en
+    python data/multi30k/prepare.py                      # de -> en into data/multi30k/de-en, BPE 8192
     python data/multi30k/prepare.py --src en --tgt de    # the other direction, data/multi30k/en-de
+    python data/multi30k/prepare.py --tokenizer gpt2     # GPT-2's BPE (50257 ids) instead
+
+By default one byte-level BPE of 8192 ids is trained on both sides of the training pairs (a few
+seconds); `--tokenizer gpt2` or `char` choose the others.
 
 Reads {train,val,test_2016_flickr}.{de,en} from --input (default: the offline copy in
 ../shared/data/multi30k beside the checkout). train and val become the dataset's splits;
@@ -18,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from gpt.pairs import PairsError, TOKENIZERS, prepare_pairs, summary  # noqa: E402
+from gpt.pairs import DEFAULT_BPE_VOCAB, TOKENIZERS, PairsError, prepare_pairs, summary  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -27,8 +31,9 @@ def main(argv=None) -> int:
     p.add_argument("--src", default="de", choices=("de", "en"), help="source language")
     p.add_argument("--tgt", default="en", choices=("de", "en"), help="target language")
     p.add_argument("--out", help="output directory (default: data/multi30k/SRC-TGT)")
-    p.add_argument("--tokenizer", choices=TOKENIZERS, default="gpt2", help="one tokenizer for both languages")
-    p.add_argument("--vocab-size", type=int, default=8000, help="vocabulary size of a bpe tokenizer")
+    p.add_argument("--tokenizer", choices=TOKENIZERS, default="bpe", help="one tokenizer for both languages")
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help=f"ids of the bpe tokenizer, end-of-text included (bpe only; default {DEFAULT_BPE_VOCAB})")
     p.add_argument("--tokenizer-file", help="GPT-2 .tiktoken ranks file (offline)")
     p.add_argument("--max-len", type=int, default=256, help="most tokens per side, end/start token included")
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
@@ -43,9 +48,12 @@ def main(argv=None) -> int:
             val_pairs=(data / f"val.{args.src}", data / f"val.{args.tgt}"), max_len=args.max_len,
             vocab_size=args.vocab_size, tokenizer_file=args.tokenizer_file, force=args.force,
         )
-    except (PairsError, FileNotFoundError, RuntimeError) as e:
+    except PairsError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
+    except KeyboardInterrupt:
+        print(f"error: interrupted; {out} was left as it was", file=sys.stderr)
+        return 130
     print(summary(meta, out))
     return 0
 

@@ -1,0 +1,278 @@
+"""Multi30k de->en: BLEU of the encoder-decoder Transformer against wall-clock training time.
+
+    python bench/bench_seq2seq.py                                    # 60 minutes; BLEU at 10/20/30/45/60
+    python bench/bench_seq2seq.py --minutes 1 --at 0.5 --limit 50    # smoke test, a few minutes in all
+    python bench/bench_seq2seq.py --minutes 30 -- --eval-interval 250   # after --: more train.py options
+
+1. prepare: `data/multi30k/prepare.py` (byte-level BPE of 8192 ids over both languages) into a
+   temporary directory (or `--data DIR`, an existing pairs dataset).
+2. train: `train.py --config multi30k_cpu --data DIR --out-dir RUN --max-minutes M`, which stops
+   cleanly after M minutes (evaluates, saves last.pt). While it runs, the benchmark polls the run
+   directory and, at each time of `--at` (minutes since launch), hard-links the current `last.pt`
+   (the checkpoint of the latest evaluation) aside; the time it was trained for is read from the
+   run's log.jsonl. The checkpoint at the end of training is always taken. If the trainer is still
+   running 5 minutes past its budget, it gets SIGTERM (it saves and stops on it).
+3. evaluate, after training (nothing competes with it for the CPU): corpus BLEU (sacrebleu's
+   default 13a tokenization, the same as `python -m gpt.evaluate`) of each checkpoint on
+   test_2016_flickr (1000 sentences, `--limit N` for fewer), greedy and beam search (`--beam-size`,
+   GNMT length penalty `--length-penalty`), and decoding speed in sentences/s.
+
+Results: `bench/results/seq2seq.json` (everything, the val-loss curve included) and
+`bench/results/seq2seq.md` (the table); `--results DIR` writes them elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+SHARED = Path(os.environ.get("GPT_SHARED_DATA", ROOT.parent / "shared" / "data"))
+MULTI30K = SHARED / "multi30k"
+TEST = "test_2016_flickr"
+GRACE_S = 300  # past the budget before the trainer is sent SIGTERM
+
+
+def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--minutes", type=float, default=60, help="training budget, train.py --max-minutes (default: 60)")
+    p.add_argument("--at", default="10,20,30,45,60",
+                   help="minutes after launch at which to take the latest checkpoint; those at or past --minutes "
+                   "are the end of training (default: 10,20,30,45,60)")
+    p.add_argument("--config", default="multi30k_cpu", help="train.py --config (default: multi30k_cpu)")
+    p.add_argument("--data", help="an existing pairs dataset (default: prepare Multi30k de-en, bpe 8192, in --work)")
+    p.add_argument("--input", default=str(MULTI30K), help=f"raw Multi30k files (default: {MULTI30K})")
+    p.add_argument("--work", help="directory for the dataset, run and checkpoints (default: a temporary one, "
+                   "removed at the end)")
+    p.add_argument("--limit", type=int, help=f"evaluate on the first N sentences of {TEST} (default: all)")
+    p.add_argument("--beam-size", type=int, default=4, help="beam size of the beam-search column (default: 4)")
+    p.add_argument("--length-penalty", type=float, default=0.6, help="GNMT alpha for beam search (default: 0.6)")
+    p.add_argument("--batch-size", type=int, default=64, help="sentences decoded together (default: 64)")
+    p.add_argument("--eval-threads", type=int, default=None, help="torch threads for evaluation (default: torch's)")
+    p.add_argument("--results", default=str(ROOT / "bench" / "results"), help="where seq2seq.{json,md} go")
+    p.add_argument("--poll", type=float, default=2.0, help="seconds between looks at the run directory")
+    args = p.parse_args(argv)
+    try:
+        args.at = sorted({float(a) for a in args.at.split(",") if a.strip()})
+    except ValueError:
+        p.error(f"--at must be minutes separated by commas, got {args.at!r}")
+    if args.minutes <= 0 or any(a <= 0 for a in args.at):
+        p.error("--minutes and the --at times must be > 0")
+    return args, extra
+
+
+# ---- pieces (importable: tests run them on tiny checkpoints) ---------------------------------------
+
+
+def snapshot_times(at: list[float], minutes: float) -> list[float]:
+    """The times to snapshot while training runs; the end of training is always taken too."""
+    return [a for a in sorted(at) if a < minutes]
+
+
+def take_snapshot(run_dir: Path, dest: Path) -> dict | None:
+    """Hard-link (or copy) the run's last.pt to `dest`; its step and val loss, or None if there is none yet.
+
+    last.pt is replaced by an atomic rename, so the link is always a whole checkpoint.
+    """
+    from gpt import checkpoint
+
+    src = run_dir / "last.pt"
+    if not src.is_file():
+        return None
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    checkpoint.link_or_copy(src, dest)
+    meta = checkpoint.read_meta(dest)
+    return {"file": str(dest), "step": meta["step"], "val_loss": meta.get("val_loss")}
+
+
+def read_log(run_dir: Path) -> list[dict]:
+    path = run_dir / "log.jsonl"
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written
+            pass
+    return records
+
+
+def train_minutes(records: list[dict], step: int) -> float | None:
+    """Minutes of training behind the checkpoint of `step` (the trainer's own clock, from log.jsonl)."""
+    evals = [r for r in records if r.get("kind") == "eval" and r.get("step") == step and "elapsed" in r]
+    return round(evals[-1]["elapsed"] / 60, 2) if evals else None
+
+
+def evaluate_checkpoint(path, sources: list[str], references: list[str], beam_size: int = 4, alpha: float = 0.6,
+                        batch_size: int = 64, device: str = "cpu") -> dict:
+    """BLEU and sentences/s of one checkpoint: greedy, then beam search."""
+    from gpt.checkpoint import load_checkpoint
+    from gpt.evaluate import evaluate
+    from gpt.translate import check_vocab, seq2seq_ids
+
+    model, tok, meta = load_checkpoint(path, device=device)
+    bos, eos = seq2seq_ids(meta)
+    check_vocab(tok, model)
+    out = {}
+    for name, k in (("greedy", 1), ("beam", beam_size)):
+        r = evaluate(model, tok, sources, references, bos, eos, beam_size=k, alpha=alpha, batch_size=batch_size)
+        out[name] = {"bleu": round(r["bleu"], 2), "sentences_per_s": round(r["sentences_per_s"], 1),
+                     "seconds": round(r["seconds"], 1), "signature": r["signature"], "sample": r["hypotheses"][:3]}
+    return out
+
+
+def markdown(rows: list[dict], beam_size: int) -> str:
+    lines = [
+        f"| minutes | trained (min) | step | val loss | BLEU greedy | BLEU beam {beam_size} | greedy sent/s | "
+        f"beam {beam_size} sent/s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.get("step") is None:
+            lines.append(f"| {r['minutes']:g} | - | no checkpoint yet | | | | | |")
+            continue
+        g, b = r["greedy"], r["beam"]
+        val = f"{r['val_loss']:.3f}" if r.get("val_loss") is not None else "-"
+        trained = f"{r['train_minutes']:g}" if r.get("train_minutes") is not None else "-"
+        lines.append(f"| {r['minutes']:g} | {trained} | {r['step']} | {val} | {g['bleu']:.2f} | {b['bleu']:.2f} | "
+                     f"{g['sentences_per_s']:.1f} | {b['sentences_per_s']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+# ---- the run ------------------------------------------------------------------------------------------
+
+
+def prepare(args, work: Path) -> tuple[Path, float]:
+    if args.data:
+        return Path(args.data), 0.0
+    out = work / "multi30k-de-en"
+    t0 = time.time()
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "data" / "multi30k" / "prepare.py"), "--input", args.input, "--out", str(out),
+         "--tokenizer", "bpe", "--vocab-size", "8192"], cwd=ROOT, capture_output=True, text=True,
+    )
+    if res.returncode:
+        raise SystemExit(f"error: preparing Multi30k failed: {res.stderr.strip()}")
+    print(res.stdout.strip(), flush=True)
+    return out, time.time() - t0
+
+
+def train(args, extra: list[str], data: Path, work: Path) -> tuple[list[dict], dict, list[str]]:
+    """Run train.py for the budget, snapshotting last.pt on schedule; (snapshots, timing, command)."""
+    run_dir, snaps_dir = work / "run", work / "snapshots"
+    cmd = [sys.executable, "train.py", "--config", args.config, "--data", str(data), "--out-dir", str(run_dir),
+           "--max-minutes", f"{args.minutes:g}", *extra]
+    print("$ " + " ".join(cmd[1:]), flush=True)
+    log = open(work / "train.out", "w")
+    t0 = time.time()
+    proc = subprocess.Popen([*cmd], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    pending, snaps, termed = snapshot_times(args.at, args.minutes), [], False
+    try:
+        while proc.poll() is None:
+            elapsed = time.time() - t0
+            while pending and elapsed >= 60 * pending[0]:
+                at = pending.pop(0)
+                snap = take_snapshot(run_dir, snaps_dir / f"{at:g}min.pt") or {"step": None}
+                snaps.append({"minutes": at, "wall_s": round(elapsed, 1), **snap})
+                print(f"  {at:g} min: " + (f"step {snap['step']}" if snap["step"] is not None else "no checkpoint yet"),
+                      flush=True)
+            if not termed and elapsed > 60 * args.minutes + GRACE_S:
+                print(f"  the trainer is {GRACE_S} s past its budget: SIGTERM", flush=True)
+                proc.send_signal(signal.SIGTERM)  # it finishes the step, saves last.pt and stops
+                termed = True
+            time.sleep(args.poll)
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        proc.wait()
+        raise
+    finally:
+        log.close()
+    wall = time.time() - t0
+    if proc.returncode:
+        tail = (work / "train.out").read_text()[-3000:]
+        raise SystemExit(f"error: train.py exited with {proc.returncode}:\n{tail}")
+    final = take_snapshot(run_dir, snaps_dir / "end.pt")
+    if final is None:
+        raise SystemExit(f"error: train.py left no last.pt in {run_dir}; see {work / 'train.out'}")
+    snaps.append({"minutes": round(wall / 60, 2), "wall_s": round(wall, 1), "end": True, **final})
+    return snaps, {"train_wall_s": round(wall, 1)}, cmd[1:]
+
+
+def main(argv=None) -> int:
+    args, extra = parse_args(argv)
+    import torch
+
+    from gpt.pairs import read_lines
+
+    sources = read_lines(Path(args.input) / f"{TEST}.de")[: args.limit]
+    references = read_lines(Path(args.input) / f"{TEST}.en")[: args.limit]
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench_seq2seq-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        data, prepare_s = prepare(args, work)
+        snaps, timing, cmd = train(args, extra, data, work)
+        records = read_log(work / "run")
+        if args.eval_threads:
+            torch.set_num_threads(args.eval_threads)
+        rows, done = [], {}
+        for snap in snaps:
+            row = dict(snap)
+            if snap.get("step") is not None:
+                row["train_minutes"] = train_minutes(records, snap["step"])
+                if snap["step"] not in done:  # the same checkpoint twice (no eval in between): evaluate once
+                    print(f"evaluating step {snap['step']} on {len(sources)} sentences ...", flush=True)
+                    done[snap["step"]] = evaluate_checkpoint(snap["file"], sources, references, args.beam_size,
+                                                             args.length_penalty, args.batch_size)
+                row.update(done[snap["step"]])
+            row.pop("file", None)
+            rows.append(row)
+        result = {
+            "benchmark": "Multi30k de->en, BLEU against wall-clock training time",
+            "command": " ".join(cmd),
+            "config": args.config,
+            "minutes": args.minutes,
+            "test_set": TEST,
+            "sentences": len(sources),
+            "beam_size": args.beam_size,
+            "length_penalty": args.length_penalty,
+            "prepare_s": round(prepare_s, 1),
+            **timing,
+            "rows": rows,
+            "val_curve": [(r["step"], round(r["val_loss"], 4), round(r.get("elapsed", 0) / 60, 2))
+                          for r in records if r.get("kind") == "eval"],
+            "train_summary": next((r for r in reversed(records) if r.get("kind") == "summary"), None),
+            "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                        "cpus": os.cpu_count(), "torch": torch.__version__, "eval_threads": torch.get_num_threads(),
+                        "load_average": os.getloadavg()},
+        }
+        results = Path(args.results)
+        results.mkdir(parents=True, exist_ok=True)
+        (results / "seq2seq.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+        table = markdown(rows, args.beam_size)
+        (results / "seq2seq.md").write_text(
+            f"Multi30k de->en ({TEST}, {len(sources)} sentences), `{' '.join(cmd)}`\n\n{table}")
+        print(table, end="")
+        print(f"wrote {results / 'seq2seq.json'} and {results / 'seq2seq.md'}")
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
