@@ -49,6 +49,9 @@ class LanguageModelling:
     def train_batch(self, step: int, micro_step: int):
         return self.sampler.get(step, micro_step)
 
+    def describe_batch(self, cfg) -> str:
+        return f"{cfg.batch_size * cfg.grad_accum} x {cfg.block_size} tokens"
+
     def eval_batches(self, split: str):
         """The same `eval_iters` random batches at every evaluation; or, with eval_iters = 0 or epoch
         sampling, the whole val split, and as many train tokens (the train split is usually ~10x
@@ -106,6 +109,9 @@ class Translation:
 
     def train_batch(self, step: int, micro_step: int):
         return self._args(self.sampler.get(step, micro_step))
+
+    def describe_batch(self, cfg) -> str:
+        return f"{cfg.grad_accum} x <= {self._tokens(cfg)} tokens of length-grouped pairs"
 
     def eval_batches(self, split: str):
         from gpt.pairs import PairBatches

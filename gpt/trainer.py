@@ -320,7 +320,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
 
     log.print(
         f"{model.num_params() / 1e6:.2f}M parameters | {rt.device} {str(rt.dtype).removeprefix('torch.')} | "
-        f"{rt.world_size} process(es) | global batch {cfg.batch_size * cfg.grad_accum} x {cfg.block_size} tokens | "
+        f"{rt.world_size} process(es) | global batch {task.describe_batch(cfg)} | "
         f"steps {start_step} -> {cfg.max_iters}"
     )
     model.train()
