@@ -14,6 +14,7 @@ import sys
 from gpt.checkpoint import CheckpointError
 from gpt.config import ConfigError, help_text
 from gpt.data import DataError
+from gpt.tokenizer import TokenizerError
 from gpt.trainer import TrainingError, config_from_argv, train
 
 
@@ -24,7 +25,7 @@ def main(argv: list[str]) -> int:
     try:
         cfg, explicit = config_from_argv(argv)
         train(cfg, explicit)
-    except (ConfigError, DataError, CheckpointError, TrainingError) as e:
+    except (ConfigError, DataError, CheckpointError, TokenizerError, TrainingError) as e:
         print(f"error: {e}".replace("\n", "\n  "), file=sys.stderr)
         return 2
     return 0

@@ -35,19 +35,24 @@ NANOGPT_CPU = ["--n-layer", "4", "--n-head", "4", "--n-embd", "128", "--block-si
 TARGET = 1.88
 
 
-def sh(*cmd, **kw):
-    return subprocess.run([sys.executable, *map(str, cmd)], cwd=ROOT, check=True, capture_output=True, text=True, **kw)
+ENV = dict(os.environ, GPT2_TIKTOKEN_FILE=str(SHARED / "gpt2.tiktoken"))  # offline GPT-2 BPE
+
+
+def sh(*cmd):
+    res = subprocess.run([sys.executable, *map(str, cmd)], cwd=ROOT, capture_output=True, text=True, env=ENV)
+    if res.returncode:
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed:\n{res.stderr[-2000:]}")
+    return res
 
 
 def prepare(tmp: Path) -> dict[str, Path]:
-    env = dict(os.environ, GPT2_TIKTOKEN_FILE=str(SHARED / "gpt2.tiktoken"))
     out = {"char": tmp / "shakespeare_char", "shakespeare": tmp / "shakespeare", "wikitext": tmp / "wikitext"}
     sh("data/prepare.py", SHARED / "tinyshakespeare.txt", "--out", out["char"], "--tokenizer", "char",
        "--block-size", "64")
     sh("data/prepare.py", SHARED / "tinyshakespeare.txt", "--out", out["shakespeare"], "--tokenizer", "gpt2",
-       "--block-size", "128", env=env)
+       "--block-size", "128")
     sh("data/prepare.py", SHARED / "wikitext2-valid.txt", SHARED / "wikitext2-test.txt", "--out", out["wikitext"],
-       "--tokenizer", "gpt2", "--block-size", "128", env=env)
+       "--tokenizer", "gpt2", "--block-size", "128")
     return out
 
 
@@ -55,7 +60,7 @@ def time_to_target(data: Path, out: Path, args: list[str]) -> dict:
     """Launch train.py and read its log: seconds from launch to the first eval at or under TARGET."""
     t0 = time.time()
     res = subprocess.run([sys.executable, "train.py", "--data", str(data), "--out-dir", str(out), *args,
-                          "--target-val-loss", str(TARGET)], cwd=ROOT, capture_output=True, text=True)
+                          "--target-val-loss", str(TARGET)], cwd=ROOT, capture_output=True, text=True, env=ENV)
     wall = time.time() - t0
     if res.returncode:
         raise RuntimeError(res.stderr[-2000:])
@@ -142,7 +147,7 @@ def throughput(steps: int = 60) -> dict:
 def finetune(data: dict, tmp: Path, pretrain_steps: int = 400, steps: int = 200) -> dict:
     """Pretrain on WikiText-2, then fine-tune on tiny-shakespeare vs train on it from scratch."""
     model = ["--n-layer", "4", "--n-head", "4", "--n-embd", "128", "--block-size", "128", "--batch-size", "8",
-             "--dropout", "0.0", "--eval-iters", "40", "--eval-batch-size", "32", "--log-interval", "50",
+             "--dropout", "0.0", "--eval-iters", "40", "--eval-batch-size", "8", "--log-interval", "50",
              "--dtype", "bfloat16"]
     sh("train.py", "--data", data["wikitext"], "--out-dir", tmp / "wiki", *model, "--max-iters", pretrain_steps,
        "--learning-rate", "2e-3", "--min-lr", "2e-4", "--warmup-iters", "30", "--eval-interval", pretrain_steps)
@@ -176,9 +181,9 @@ def main() -> None:
             if args.only in (None, name):
                 t0 = time.time()
                 results[name] = fn()
-                print(f"{name} ({time.time() - t0:.0f}s): {json.dumps(results[name], indent=1)}", flush=True)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+                print(f"{name} ({time.time() - t0:.0f}s): {json.dumps(results[name])}", flush=True)
+                RESULTS.parent.mkdir(parents=True, exist_ok=True)
+                RESULTS.write_text(json.dumps(results, indent=1) + "\n")  # after each: a later failure keeps it
 
 
 if __name__ == "__main__":

@@ -68,22 +68,25 @@ def link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     os.replace(tmp, dst)
 
 
-def resolve(path: str | os.PathLike) -> Path:
-    """A checkpoint file from a file path or a run directory (best.pt, else last.pt)."""
+def resolve(path: str | os.PathLike, names: tuple[str, ...] = ("best.pt", "last.pt")) -> Path:
+    """A checkpoint file from a file path or a run directory (the first of `names` there).
+
+    Sampling prefers best.pt (lowest val loss); resuming wants last.pt (the latest state).
+    """
     path = Path(path)
     if path.is_dir():
-        for name in ("best.pt", "last.pt"):
+        for name in names:
             if (path / name).is_file():
                 return path / name
-        raise CheckpointError(f"no best.pt or last.pt in {path}: train one with `python train.py --out-dir {path}`")
+        raise CheckpointError(f"no {' or '.join(names)} in {path}: train one with `python train.py --out-dir {path}`")
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}")
     return path
 
 
-def read(path: str | os.PathLike, map_location="cpu") -> dict:
+def read(path: str | os.PathLike, map_location="cpu", names: tuple[str, ...] = ("best.pt", "last.pt")) -> dict:
     """The raw checkpoint dict with `meta` parsed; never unpickles arbitrary objects."""
-    path = resolve(path)
+    path = resolve(path, names)
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
         ckpt["meta"] = json.loads(ckpt["meta"])
@@ -94,25 +97,31 @@ def read(path: str | os.PathLike, map_location="cpu") -> dict:
     return ckpt
 
 
-def read_meta(path: str | os.PathLike) -> dict:
+def read_meta(path: str | os.PathLike, names: tuple[str, ...] = ("best.pt", "last.pt")) -> dict:
     """Only the metadata (the tensors are memory-mapped, not read)."""
-    path = resolve(path)
+    path = resolve(path, names)
     try:
         return json.loads(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["meta"])
     except Exception as e:
         raise CheckpointError(f"{path} is not a gpt checkpoint ({type(e).__name__}: {str(e)[:120]})") from None
 
 
-def load_checkpoint(path: str | os.PathLike, device="cpu"):
-    """(model, tokenizer, meta) from a run directory or checkpoint file, model in eval mode."""
+def load_model(path: str | os.PathLike, device="cpu"):
+    """(model, meta) from a run directory, checkpoint file or Hugging Face GPT-2 directory (gpt/hf.py)."""
     from gpt import hf
     from gpt.model import GPT, GPTConfig
-    from gpt.tokenizer import get_tokenizer
 
-    if hf.is_hf_dir(path):  # a Hugging Face GPT-2 directory (config.json + weights): see gpt/hf.py
+    if hf.is_hf_dir(path):
         return hf.load_hf_dir(path, device)
     ckpt = read(path, map_location=device)
-    meta = ckpt["meta"]
-    model = GPT(GPTConfig.from_dict(meta["model_config"]))
+    model = GPT(GPTConfig.from_dict(ckpt["meta"]["model_config"]))
     model.load_state_dict(ckpt["model"])
-    return model.to(device).eval(), get_tokenizer(meta["tokenizer"]), meta
+    return model.to(device).eval(), ckpt["meta"]
+
+
+def load_checkpoint(path: str | os.PathLike, device="cpu"):
+    """(model, tokenizer, meta), model in eval mode: everything sampling needs."""
+    from gpt.tokenizer import get_tokenizer
+
+    model, meta = load_model(path, device)
+    return model, get_tokenizer(meta["tokenizer"]), meta

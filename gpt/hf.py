@@ -3,7 +3,7 @@
     python -m gpt.hf export --ckpt out/NAME --out hf/NAME      # then GPT2LMHeadModel.from_pretrained("hf/NAME")
     python sample.py --ckpt path/to/hf-gpt2-dir                # import happens in load_checkpoint
 
-    model, tok, meta = load_hf_dir("path/to/gpt2")             # config.json + model.safetensors / pytorch_model.bin
+    model, meta = load_hf_dir("path/to/gpt2")                  # config.json + model.safetensors / pytorch_model.bin
     export_hf(model, tok, "hf/NAME")                           # config.json, model.safetensors (+ tokenizer files)
 
 Design notes
@@ -140,14 +140,13 @@ def _tokenizer_spec(path: Path, vocab_size: int) -> dict:
 
 
 def load_hf_dir(path, device="cpu"):
-    """(model, tokenizer, meta) from a Hugging Face GPT-2 directory, like `load_checkpoint`.
+    """(model, meta) from a Hugging Face GPT-2 directory, like `gpt.checkpoint.load_model`.
 
     meta has "model_config" and "tokenizer" as a training checkpoint's does, plus "hf_dir", so
     `train.py --init-from DIR` can fine-tune it.
     """
     from gpt.checkpoint import FORMAT_VERSION, CheckpointError
     from gpt.model import GPT
-    from gpt.tokenizer import get_tokenizer
 
     path = Path(path)
     try:
@@ -168,7 +167,7 @@ def load_hf_dir(path, device="cpu"):
         raise CheckpointError(f"{path}: weights do not match config.json ({str(e)[:300]})") from None
     spec = _tokenizer_spec(path, cfg.vocab_size)
     meta = {"format": FORMAT_VERSION, "step": 0, "model_config": cfg.to_dict(), "tokenizer": spec, "hf_dir": str(path)}
-    return model.to(device).eval(), get_tokenizer(spec), meta
+    return model.to(device).eval(), meta
 
 
 # ---- export ----------------------------------------------------------------------------------------

@@ -30,6 +30,10 @@ GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+
 GPT2_RANKS_ENV = "GPT2_TIKTOKEN_FILE"
 
 
+class TokenizerError(RuntimeError):
+    """A tokenizer that cannot be built here (e.g. GPT-2's BPE offline without its file)."""
+
+
 class Tokenizer(Protocol):
     vocab_size: int
     eot_token: int
@@ -158,14 +162,14 @@ def gpt2_tokenizer(ranks_file: str | None = None) -> TiktokenTokenizer:
     path = ranks_file or os.environ.get(GPT2_RANKS_ENV)
     if path:
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"GPT-2 ranks file not found: {path}")
+            raise TokenizerError(f"GPT-2 ranks file not found: {path}")
         return TiktokenTokenizer(_encoding("gpt2", GPT2_PATTERN, load_ranks(path)), spec)
     import tiktoken
 
     try:
         return TiktokenTokenizer(tiktoken.get_encoding("gpt2"), spec)
     except Exception as e:  # no network and nothing cached
-        raise RuntimeError(
+        raise TokenizerError(
             f"cannot load GPT-2's BPE: tiktoken could not download it ({type(e).__name__}). Either connect "
             f"to the internet once (tiktoken caches it), or point {GPT2_RANKS_ENV}=/path/to/gpt2.tiktoken "
             f"(or --tokenizer-file) at a local ranks file"

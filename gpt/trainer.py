@@ -35,6 +35,9 @@ from gpt.runlog import RunLogger, format_duration, peak_flops
 from gpt.schedule import get_lr
 
 
+LATEST = ("last.pt",)  # resuming continues the latest state, not the best one
+
+
 class TrainingError(RuntimeError):
     """The run cannot go on (non-finite loss, mismatched tokenizer, ...); the message says why."""
 
@@ -171,7 +174,7 @@ def build_model(cfg: TrainConfig, task, explicit: set[str], log) -> tuple[GPT, d
     if not cfg.init_from:
         mcfg = GPTConfig(vocab_size=vocab, **cfg.model_kwargs())
         return GPT(mcfg), mcfg.to_dict()
-    model, _, meta = checkpoint.load_checkpoint(cfg.init_from)
+    model, meta = checkpoint.load_model(cfg.init_from)
     if not tokenizers_match(meta["tokenizer"], task.tokenizer_spec):
         raise TrainingError(
             f"tokenizer mismatch: {cfg.init_from} was trained with a {meta['tokenizer'].get('kind')!r} tokenizer "
@@ -233,9 +236,9 @@ def config_from_argv(argv: list[str]) -> tuple[TrainConfig, set[str]]:
     cli, config_name, _ = parse_cli(argv)
     base = {}
     if cli.get("resume"):
-        base = checkpoint.read_meta(cli["resume"])["train_config"]
+        base = checkpoint.read_meta(cli["resume"], names=LATEST)["train_config"]
         base = {k: v for k, v in base.items() if k not in ("resume", "init_from", "force")}
-        base.setdefault("out_dir", str(checkpoint.resolve(cli["resume"]).parent))
+        base["out_dir"] = str(checkpoint.resolve(cli["resume"], names=LATEST).parent)  # where the run is now
     cfg = build_config(argv, base=base)
     explicit = set(cli) | (set(base) if base else set())
     if config_name:
@@ -274,7 +277,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
 
     start_step, best_val, skipped = 0, float("inf"), 0
     if cfg.resume:
-        ckpt = checkpoint.read(cfg.resume, map_location=rt.device)
+        ckpt = checkpoint.read(cfg.resume, map_location=rt.device, names=LATEST)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         if ckpt.get("scaler"):

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from gpt.tokenizer import CharTokenizer, StreamDecoder, get_tokenizer
+from gpt.tokenizer import CharTokenizer, StreamDecoder, TokenizerError, get_tokenizer
 
 SAMPLES = ["Hello, world!", "Crème brûlée à la française", "東京は日本の首都です", "emoji 🙂🚀👩‍👩‍👧", ""]
 
@@ -76,10 +76,10 @@ def test_missing_gpt2_file_error_names_both_ways_out(monkeypatch, tmp_path):
         raise ConnectionError("no network")
 
     monkeypatch.setattr(tiktoken, "get_encoding", offline)
-    with pytest.raises(RuntimeError) as e:
+    with pytest.raises(TokenizerError) as e:
         get_tokenizer("gpt2")
     assert "GPT2_TIKTOKEN_FILE" in str(e.value) and "internet" in str(e.value)
-    with pytest.raises(FileNotFoundError, match="nope.tiktoken"):
+    with pytest.raises(TokenizerError, match="nope.tiktoken"):
         get_tokenizer("gpt2", ranks_file=str(tmp_path / "nope.tiktoken"))
 
 

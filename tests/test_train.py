@@ -65,7 +65,10 @@ def test_exact_resume_bit_identical(char_data, tmp_path):
     common = ["--data", char_data, *TINY, "--dropout", "0.1", "--grad-accum", "2", "--lr-decay-iters", "12",
               "--eval-interval", "6"]
     run(*common, "--out-dir", tmp_path / "full", "--max-iters", "12")
-    run(*common, "--out-dir", tmp_path / "split", "--max-iters", "6")
+    run(*common, "--out-dir", tmp_path / "first", "--max-iters", "6")
+    (tmp_path / "first").rename(tmp_path / "split")  # a run directory that moved resumes where it is now
+    (tmp_path / "split" / "best.pt").unlink()  # a hard link to last.pt: unlink before writing
+    (tmp_path / "split" / "best.pt").write_bytes(b"resume reads last.pt, never best.pt")
     run("--resume", tmp_path / "split", "--max-iters", "12")
     full = [(r["step"], r["loss"], r["grad_norm"]) for r in records(tmp_path / "full", "train")]
     split = [(r["step"], r["loss"], r["grad_norm"]) for r in records(tmp_path / "split", "train")]
