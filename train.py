@@ -12,8 +12,10 @@
 import sys
 
 from gpt.checkpoint import CheckpointError
+from gpt.cli import run_main
 from gpt.config import ConfigError, help_text
 from gpt.data import DataError
+from gpt.pairs import PairsError
 from gpt.tokenizer import TokenizerError
 from gpt.trainer import TrainingError, config_from_argv, train
 
@@ -22,13 +24,11 @@ def main(argv: list[str]) -> int:
     if "-h" in argv or "--help" in argv:
         print(help_text())
         return 0
-    try:
+    def body():
         cfg, explicit = config_from_argv(argv)
         train(cfg, explicit)
-    except (ConfigError, DataError, CheckpointError, TokenizerError, TrainingError) as e:
-        print(f"error: {e}".replace("\n", "\n  "), file=sys.stderr)
-        return 2
-    return 0
+
+    return run_main(body, (ConfigError, DataError, CheckpointError, PairsError, TokenizerError, TrainingError))
 
 
 if __name__ == "__main__":

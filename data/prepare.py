@@ -17,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from gpt.cli import run_main  # noqa: E402
 from gpt.data import DataError  # noqa: E402
 from gpt.pairs import DEFAULT_VAL_FRACTION, add_pairs_options, run_cli  # noqa: E402
 from gpt.prepare import TOKENIZERS, prepare  # noqa: E402
@@ -69,22 +70,16 @@ def main(argv=None) -> int:
         return 2
     if args.pairs:
         return run_cli(args)
-    try:
-        summary = prepare(
+    return run_main(
+        lambda: prepare(
             args.inputs, args.out, args.tokenizer, vocab_size=args.vocab_size,
             val_fraction=0.1 if args.val_fraction is None else args.val_fraction,
             block_size=DEFAULT_BLOCK_SIZE if args.block_size is None else args.block_size,
             tokenizer_file=args.tokenizer_file, strict_utf8=args.strict_utf8,
             workers=args.workers, force=args.force, progress=False if args.quiet else None,
-        )
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"error: interrupted; {args.out} was left as it was", file=sys.stderr)
-        return 130
-    print(summary.line())
-    return 0
+        ).line(),
+        DataError, interrupted=f"{args.out} was left as it was",
+    )
 
 
 if __name__ == "__main__":

@@ -52,7 +52,6 @@ import argparse
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -486,16 +485,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(args: argparse.Namespace) -> dict:
-    """Prepare the dataset the parsed arguments describe (either CLI's), print its summary."""
+def run(args: argparse.Namespace) -> str:
+    """Prepare the dataset the parsed arguments describe (either CLI's); returns its summary."""
     meta = prepare_pairs(
         args.pairs[0], args.pairs[1], args.out, tokenizer=args.tokenizer, val_pairs=args.val_pairs,
         val_fraction=DEFAULT_VAL_FRACTION if args.val_fraction is None else args.val_fraction,
         max_len=DEFAULT_MAX_LEN if args.max_len is None else args.max_len, truncate=args.truncate,
         vocab_size=args.vocab_size, tokenizer_file=args.tokenizer_file, seed=args.seed or 0, force=args.force,
     )
-    print(summary(meta, args.out))
-    return meta
+    return summary(meta, args.out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -506,15 +504,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_cli(args: argparse.Namespace) -> int:
     """`run` with the CLI's error handling (also used by `data/prepare.py --pairs`)."""
-    try:
-        run(args)
-    except PairsError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"error: interrupted; {args.out} was left as it was", file=sys.stderr)
-        return 130
-    return 0
+    from gpt.cli import run_main
+
+    return run_main(lambda: run(args), PairsError, interrupted=f"{args.out} was left as it was")
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ def test_gpt2_tokenizer_and_held_out_validation(tmp_path):
     meta = prepare_pairs(src, tgt, tmp_path / "ds", tokenizer="gpt2", val_fraction=0.1)
     assert meta["tokenizer"] == {"kind": "gpt2"} and meta["eos"] == 50256 and meta["dtype"] == "uint16"
     assert meta["splits"]["train"]["pairs"] == 180 and meta["splits"]["val"]["pairs"] == 20
-    again = prepare_pairs(src, tgt, tmp_path / "ds2", tokenizer="gpt2", val_fraction=0.1)
+    prepare_pairs(src, tgt, tmp_path / "ds2", tokenizer="gpt2", val_fraction=0.1)
     assert (tmp_path / "ds" / "val.bin").read_bytes() == (tmp_path / "ds2" / "val.bin").read_bytes()
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
+from gpt.cli import run_main  # noqa: E402
 from gpt.pairs import DEFAULT_BPE_VOCAB, TOKENIZERS, PairsError, prepare_pairs, summary  # noqa: E402
 
 
@@ -42,20 +43,14 @@ def main(argv=None) -> int:
         p.error(f"--src and --tgt are both {args.src!r}")
     data = Path(args.input)
     out = Path(args.out or Path(__file__).resolve().parent / f"{args.src}-{args.tgt}")
-    try:
-        meta = prepare_pairs(
+    return run_main(
+        lambda: summary(prepare_pairs(
             data / f"train.{args.src}", data / f"train.{args.tgt}", out, tokenizer=args.tokenizer,
             val_pairs=(data / f"val.{args.src}", data / f"val.{args.tgt}"), max_len=args.max_len,
             vocab_size=args.vocab_size, tokenizer_file=args.tokenizer_file, force=args.force,
-        )
-    except PairsError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"error: interrupted; {out} was left as it was", file=sys.stderr)
-        return 130
-    print(summary(meta, out))
-    return 0
+        ), out),
+        PairsError, interrupted=f"{out} was left as it was",
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # run from a checkout without installing
 
+from gpt.cli import run_main  # noqa: E402
 from gpt.data import DataError  # noqa: E402
 from gpt.prepare import fetch, prepare  # noqa: E402
 
@@ -25,17 +26,11 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(HERE), help="dataset directory (default: this script's directory)")
     p.add_argument("--force", action="store_true", help="replace a dataset already in --out")
     args = p.parse_args(argv)
-    try:
-        corpus = args.input or fetch(URL, HERE / "input.txt")
-        summary = prepare([corpus], args.out, "char", block_size=256, force=args.force)
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"error: interrupted; {args.out} was left as it was", file=sys.stderr)
-        return 130
-    print(summary.line())
-    return 0
+    return run_main(
+        lambda: prepare([args.input or fetch(URL, HERE / "input.txt")], args.out, "char", block_size=256,
+                        force=args.force).line(),
+        DataError, interrupted=f"{args.out} was left as it was",
+    )
 
 
 if __name__ == "__main__":
