@@ -199,7 +199,17 @@ def test_sigterm_finishes_the_step_saves_and_says_how_to_resume(char_data, tmp_p
     assert summary["step"] == meta["step"] + 2
 
 
-def test_wandb_offline_and_failure_never_stop_training(char_data, tmp_path, monkeypatch):
+def test_wandb_logs_offline(char_data, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "run"
+    summary = run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2",
+                  "--wandb-project", "gpt-test", "--wandb-mode", "offline")
+    assert summary["step"] == 2
+    runs = list((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))  # the offline run's data file, ready to `wandb sync`
+
+
+def test_wandb_failure_never_stops_training(char_data, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
     import wandb
@@ -211,6 +221,7 @@ def test_wandb_offline_and_failure_never_stop_training(char_data, tmp_path, monk
     summary = run("--data", char_data, "--out-dir", tmp_path / "a", *TINY, "--max-iters", "2", "--eval-interval", "2",
                   "--wandb-project", "gpt-test")
     assert summary["step"] == 2
+    assert "warning: Weights & Biases disabled (RuntimeError: wandb is down)" in capsys.readouterr().err
 
 
 def test_ddp_two_processes_match_one_and_resume_in_one(char_data, tmp_path):
