@@ -14,10 +14,12 @@ import sys
 import time
 
 
-def _clock(seconds: float) -> str:
-    seconds = int(seconds)
-    h, rest = divmod(seconds, 3600)
-    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+def format_duration(seconds: float) -> str:
+    """1h02m03s, 4m05s or 6s: elapsed times and ETAs on the console."""
+    seconds = int(max(seconds, 0))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
 class Progress:
@@ -44,7 +46,7 @@ class Progress:
         bar = "#" * int(frac * 24)
         return (
             f"{self.label} [{bar:<24}] {frac:4.0%} {self.done * self.scale:,.1f}/{self.total * self.scale:,.1f} "
-            f"{self.unit} {rate:,.1f} {self.unit}/s elapsed {_clock(elapsed)} ETA {_clock(eta)}"
+            f"{self.unit} {rate:,.1f} {self.unit}/s elapsed {format_duration(elapsed)} ETA {format_duration(eta)}"
         )
 
     def _draw(self, now: float) -> None:

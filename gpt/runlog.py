@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+
 # Dense bf16 peak FLOP/s of common accelerators (vendor datasheets), matched against the device name.
 GPU_PEAK_FLOPS = [
     ("H200", 989e12), ("H100", 989e12), ("A100", 312e12), ("L40S", 362e12), ("A10G", 125e12),
@@ -35,13 +36,6 @@ def peak_flops(device: torch.device) -> float | None:
         per_cycle = 64 if " avx512f" in info else 32 if " fma" in info else 8
         return torch.get_num_threads() * (max(mhz) if mhz else 2000.0) * 1e6 * per_cycle if mhz else None
     return None
-
-
-def format_duration(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
 class NullTracker:

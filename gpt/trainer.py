@@ -31,7 +31,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from gpt import checkpoint
 from gpt.config import ConfigError, TrainConfig, build_config
 from gpt.model import GPT, GPTConfig
-from gpt.runlog import RunLogger, format_duration, peak_flops
+from gpt.progress import format_duration
+from gpt.runlog import RunLogger, peak_flops
 from gpt.schedule import get_lr
 
 
