@@ -21,6 +21,15 @@ def _seed_and_threads():
     yield
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors: one torch thread avoids oversubscription stalls when the 2 cores are busy."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture
 def shakespeare_text() -> str:
     return SHAKESPEARE.read_text(encoding="utf-8")

@@ -16,13 +16,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one thread avoids oversubscription stalls on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 def tiny_hf(vocab=50257, seed=0):

@@ -26,13 +26,7 @@ def random_model(vocab=len(CHARS) + 1, block=16, std=1.0, seed=0, **kw) -> GPT:
     return model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one thread avoids oversubscription stalls on a busy machine (30x here)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 @pytest.fixture(scope="module")
