@@ -7,13 +7,7 @@ import torch.nn.functional as F
 from gpt import GPT, GPTConfig
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matrices: one thread is fastest, and far more robust on a busy shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 S2S = dict(vocab_size=50, block_size=24, n_layer=2, n_encoder_layer=3, n_head=4, n_embd=32)

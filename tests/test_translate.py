@@ -16,13 +16,7 @@ from gpt.translate import beam_search, encode_sources, generate, length_penalty,
 V, EOS = 20, 19
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matrices: one thread is fastest, and far more robust on a busy shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 def random_model(norm="pre", seed=0) -> GPT:
