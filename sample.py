@@ -34,7 +34,8 @@ SEPARATOR = "\n---------------\n"
 LM_DEFAULTS = {"temperature": 0.8, "max_new_tokens": 500}
 # flags of one mode given in the other: dest -> (flag, the default that means "not given")
 TEXT_ONLY = {"num_samples": ("--num-samples", 1), "stop": ("--stop", []), "stop_at_eot": ("--no-stop-at-eot", True),
-             "repetition_penalty": ("--repetition-penalty", 1.0), "compile": ("--compile", False)}
+             "repetition_penalty": ("--repetition-penalty", 1.0), "compile": ("--compile", False),
+             "cuda_graph": ("--no-cuda-graph", True)}
 TRANSLATION_ONLY = {"beam_size": ("--beam-size", None), "length_penalty": ("--length-penalty", None),
                     "batch_size": ("--batch-size", None)}
 
@@ -78,7 +79,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "(default: auto)")
     p.add_argument("--dtype", default="auto", help="auto (bfloat16 on a capable GPU, else float32), float32, "
                    "bfloat16, float16 (CUDA only) (default: auto)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model's forward (default: off)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model's forward, instead of CUDA-graph decode steps (default: off)")
+    p.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
+                   help="on CUDA, launch each decode step's kernels one by one instead of replaying a "
+                   "recorded CUDA graph (default: graphs on)")
     p.add_argument("--no-stream", dest="stream", action="store_false",
                    help="print everything at the end (default: stream as generated)")
     t = p.add_argument_group("translation (--source / --source-file, seq2seq checkpoints)")
@@ -143,7 +148,7 @@ def run(args: argparse.Namespace) -> None:
         num_samples=args.num_samples, max_new_tokens=_given(args.max_new_tokens, LM_DEFAULTS["max_new_tokens"]),
         temperature=_given(args.temperature, LM_DEFAULTS["temperature"]),
         top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty, stop=tuple(args.stop),
-        stop_at_eot=args.stop_at_eot, seed=seed,
+        stop_at_eot=args.stop_at_eot, seed=seed, cuda_graph=args.cuda_graph and not args.compile,
     )  # validated before anything slow happens
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
@@ -175,11 +180,15 @@ def run(args: argparse.Namespace) -> None:
         warnings.showwarning = lambda message, *a, **k: print(f"warning: {message}", file=sys.stderr)
         pieces = generate(model, tokenizer, prompt, cfg)  # checks the prompt before anything is printed
         printer = OrderedPrinter(cfg.num_samples, prompt, write)
-        for piece in pieces:
-            if first is None:
-                first = time.perf_counter() - start
-            n_tokens += len(piece.ids)
-            printer.add(piece.sample, piece.text, piece.finish is not None)
+        try:
+            for piece in pieces:
+                if first is None:
+                    first = time.perf_counter() - start
+                n_tokens += len(piece.ids)
+                printer.add(piece.sample, piece.text, piece.finish is not None)
+        except torch.cuda.OutOfMemoryError:
+            raise SamplingError(f"CUDA out of memory generating {cfg.num_samples} samples at once: ask for fewer "
+                                f"--num-samples (or use --device cpu)") from None
     elapsed = time.perf_counter() - start
     if not args.stream:
         sys.stdout.write(out.getvalue())

@@ -89,17 +89,31 @@ class KVCache:
     """Keys and values of one attention layer for incremental decoding.
 
     Preallocated to `max_len`; `append` writes the new keys/values at `pos` and returns views of
-    everything cached so far. For cross-attention the encoder's keys/values are stored once
-    (`fixed=True`) and returned unchanged at every step.
+    everything cached so far.
+
+    Static mode (CUDA graphs): when `pos` is a 0-dim device tensor instead of an int, `append`
+    writes one step's keys/values at that position and returns the whole buffers, so every step
+    has the same shapes and addresses; `GPT.hidden` masks out the keys not written yet, and the
+    caller advances `pos` (see `gpt.sampling.Decoder`).
     """
 
     def __init__(self, batch: int, n_head: int, max_len: int, head_dim: int, device, dtype):
         shape = (batch, n_head, max_len, head_dim)
-        self.k = torch.empty(shape, device=device, dtype=dtype)
-        self.v = torch.empty(shape, device=device, dtype=dtype)
-        self.pos = 0
+        # zeros, not empty: static mode attends over unwritten slots too (masked, but 0 * NaN = NaN)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.pos: int | torch.Tensor = 0
+
+    @property
+    def max_len(self) -> int:
+        return self.k.size(2)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(self.pos, torch.Tensor):  # static mode: one token at a device-side position
+            index = self.pos.view(1)
+            self.k.index_copy_(2, index, k)
+            self.v.index_copy_(2, index, v)
+            return self.k, self.v
         t = k.size(2)
         if self.pos + t > self.k.size(2):
             raise RuntimeError(f"KV cache overflow: {self.pos} + {t} > {self.k.size(2)}")
@@ -163,7 +177,7 @@ class Attention(nn.Module):
             q = self._heads(F.linear(x, self.c_attn.weight[:C], b))
             k, v = kv if isinstance(kv, tuple) else self.project_kv(kv)
             past, causal = 0, False
-        if causal and (past > 0 or mask is not None):
+        if causal and (mask is not None or past > 0):  # (a static cache always comes with a mask)
             # SDPA's is_causal assumes no cache and no other mask: build the mask explicitly.
             # Query i (at absolute position past + i) sees keys <= past + i; one new token sees all.
             if T > 1:
@@ -285,18 +299,18 @@ class GPT(nn.Module):
 
     # ---- forward paths -------------------------------------------------------------------------
 
-    def embed(self, idx: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
+    def embed(self, idx: torch.Tensor, start_pos: int | torch.Tensor = 0) -> torch.Tensor:
         T = idx.size(1)
-        if start_pos + T > self.config.block_size:
+        if not isinstance(start_pos, torch.Tensor) and start_pos + T > self.config.block_size:
             raise ValueError(
                 f"sequence of length {start_pos + T} exceeds block_size {self.config.block_size}; "
                 f"crop the input to its last {self.config.block_size} tokens"
             )
         tok = self.transformer.wte(idx)  # (B, T, C)
+        pos = start_pos + torch.arange(T, device=idx.device)  # start_pos may be a device tensor
         if self.config.pos_encoding == "sinusoidal":
             tok = tok * math.sqrt(self.config.n_embd)  # the paper scales embeddings by sqrt(d_model)
-            return self.transformer.drop(tok + self.pe[start_pos : start_pos + T])
-        pos = torch.arange(start_pos, start_pos + T, device=idx.device)
+            return self.transformer.drop(tok + self.pe[pos])
         return self.transformer.drop(tok + self.transformer.wpe(pos))
 
     def hidden(
@@ -312,9 +326,13 @@ class GPT(nn.Module):
         With `caches` (one KVCache per layer) the tokens continue the cached sequence. With an
         encoder, `memory` is its output (or, per layer, precomputed cross-attention key/values).
         `mask` (boolean, broadcastable to (B, nh, T, T_past + T)) further restricts self-attention,
-        which is causal in any case.
+        which is causal in any case. Static caches (a tensor `pos`, one token per row) attend over
+        their whole buffer with the positions after `pos` masked out.
         """
         start = caches[0].pos if caches else 0
+        if isinstance(start, torch.Tensor):
+            written = torch.arange(caches[0].max_len, device=idx.device) <= start  # (L,)
+            mask = written.view(1, 1, 1, -1) if mask is None else mask & written
         x = self.embed(idx, start)
         for i, block in enumerate(self.transformer.h):
             mem = memory[i] if isinstance(memory, list) else memory

@@ -76,6 +76,7 @@ class SampleConfig:
     stop_at_eot: bool = True  # end a sample at the end-of-text token
     seed: int | None = None  # None: a fresh random seed
     window_keep: int | None = None  # tokens kept when the context slides; None: block_size // 2
+    cuda_graph: bool = True  # on CUDA, replay each one-token step as a CUDA graph (see Decoder)
 
     def __post_init__(self):
         self.stop = tuple(self.stop)
@@ -227,9 +228,15 @@ class Decoder:
 
     `tokens` is the whole history (B, T_total); the model sees `tokens[:, start:]`, at most
     block_size tokens, slid as described in the module notes.
+
+    `graph=True` runs each one-token step with static shapes (the caches' position is a device
+    tensor and the whole cache is attended with a mask, see `KVCache`) and, on CUDA, records that
+    step once as a CUDA graph and replays it: one launch per token instead of a few hundred, which
+    is most of a small model's decode time on a GPU. Prefills stay eager. A change of batch rows
+    (`select`) records the graph again.
     """
 
-    def __init__(self, model: GPT, idx: torch.Tensor, keep: int | None = None):
+    def __init__(self, model: GPT, idx: torch.Tensor, keep: int | None = None, graph: bool = False):
         cfg = model.config
         if cfg.n_encoder_layer:
             raise ValueError("Decoder runs decoder-only models; an encoder-decoder model decodes with gpt.translate")
@@ -245,6 +252,8 @@ class Decoder:
         self.tokens = idx
         self.start = max(0, idx.size(1) - cfg.block_size)
         self.prefills = 0
+        self.graph = graph
+        self._static = None  # (ids, pos, logits, torch.cuda.CUDAGraph or None), made at the first step
         self.logits = self._prefill()
 
     @torch.no_grad()
@@ -268,8 +277,37 @@ class Decoder:
         if self.context_len > self.block_size:  # full: keep the last `keep` tokens, rebuild the cache
             self.start = self.tokens.size(1) - self.keep
             self.logits = self._prefill()
+        elif self.graph:
+            self.logits = self._static_step(self.tokens[:, -1:])
         else:
             self.logits = self._forward(self.tokens[:, -1:])
+
+    def _static_step(self, ids: torch.Tensor) -> torch.Tensor:
+        """The one-token step with static shapes: replayed as a CUDA graph on CUDA, eager elsewhere."""
+        if self._static is None:
+            device = ids.device
+            self._static = (torch.zeros_like(ids), torch.zeros((), dtype=torch.long, device=device), None, None)
+        static_ids, pos, logits, graph = self._static
+        static_ids.copy_(ids)
+        pos.fill_(self.context_len - 1)  # where the new token's key and value go
+        for cache in self.caches:
+            cache.pos = pos  # static mode until the next prefill resets it
+        if ids.device.type != "cuda":
+            return self._forward(static_ids)
+        if graph is None:
+            # Warm up on a side stream (library handles, kernel choice) as CUDA graphs require, then
+            # record. The warm-up computes this very step (it writes the same keys and values).
+            stream = torch.cuda.Stream(ids.device)
+            stream.wait_stream(torch.cuda.current_stream(ids.device))
+            with torch.cuda.stream(stream):
+                self._forward(static_ids)
+            torch.cuda.current_stream(ids.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                logits = self._forward(static_ids)
+            self._static = (static_ids, pos, logits, graph)
+        graph.replay()
+        return logits.clone()  # the next replay overwrites the graph's output
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only these batch rows (finished samples leave the batch)."""
@@ -278,6 +316,7 @@ class Decoder:
         self.logits = self.logits.index_select(0, rows)
         for cache in self.caches:
             cache.reorder(rows)
+        self._static = None  # new buffers and batch size: record again
 
 
 # ---- text: streaming decode and stop strings ------------------------------------------------------
@@ -399,7 +438,8 @@ def generate(
 @torch.no_grad()
 def _generate(model: GPT, tokenizer: Tokenizer, ids: list[int], cfg: SampleConfig, generator) -> Iterator[Piece]:
     device = generator.device
-    dec = Decoder(model, torch.tensor([ids] * cfg.num_samples, dtype=torch.long, device=device), cfg.window_keep)
+    idx = torch.tensor([ids] * cfg.num_samples, dtype=torch.long, device=device)
+    dec = Decoder(model, idx, cfg.window_keep, graph=cfg.cuda_graph and device.type == "cuda")
     rows = list(range(cfg.num_samples))  # the sample each batch row belongs to
     streams = [TextStream(tokenizer, cfg.stop) for _ in rows]
     eot = tokenizer.eot_token if cfg.stop_at_eot else None

@@ -55,8 +55,8 @@ def reference_greedy(model, idx, steps, keep, repetition_penalty=1.0):
     return tokens, torch.stack(all_logits, 1)
 
 
-def cached_greedy(model, idx, steps, keep, repetition_penalty=1.0):
-    dec = Decoder(model, idx, keep)
+def cached_greedy(model, idx, steps, keep, repetition_penalty=1.0, graph=False):
+    dec = Decoder(model, idx, keep, graph=graph)
     all_logits = []
     for step in range(steps):
         all_logits.append(dec.logits)
@@ -66,14 +66,30 @@ def cached_greedy(model, idx, steps, keep, repetition_penalty=1.0):
         dec.advance(nxt)
 
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+# (device, graph): the dynamic cache, and the static one (on CUDA replayed as a CUDA graph)
+DECODE_PATHS = [("cpu", False), ("cpu", True), pytest.param("cuda", False, marks=CUDA),
+                pytest.param("cuda", True, marks=CUDA)]
+
+
+@pytest.fixture
+def no_tf32():
+    """Full float32 matmuls on CUDA (the trainer switches TF32 on process-wide)."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@pytest.mark.parametrize("device,graph", DECODE_PATHS)
 @pytest.mark.parametrize("prompt_len", [3, 16, 21])  # short, exactly block_size, longer than block_size
 @pytest.mark.parametrize("keep", [8, 1, 16])  # default block_size // 2, the smallest, nanoGPT's crop
-def test_cached_greedy_equals_recompute_beyond_block_size(prompt_len, keep):
-    model = random_model(block=16)
-    idx = torch.randint(0, model.config.vocab_size, (3, prompt_len))  # three different prompts
+def test_cached_greedy_equals_recompute_beyond_block_size(prompt_len, keep, device, graph, no_tf32):
+    model = random_model(block=16).to(device)
+    idx = torch.randint(0, model.config.vocab_size, (3, prompt_len)).to(device)  # three different prompts
     steps = 50  # several window slides
     ref_tokens, ref_logits = reference_greedy(model, idx, steps, keep, repetition_penalty=1.3)
-    tokens, logits, dec = cached_greedy(model, idx, steps, keep, repetition_penalty=1.3)
+    tokens, logits, dec = cached_greedy(model, idx, steps, keep, repetition_penalty=1.3, graph=graph)
     assert torch.equal(tokens, ref_tokens)  # token for token
     torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=1e-4)
     assert dec.prefills >= 3 and dec.context_len <= 16
@@ -98,14 +114,15 @@ def test_window_slides_in_large_steps():
     assert dec.prefills == 1 + 4 and dec.context_len == 16
 
 
-def test_dropping_finished_rows_keeps_the_others_exact():
-    model = random_model(block=16)
-    idx = torch.randint(0, model.config.vocab_size, (3, 5))
+@pytest.mark.parametrize("device,graph", DECODE_PATHS)
+def test_dropping_finished_rows_keeps_the_others_exact(device, graph, no_tf32):
+    model = random_model(block=16).to(device)
+    idx = torch.randint(0, model.config.vocab_size, (3, 5)).to(device)
     full_tokens, _ = reference_greedy(model, idx, 30, keep=8)
-    dec = Decoder(model, idx)
+    dec = Decoder(model, idx, graph=graph)
     for step in range(29):
         nxt = dec.logits.argmax(-1)
-        if step == 7:  # row 1 finishes: drop it
+        if step == 7:  # row 1 finishes: drop it (a static decoder records its graph again)
             dec.select(torch.tensor([0, 2]))
             nxt = nxt[[0, 2]]
         dec.advance(nxt)
