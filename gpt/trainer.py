@@ -20,7 +20,7 @@ import math
 import os
 import signal
 import time
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,14 +52,15 @@ class Runtime:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
-
-    @property
-    def ddp(self) -> bool:
-        return self.world_size > 1
+    ddp: bool = False  # launched by torchrun (a process group, DDP), even with a single process
 
     @property
     def master(self) -> bool:
         return self.rank == 0
+
+    def peak_memory_gib(self) -> float | None:
+        """The most GPU memory tensors have held so far (CUDA only; allocator caches not counted)."""
+        return torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else None
 
     def autocast(self) -> ExitStack:
         """The forward pass's context: autocast unless float32 and, on CPU, the math attention kernel.
@@ -77,19 +78,27 @@ class Runtime:
 
 
 def setup_runtime(cfg: TrainConfig) -> Runtime:
+    ddp = "WORLD_SIZE" in os.environ  # set by torchrun
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     name = cfg.device
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and world_size > 1:
+    if name == "cuda" and ddp:
         name = f"cuda:{local_rank}"
     device = torch.device(name)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())  # set_device and peers want an index
+    if cfg.deterministic:
+        # cuBLAS needs a fixed workspace (read when its handle is made); strict mode, because with
+        # warn_only=True the flash-attention backward keeps its faster non-deterministic algorithm
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls: ~free speed in float32 parts
         torch.backends.cudnn.allow_tf32 = True
-    if world_size > 1:
+    if ddp:
         torch.distributed.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
     dtype = cfg.dtype
     if dtype == "auto":
@@ -98,7 +107,7 @@ def setup_runtime(cfg: TrainConfig) -> Runtime:
         raise ConfigError("dtype: float16 training needs CUDA (use bfloat16 or float32 on CPU)")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    return Runtime(device, getattr(torch, dtype), rank, local_rank, world_size)
+    return Runtime(device, getattr(torch, dtype), rank, local_rank, world_size, ddp)
 
 
 def make_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
@@ -164,6 +173,24 @@ def estimate_loss(model: GPT, task, splits=("train", "val"), rt: Runtime | None 
     return out
 
 
+@contextmanager
+def explain_oom(cfg: TrainConfig, step: int, out_dir: Path, evaluating: bool = False):
+    """CUDA out of memory becomes one line naming the fix. It happens before anything of this step is
+    saved, so the last checkpoint stays as it was."""
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError:
+        if evaluating:
+            bs = cfg.eval_batch_size or cfg.batch_size
+            what, fix = "evaluating", f"evaluate in smaller batches, e.g. --eval-batch-size {max(1, bs // 2)}"
+        else:
+            what = f"training (micro-batches of {cfg.batch_size} x {cfg.block_size} tokens)"
+            fix = (f"use a smaller --batch-size with more --grad-accum for the same global batch, e.g. "
+                   f"--batch-size {max(1, cfg.batch_size // 2)} --grad-accum {cfg.grad_accum * 2}")
+        saved = f"the last checkpoint in {out_dir} is intact" if (out_dir / "last.pt").exists() else "nothing was saved"
+        raise TrainingError(f"CUDA out of memory at step {step} while {what}: {fix}; {saved}") from None
+
+
 def tokenizers_match(a: dict, b: dict) -> bool:
     keys = {"gpt2": ("kind",), "char": ("kind", "chars"), "bpe": ("kind", "ranks", "pattern")}.get(a.get("kind"), ())
     return bool(keys) and all(a.get(k) == b.get(k) for k in keys)
@@ -203,9 +230,10 @@ def _rng_state(device: torch.device) -> dict:
 
 
 def _set_rng_state(state: dict, device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
+    # generator states are CPU byte tensors, wherever the checkpoint was mapped to
+    torch.set_rng_state(state["torch"].cpu())
     if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
 
 
 class StopSignal:
@@ -336,21 +364,23 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
             lr = lr_at(step, cfg)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss, grad_norm, n_tokens = train_step(train_model, optimizer, scaler, task.train_batch, step, accum, rt, cfg.grad_clip)
-            finite = torch.isfinite(loss) & (torch.isfinite(grad_norm) | scaler.is_enabled())
-            if not finite:
-                optimizer.zero_grad(set_to_none=True)
-                if not cfg.skip_nonfinite:
-                    raise TrainingError(
-                        f"non-finite loss ({loss.item():.4g}) or gradient norm ({grad_norm.item():.4g}) at step {step}; "
-                        f"stopped before the optimizer step. The last checkpoint in {out_dir} is intact: lower "
-                        f"--learning-rate, or pass --skip-nonfinite to skip such steps"
-                    )
-                skipped += 1
-            else:
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
+            with explain_oom(cfg, step + 1, out_dir):
+                loss, grad_norm, n_tokens = train_step(train_model, optimizer, scaler, task.train_batch, step, accum,
+                                                       rt, cfg.grad_clip)
+                finite = torch.isfinite(loss) & (torch.isfinite(grad_norm) | scaler.is_enabled())
+                if not finite:
+                    optimizer.zero_grad(set_to_none=True)
+                    if not cfg.skip_nonfinite:
+                        raise TrainingError(
+                            f"non-finite loss ({loss.item():.4g}) or gradient norm ({grad_norm.item():.4g}) at step "
+                            f"{step}; stopped before the optimizer step. The last checkpoint in {out_dir} is intact: "
+                            f"lower --learning-rate, or pass --skip-nonfinite to skip such steps"
+                        )
+                    skipped += 1
+                else:
+                    scaler.step(optimizer)  # the first step also allocates the optimizer's state
+                    scaler.update()
+                    optimizer.zero_grad(set_to_none=True)
             step += 1
             now = time.time()
             recent.append(now - t_step)
@@ -365,7 +395,8 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
                     torch.distributed.all_reduce(interval["tokens"])
                 dt = interval["seconds"] / interval["steps"]
                 tok_s = interval["tokens"].item() / interval["seconds"]
-                mfu = flops_per_token * tok_s / peak if peak else None
+                mfu = flops_per_token * tok_s / (peak * rt.world_size) if peak else None  # per device
+                mem = rt.peak_memory_gib()
                 eta = sorted(recent)[len(recent) // 2] * (cfg.max_iters - step)  # median: robust to pauses
                 if cfg.max_minutes:
                     eta = min(eta, 60 * cfg.max_minutes - (now - t_start))
@@ -373,10 +404,11 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
                 log.print(
                     f"step {step:>6} | loss {loss.item():.4f} | lr {lr:.2e} | {tok_s / 1e3:,.1f}k tok/s | "
                     f"{dt * 1e3:.0f} ms/step" + (f" | mfu {mfu:.1%}" if mfu is not None else "") +
-                    f" | eta {format_duration(eta)}"
+                    (f" | mem {mem:.1f} GiB" if mem is not None else "") + f" | eta {format_duration(eta)}"
                 )
                 log.record("train", step, loss=loss.item(), lr=lr, grad_norm=grad_norm.item(), tokens_per_s=tok_s,
-                           ms_per_step=dt * 1e3, mfu=mfu, skipped_steps=skipped, elapsed=now - t_start)
+                           ms_per_step=dt * 1e3, mfu=mfu, peak_mem_gib=mem, skipped_steps=skipped,
+                           elapsed=now - t_start)
 
             # 0 = go on, 1 = out of time (evaluate, save, stop), 2 = signalled (save, stop)
             halt = 2 if stop.signum is not None else int(bool(cfg.max_minutes) and now - t_start >= 60 * cfg.max_minutes)
@@ -387,7 +419,8 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
             evaluate = step % cfg.eval_interval == 0 or step == cfg.max_iters or halt == 1
             if evaluate:
                 t_eval = time.time()
-                last_eval = estimate_loss(model, task, rt=rt)
+                with explain_oom(cfg, step, out_dir, evaluating=True):
+                    last_eval = estimate_loss(model, task, rt=rt)
                 val = last_eval["val"]
                 improved = val < best_val
                 best_val = min(best_val, val)
@@ -413,7 +446,8 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
 
     elapsed = time.time() - t_start
     summary = dict(step=step, elapsed=elapsed, best_val_loss=best_val, skipped_steps=skipped,
-                   interrupted=stop.signum is not None, **{f"{k}_loss": v for k, v in last_eval.items()})
+                   peak_mem_gib=rt.peak_memory_gib(), interrupted=stop.signum is not None,
+                   **{f"{k}_loss": v for k, v in last_eval.items()})
     log.record("summary", step, **{k: v for k, v in summary.items() if k != "step"})
     log.print(
         f"done: {step} steps in {format_duration(elapsed)} | best val {best_val:.4f}"

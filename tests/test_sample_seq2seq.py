@@ -78,7 +78,7 @@ def source_file(tmp_path):
 
 
 def cli(capsys, *argv):
-    code = sample.main([str(a) for a in argv])
+    code = sample.main(["--device", "cpu", *map(str, argv)])  # like the in-process references (flags may override)
     out, err = capsys.readouterr()
     return code, out, err
 

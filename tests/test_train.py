@@ -14,8 +14,9 @@ from gpt.trainer import Runtime, TrainingError, config_from_argv, train, train_s
 
 from conftest import ROOT, SHAKESPEARE
 
+# CPU float32 wherever the tests run (bit-identical results); tests/test_cuda.py covers CUDA
 TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--block-size", "32", "--batch-size", "4",
-        "--eval-iters", "4", "--log-interval", "1", "--warmup-iters", "2"]
+        "--eval-iters", "4", "--log-interval", "1", "--warmup-iters", "2", "--device", "cpu"]
 
 
 def prepare(text_file, out, *extra):
@@ -135,6 +136,27 @@ def test_nonfinite_loss_stops_before_the_step_and_keeps_the_checkpoint(char_data
     summary = run("--data", char_data, "--out-dir", tmp_path / "skip", *TINY, "--max-iters", "10",
                   "--eval-interval", "5", "--skip-nonfinite")
     assert summary["skipped_steps"] == 1 and summary["step"] == 10
+
+
+def test_out_of_memory_is_one_line_naming_the_fix_and_keeps_the_checkpoint(char_data, tmp_path, monkeypatch):
+    from gpt import trainer
+
+    out = tmp_path / "run"
+    run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2")
+    before = (out / "last.pt").read_bytes()
+
+    def oom(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+
+    monkeypatch.setattr(trainer, "train_step", oom)
+    with pytest.raises(TrainingError, match=r"out of memory at step 3 .*--batch-size 2 --grad-accum 2; the last "
+                                            r"checkpoint in .* is intact"):
+        run("--resume", out, "--max-iters", "4")
+    monkeypatch.undo()
+    monkeypatch.setattr(trainer, "estimate_loss", oom)
+    with pytest.raises(TrainingError, match=r"while evaluating: .*--eval-batch-size 2"):
+        run("--resume", out, "--max-iters", "4", "--eval-interval", "1")
+    assert (out / "last.pt").read_bytes() == before
 
 
 def test_out_dir_with_a_run_is_not_overwritten(char_data, tmp_path):
