@@ -30,6 +30,8 @@ import sys
 import time
 import warnings
 
+from gpt.cli import fail, run_main
+
 SEPARATOR = "\n---------------\n"
 LM_DEFAULTS = {"temperature": 0.8, "max_new_tokens": 500}
 # flags of one mode given in the other: dest -> (flag, the default that means "not given")
@@ -154,8 +156,11 @@ def run(args: argparse.Namespace) -> None:
     dtype = resolve_dtype(args.dtype, device)
     prompt = args.prompt or ""
     if args.prompt_file:
-        with open(args.prompt_file, encoding="utf-8") as f:
-            prompt = f.read()
+        try:
+            with open(args.prompt_file, encoding="utf-8") as f:
+                prompt = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise SamplingError(f"--prompt-file {args.prompt_file}: cannot read it as UTF-8 text ({e})") from None
 
     model, tokenizer, _ = load_checkpoint(args.ckpt, device=device)
     if model.config.n_encoder_layer:
@@ -242,17 +247,8 @@ def main(argv=None) -> int:
         sys.stdout.reconfigure(errors="replace")  # a terminal that cannot show a character never raises
     problem = mode_error(args)
     if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
-    try:
-        run(args)
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
-    except (ValueError, OSError, RuntimeError) as e:  # Checkpoint-, Sampling-, Translate-, PairsError: ValueErrors
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        return fail(problem)
+    return run_main(lambda: run(args))
 
 
 if __name__ == "__main__":

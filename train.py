@@ -11,13 +11,9 @@
 
 import sys
 
-from gpt.checkpoint import CheckpointError
 from gpt.cli import run_main
-from gpt.config import ConfigError, help_text
-from gpt.data import DataError
-from gpt.pairs import PairsError
-from gpt.tokenizer import TokenizerError
-from gpt.trainer import TrainingError, config_from_argv, train
+from gpt.config import help_text
+from gpt.trainer import config_from_argv, train
 
 
 def main(argv: list[str]) -> int:
@@ -28,7 +24,7 @@ def main(argv: list[str]) -> int:
         cfg, explicit = config_from_argv(argv)
         train(cfg, explicit)
 
-    return run_main(body, (ConfigError, DataError, CheckpointError, PairsError, TokenizerError, TrainingError))
+    return run_main(body)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from gpt.cli import run_main  # noqa: E402
-from gpt.data import DataError  # noqa: E402
+from gpt.cli import fail, run_main  # noqa: E402
 from gpt.pairs import DEFAULT_VAL_FRACTION, add_pairs_options, run_cli  # noqa: E402
 from gpt.prepare import TOKENIZERS, prepare  # noqa: E402
 
@@ -66,8 +65,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     problem = mode_error(args)
     if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+        return fail(problem)
     if args.pairs:
         return run_cli(args)
     return run_main(
@@ -78,7 +76,7 @@ def main(argv=None) -> int:
             tokenizer_file=args.tokenizer_file, strict_utf8=args.strict_utf8,
             workers=args.workers, force=args.force, progress=False if args.quiet else None,
         ).line(),
-        DataError, interrupted=f"{args.out} was left as it was",
+        interrupted=f"{args.out} was left as it was",
     )
 
 

@@ -27,10 +27,12 @@ from pathlib import Path
 
 import torch
 
+from gpt.errors import UserError
+
 FORMAT_VERSION = 1
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A path that is missing or is not a gpt checkpoint."""
 
 

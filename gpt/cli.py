@@ -2,10 +2,11 @@
 
     def main(argv=None) -> int:
         args = parser.parse_args(argv)
-        return run_main(lambda: prepare(...).line(), DataError, interrupted=f"{args.out} was left as it was")
+        return run_main(lambda: prepare(...).line(), interrupted=f"{args.out} was left as it was")
 
-Only the exception types a script names are turned into messages (exit 2); anything else is a bug
-and keeps its traceback. Ctrl-C prints one line and exits 130.
+Every entry point (train.py, sample.py, data/*.py, `python -m gpt.evaluate`, `python -m gpt.hf`) runs
+its body through `run_main`. A `gpt.errors.UserError` becomes its message (exit 2); anything else is
+a bug and keeps its traceback. Ctrl-C prints one line and exits 130.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
+from gpt.errors import UserError
 
-def run_main(body: Callable[[], str | None], errors: type | tuple[type, ...], interrupted: str = "") -> int:
+
+def run_main(body: Callable[[], str | None], interrupted: str = "") -> int:
     """Run a script's body; print what it returns (if anything) and return the exit status."""
     try:
         message = body()
-    except errors as e:
+    except UserError as e:
         print(f"error: {e}".replace("\n", "\n  "), file=sys.stderr)  # a multi-problem message stays indented
         return 2
     except KeyboardInterrupt:
@@ -27,3 +30,9 @@ def run_main(body: Callable[[], str | None], errors: type | tuple[type, ...], in
     if message:
         print(message)
     return 0
+
+
+def fail(message: str) -> int:
+    """A mistake found before the body runs (e.g. flags that do not go together): one line, exit 2."""
+    print(f"error: {message}", file=sys.stderr)
+    return 2

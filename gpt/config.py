@@ -23,10 +23,12 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from gpt.errors import UserError
+
 CONFIG_DIR = Path(__file__).parent / "configs"
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """Bad configuration: the message lists every problem, one per line."""
 
 

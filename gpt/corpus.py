@@ -28,10 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from gpt.errors import UserError
+
 SNIFF_BYTES = 8192
 
 
-class CorpusError(ValueError):
+class CorpusError(UserError, ValueError):
     """A corpus that cannot be read as text (gpt.prepare turns it into a DataError)."""
 
 

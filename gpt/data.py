@@ -33,6 +33,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gpt.errors import UserError
+
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
 SPLITS = ("train", "val")
@@ -41,7 +43,7 @@ MODES = ("random", "epoch")
 PREPARE_HINT = "run `python data/prepare.py INPUT... --out {path} --tokenizer {{gpt2,char,bpe}}`"
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A dataset or corpus problem the user can fix (missing files, bad meta.json, too little data)."""
 
 

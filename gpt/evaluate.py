@@ -24,11 +24,12 @@ from typing import Sequence
 
 import torch
 
+from gpt.errors import UserError
 from gpt.pairs import PairsError, read_lines
 from gpt.translate import check_vocab, one_line, seq2seq_ids, translate  # noqa: F401 (seq2seq_ids re-exported)
 
 
-class EvaluateError(ValueError):
+class EvaluateError(UserError, ValueError):
     """A checkpoint or input files that cannot be evaluated."""
 
 
@@ -87,30 +88,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from gpt.checkpoint import CheckpointError, load_checkpoint
+def run(args: argparse.Namespace) -> str:
+    from gpt.checkpoint import load_checkpoint
 
-    args = build_parser().parse_args(argv)
-    try:
-        sources, references = read_lines(args.source_file), read_lines(args.reference)
-        if args.limit:
-            sources, references = sources[: args.limit], references[: args.limit]
-        model, tok, meta = load_checkpoint(args.ckpt, device=args.device)
-        bos, eos = seq2seq_ids(meta)
-        check_vocab(tok, model)
-        result = evaluate(model, tok, sources, references, bos, eos, args.beam_size, args.length_penalty,
-                          args.batch_size, args.max_new_tokens)
-    except (EvaluateError, PairsError, CheckpointError, ValueError) as e:  # e.g. a char outside the vocabulary
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    sources, references = read_lines(args.source_file), read_lines(args.reference)
+    if args.limit:
+        sources, references = sources[: args.limit], references[: args.limit]
+    model, tok, meta = load_checkpoint(args.ckpt, device=args.device)
+    bos, eos = seq2seq_ids(meta)
+    check_vocab(tok, model)
+    result = evaluate(model, tok, sources, references, bos, eos, args.beam_size, args.length_penalty,
+                      args.batch_size, args.max_new_tokens)
     if args.output:
         Path(args.output).write_text("".join(one_line(h) + "\n" for h in result["hypotheses"]), encoding="utf-8")
-    print(
+    return (
         f"BLEU {result['bleu']:.2f} | beam {args.beam_size} | {result['sentences']} sentences in "
         f"{result['seconds']:.1f} s = {result['sentences_per_s']:.1f} sentences/s | {result['bleu_text']} | "
         f"{result['signature']}"
     )
-    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from gpt.cli import run_main
+
+    args = build_parser().parse_args(argv)
+    return run_main(lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -314,15 +314,14 @@ def main(argv=None) -> int:
     ex.add_argument("--out", required=True, help="output directory (created; existing files are replaced)")
     args = p.parse_args(argv)
     from gpt.checkpoint import load_checkpoint
+    from gpt.cli import run_main
 
-    try:
+    def export() -> str:
         model, tokenizer, _ = load_checkpoint(args.ckpt)
         out = export_hf(model, tokenizer, args.out)
-    except (ValueError, OSError) as e:  # CheckpointError is a ValueError
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {out} (load with transformers.GPT2LMHeadModel.from_pretrained({str(out)!r}))")
-    return 0
+        return f"wrote {out} (load with transformers.GPT2LMHeadModel.from_pretrained({str(out)!r}))"
+
+    return run_main(export)
 
 
 if __name__ == "__main__":

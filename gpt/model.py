@@ -414,6 +414,20 @@ class GPT(nn.Module):
         loss = self.loss(logits, targets) if targets is not None else None
         return logits, loss
 
+    # ---- incremental decoding: the caches the forward paths above take ---------------------------
+
+    def new_caches(self, batch: int, max_len: int | None = None) -> list[KVCache]:
+        """One empty self-attention KVCache per decoder layer, on the model's device and in its dtype."""
+        param = self.transformer.wte.weight
+        head_dim = self.config.n_embd // self.config.n_head
+        return [KVCache(batch, self.config.n_head, max_len or self.config.block_size, head_dim, param.device,
+                        param.dtype) for _ in self.transformer.h]
+
+    def cross_kv(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per decoder layer, the cross-attention keys and values of the encoder output `memory` (B, S, C):
+        computed once per source and passed to `decode` as its memory at every step."""
+        return [block.cross_attn.project_kv(memory) for block in self.transformer.h]
+
     # ---- what users expect next to the model ---------------------------------------------------
 
     def num_params(self, non_embedding: bool = True) -> int:

@@ -59,6 +59,7 @@ import numpy as np
 import torch
 
 from gpt.data import file_sha256
+from gpt.errors import UserError
 from gpt.prepare import DEFAULT_BPE_VOCAB, RANKS_FILE
 from gpt.tokenizer import CharTokenizer, Tokenizer, get_tokenizer, gpt2_tokenizer
 
@@ -66,7 +67,7 @@ PAIRS_FORMAT = 1
 TOKENIZERS = ("gpt2", "char", "bpe")
 
 
-class PairsError(ValueError):
+class PairsError(UserError, ValueError):
     """Bad input for a pairs dataset: mismatched files, nothing left, a missing or foreign dataset."""
 
 
@@ -506,7 +507,7 @@ def run_cli(args: argparse.Namespace) -> int:
     """`run` with the CLI's error handling (also used by `data/prepare.py --pairs`)."""
     from gpt.cli import run_main
 
-    return run_main(lambda: run(args), PairsError, interrupted=f"{args.out} was left as it was")
+    return run_main(lambda: run(args), interrupted=f"{args.out} was left as it was")
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ import numpy as np
 from gpt.corpus import CorpusError, ReadStats, Segment, find_documents, plan_split, read_chunks
 from gpt.data import FORMAT_VERSION, META_FILE, SPLITS, DataError, dtype_for_vocab
 from gpt.progress import Progress
-from gpt.tokenizer import CharTokenizer, TiktokenTokenizer, gpt2_tokenizer
+from gpt.tokenizer import CharTokenizer, TiktokenTokenizer, TokenizerError, gpt2_tokenizer
 
 TOKENIZERS = ("gpt2", "char", "bpe")
 RANKS_FILE = "tokenizer.tiktoken"
@@ -221,7 +221,7 @@ def _build_tokenizer(kind, segments, vocab_size, tokenizer_file, strict, chunk_b
         if kind == "gpt2":
             try:
                 return gpt2_tokenizer(tokenizer_file)
-            except (FileNotFoundError, RuntimeError) as e:
+            except (FileNotFoundError, TokenizerError) as e:
                 raise DataError(str(e)) from None
         if kind == "char":
             bar = Progress("scan chars", sum(s.size for s in segments), enabled=progress)

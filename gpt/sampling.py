@@ -47,11 +47,12 @@ from typing import Iterator, Sequence
 
 import torch
 
-from gpt.model import GPT, KVCache
+from gpt.errors import UserError
+from gpt.model import GPT
 from gpt.tokenizer import StreamDecoder, Tokenizer
 
 
-class SamplingError(ValueError):
+class SamplingError(UserError, ValueError):
     """Invalid sampling settings (the message names the flag, the value and what is allowed)."""
 
 
@@ -243,12 +244,7 @@ class Decoder:
         self.model = model
         self.block_size = cfg.block_size
         self.keep = min(keep or max(1, cfg.block_size // 2), cfg.block_size)
-        param = next(model.parameters())
-        head_dim = cfg.n_embd // cfg.n_head
-        self.caches = [
-            KVCache(idx.size(0), cfg.n_head, cfg.block_size, head_dim, param.device, param.dtype)
-            for _ in range(cfg.n_layer)
-        ]
+        self.caches = model.new_caches(idx.size(0))
         self.tokens = idx
         self.start = max(0, idx.size(1) - cfg.block_size)
         self.prefills = 0

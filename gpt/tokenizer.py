@@ -24,13 +24,15 @@ import codecs
 import os
 from typing import Iterable, Protocol
 
+from gpt.errors import UserError
+
 EOT_TEXT = "<|endoftext|>"
 # GPT-2's pre-tokenizer: contractions, letters, digits, other symbols, whitespace.
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 GPT2_RANKS_ENV = "GPT2_TIKTOKEN_FILE"
 
 
-class TokenizerError(RuntimeError):
+class TokenizerError(UserError, ValueError):
     """A tokenizer that cannot be built here (e.g. GPT-2's BPE offline without its file)."""
 
 
@@ -82,7 +84,7 @@ class CharTokenizer:
 
     def __init__(self, chars: str):
         if len(set(chars)) != len(chars):
-            raise ValueError("char vocabulary has repeated characters")
+            raise TokenizerError("char vocabulary has repeated characters")
         self.chars = chars
         self.stoi = {c: i for i, c in enumerate(chars)}
         self.eot_token = len(chars)
@@ -102,7 +104,7 @@ class CharTokenizer:
         except KeyError:
             unknown = sorted(set(text) - set(self.stoi))
             shown = ", ".join(repr(c) for c in unknown[:10])
-            raise ValueError(
+            raise TokenizerError(
                 f"{len(unknown)} character(s) not in the char vocabulary: {shown}"
                 f"{' ...' if len(unknown) > 10 else ''}"
             ) from None
@@ -197,4 +199,4 @@ def get_tokenizer(spec: dict | str, ranks_file: str | None = None) -> Tokenizer:
         return CharTokenizer(spec["chars"])
     if kind == "bpe":
         return bpe_tokenizer(spec["ranks"], spec.get("pattern", GPT2_PATTERN))
-    raise ValueError(f"unknown tokenizer kind {kind!r}; expected 'gpt2', 'char' or 'bpe'")
+    raise TokenizerError(f"unknown tokenizer kind {kind!r}; expected 'gpt2', 'char' or 'bpe'")

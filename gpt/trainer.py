@@ -30,6 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpt import checkpoint
 from gpt.config import ConfigError, TrainConfig, build_config
+from gpt.errors import UserError
 from gpt.model import GPT, GPTConfig
 from gpt.progress import format_duration
 from gpt.runlog import RunLogger, peak_flops
@@ -39,7 +40,7 @@ from gpt.schedule import get_lr
 LATEST = ("last.pt",)  # resuming continues the latest state, not the best one
 
 
-class TrainingError(RuntimeError):
+class TrainingError(UserError, RuntimeError):
     """The run cannot go on (non-finite loss, mismatched tokenizer, ...); the message says why."""
 
 

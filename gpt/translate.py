@@ -9,7 +9,7 @@
     lines = translate_lines(model, tok, meta, sources, TranslateConfig(beam_size=4))
 
 The source is encoded once; each decoder layer's cross-attention keys and values are computed once
-per source (`Attention.project_kv`), and self-attention keys and values are cached (`KVCache`),
+per source (`GPT.cross_kv`), and self-attention keys and values are cached (`KVCache`),
 so each step feeds only the newest token. Decoding starts from the start token and stops at the
 end token or after `max_new_tokens` (default: the longest source in the batch + 50, at most
 `block_size`). Returned hypotheses exclude the start and end tokens.
@@ -39,11 +39,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from gpt.model import GPT, KVCache
+from gpt.errors import UserError
+from gpt.model import GPT
 from gpt.sampling import next_token
 
 
-class TranslateError(ValueError):
+class TranslateError(UserError, ValueError):
     """Settings or a checkpoint that cannot translate (the message names the flag or what is missing)."""
 
 
@@ -152,14 +153,11 @@ def _default_max_new(model: GPT, src: torch.Tensor, max_new_tokens: int | None) 
 def _start(model: GPT, src: torch.Tensor, src_mask: torch.Tensor, max_len: int, expand: int = 1):
     """Encode once; per decoder layer the cross-attention (k, v) and an empty self-attention cache."""
     memory = model.encode(src, src_mask)
-    kv = [block.cross_attn.project_kv(memory) for block in model.transformer.h]
+    kv = model.cross_kv(memory)
     if expand > 1:  # beams of a sentence share its source: rows b*K .. b*K+K-1
         kv = [(k.repeat_interleave(expand, 0), v.repeat_interleave(expand, 0)) for k, v in kv]
         src_mask = src_mask.repeat_interleave(expand, 0)
-    B, nh = src.size(0) * expand, model.config.n_head
-    k = kv[0][0]
-    caches = [KVCache(B, nh, max_len, k.size(-1), k.device, k.dtype) for _ in model.transformer.h]
-    return memory, kv, src_mask, caches
+    return memory, kv, src_mask, model.new_caches(src.size(0) * expand, max_len)
 
 
 @torch.inference_mode()

@@ -269,6 +269,9 @@ class Scripted(torch.nn.Module):
         self.lm_head = torch.nn.Identity()
         self.prefills = []
 
+    def new_caches(self, batch):
+        return [KVCache(batch, 1, self.config.block_size, 1, "cpu", torch.float32)]
+
     def hidden(self, idx, caches):
         B, T = idx.shape
         start = caches[0].pos

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from gpt.cli import run_main  # noqa: E402
-from gpt.pairs import DEFAULT_BPE_VOCAB, TOKENIZERS, PairsError, prepare_pairs, summary  # noqa: E402
+from gpt.pairs import DEFAULT_BPE_VOCAB, TOKENIZERS, prepare_pairs, summary  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
             val_pairs=(data / f"val.{args.src}", data / f"val.{args.tgt}"), max_len=args.max_len,
             vocab_size=args.vocab_size, tokenizer_file=args.tokenizer_file, force=args.force,
         ), out),
-        PairsError, interrupted=f"{out} was left as it was",
+        interrupted=f"{out} was left as it was",
     )
 
 

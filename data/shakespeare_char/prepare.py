@@ -14,7 +14,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # run from a checkout without installing
 
 from gpt.cli import run_main  # noqa: E402
-from gpt.data import DataError  # noqa: E402
 from gpt.prepare import fetch, prepare  # noqa: E402
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -29,7 +28,7 @@ def main(argv=None) -> int:
     return run_main(
         lambda: prepare([args.input or fetch(URL, HERE / "input.txt")], args.out, "char", block_size=256,
                         force=args.force).line(),
-        DataError, interrupted=f"{args.out} was left as it was",
+        interrupted=f"{args.out} was left as it was",
     )
 
 
