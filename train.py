@@ -12,8 +12,8 @@
 import sys
 
 from gpt.cli import run_main
-from gpt.config import help_text
-from gpt.trainer import config_from_argv, train
+from gpt.config import config_from_argv, help_text
+from gpt.trainer import train
 
 
 def main(argv: list[str]) -> int:

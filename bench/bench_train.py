@@ -99,7 +99,8 @@ def throughput(steps: int = 60) -> dict:
 
     sys.path.insert(0, str(ROOT))
     from gpt.model import GPT, GPTConfig
-    from gpt.trainer import Runtime, make_optimizer, train_step
+    from gpt.runtime import Runtime
+    from gpt.trainer import make_optimizer, train_step
     from gpt.config import build_config
 
     cfg = build_config(NANOGPT_CPU)

@@ -30,6 +30,7 @@ import torch
 from gpt.errors import UserError
 
 FORMAT_VERSION = 1
+LATEST = ("last.pt",)  # resuming continues the latest state, never the best one
 
 
 class CheckpointError(UserError, ValueError):

@@ -12,13 +12,16 @@ a bug and keeps its traceback. Ctrl-C prints one line and exits 130.
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Callable
 
 from gpt.errors import UserError
 
 
 def run_main(body: Callable[[], str | None], interrupted: str = "") -> int:
-    """Run a script's body; print what it returns (if anything) and return the exit status."""
+    """Run a script's body; print what it returns (if anything) and return the exit status. Warnings
+    show as one `warning: ...` line each."""
+    warnings.showwarning = lambda message, *args, **kwargs: print(f"warning: {message}", file=sys.stderr)
     try:
         message = body()
     except UserError as e:

@@ -32,8 +32,72 @@ class ConfigError(UserError, ValueError):
     """Bad configuration: the message lists every problem, one per line."""
 
 
+POS_ENCODINGS = ("learned", "sinusoidal")
+
+
 def opt(default, help: str):
     return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class GPTConfig:
+    """The model's shape (gpt/model.py builds it). Validated on construction: a ConfigError lists every
+    problem, each led by its field name."""
+
+    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64
+    block_size: int = 1024  # longest sequence (learned positions are absolute)
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True  # biases in Linear and LayerNorm, as GPT-2
+    # Seq2seq (the encoder of "Attention Is All You Need"); 0 keeps the decoder-only model.
+    n_encoder_layer: int = 0
+    pos_encoding: str = "learned"  # "learned" or "sinusoidal"
+    norm: str = "pre"  # "pre" (GPT-2) or "post" (the paper: LayerNorm(x + Sublayer(x)))
+    label_smoothing: float = 0.0
+
+    def __post_init__(self):
+        problems = self.problems()
+        if problems:
+            raise ConfigError("invalid model config: " + "; ".join(f"{name}: {why}" for name, why in problems))
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(field, what is wrong) for every invalid field."""
+        out = []
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                out.append((name, f"must be a positive integer, got {value!r}"))
+        if not {"n_head", "n_embd"} & {name for name, _ in out} and self.n_embd % self.n_head:
+            out.append(("n_head", f"must divide n_embd ({self.n_embd}), got {self.n_head}"))
+        if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
+            out.append(("dropout", f"must be in [0, 1), got {self.dropout!r}"))
+        if not isinstance(self.n_encoder_layer, int) or self.n_encoder_layer < 0:
+            out.append(("n_encoder_layer", f"must be an integer >= 0, got {self.n_encoder_layer!r}"))
+        if self.pos_encoding not in POS_ENCODINGS:
+            out.append(("pos_encoding", f"must be one of {', '.join(map(repr, POS_ENCODINGS))}, got {self.pos_encoding!r}"))
+        if self.norm not in ("pre", "post"):
+            out.append(("norm", f"must be 'pre' or 'post', got {self.norm!r}"))
+        if not isinstance(self.label_smoothing, (int, float)) or not 0.0 <= self.label_smoothing < 1.0:
+            out.append(("label_smoothing", f"must be in [0, 1), got {self.label_smoothing!r}"))
+        return out
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GPTConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown model config fields {unknown}; valid: {sorted(known)}")
+        return cls(**d)
+
+
+def flag(name: str) -> str:
+    """A field's command-line spelling: max_iters -> --max-iters."""
+    return "--" + name.replace("_", "-")
 
 
 @dataclass
@@ -93,7 +157,13 @@ class TrainConfig:
     peak_flops: float = opt(0.0, "device peak FLOP/s for MFU (0 = look it up / estimate)")
 
     def __post_init__(self):
-        problems = []
+        problems = self.problems()
+        if problems:
+            raise ConfigError("\n".join(problems))
+
+    def problems(self) -> list[str]:
+        """Every invalid value, as `--flag: what is wrong` lines (the model's fields included)."""
+        out = []
         choices = {
             "sampling": ("random", "epoch"),
             "lr_schedule": ("cosine", "constant", "wsd", "noam"),
@@ -102,27 +172,28 @@ class TrainConfig:
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
-                problems.append(f"{name}: {getattr(self, name)!r} is not one of {', '.join(map(repr, allowed))}")
+                out.append(f"{flag(name)}: {getattr(self, name)!r} is not one of {', '.join(map(repr, allowed))}")
         for name in ("batch_size", "grad_accum", "max_iters", "eval_interval", "log_interval"):
             if getattr(self, name) < 1:
-                problems.append(f"{name}: must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup_iters", "lr_decay_iters", "eval_iters", "eval_batch_size", "threads", "max_tokens", "max_minutes"):
+                out.append(f"{flag(name)}: must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup_iters", "lr_decay_iters", "eval_iters", "eval_batch_size", "threads", "max_tokens",
+                     "max_minutes", "seed"):
             if getattr(self, name) < 0:
-                problems.append(f"{name}: must be >= 0, got {getattr(self, name)}")
+                out.append(f"{flag(name)}: must be >= 0, got {getattr(self, name)}")
         if self.learning_rate <= 0:
-            problems.append(f"learning_rate: must be > 0, got {self.learning_rate}")
+            out.append(f"--learning-rate: must be > 0, got {self.learning_rate}")
         if not 0 <= self.min_lr <= self.learning_rate:
-            problems.append(f"min_lr: must be in [0, learning_rate={self.learning_rate}], got {self.min_lr}")
+            out.append(f"--min-lr: must be in [0, --learning-rate={self.learning_rate}], got {self.min_lr}")
         if not 0 < self.decay_fraction <= 1:
-            problems.append(f"decay_fraction: must be in (0, 1], got {self.decay_fraction}")
+            out.append(f"--decay-fraction: must be in (0, 1], got {self.decay_fraction}")
         if self.resume and self.init_from:
-            problems.append("resume and init_from: give one or the other (resume continues a run, init_from starts a new one)")
-        if problems:
-            raise ConfigError("\n".join(problems))
+            out.append("--resume and --init-from: give one or the other (resume continues a run, init_from starts a new one)")
+        model = GPTConfig.__new__(GPTConfig)  # validated without raising: its problems join ours
+        model.__dict__.update(vocab_size=64, **self.model_kwargs())
+        out += [f"{flag(name)}: {why}" for name, why in model.problems()]
+        return out
 
     def model_kwargs(self) -> dict:
-        from gpt.model import GPTConfig
-
         names = {f.name for f in fields(GPTConfig)} - {"vocab_size"}
         return {k: v for k, v in dataclasses.asdict(self).items() if k in names}
 
@@ -167,9 +238,13 @@ def _field_types() -> dict[str, type]:
     return {f.name: {"int": int, "float": float, "bool": bool, "str": str}[str(f.type)] for f in fields(TrainConfig)}
 
 
-def _unknown(key: str, valid) -> str:
+def _unknown(key: str, valid, source: str = "") -> str:
+    """`--max-itres: unknown option (did you mean --max-iters?)`, or for a config file's key
+    `n_layers: unknown option in c.toml (did you mean n_layer?)`."""
     close = difflib.get_close_matches(key, valid, n=1)
-    return f"{key}: unknown option" + (f" (did you mean {close[0]}?)" if close else "")
+    if source:
+        return f"{key}: unknown option in {source}" + (f" (did you mean {close[0]}?)" if close else "")
+    return f"{flag(key)}: unknown option" + (f" (did you mean {flag(close[0])}?)" if close else "")
 
 
 def find_config(name: str) -> Path:
@@ -177,11 +252,13 @@ def find_config(name: str) -> Path:
     path = Path(name)
     if path.is_file():
         return path
+    if path.is_dir():
+        raise ConfigError(f"--config: {name} is a directory, not a TOML file")
     shipped = CONFIG_DIR / f"{name.removesuffix('.toml')}.toml"
     if shipped.is_file():
         return shipped
     names = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.toml")))
-    raise ConfigError(f"config: no file {name!r} and no shipped config of that name (shipped: {names})")
+    raise ConfigError(f"--config: no file {name!r} and no shipped config of that name (shipped: {names})")
 
 
 def load_toml(path: Path) -> dict:
@@ -189,7 +266,11 @@ def load_toml(path: Path) -> dict:
         with open(path, "rb") as f:
             data = tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"config: {path} is not valid TOML ({e})") from None
+        raise ConfigError(f"--config: {path} is not valid TOML ({e})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--config: {path} is not UTF-8 text (a TOML file must be)") from None
+    except OSError as e:
+        raise ConfigError(f"--config: cannot read {path} ({e.strerror or e})") from None
     flat = {}
     for key, value in data.items():  # optional [model] / [train] tables are flattened
         if isinstance(value, dict) and key in ("model", "train"):
@@ -227,7 +308,7 @@ def parse_cli(argv: list[str]) -> tuple[dict[str, str], str | None, list[str]]:
                 value = argv[i]
                 i += 1
             else:
-                problems.append(f"{key}: missing value")
+                problems.append(f"{flag(key)}: missing value")
                 continue
         if key == "config":
             config = value
@@ -240,24 +321,42 @@ def build_config(argv: list[str] | None = None, base: dict | None = None) -> Tra
     """Defaults, then `base` (e.g. a resumed run's config), then the config file, then the CLI."""
     types = _field_types()
     cli, config_name, problems = parse_cli(list(argv or []))
-    merged: dict = dict(base or {})
+    merged = {key: (value, key) for key, value in (base or {}).items() if key in types}  # value, how to name it
     if config_name:
-        file_values = load_toml(find_config(config_name))
-        for key, value in file_values.items():
+        for key, value in load_toml(find_config(config_name)).items():
             if key not in types:
-                problems.append(_unknown(key, list(types)) + f" in {config_name}")
+                problems.append(_unknown(key, list(types), source=config_name))
             else:
-                merged[key] = value
-    merged.update(cli)
+                merged[key] = (value, f"{key} in {config_name}")
+    merged.update({key: (value, flag(key)) for key, value in cli.items()})
     typed = {}
-    for key, value in merged.items():
+    for key, (value, name) in merged.items():
         try:
-            typed[key] = _coerce(key, types[key], value)
+            typed[key] = _coerce(name, types[key], value)
         except ValueError as e:
             problems.append(str(e))
     if problems:
         raise ConfigError("\n".join(problems))
     return TrainConfig(**typed)
+
+
+def config_from_argv(argv: list[str]) -> tuple[TrainConfig, set[str]]:
+    """The training config of a command line, and the names given explicitly (by the command line, the
+    config file or, with `--resume RUN`, the run's saved config, which the command line may change)."""
+    cli, config_name, _ = parse_cli(argv)
+    base = {}
+    if cli.get("resume"):
+        from gpt import checkpoint  # the run's own config is the base a resume starts from
+
+        base = dict(checkpoint.read_meta(cli["resume"], names=checkpoint.LATEST).get("train_config") or {})
+        for key in ("resume", "init_from", "force"):
+            base.pop(key, None)
+        base["out_dir"] = str(checkpoint.resolve(cli["resume"], names=checkpoint.LATEST).parent)  # where it is now
+    cfg = build_config(argv, base=base)
+    explicit = set(cli) | set(base)
+    if config_name:
+        explicit |= set(load_toml(find_config(config_name)))
+    return cfg, explicit
 
 
 def help_text(prog: str = "train.py") -> str:
@@ -271,7 +370,6 @@ def help_text(prog: str = "train.py") -> str:
         f"{', '.join(sorted(p.stem for p in CONFIG_DIR.glob('*.toml')))}",
     ]
     for f in fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default != "" else '""'
-        lines.append(f"  {flag:<22} {f.metadata['help']} (default: {default})")
+        lines.append(f"  {flag(f.name):<22} {f.metadata['help']} (default: {default})")
     return "\n".join(lines)

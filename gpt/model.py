@@ -30,59 +30,12 @@ Design notes
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-@dataclass
-class GPTConfig:
-    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64
-    block_size: int = 1024  # longest sequence (learned positions are absolute)
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
-    bias: bool = True  # biases in Linear and LayerNorm, as GPT-2
-    # Seq2seq (the encoder of "Attention Is All You Need"); 0 keeps the decoder-only model.
-    n_encoder_layer: int = 0
-    pos_encoding: str = "learned"  # "learned" or "sinusoidal"
-    norm: str = "pre"  # "pre" (GPT-2) or "post" (the paper: LayerNorm(x + Sublayer(x)))
-    label_smoothing: float = 0.0
-
-    def __post_init__(self):
-        problems = []
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                problems.append(f"{name} must be a positive integer, got {value!r}")
-        if not problems and self.n_embd % self.n_head:
-            problems.append(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if not (0.0 <= self.dropout < 1.0):
-            problems.append(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if not isinstance(self.n_encoder_layer, int) or self.n_encoder_layer < 0:
-            problems.append(f"n_encoder_layer must be an integer >= 0, got {self.n_encoder_layer!r}")
-        if self.pos_encoding not in ("learned", "sinusoidal"):
-            problems.append(f"pos_encoding must be 'learned' or 'sinusoidal', got {self.pos_encoding!r}")
-        if self.norm not in ("pre", "post"):
-            problems.append(f"norm must be 'pre' or 'post', got {self.norm!r}")
-        if not (0.0 <= self.label_smoothing < 1.0):
-            problems.append(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
-        if problems:
-            raise ValueError("invalid GPTConfig: " + "; ".join(problems))
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "GPTConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown GPTConfig fields {unknown}; valid: {sorted(known)}")
-        return cls(**d)
+from gpt.config import GPTConfig  # noqa: F401 (GPTConfig is part of the model's API)
 
 
 class KVCache:

@@ -108,37 +108,6 @@ class SampleConfig:
             raise SamplingError("invalid sampling settings: " + "; ".join(problems))
 
 
-def resolve_device(name: str = "auto") -> torch.device:
-    """'auto' is cuda when available, else cpu; anything else is checked for availability."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise SamplingError(f"--device {name!r} is not a device: use auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SamplingError(f"--device {name}: CUDA is not available here; use --device cpu")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise SamplingError(f"--device {name}: MPS is not available here; use --device cpu")
-    return device
-
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """'auto' is bfloat16 on a GPU that supports it, else float32; float16 needs CUDA."""
-    if name == "auto":
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
-    if name not in DTYPES:
-        raise SamplingError(f"--dtype {name!r} is not one of auto, {', '.join(DTYPES)}")
-    if name == "float16" and device.type != "cuda":
-        raise SamplingError(f"--dtype float16 needs a CUDA device (got {device}); use bfloat16 or float32")
-    return DTYPES[name]
-
-
 # ---- logits -> next token (pure functions) --------------------------------------------------------
 
 

@@ -52,6 +52,13 @@ class LanguageModelling:
     def describe_batch(self, cfg) -> str:
         return f"{cfg.batch_size * cfg.grad_accum} x {cfg.block_size} tokens"
 
+    def eval_tokens(self) -> int:
+        """Tokens one evaluation reads, both splits (for time estimates)."""
+        cfg = self.cfg
+        if cfg.eval_iters == 0 or cfg.sampling == "epoch":
+            return 2 * (len(self.dataset.split("val")) - 1)
+        return 2 * cfg.eval_iters * (cfg.eval_batch_size or cfg.batch_size) * cfg.block_size
+
     def eval_batches(self, split: str):
         """The same `eval_iters` random batches at every evaluation; or, with eval_iters = 0 or epoch
         sampling, the whole val split, and as many train tokens (the train split is usually ~10x
@@ -112,6 +119,12 @@ class Translation:
 
     def describe_batch(self, cfg) -> str:
         return f"{cfg.grad_accum} x <= {self._tokens(cfg)} tokens of length-grouped pairs"
+
+    def eval_tokens(self) -> int:
+        """Tokens one evaluation reads, both splits, at most (for time estimates)."""
+        val = int(sum(lengths.sum() for lengths in self.dataset.lengths("val")))
+        train = val if self.cfg.eval_iters == 0 else self.cfg.eval_iters * self._tokens(self.cfg)
+        return val + train
 
     def eval_batches(self, split: str):
         from gpt.pairs import PairBatches

@@ -4,111 +4,50 @@
     python train.py --resume out/shakespeare_char --max-iters 5000          # continue exactly
     torchrun --nproc-per-node 2 train.py --data ... --out-dir ...            # DistributedDataParallel
 
-One step, in nanoGPT's order: the step's LR -> `grad_accum` micro-steps (forward, loss / accum,
-backward; DDP syncs gradients only on the last micro-step) -> unscale, check the loss and gradient
-norm are finite, clip -> optimizer step. Evaluation and checkpoints happen between steps.
+`train(cfg)` reads as its steps: claim the run directory, open the data, build (or resume) the model,
+then loop. One step, in nanoGPT's order: the step's LR -> `grad_accum` micro-steps (forward, loss /
+accum, backward; DDP syncs gradients only on the last micro-step) -> unscale, check the loss and
+gradient norm are finite, clip -> optimizer step. Evaluation and checkpoints happen between steps.
 
 Exact resume: batches are a function of (seed, step, rank), the LR a function of the step, and the
 checkpoint carries weights, optimizer, scaler and RNG states, so a resumed run computes the very
-same losses as one that never stopped (bit-identical on CPU in float32).
+same losses as one that never stopped (bit-identical on CPU in float32; on CUDA with --deterministic).
+
+Nothing saved is lost: a checkpoint is written atomically and only from finite weights with a finite
+val loss; a resume must use the same tokenizer and architecture; the run directory is locked.
 """
 
 from __future__ import annotations
 
 import collections
 import math
-import os
 import signal
 import time
-from contextlib import ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpt import checkpoint
-from gpt.config import ConfigError, TrainConfig, build_config
+from gpt.config import ConfigError, GPTConfig, TrainConfig, flag
 from gpt.errors import UserError
-from gpt.model import GPT, GPTConfig
+from gpt.model import GPT
 from gpt.progress import format_duration
+from gpt.rundir import RunDir
 from gpt.runlog import RunLogger, peak_flops
+from gpt.runtime import Runtime, setup
 from gpt.schedule import get_lr
 
-
-LATEST = ("last.pt",)  # resuming continues the latest state, not the best one
+ARCHITECTURE = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "n_encoder_layer", "pos_encoding",
+                "norm")  # what a resumed run cannot change (dropout and label smoothing it can)
 
 
 class TrainingError(UserError, RuntimeError):
     """The run cannot go on (non-finite loss, mismatched tokenizer, ...); the message says why."""
 
 
-@dataclass
-class Runtime:
-    """Where and how this process computes."""
-
-    device: torch.device
-    dtype: torch.dtype
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-    ddp: bool = False  # launched by torchrun (a process group, DDP), even with a single process
-
-    @property
-    def master(self) -> bool:
-        return self.rank == 0
-
-    def peak_memory_gib(self) -> float | None:
-        """The most GPU memory tensors have held so far (CUDA only; allocator caches not counted)."""
-        return torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else None
-
-    def autocast(self) -> ExitStack:
-        """The forward pass's context: autocast unless float32 and, on CPU, the math attention kernel.
-
-        PyTorch's CPU flash-attention kernel is the slower one for training: its backward took 44%
-        of a step, and the math kernel measured 37 vs 64 ms/step in bf16 (4x4x128, block 64, batch
-        24, 2 cores). On CUDA the default choice (flash / memory-efficient) stays.
-        """
-        stack = ExitStack()
-        if self.dtype != torch.float32:
-            stack.enter_context(torch.autocast(device_type=self.device.type, dtype=self.dtype))
-        if self.device.type == "cpu":
-            stack.enter_context(sdpa_kernel(SDPBackend.MATH))
-        return stack
-
-
-def setup_runtime(cfg: TrainConfig) -> Runtime:
-    ddp = "WORLD_SIZE" in os.environ  # set by torchrun
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    name = cfg.device
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and ddp:
-        name = f"cuda:{local_rank}"
-    device = torch.device(name)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())  # set_device and peers want an index
-    if cfg.deterministic:
-        # cuBLAS needs a fixed workspace (read when its handle is made); strict mode, because with
-        # warn_only=True the flash-attention backward keeps its faster non-deterministic algorithm
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls: ~free speed in float32 parts
-        torch.backends.cudnn.allow_tf32 = True
-    if ddp:
-        torch.distributed.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    dtype = cfg.dtype
-    if dtype == "auto":
-        dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if device.type == "cuda" else "float32"
-    if dtype == "float16" and device.type != "cuda":
-        raise ConfigError("dtype: float16 training needs CUDA (use bfloat16 or float32 on CPU)")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    return Runtime(device, getattr(torch, dtype), rank, local_rank, world_size, ddp)
+# ---- the pieces of a step ----------------------------------------------------------------------------
 
 
 def make_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
@@ -192,25 +131,40 @@ def explain_oom(cfg: TrainConfig, step: int, out_dir: Path, evaluating: bool = F
         raise TrainingError(f"CUDA out of memory at step {step} while {what}: {fix}; {saved}") from None
 
 
+# ---- the model: fresh, fine-tuned from a checkpoint, or resumed ---------------------------------------
+
+
 def tokenizers_match(a: dict, b: dict) -> bool:
     keys = {"gpt2": ("kind",), "char": ("kind", "chars"), "bpe": ("kind", "ranks", "pattern")}.get(a.get("kind"), ())
     return bool(keys) and all(a.get(k) == b.get(k) for k in keys)
 
 
+def check_tokenizer(source: str, spec: dict, task, data: str) -> None:
+    """A checkpoint's tokenizer must be the dataset's: the same ids must mean the same text."""
+    if not tokenizers_match(spec, task.tokenizer_spec):
+        kind = spec.get("kind")
+        raise TrainingError(
+            f"tokenizer mismatch: {source} was trained with a {kind!r} tokenizer different from the one of "
+            f"{data} ({task.tokenizer_spec.get('kind')!r}); use the dataset it was trained on, or prepare "
+            f"the text with the checkpoint's tokenizer (e.g. `python data/prepare.py ... --tokenizer {kind}`)")
+
+
+def padded_vocab(task) -> int:
+    return math.ceil(task.vocab_size / 64) * 64  # a multiple of 64: faster matmuls
+
+
 def build_model(cfg: TrainConfig, task, explicit: set[str], log) -> tuple[GPT, dict]:
     """A fresh model, or one initialised from `init_from`; returns (model, the model config used)."""
-    vocab = math.ceil(task.vocab_size / 64) * 64  # padded to a multiple of 64: faster matmuls
     if not cfg.init_from:
-        mcfg = GPTConfig(vocab_size=vocab, **cfg.model_kwargs())
+        mcfg = GPTConfig(vocab_size=padded_vocab(task), **cfg.model_kwargs())
         return GPT(mcfg), mcfg.to_dict()
     model, meta = checkpoint.load_model(cfg.init_from)
-    if not tokenizers_match(meta["tokenizer"], task.tokenizer_spec):
-        raise TrainingError(
-            f"tokenizer mismatch: {cfg.init_from} was trained with a {meta['tokenizer'].get('kind')!r} tokenizer "
-            f"different from the dataset's {task.tokenizer_spec.get('kind')!r} one; prepare the data with the "
-            f"checkpoint's tokenizer (e.g. `python data/prepare.py ... --tokenizer {meta['tokenizer'].get('kind')}`)"
-        )
+    check_tokenizer(cfg.init_from, meta["tokenizer"], task, cfg.data)
     mdict = dict(meta["model_config"], dropout=cfg.dropout)  # architecture from the checkpoint
+    ignored = [f"{flag(k)} {getattr(cfg, k)}" for k in ARCHITECTURE
+               if k in explicit and k != "block_size" and k in mdict and getattr(cfg, k, None) != mdict[k]]
+    if ignored:
+        log(f"init_from: the architecture comes from {cfg.init_from}; ignoring {', '.join(ignored)}")
     state = model.state_dict()
     model = GPT(GPTConfig.from_dict(mdict))
     model.load_state_dict(state)
@@ -219,8 +173,19 @@ def build_model(cfg: TrainConfig, task, explicit: set[str], log) -> tuple[GPT, d
         log(f"init_from: cropping block_size {mdict['block_size']} -> {block}")
         model.crop_block_size(block)
     elif block > mdict["block_size"]:
-        raise ConfigError(f"block_size: {block} exceeds the checkpoint's {mdict['block_size']} (it can only shrink)")
+        raise ConfigError(f"--block-size: {block} exceeds the checkpoint's {mdict['block_size']} (it can only shrink)")
     return model, model.config.to_dict()
+
+
+def check_resume(meta: dict, model_config: dict, task, cfg: TrainConfig) -> None:
+    """A resumed run continues the same model on the same kind of data: refuse anything else in one line."""
+    check_tokenizer(cfg.resume, meta["tokenizer"], task, cfg.data)
+    saved = meta["model_config"]
+    changed = [f"{flag(k)} {model_config[k]} (the run has {saved[k]})" for k in ARCHITECTURE
+               if k != "vocab_size" and k in saved and model_config.get(k) != saved[k]]
+    if changed:
+        raise ConfigError(f"--resume {cfg.resume}: the architecture of a run cannot change: {', '.join(changed)}; "
+                          f"start a new run, or fine-tune it with --init-from {cfg.resume}")
 
 
 def _rng_state(device: torch.device) -> dict:
@@ -237,12 +202,18 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"].cpu(), device)
 
 
+# ---- stopping: signals and the time limit ----------------------------------------------------------
+
+
 class StopSignal:
-    """SIGINT/SIGTERM set a flag; the loop finishes its step, saves and exits. A second SIGINT aborts."""
+    """SIGINT/SIGTERM set a flag; the loop finishes its step, saves and exits. A second SIGINT aborts,
+    except while a checkpoint is being written (`deferred()`): then it aborts right after the write."""
 
     def __init__(self):
         self.signum = None
         self._old = {}
+        self._deferring = False
+        self._abort = False
 
     def __enter__(self):
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -251,31 +222,45 @@ class StopSignal:
 
     def _handle(self, signum, frame):
         if self.signum is not None and signum == signal.SIGINT:
+            if self._deferring:
+                self._abort = True
+                return
             raise KeyboardInterrupt
         self.signum = signum
+
+    @contextmanager
+    def deferred(self):
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+        if self._abort:
+            raise KeyboardInterrupt
 
     def __exit__(self, *exc):
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
 
 
-def config_from_argv(argv: list[str]) -> tuple[TrainConfig, set[str]]:
-    """Parse the CLI; `--resume RUN` starts from that run's saved config (CLI values still win)."""
-    from gpt.config import parse_cli
+class TimeLimit:
+    """--max-minutes, evaluation included: the run stops (evaluates, saves) early enough that the final
+    evaluation ends before the limit. The evaluation's cost is the last one measured or, before the
+    first, estimated from the training throughput (a forward pass costs about a third of a step)."""
 
-    cli, config_name, _ = parse_cli(argv)
-    base = {}
-    if cli.get("resume"):
-        base = checkpoint.read_meta(cli["resume"], names=LATEST)["train_config"]
-        base = {k: v for k, v in base.items() if k not in ("resume", "init_from", "force")}
-        base["out_dir"] = str(checkpoint.resolve(cli["resume"], names=LATEST).parent)  # where the run is now
-    cfg = build_config(argv, base=base)
-    explicit = set(cli) | (set(base) if base else set())
-    if config_name:
-        from gpt.config import find_config, load_toml
+    def __init__(self, minutes: float, t_start: float, eval_tokens: int):
+        self.end = t_start + 60 * minutes if minutes else None
+        self.eval_seconds = None
+        self.eval_tokens = eval_tokens
 
-        explicit |= set(load_toml(find_config(config_name)))
-    return cfg, explicit
+    def out_of_time(self, now: float, step_seconds: float, tokens_per_s: float) -> bool:
+        if self.end is None:
+            return False
+        evaluation = self.eval_seconds if self.eval_seconds is not None else self.eval_tokens / max(tokens_per_s, 1) / 2
+        return now + step_seconds + evaluation >= self.end
+
+
+# ---- the run -------------------------------------------------------------------------------------------
 
 
 def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
@@ -284,57 +269,80 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
 
     t_start = time.time()
     if not cfg.data:
-        raise ConfigError("data: no dataset given; pass --data data/NAME (prepare one with data/prepare.py)")
-    rt = setup_runtime(cfg)
-    out_dir = Path(cfg.out_dir)
-    if rt.master and not cfg.resume and (out_dir / "last.pt").exists() and not cfg.force:
-        raise ConfigError(
-            f"out_dir: {out_dir} already holds a run; continue it with `--resume {out_dir}`, "
-            f"or pass --force to start over there"
-        )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    task = open_task(cfg.data)
-    if not cfg.init_from:
-        task.check_model(cfg)
-    log = RunLogger.create(str(out_dir), rt.master, cfg.wandb_project, cfg.wandb_run_name, cfg.wandb_mode, cfg.to_dict())
-    torch.manual_seed(cfg.seed + rt.rank)
+        raise ConfigError("--data: no dataset given; pass --data data/NAME (prepare one with data/prepare.py)")
+    rt = setup(cfg.device, cfg.dtype, cfg.threads, cfg.deterministic)
+    run_dir = RunDir(cfg.out_dir, rt.master)
+    try:
+        task = open_task(cfg.data)
+        if not cfg.init_from:
+            task.check_model(cfg)
+        with run_dir.claim(resume=bool(cfg.resume), force=cfg.force):
+            log = RunLogger.create(cfg.out_dir, rt.master, cfg.wandb_project, cfg.wandb_run_name, cfg.wandb_mode,
+                                   cfg.to_dict())
+            try:
+                return Run(cfg, explicit, rt, task, run_dir, log, t_start).loop()
+            finally:
+                log.close()
+    finally:
+        if rt.ddp:
+            torch.distributed.destroy_process_group()
 
-    model, model_config = build_model(cfg, task, explicit, log.print)
-    cfg.block_size = model.config.block_size
-    model.to(rt.device)
-    optimizer = make_optimizer(model, cfg, rt.device)
-    scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.dtype == torch.float16)
 
-    start_step, best_val, skipped = 0, float("inf"), 0
-    if cfg.resume:
-        ckpt = checkpoint.read(cfg.resume, map_location=rt.device, names=LATEST)
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        if ckpt.get("scaler"):
-            scaler.load_state_dict(ckpt["scaler"])
+class Run:
+    """One training run's state and its named steps: start (fresh, fine-tune or resume), step, log,
+    evaluate, save."""
+
+    def __init__(self, cfg: TrainConfig, explicit, rt: Runtime, task, run_dir: RunDir, log: RunLogger, t_start: float):
+        self.cfg, self.rt, self.task, self.run_dir, self.log, self.t_start = cfg, rt, task, run_dir, log, t_start
+        self.out_dir = Path(cfg.out_dir)
+        torch.manual_seed(cfg.seed + rt.rank)
+        log.print(f"building the model on {rt.describe()}")
+        model, self.model_config = build_model(cfg, task, explicit, log.print)
+        cfg.block_size = model.config.block_size
+        self.model = model.to(rt.device)
+        self.optimizer = make_optimizer(model, cfg, rt.device)
+        self.scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.dtype == torch.float16)
+        self.step, self.best_val, self.skipped, self.saved_step = 0, float("inf"), 0, None
+        if cfg.resume:
+            self._resume()
+        run_dir.write_config({"train": cfg.to_dict(), "model": self.model_config})
+        train_model = torch.compile(model) if cfg.compile else model  # `model` stays the one saved
+        if rt.ddp:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            train_model = DDP(train_model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
+        self.train_model = train_model
+        if cfg.grad_accum % rt.world_size:
+            raise ConfigError(f"--grad-accum: {cfg.grad_accum} must be a multiple of the {rt.world_size} processes")
+        self.accum = cfg.grad_accum // rt.world_size
+        task.start(cfg, rt, self.accum)
+        self.peak = cfg.peak_flops or peak_flops(rt.device)
+        self.flops_per_token = model.flops_per_token(cfg.block_size)
+        self.limit = TimeLimit(cfg.max_minutes, t_start, task.eval_tokens())
+
+    def _resume(self) -> None:
+        cfg, rt = self.cfg, self.rt
+        ckpt = checkpoint.read(cfg.resume, map_location=rt.device, names=checkpoint.LATEST)
         meta = ckpt["meta"]
-        start_step, best_val, skipped = meta["step"], meta.get("best_val_loss", float("inf")), meta.get("skipped_steps", 0)
+        check_resume(meta, self.model_config, self.task, cfg)
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        if ckpt.get("scaler"):
+            self.scaler.load_state_dict(ckpt["scaler"])
+        self.step = self.saved_step = meta["step"]
+        self.best_val, self.skipped = meta.get("best_val_loss", float("inf")), meta.get("skipped_steps", 0)
         if rt.world_size == meta.get("world_size", 1):  # the same processes: continue their RNG streams
             _set_rng_state(ckpt["rng"][rt.rank] if isinstance(ckpt["rng"], list) else ckpt["rng"], rt.device)
-        log.print(f"resuming {cfg.resume} at step {start_step}")
-    if rt.master:
-        import json
+        self.log.print(f"resuming {cfg.resume} at step {self.step}")
 
-        (out_dir / "config.json").write_text(json.dumps({"train": cfg.to_dict(), "model": model_config}, indent=2))
-
-    train_model = torch.compile(model) if cfg.compile else model  # `model` stays the one saved
-    if rt.ddp:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        train_model = DDP(train_model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
-    if cfg.grad_accum % rt.world_size:
-        raise ConfigError(f"grad_accum: {cfg.grad_accum} must be a multiple of the {rt.world_size} processes")
-    accum = cfg.grad_accum // rt.world_size
-    task.start(cfg, rt, accum)
-    peak = cfg.peak_flops or peak_flops(rt.device)
-    flops_per_token = model.flops_per_token(cfg.block_size)
-
-    def save(name: str, step: int, val_loss: float | None) -> None:
+    def save(self, name: str, val_loss: float | None, stop: StopSignal) -> None:
+        """Write `name` atomically: weights, optimizer, scaler, RNG, and the meta that resumes them. Never
+        from non-finite weights: the last good checkpoint stays."""
+        rt = self.rt
+        if not all(torch.isfinite(p).all() for p in self.model.parameters()):
+            raise TrainingError(
+                f"the weights are no longer finite at step {self.step}: not saved; {self._kept()}; lower "
+                f"--learning-rate (or --grad-clip)")
         rng = _rng_state(rt.device)
         if rt.ddp:  # every rank's dropout stream, so a same-size resume continues them all
             gathered = [None] * rt.world_size
@@ -342,119 +350,145 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
             rng = gathered
         if not rt.master:
             return
+        cfg = self.cfg
         meta = dict(
-            step=step, val_loss=val_loss, best_val_loss=best_val, skipped_steps=skipped, world_size=rt.world_size,
-            model_config=model_config, train_config=cfg.to_dict(), tokenizer=task.tokenizer_spec, **task.checkpoint_meta,
-            sampler={"seed": cfg.seed, "mode": cfg.sampling, "next_step": step}, dataset=str(cfg.data),
+            step=self.step, val_loss=val_loss, best_val_loss=self.best_val, skipped_steps=self.skipped,
+            world_size=rt.world_size, model_config=self.model_config, train_config=cfg.to_dict(),
+            tokenizer=self.task.tokenizer_spec, **self.task.checkpoint_meta,
+            sampler={"seed": cfg.seed, "mode": cfg.sampling, "next_step": self.step}, dataset=str(cfg.data),
         )
-        state = dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
-                     scaler=scaler.state_dict() if scaler.is_enabled() else None, rng=rng)
-        checkpoint.save(out_dir / name, state, meta)
+        state = dict(model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
+                     scaler=self.scaler.state_dict() if self.scaler.is_enabled() else None, rng=rng)
+        with stop.deferred():  # a second Ctrl-C waits for the write to finish
+            checkpoint.save(self.out_dir / name, state, meta)
+        self.saved_step = self.step
 
-    log.print(
-        f"{model.num_params() / 1e6:.2f}M parameters | {rt.device} {str(rt.dtype).removeprefix('torch.')} | "
-        f"{rt.world_size} process(es) | global batch {task.describe_batch(cfg)} | "
-        f"steps {start_step} -> {cfg.max_iters}"
-    )
-    model.train()
-    step, last_eval = start_step, {}
-    t_step, recent = time.time(), collections.deque(maxlen=50)  # recent step times, for the ETA
-    interval = {"steps": 0, "seconds": 0.0, "tokens": torch.zeros((), dtype=torch.long, device=rt.device)}
-    with StopSignal() as stop:
-        while step < cfg.max_iters:
-            lr = lr_at(step, cfg)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            with explain_oom(cfg, step + 1, out_dir):
-                loss, grad_norm, n_tokens = train_step(train_model, optimizer, scaler, task.train_batch, step, accum,
-                                                       rt, cfg.grad_clip)
-                finite = torch.isfinite(loss) & (torch.isfinite(grad_norm) | scaler.is_enabled())
-                if not finite:
-                    optimizer.zero_grad(set_to_none=True)
-                    if not cfg.skip_nonfinite:
-                        raise TrainingError(
-                            f"non-finite loss ({loss.item():.4g}) or gradient norm ({grad_norm.item():.4g}) at step "
-                            f"{step}; stopped before the optimizer step. The last checkpoint in {out_dir} is intact: "
-                            f"lower --learning-rate, or pass --skip-nonfinite to skip such steps"
-                        )
-                    skipped += 1
-                else:
-                    scaler.step(optimizer)  # the first step also allocates the optimizer's state
-                    scaler.update()
-                    optimizer.zero_grad(set_to_none=True)
-            step += 1
-            now = time.time()
-            recent.append(now - t_step)
-            interval["steps"] += 1
-            interval["seconds"] += now - t_step
-            interval["tokens"] += n_tokens
-            t_step = now
+    def _kept(self) -> str:
+        if self.saved_step is None:
+            return "nothing was saved"
+        return f"{self.out_dir / 'last.pt'} still holds step {self.saved_step}"
 
-            if step % cfg.log_interval == 0 or step == cfg.max_iters:
-                if rt.ddp:  # the global batch's mean loss and token count
-                    torch.distributed.all_reduce(loss, op=torch.distributed.ReduceOp.AVG)
-                    torch.distributed.all_reduce(interval["tokens"])
-                dt = interval["seconds"] / interval["steps"]
-                tok_s = interval["tokens"].item() / interval["seconds"]
-                mfu = flops_per_token * tok_s / (peak * rt.world_size) if peak else None  # per device
-                mem = rt.peak_memory_gib()
-                eta = sorted(recent)[len(recent) // 2] * (cfg.max_iters - step)  # median: robust to pauses
-                if cfg.max_minutes:
-                    eta = min(eta, 60 * cfg.max_minutes - (now - t_start))
-                interval.update(steps=0, seconds=0.0, tokens=torch.zeros_like(interval["tokens"]))
-                log.print(
-                    f"step {step:>6} | loss {loss.item():.4f} | lr {lr:.2e} | {tok_s / 1e3:,.1f}k tok/s | "
-                    f"{dt * 1e3:.0f} ms/step" + (f" | mfu {mfu:.1%}" if mfu is not None else "") +
-                    (f" | mem {mem:.1f} GiB" if mem is not None else "") + f" | eta {format_duration(eta)}"
-                )
-                log.record("train", step, loss=loss.item(), lr=lr, grad_norm=grad_norm.item(), tokens_per_s=tok_s,
-                           ms_per_step=dt * 1e3, mfu=mfu, peak_mem_gib=mem, skipped_steps=skipped,
-                           elapsed=now - t_start)
+    def evaluate(self, stop: StopSignal) -> dict[str, float]:
+        """Losses on both splits; saves last.pt (and best.pt when val improved)."""
+        t_eval = time.time()
+        with explain_oom(self.cfg, self.step, self.out_dir, evaluating=True):
+            losses = estimate_loss(self.model, self.task, rt=self.rt)
+        val = losses["val"]
+        self.limit.eval_seconds = time.time() - t_eval
+        self.log.print(
+            f"eval {self.step:>6} | train {losses['train']:.4f} | val {val:.4f} | val ppl {math.exp(min(val, 50)):.2f}"
+            f" | {self.limit.eval_seconds:.1f}s | elapsed {format_duration(time.time() - self.t_start)}")
+        self.log.record("eval", self.step, train_loss=losses["train"], val_loss=val, val_ppl=math.exp(min(val, 50)),
+                        elapsed=time.time() - self.t_start)
+        if not math.isfinite(val):
+            raise TrainingError(f"non-finite val loss ({val}) at step {self.step}: not saved; {self._kept()}; "
+                                f"lower --learning-rate, then --resume")
+        improved = val < self.best_val
+        self.best_val = min(self.best_val, val)
+        self.save("last.pt", val, stop)
+        if improved and self.rt.master:
+            checkpoint.link_or_copy(self.out_dir / "last.pt", self.out_dir / "best.pt")
+        return losses
 
-            # 0 = go on, 1 = out of time (evaluate, save, stop), 2 = signalled (save, stop)
-            halt = 2 if stop.signum is not None else int(bool(cfg.max_minutes) and now - t_start >= 60 * cfg.max_minutes)
-            if rt.ddp:  # every rank stops at the same step, for the same reason, if any of them must
-                flag = torch.tensor([float(halt)], device=rt.device)
-                torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-                halt = int(flag.item())
-            evaluate = step % cfg.eval_interval == 0 or step == cfg.max_iters or halt == 1
-            if evaluate:
-                t_eval = time.time()
-                with explain_oom(cfg, step, out_dir, evaluating=True):
-                    last_eval = estimate_loss(model, task, rt=rt)
-                val = last_eval["val"]
-                improved = val < best_val
-                best_val = min(best_val, val)
-                log.print(
-                    f"eval {step:>6} | train {last_eval['train']:.4f} | val {val:.4f} | val ppl {math.exp(min(val, 50)):.2f}"
-                    f" | {time.time() - t_eval:.1f}s | elapsed {format_duration(time.time() - t_start)}"
-                )
-                log.record("eval", step, train_loss=last_eval["train"], val_loss=val, val_ppl=math.exp(min(val, 50)),
-                           elapsed=time.time() - t_start)
-                save("last.pt", step, val)
-                if improved and rt.master:
-                    checkpoint.link_or_copy(out_dir / "last.pt", out_dir / "best.pt")
-                t_step = time.time()  # evaluation time is not step time
-                if cfg.target_val_loss and val <= cfg.target_val_loss:
-                    log.print(f"reached val loss {val:.4f} <= {cfg.target_val_loss} at step {step}")
+    def train_one_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+        cfg, optimizer, scaler = self.cfg, self.optimizer, self.scaler
+        lr = lr_at(self.step, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        with explain_oom(cfg, self.step + 1, self.out_dir):
+            loss, grad_norm, n_tokens = train_step(self.train_model, optimizer, scaler, self.task.train_batch,
+                                                   self.step, self.accum, self.rt, cfg.grad_clip)
+            finite = torch.isfinite(loss) & (torch.isfinite(grad_norm) | scaler.is_enabled())
+            if not finite:
+                optimizer.zero_grad(set_to_none=True)
+                if not cfg.skip_nonfinite:
+                    raise TrainingError(
+                        f"non-finite loss ({loss.item():.4g}) or gradient norm ({grad_norm.item():.4g}) at step "
+                        f"{self.step}; stopped before the optimizer step; {self._kept()}: lower --learning-rate, "
+                        f"or pass --skip-nonfinite to skip such steps")
+                self.skipped += 1
+            else:
+                scaler.step(optimizer)  # the first step also allocates the optimizer's state
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return loss, grad_norm, n_tokens, lr
+
+    def loop(self) -> dict:
+        cfg, rt, log = self.cfg, self.rt, self.log
+        log.print(
+            f"{self.model.num_params() / 1e6:.2f}M parameters | {rt.describe()} | {rt.world_size} process(es) | "
+            f"global batch {self.task.describe_batch(cfg)} | steps {self.step} -> {cfg.max_iters}")
+        self.model.train()
+        last_eval = {}
+        t_step, recent = time.time(), collections.deque(maxlen=50)  # recent step times, for the ETA
+        interval = {"steps": 0, "seconds": 0.0, "tokens": torch.zeros((), dtype=torch.long, device=rt.device)}
+        first = self.step + 1  # its log line comes at once: the first sign of life and of the speed
+        with StopSignal() as stop:
+            while self.step < cfg.max_iters:
+                loss, grad_norm, n_tokens, lr = self.train_one_step()
+                now = time.time()
+                recent.append(now - t_step)
+                interval["steps"] += 1
+                interval["seconds"] += now - t_step
+                interval["tokens"] += n_tokens
+                t_step = now
+                step_seconds = sorted(recent)[len(recent) // 2]  # median: robust to pauses
+
+                if self.step % cfg.log_interval == 0 or self.step in (cfg.max_iters, first):
+                    tok_s = self._log_step(loss, grad_norm, lr, interval, step_seconds, now)
+
+                # 0 = go on, 1 = out of time (evaluate, save, stop), 2 = signalled (save, stop)
+                halt = 2 if stop.signum is not None else int(self.limit.out_of_time(now, step_seconds, tok_s))
+                if rt.ddp:  # every rank stops at the same step, for the same reason, if any of them must
+                    flag_ = torch.tensor([float(halt)], device=rt.device)
+                    torch.distributed.all_reduce(flag_, op=torch.distributed.ReduceOp.MAX)
+                    halt = int(flag_.item())
+                evaluate = self.step % cfg.eval_interval == 0 or self.step == cfg.max_iters or halt == 1
+                if evaluate:
+                    last_eval = self.evaluate(stop)
+                    t_step = time.time()  # evaluation time is not step time
+                    if cfg.target_val_loss and last_eval["val"] <= cfg.target_val_loss:
+                        log.print(f"reached val loss {last_eval['val']:.4f} <= {cfg.target_val_loss} at step {self.step}")
+                        break
+                if halt:
+                    if not evaluate:
+                        self.save("last.pt", None, stop)
+                    reason = signal.Signals(stop.signum).name if stop.signum else f"--max-minutes {cfg.max_minutes}"
+                    log.print(f"stopped by {reason} at step {self.step}; resume with: python train.py --resume "
+                              f"{self.out_dir}")
                     break
-            if halt:
-                if not evaluate:
-                    save("last.pt", step, None)
-                reason = signal.Signals(stop.signum).name if stop.signum else f"--max-minutes {cfg.max_minutes}"
-                log.print(f"stopped by {reason} at step {step}; resume with: python train.py --resume {out_dir}")
-                break
+        return self._finish(last_eval, interrupted=stop.signum is not None)
 
-    elapsed = time.time() - t_start
-    summary = dict(step=step, elapsed=elapsed, best_val_loss=best_val, skipped_steps=skipped,
-                   peak_mem_gib=rt.peak_memory_gib(), interrupted=stop.signum is not None,
-                   **{f"{k}_loss": v for k, v in last_eval.items()})
-    log.record("summary", step, **{k: v for k, v in summary.items() if k != "step"})
-    log.print(
-        f"done: {step} steps in {format_duration(elapsed)} | best val {best_val:.4f}"
-        + (f" | {skipped} non-finite steps skipped" if skipped else "") + f" | checkpoints in {out_dir}"
-    )
-    log.close()
-    if rt.ddp:
-        torch.distributed.destroy_process_group()
-    return summary
+    def _log_step(self, loss, grad_norm, lr, interval, step_seconds, now) -> float:
+        cfg, rt = self.cfg, self.rt
+        if rt.ddp:  # the global batch's mean loss and token count
+            torch.distributed.all_reduce(loss, op=torch.distributed.ReduceOp.AVG)
+            torch.distributed.all_reduce(interval["tokens"])
+        dt = interval["seconds"] / interval["steps"]
+        tok_s = interval["tokens"].item() / interval["seconds"]
+        mfu = self.flops_per_token * tok_s / (self.peak * rt.world_size) if self.peak else None  # per device
+        mem = rt.peak_memory_gib()
+        eta = step_seconds * (cfg.max_iters - self.step)
+        if self.limit.end:
+            eta = min(eta, self.limit.end - now)
+        interval.update(steps=0, seconds=0.0, tokens=torch.zeros_like(interval["tokens"]))
+        self.log.print(
+            f"step {self.step:>6} | loss {loss.item():.4f} | lr {lr:.2e} | {tok_s / 1e3:,.1f}k tok/s | "
+            f"{dt * 1e3:.0f} ms/step" + (f" | mfu {mfu:.1%}" if mfu is not None else "") +
+            (f" | mem {mem:.1f} GiB" if mem is not None else "") + f" | eta {format_duration(eta)}")
+        self.log.record("train", self.step, loss=loss.item(), lr=lr, grad_norm=grad_norm.item(), tokens_per_s=tok_s,
+                        ms_per_step=dt * 1e3, mfu=mfu, peak_mem_gib=mem, skipped_steps=self.skipped,
+                        elapsed=now - self.t_start)
+        return tok_s
+
+    def _finish(self, last_eval: dict, interrupted: bool) -> dict:
+        elapsed = time.time() - self.t_start
+        summary = dict(step=self.step, elapsed=elapsed, best_val_loss=self.best_val, skipped_steps=self.skipped,
+                       peak_mem_gib=self.rt.peak_memory_gib(), interrupted=interrupted,
+                       **{f"{k}_loss": v for k, v in last_eval.items()})
+        self.log.record("summary", self.step, **{k: v for k, v in summary.items() if k != "step"})
+        self.log.print(
+            f"done: {self.step} steps in {format_duration(elapsed)} | best val {self.best_val:.4f}"
+            + (f" | {self.skipped} non-finite steps skipped" if self.skipped else "") + f" | checkpoints in {self.out_dir}")
+        return summary

@@ -16,7 +16,7 @@ if GPT2_RANKS.exists():
 
 
 @pytest.fixture(autouse=True)
-def _seed_and_threads():
+def _seed():
     torch.manual_seed(0)
     yield
 

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from gpt import checkpoint
 from gpt.evaluate import evaluate
@@ -25,12 +24,7 @@ def _load_bench():
 bench = _load_bench()
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 def test_snapshot_schedule_and_parsing():

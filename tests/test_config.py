@@ -1,7 +1,6 @@
 import pytest
 
 from gpt.config import ConfigError, TrainConfig, build_config, help_text
-from gpt.schedule import get_lr, noam_lr
 
 
 def test_defaults_file_cli_precedence(tmp_path):
@@ -31,19 +30,46 @@ def test_every_problem_reported_together(tmp_path):
     with pytest.raises(ConfigError) as e:
         build_config(["--config", str(f), "--max-itres", "5", "--learning-rate", "fast", "--dropout", "0.5.1"])
     msg = str(e.value)
-    for needle in ("n_layers: unknown option", "did you mean n_layer", "batch_size: expected an integer",
-                   "max_itres: unknown option", "learning_rate: expected a number", "dropout: expected a number"):
+    for needle in (f"n_layers: unknown option in {f} (did you mean n_layer?)",
+                   f"batch_size in {f}: expected an integer", "--max-itres: unknown option (did you mean --max-iters?)",
+                   "--learning-rate: expected a number", "--dropout: expected a number"):
         assert needle in msg
     assert len(msg.splitlines()) == 5
 
 
 def test_invalid_values_named():
-    with pytest.raises(ConfigError, match="lr_schedule: 'linear' is not one of"):
+    with pytest.raises(ConfigError, match="--lr-schedule: 'linear' is not one of"):
         build_config(["--lr-schedule", "linear"])
-    with pytest.raises(ConfigError, match="batch_size: must be >= 1"):
+    with pytest.raises(ConfigError, match="--batch-size: must be >= 1"):
         build_config(["--batch-size", "0"])
-    with pytest.raises(ConfigError, match="max_iters: expected an integer"):
+    with pytest.raises(ConfigError, match="--max-iters: expected an integer"):
         build_config(["--max-iters", "2.5"])
+
+
+def test_model_settings_are_validated_as_flags_all_at_once():
+    with pytest.raises(ConfigError) as e:
+        build_config(["--n-layer", "0", "--block-size", "0", "--dropout", "1.5", "--seed", "-1",
+                      "--pos-encoding", "rotary", "--norm", "middle"])
+    lines = str(e.value).splitlines()
+    assert lines == [
+        "--seed: must be >= 0, got -1",
+        "--block-size: must be a positive integer, got 0",
+        "--n-layer: must be a positive integer, got 0",
+        "--dropout: must be in [0, 1), got 1.5",
+        "--pos-encoding: must be one of 'learned', 'sinusoidal', got 'rotary'",
+        "--norm: must be 'pre' or 'post', got 'middle'",
+    ]
+    with pytest.raises(ConfigError, match=r"^--n-head: must divide n_embd \(64\), got 3$"):
+        build_config(["--n-head", "3", "--n-embd", "64"])
+
+
+def test_config_file_that_is_not_utf8_is_one_line(tmp_path):
+    f = tmp_path / "latin1.toml"
+    f.write_bytes("# café\nmax_iters = 5\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=f"--config: {f} is not UTF-8 text"):
+        build_config(["--config", str(f)])
+    with pytest.raises(ConfigError, match="is a directory, not a TOML file"):
+        build_config(["--config", str(tmp_path)])
 
 
 def test_shipped_configs_load_by_name():
@@ -67,30 +93,3 @@ def test_help_lists_every_option_with_default():
     for name in TrainConfig.__dataclass_fields__:
         assert "--" + name.replace("_", "-") in text
     assert "(default: 2000)" in text
-
-
-def test_lr_schedule_table():
-    kw = dict(lr=1.0, min_lr=0.1, warmup_iters=10, decay_iters=110)
-    table = {  # step: (cosine, constant, wsd)
-        0: (1 / 11, 1 / 11, 1 / 11),
-        9: (10 / 11, 10 / 11, 10 / 11),
-        10: (1.0, 1.0, 1.0),
-        60: (0.55, 1.0, 1.0),
-        88: (None, 1.0, 1.0),
-        99: (None, 1.0, 1.0 - 0.9 * 11 / 22),
-        110: (0.1, 1.0, 0.1),
-        500: (0.1, 1.0, 0.1),
-    }
-    for step, expected in table.items():
-        for schedule, value in zip(("cosine", "constant", "wsd"), expected):
-            if value is not None:
-                assert get_lr(step, schedule=schedule, **kw) == pytest.approx(value), (schedule, step)
-    # cosine decays monotonically after warmup
-    values = [get_lr(s, schedule="cosine", **kw) for s in range(10, 111)]
-    assert all(a >= b for a, b in zip(values, values[1:]))
-
-
-def test_noam_schedule_counts_the_first_step_as_the_papers_step_one():
-    d, w = 512, 4000
-    assert get_lr(w - 1, schedule="noam", lr=1.0, warmup_iters=w, d_model=d) == pytest.approx((d * w) ** -0.5)
-    assert get_lr(99, schedule="noam", lr=2.0, warmup_iters=w, d_model=d) == pytest.approx(2 * noam_lr(100, d, w))

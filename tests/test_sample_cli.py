@@ -160,3 +160,26 @@ def test_script_runs_as_a_program_and_exits_2_without_traceback(tmp_path):
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("error: invalid sampling settings: --top-p")  # settings checked before loading
+
+
+def test_stop_takes_the_escapes_a_shell_passes(tmp_path, capsys):
+    from gpt.sample_cli import unescape
+
+    assert unescape(r"\n\n") == "\n\n" and unescape(r"a\tb\\n") == "a\tb\\n" and unescape("é\\x") == "é\\x"
+    # a model whose next token is a line break about one time in ten, whatever came before
+    tok = CharTokenizer(CHARS)
+    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=1, n_embd=8)
+    model = GPT(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.transformer.ln_f.bias.fill_(0.5)  # the hidden state, whatever the input
+        model.transformer.wte.weight[tok.encode("\n")[0]].fill_(0.5)  # tied head: logit 2 for "\n", 0 elsewhere
+    checkpoint.save(tmp_path / "best.pt", {"model": model.state_dict()},
+                    {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec})
+    base = ["--ckpt", tmp_path, "--prompt", "A", "--max-new-tokens", 200, "--temperature", 1.0, "--top-k", "none",
+            "--seed", 7, "--no-stop-at-eot"]
+    text = cli(capsys, *base)[1][len("A"):]
+    assert 0 < text.index("\n") < len(text) - 1  # a line break after some other characters
+    stopped = cli(capsys, *base, "--stop", r"\n")[1]  # what `--stop "\n"` passes: a backslash and an n
+    assert stopped == "A" + text[: text.index("\n")] + "\n"

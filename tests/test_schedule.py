@@ -1,6 +1,6 @@
 import pytest
 
-from gpt.schedule import noam_lr
+from gpt.schedule import get_lr, noam_lr
 
 
 @pytest.mark.parametrize(
@@ -31,3 +31,30 @@ def test_noam_lr_shape():
 def test_noam_lr_rejects_bad_arguments():
     with pytest.raises(ValueError, match="warmup=0"):
         noam_lr(1, 512, 0)
+
+
+def test_lr_schedule_table():
+    kw = dict(lr=1.0, min_lr=0.1, warmup_iters=10, decay_iters=110)
+    table = {  # step: (cosine, constant, wsd)
+        0: (1 / 11, 1 / 11, 1 / 11),
+        9: (10 / 11, 10 / 11, 10 / 11),
+        10: (1.0, 1.0, 1.0),
+        60: (0.55, 1.0, 1.0),
+        88: (None, 1.0, 1.0),
+        99: (None, 1.0, 1.0 - 0.9 * 11 / 22),
+        110: (0.1, 1.0, 0.1),
+        500: (0.1, 1.0, 0.1),
+    }
+    for step, expected in table.items():
+        for schedule, value in zip(("cosine", "constant", "wsd"), expected):
+            if value is not None:
+                assert get_lr(step, schedule=schedule, **kw) == pytest.approx(value), (schedule, step)
+    # cosine decays monotonically after warmup
+    values = [get_lr(s, schedule="cosine", **kw) for s in range(10, 111)]
+    assert all(a >= b for a, b in zip(values, values[1:]))
+
+
+def test_noam_schedule_counts_the_first_step_as_the_papers_step_one():
+    d, w = 512, 4000
+    assert get_lr(w - 1, schedule="noam", lr=1.0, warmup_iters=w, d_model=d) == pytest.approx((d * w) ** -0.5)
+    assert get_lr(99, schedule="noam", lr=2.0, warmup_iters=w, d_model=d) == pytest.approx(2 * noam_lr(100, d, w))

@@ -1,5 +1,7 @@
 import json
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -10,7 +12,10 @@ import torch
 
 from gpt import checkpoint
 from gpt.model import GPT, GPTConfig
-from gpt.trainer import Runtime, TrainingError, config_from_argv, train, train_step
+from gpt.config import ConfigError, config_from_argv
+from gpt.rundir import RunDir, RunDirError
+from gpt.runtime import Runtime
+from gpt.trainer import StopSignal, TimeLimit, TrainingError, train, train_step
 
 from conftest import ROOT, SHAKESPEARE
 
@@ -163,9 +168,121 @@ def test_out_dir_with_a_run_is_not_overwritten(char_data, tmp_path):
     out = tmp_path / "run"
     run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2")
     before = (out / "last.pt").read_bytes()
-    with pytest.raises(ValueError, match="--resume"):
+    with pytest.raises(RunDirError, match="--resume"):
         run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2")
     assert (out / "last.pt").read_bytes() == before
+    (out / "last.pt").unlink()  # only best.pt (and the log) left: still a run
+    with pytest.raises(RunDirError, match="already holds a run"):
+        run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2")
+    run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "1", "--eval-interval", "1", "--force")
+    assert [r["step"] for r in records(out, "train")] == [1]  # --force starts over: the old log is gone
+
+
+def test_unusable_out_dirs_are_one_line(char_data, tmp_path, monkeypatch):
+    a_file = tmp_path / "file"
+    a_file.write_text("not a directory")
+    for out, message in ((a_file, "is a file, not a directory"), (a_file / "run", "a part of the path is a file")):
+        with pytest.raises(RunDirError, match=message):
+            run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "1")
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    monkeypatch.setattr("gpt.rundir.os.access", lambda path, mode: False)  # (root may write anywhere)
+    with pytest.raises(RunDirError, match="not writable"):
+        run("--data", char_data, "--out-dir", read_only, *TINY, "--max-iters", "1")
+
+
+def test_a_second_trainer_into_the_same_out_dir_is_refused(char_data, tmp_path):
+    out = tmp_path / "run"
+    with RunDir(out).claim(resume=False, force=False):  # a trainer holding the directory
+        res = subprocess.run([sys.executable, "train.py", "--data", str(char_data), "--out-dir", str(out), *TINY,
+                              "--max-iters", "1"], cwd=ROOT, capture_output=True, text=True)
+        assert res.returncode == 2 and "Traceback" not in res.stderr
+        assert f"in use by another trainer (pid {os.getpid()} on " in res.stderr
+        assert not (out / "log.jsonl").exists()
+    run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "1")  # free again once it is released
+
+
+def test_nonfinite_val_loss_never_replaces_the_last_checkpoint(char_data, tmp_path):
+    out = tmp_path / "run"
+    run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2")
+    with pytest.raises(TrainingError, match=r"non-finite .* not saved; .*last.pt still holds step (\d+)") as e:
+        run("--resume", out, "--learning-rate", "1e6", "--lr-schedule", "constant", "--warmup-iters", "0",
+            "--eval-interval", "1", "--max-iters", "20", "--grad-clip", "0")
+    kept = int(re.search(r"still holds step (\d+)", str(e.value)).group(1))
+    meta = checkpoint.read(out / "last.pt")["meta"]
+    assert meta["step"] == kept and math.isfinite(meta["val_loss"])  # the last good state, not the NaN one
+    resumed = run("--resume", out, "--max-iters", kept + 1, "--learning-rate", "1e-3", "--lr-schedule", "cosine")
+    assert resumed["step"] == kept + 1 and math.isfinite(resumed["val_loss"])  # the run goes on from there
+
+
+def test_resume_refuses_another_tokenizer_or_architecture(char_data, tmp_path):
+    out = tmp_path / "run"
+    run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2")
+    before = [(out / name).read_bytes() for name in ("last.pt", "config.json")]
+    other_src = tmp_path / "other.txt"
+    other_src.write_text("".join(chr(ord("A") + i % 60) for i in range(20000)))  # another char vocabulary
+    other = prepare(other_src, tmp_path / "other", "--tokenizer", "char")
+    with pytest.raises(TrainingError, match="tokenizer mismatch"):
+        run("--resume", out, "--data", other, "--max-iters", "4")
+    with pytest.raises(ConfigError, match=r"architecture of a run cannot change: --n-embd 64 \(the run has 32\)"):
+        run("--resume", out, "--n-embd", "64", "--max-iters", "4")
+    with pytest.raises(ConfigError, match=r"--n-layer 3 \(the run has 2\)"):
+        run("--resume", out, "--n-layer", "3", "--max-iters", "4")
+    assert [(out / name).read_bytes() for name in ("last.pt", "config.json")] == before
+    assert run("--resume", out, "--dropout", "0.1", "--max-iters", "3")["step"] == 3  # dropout may change
+
+
+def test_init_from_says_which_flags_the_checkpoint_overrides(char_data, tmp_path, capsys):
+    base = tmp_path / "base"
+    run("--data", char_data, "--out-dir", base, *TINY, "--max-iters", "1", "--eval-interval", "1")
+    run("--data", char_data, "--out-dir", tmp_path / "ft", "--init-from", base, "--n-layer", "6", "--max-iters", "1",
+        "--device", "cpu", "--eval-iters", "1")
+    assert f"init_from: the architecture comes from {base}; ignoring --n-layer 6" in capsys.readouterr().out
+    assert checkpoint.read(tmp_path / "ft")["meta"]["model_config"]["n_layer"] == 2
+
+
+def test_device_mistakes_are_one_line(char_data, tmp_path):
+    cases = [("tpu", "is not a device"), ("meta", "not supported here"), ("cuda:x", "is not a device"),
+             ("mps", "MPS is not available")]
+    if not torch.cuda.is_available():
+        cases.append(("cuda", "CUDA is not available"))
+    for device, message in cases:
+        res = subprocess.run([sys.executable, "train.py", "--data", str(char_data), "--out-dir", str(tmp_path / device),
+                              "--device", device], cwd=ROOT, capture_output=True, text=True)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / device).exists()  # nothing written
+
+
+def test_time_limit_leaves_room_for_the_final_evaluation():
+    limit = TimeLimit(minutes=1, t_start=0.0, eval_tokens=10_000)
+    # before any evaluation: estimated from throughput (a forward pass ~ half a step's cost, conservatively)
+    assert not limit.out_of_time(now=40.0, step_seconds=1.0, tokens_per_s=1000.0)  # 40 + 1 + 5 < 60
+    assert limit.out_of_time(now=54.5, step_seconds=1.0, tokens_per_s=1000.0)  # 54.5 + 1 + 5 >= 60
+    limit.eval_seconds = 20.0  # then measured
+    assert limit.out_of_time(now=40.0, step_seconds=1.0, tokens_per_s=1000.0)
+    assert not TimeLimit(minutes=0, t_start=0.0, eval_tokens=1).out_of_time(1e9, 1.0, 1.0)  # no limit
+
+
+def test_max_minutes_stops_with_an_evaluation_and_a_checkpoint(char_data, tmp_path):
+    out = tmp_path / "run"
+    summary = run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "100000", "--eval-interval", "100000",
+                  "--max-minutes", "0.02")
+    assert 0 < summary["step"] < 100000
+    assert records(out, "eval")[-1]["step"] == summary["step"] == checkpoint.read(out / "last.pt")["meta"]["step"]
+
+
+def test_a_second_ctrl_c_waits_for_the_checkpoint_being_written():
+    stop = StopSignal()
+    stop._handle(signal.SIGINT, None)  # the first: finish the step, save, stop
+    written = []
+    with pytest.raises(KeyboardInterrupt):
+        with stop.deferred():
+            stop._handle(signal.SIGINT, None)  # the second, mid-write: no exception inside the writer
+            written.append("checkpoint")
+    assert written == ["checkpoint"]
+    with pytest.raises(KeyboardInterrupt):  # outside a write, the second one aborts at once
+        stop._handle(signal.SIGINT, None)
 
 
 def test_finetune_from_checkpoint(char_data, tmp_path):
@@ -194,7 +311,7 @@ def test_cli_errors_are_one_line(tmp_path):
     res = subprocess.run([sys.executable, "train.py", "--data", str(tmp_path / "nope"), "--out-dir", str(tmp_path / "o"),
                           "--max-itres", "3"], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 2 and "Traceback" not in res.stderr
-    assert "max_itres: unknown option" in res.stderr
+    assert "--max-itres: unknown option" in res.stderr
     res = subprocess.run([sys.executable, "train.py", "--data", str(tmp_path / "nope"), "--out-dir", str(tmp_path / "o")],
                          cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 2 and "Traceback" not in res.stderr and res.stderr.startswith("error: ")
@@ -207,8 +324,13 @@ def test_sigterm_finishes_the_step_saves_and_says_how_to_resume(char_data, tmp_p
     proc = subprocess.Popen(
         [sys.executable, "train.py", "--data", str(char_data), "--out-dir", str(out), *TINY, "--max-iters", "100000",
          "--eval-interval", "100000"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def logged_steps():  # complete lines only: the trainer may be writing the next one
+        log = out / "log.jsonl"
+        return sum(line.endswith("\n") and '"train"' in line
+                   for line in (log.read_text().splitlines(keepends=True) if log.exists() else []))
+
     deadline = time.time() + 60
-    while time.time() < deadline and not (out / "log.jsonl").exists() or len(records(out, "train")) < 3:
+    while time.time() < deadline and logged_steps() < 3:
         time.sleep(0.2)
         assert proc.poll() is None, proc.stderr.read()
     proc.send_signal(signal.SIGTERM)
@@ -250,8 +372,8 @@ def test_ddp_two_processes_match_one_and_resume_in_one(char_data, tmp_path):
     common = [*TINY, "--data", str(char_data), "--grad-accum", "4", "--lr-decay-iters", "6", "--eval-interval", "3",
               "--device", "cpu", "--threads", "1"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                          "29513", "train.py", *common, "--max-iters", "3", "--out-dir", str(tmp_path / "ddp")],
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "train.py", *common, "--max-iters", "3", "--out-dir", str(tmp_path / "ddp")],  # a free port
                          cwd=ROOT, env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
     run(*common, "--max-iters", "6", "--out-dir", tmp_path / "single")

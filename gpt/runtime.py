@@ -1,0 +1,192 @@
+"""Where and how a process computes: device, precision, threads, processes. One answer for training,
+sampling and evaluation.
+
+    rt = runtime.setup(device="auto", dtype="auto", threads=0)        # training (also under torchrun)
+    rt = runtime.setup(device="auto", dtype="auto", distributed=False) # sampling / evaluation
+    with rt.autocast():
+        logits, loss = model(x, y)
+
+Precision policy (`dtype="auto"`)
+- CUDA: bf16 autocast where the GPU supports it, else fp16 with a GradScaler (the trainer's).
+- CPU: bf16 autocast only where the CPU computes bf16 natively (AVX-512 BF16 or AMX: the cpuinfo
+  flags `avx512_bf16` / `amx_bf16`); float32 elsewhere. Without those instructions a bf16 matrix
+  product is emulated and can be 50-200x slower than float32 (measured: 1 vs 179 GFLOP/s on an
+  AVX2-only EPYC), so an explicit `--dtype bfloat16` there warns.
+- Other devices (mps): float32.
+`Runtime.reason` says why, for the run header.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import warnings
+from contextlib import ExitStack
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from gpt.errors import UserError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class DeviceError(UserError, ValueError):
+    """A device or precision this machine cannot provide (the message says what it can)."""
+
+
+class SlowPrecisionWarning(UserWarning):
+    """bf16 asked for on a CPU that emulates it."""
+
+
+@lru_cache(maxsize=None)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def cpu_has_native_bf16() -> bool:
+    """True where the CPU has bf16 arithmetic instructions (x86 AVX-512 BF16 or AMX-BF16)."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def cpu_description() -> str:
+    """e.g. 'AMD EPYC (AVX2, no native bf16)' for headers and benchmark records."""
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    capability = torch.backends.cpu.get_cpu_capability()
+    return f"{name} ({capability}, {'native' if cpu_has_native_bf16() else 'no native'} bf16)"
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """'auto' is cuda where available, else cpu; anything else must exist on this machine."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise DeviceError(f"--device {name!r} is not a device: use auto, cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(f"--device {name}: CUDA is not available on this machine; use --device cpu")
+        count = torch.cuda.device_count()
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())  # set_device and peers want an index
+        elif device.index >= count:
+            raise DeviceError(f"--device {name}: this machine has {count} CUDA device(s), cuda:0 .. cuda:{count - 1}")
+    elif device.type == "mps":
+        if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+            raise DeviceError(f"--device {name}: MPS is not available on this machine; use --device cpu")
+    elif device.type != "cpu":
+        raise DeviceError(f"--device {name}: not supported here; use auto, cpu, cuda, cuda:N or mps")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> tuple[torch.dtype, str]:
+    """The compute precision for `name` on `device`, and the reason (see the module notes)."""
+    if name != "auto" and name not in DTYPES:
+        raise DeviceError(f"--dtype {name!r} is not one of auto, {', '.join(DTYPES)}")
+    if name == "float16" and device.type != "cuda":
+        raise DeviceError(f"--dtype float16 needs a CUDA device (got {device}); use bfloat16 or float32")
+    native_bf16 = device.type == "cpu" and cpu_has_native_bf16()
+    if name == "bfloat16" and device.type == "cpu" and not native_bf16:
+        warnings.warn("--dtype bfloat16 on a CPU without native bf16 (no AVX-512 BF16 / AMX) is emulated and can "
+                      "be many times slower than float32; --dtype auto picks float32 here", SlowPrecisionWarning,
+                      stacklevel=2)
+    if name != "auto":
+        return DTYPES[name], "asked for"
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return torch.bfloat16, "this GPU supports bf16"
+        return torch.float16, "this GPU has no bf16: fp16 with loss scaling"
+    if native_bf16:
+        return torch.bfloat16, "this CPU has native bf16"
+    if device.type == "cpu":
+        return torch.float32, "this CPU has no native bf16"
+    return torch.float32, f"{device.type} default"
+
+
+@dataclass
+class Runtime:
+    """Where and how this process computes."""
+
+    device: torch.device
+    dtype: torch.dtype
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    ddp: bool = False  # launched by torchrun (a process group, DDP), even with a single process
+    reason: str = ""
+
+    @property
+    def master(self) -> bool:
+        return self.rank == 0
+
+    def describe(self) -> str:
+        """The run header's words: `cpu float32 (this CPU has no native bf16), 2 threads`."""
+        what = f"{self.device} {str(self.dtype).removeprefix('torch.')}" + (f" ({self.reason})" if self.reason else "")
+        if self.device.type == "cpu":
+            what += f", {torch.get_num_threads()} threads"
+        return what
+
+    def peak_memory_gib(self) -> float | None:
+        """The most GPU memory tensors have held so far (CUDA only; allocator caches not counted)."""
+        return torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else None
+
+    def autocast(self) -> ExitStack:
+        """The forward pass's context: autocast unless float32 and, on CPU, the math attention kernel.
+
+        PyTorch's CPU flash-attention kernel is the slower one for training: its backward took 44%
+        of a step, and the math kernel measured 37 vs 64 ms/step in bf16 (4x4x128, block 64, batch
+        24, 2 cores). On CUDA the default choice (flash / memory-efficient) stays.
+        """
+        stack = ExitStack()
+        if self.dtype != torch.float32:
+            stack.enter_context(torch.autocast(device_type=self.device.type, dtype=self.dtype))
+        if self.device.type == "cpu":
+            stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+        return stack
+
+
+def setup(device: str = "auto", dtype: str = "auto", threads: int = 0, deterministic: bool = False,
+          distributed: bool | None = None) -> Runtime:
+    """Resolve and apply device, precision and threads; join the torchrun process group if launched by it
+    (`distributed=None`: whenever torchrun's WORLD_SIZE is set)."""
+    ddp = "WORLD_SIZE" in os.environ if distributed is None else distributed
+    world_size = int(os.environ.get("WORLD_SIZE", "1")) if ddp else 1
+    rank = int(os.environ.get("RANK", "0")) if ddp else 0
+    local_rank = int(os.environ.get("LOCAL_RANK", "0")) if ddp else 0
+    if ddp and device in ("auto", "cuda") and torch.cuda.is_available():
+        device = f"cuda:{local_rank}"
+    dev = resolve_device(device)
+    precision, reason = resolve_dtype(dtype, dev)
+    if deterministic:
+        # cuBLAS needs a fixed workspace (read when its handle is made); strict mode, because with
+        # warn_only=True the flash-attention backward keeps its faster non-deterministic algorithm
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls: ~free speed in float32 parts
+        torch.backends.cudnn.allow_tf32 = True
+    if threads:
+        torch.set_num_threads(threads)
+    if ddp:
+        torch.distributed.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+    return Runtime(dev, precision, rank, local_rank, world_size, ddp, reason)

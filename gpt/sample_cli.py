@@ -1,0 +1,263 @@
+"""The sample.py command: flags, streamed printing, and the translation mode (the script stays thin).
+
+    python sample.py --ckpt out/shakespeare-char --prompt "ROMEO:" --num-samples 3 --max-new-tokens 300
+    python sample.py --ckpt path/to/hf-gpt2-dir --prompt-file prompt.txt --temperature 0 --stop "\\n\\n"
+    python sample.py --ckpt out/multi30k --source "Ein Mann fährt Fahrrad." --beam-size 4
+    python sample.py --ckpt out/multi30k --source-file test.de --batch-size 64 > test.hyp.en
+
+Samples are generated as one batch; the first streams live, each later one as soon as those before
+it are done. A separator line goes between samples; a summary (tokens/s, time to first token, the
+seed that reproduces the run) goes to stderr. Mistakes print one `error: ...` line and exit 2.
+
+Translation (`--source`, repeatable, or `--source-file`, one sentence per line) needs a checkpoint
+whose meta has "seq2seq" (trained on a pairs dataset) and prints exactly one line per source, in
+order (line breaks inside a translation become spaces); sentences are decoded in batches of similar
+length. It is greedy by default: `--temperature` defaults to 0 here (0.8 when sampling text), and
+`--beam-size N` > 1 is beam search with `--length-penalty` alpha. An explicit `--temperature` > 0
+samples (with `--top-k`, `--top-p`, `--seed`). `--max-new-tokens` bounds each translation (default:
+its batch's longest source + 50 tokens, at most the model's block_size). Text-only flags (`--prompt`,
+`--num-samples`, `--stop`, ...) with a seq2seq checkpoint, or `--source` with a decoder-only one, are
+errors. `--stop` understands the escapes \\n, \\t, \\r and \\\\ (a shell passes them as two characters).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import re
+import sys
+import time
+import warnings
+
+from gpt.cli import fail, run_main
+
+SEPARATOR = "\n---------------\n"
+LM_DEFAULTS = {"temperature": 0.8, "max_new_tokens": 500}
+# flags of one mode given in the other: dest -> (flag, the default that means "not given")
+TEXT_ONLY = {"num_samples": ("--num-samples", 1), "stop": ("--stop", []), "stop_at_eot": ("--no-stop-at-eot", True),
+             "repetition_penalty": ("--repetition-penalty", 1.0), "compile": ("--compile", False),
+             "cuda_graph": ("--no-cuda-graph", True)}
+TRANSLATION_ONLY = {"beam_size": ("--beam-size", None), "length_penalty": ("--length-penalty", None),
+                    "batch_size": ("--batch-size", None)}
+
+
+def _top_k(value: str) -> int | None:
+    return None if value.strip().lower() in ("none", "off") else int(value)
+
+
+_top_k.__name__ = "top-k"  # argparse's message: "invalid top-k value: 'x'"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="Sample from a gpt checkpoint (run directory or .pt file) or a Hugging Face GPT-2 directory."
+    )
+    p.add_argument("--ckpt", required=True, help="run directory (best.pt, else last.pt), checkpoint file, or HF GPT-2 dir")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", default=None, help="prompt text (default: empty, which starts from end-of-text)")
+    src.add_argument("--prompt-file", help="read the prompt from this UTF-8 file instead")
+    src.add_argument("--source", action="append", metavar="TEXT",
+                     help="seq2seq checkpoints: a sentence to translate; repeatable, one output line each")
+    src.add_argument("--source-file", help="seq2seq checkpoints: translate each line of this UTF-8 file")
+    p.add_argument("--num-samples", type=int, default=1, help="samples, generated as one batch (default: 1)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="tokens generated per sample at most (default: 500; translation: source length + 50, "
+                   "at most block_size)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="softmax temperature; 0 is greedy (default: 0.8; translation: 0)")
+    p.add_argument("--top-k", type=_top_k, default=200,
+                   help="keep the k most likely tokens; 'none' keeps all (default: 200)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 is off (default: 1)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="CTRL-style penalty on tokens already present; 1 is off (default: 1)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="end a sample at this text, which is not printed; repeatable (default: none)")
+    p.add_argument("--no-stop-at-eot", dest="stop_at_eot", action="store_false",
+                   help="keep generating after the end-of-text token (default: stop there)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="random seed (default: a fresh one, printed in the summary to reproduce the run)")
+    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N, mps "
+                   "(default: auto)")
+    p.add_argument("--dtype", default="auto", help="auto (bfloat16 on a capable GPU or a CPU with native bf16, else "
+                   "float32), float32, bfloat16, float16 (CUDA only) (default: auto)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for PyTorch; 0 = its default (default: 0)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model's forward, instead of CUDA-graph decode steps (default: off)")
+    p.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
+                   help="on CUDA, launch each decode step's kernels one by one instead of replaying a "
+                   "recorded CUDA graph (default: graphs on)")
+    p.add_argument("--no-stream", dest="stream", action="store_false",
+                   help="print everything at the end (default: stream as generated)")
+    t = p.add_argument_group("translation (--source / --source-file, seq2seq checkpoints)")
+    t.add_argument("--beam-size", type=int, default=None, help="beams; 1 is greedy (or sampling) (default: 1)")
+    t.add_argument("--length-penalty", type=float, default=None,
+                   help="GNMT length penalty alpha for beam search; larger favours longer output (default: 0.6)")
+    t.add_argument("--batch-size", type=int, default=None, help="sentences decoded together (default: 64)")
+    return p.parse_args(argv)
+
+
+ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def unescape(text: str) -> str:
+    """`\\n`, `\\t`, `\\r`, `\\\\` typed in a shell (two characters each) as the characters they name."""
+    return re.sub(r"\\([ntr\\])", lambda m: ESCAPES[m.group(1)], text)
+
+
+def _given(value, default):
+    """A flag's value, or the mode's default when it was not given (0 is a value, not "not given")."""
+    return default if value is None else value
+
+
+def mode_error(args: argparse.Namespace) -> str | None:
+    """Flags of text sampling given for translation (--source), or the other way round."""
+    translating = bool(args.source or args.source_file)
+    wrong = TEXT_ONLY if translating else TRANSLATION_ONLY
+    given = [flag for dest, (flag, unset) in wrong.items() if getattr(args, dest) != unset]
+    if not given:
+        return None
+    if translating:
+        return f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for text sampling (--prompt), not translation"
+    return f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for translation: give --source or --source-file"
+
+
+class OrderedPrinter:
+    """Prints samples in order: sample i streams live once samples before it are finished."""
+
+    def __init__(self, n: int, prompt: str, write):
+        self.n, self.prompt, self.write = n, prompt, write
+        self.buffers = [[] for _ in range(n)]
+        self.done = [False] * n
+        self.current = 0
+        self.write(prompt)
+
+    def add(self, sample: int, text: str, finished: bool) -> None:
+        if sample == self.current:
+            self.write(text)
+        else:
+            self.buffers[sample].append(text)
+        self.done[sample] = self.done[sample] or finished
+        while self.current < self.n and self.done[self.current]:
+            self.current += 1
+            if self.current < self.n:
+                self.write(SEPARATOR + self.prompt + "".join(self.buffers[self.current]))
+            else:
+                self.write("\n")
+
+
+def run(args: argparse.Namespace) -> None:
+    import torch
+
+    from gpt import generate, load_checkpoint
+    from gpt.runtime import setup
+    from gpt.sampling import ContextWarning, SampleConfig, SamplingError
+
+    if args.source or args.source_file:
+        return translate(args)
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") >> 1
+    cfg = SampleConfig(
+        num_samples=args.num_samples, max_new_tokens=_given(args.max_new_tokens, LM_DEFAULTS["max_new_tokens"]),
+        temperature=_given(args.temperature, LM_DEFAULTS["temperature"]),
+        top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
+        stop=tuple(map(unescape, args.stop)),
+        stop_at_eot=args.stop_at_eot, seed=seed, cuda_graph=args.cuda_graph and not args.compile,
+    )  # validated before anything slow happens
+    rt = setup(args.device, args.dtype, args.threads, distributed=False)
+    device, dtype = rt.device, rt.dtype
+    prompt = args.prompt or ""
+    if args.prompt_file:
+        try:
+            with open(args.prompt_file, encoding="utf-8") as f:
+                prompt = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise SamplingError(f"--prompt-file {args.prompt_file}: cannot read it as UTF-8 text ({e})") from None
+
+    model, tokenizer, _ = load_checkpoint(args.ckpt, device=device)
+    if model.config.n_encoder_layer:
+        raise SamplingError(f"{args.ckpt} is a seq2seq (encoder-decoder) checkpoint: translate with --source TEXT "
+                            f"or --source-file FILE{', not --prompt' if args.prompt is not None or args.prompt_file else ''}")
+    model.to(dtype)
+    if args.compile:
+        model.hidden = torch.compile(model.hidden, dynamic=True)
+
+    out = sys.stdout if args.stream else io.StringIO()
+
+    def write(text: str) -> None:
+        out.write(text)
+        if args.stream:
+            out.flush()
+
+    start = time.perf_counter()
+    first = None
+    n_tokens = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", ContextWarning)
+        pieces = generate(model, tokenizer, prompt, cfg)  # checks the prompt before anything is printed
+        printer = OrderedPrinter(cfg.num_samples, prompt, write)
+        try:
+            for piece in pieces:
+                if first is None:
+                    first = time.perf_counter() - start
+                n_tokens += len(piece.ids)
+                printer.add(piece.sample, piece.text, piece.finish is not None)
+        except torch.cuda.OutOfMemoryError:
+            raise SamplingError(f"CUDA out of memory generating {cfg.num_samples} samples at once: ask for fewer "
+                                f"--num-samples (or use --device cpu)") from None
+    elapsed = time.perf_counter() - start
+    if not args.stream:
+        sys.stdout.write(out.getvalue())
+        sys.stdout.flush()
+    print(
+        f"{cfg.num_samples} sample(s), {n_tokens} tokens in {elapsed:.2f} s: {n_tokens / elapsed:.1f} tokens/s "
+        f"(first token after {1000 * (first or 0):.0f} ms); seed {seed}, {device}, {str(dtype).replace('torch.', '')}",
+        file=sys.stderr,
+    )
+
+
+def translate(args: argparse.Namespace) -> None:
+    """--source / --source-file: one translated line per source on stdout, a summary on stderr."""
+    from gpt import load_checkpoint
+    from gpt.pairs import read_lines
+    from gpt.runtime import setup
+    from gpt.translate import TranslateConfig, TranslateError, is_seq2seq, translate_lines
+
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") >> 1
+    cfg = TranslateConfig(
+        beam_size=_given(args.beam_size, 1), length_penalty=_given(args.length_penalty, 0.6),
+        temperature=_given(args.temperature, 0.0), top_k=args.top_k, top_p=args.top_p,
+        batch_size=_given(args.batch_size, 64),
+        max_new_tokens=args.max_new_tokens, seed=seed,
+    )  # validated before anything slow happens
+    rt = setup(args.device, args.dtype, args.threads, distributed=False)
+    device, dtype = rt.device, rt.dtype
+    sources = args.source or read_lines(args.source_file)
+    if not sources:
+        raise TranslateError(f"{args.source_file} is empty: nothing to translate")
+    model, tokenizer, meta = load_checkpoint(args.ckpt, device=device)
+    if not is_seq2seq(meta):
+        raise TranslateError(f"--source needs a seq2seq (encoder-decoder) checkpoint; {args.ckpt} is decoder-only: "
+                             f"continue text with --prompt instead")
+    model.to(dtype)
+    start = time.perf_counter()
+    lines = translate_lines(model, tokenizer, meta, sources, cfg)
+    elapsed = time.perf_counter() - start
+    sys.stdout.write("".join(line + "\n" for line in lines))
+    sys.stdout.flush()
+    print(
+        f"{len(lines)} sentence(s) in {elapsed:.2f} s: {len(lines) / elapsed:.1f} sentences/s; {cfg.describe()}"
+        f"{f'; seed {seed}' if cfg.sampling else ''}; {device}, {str(dtype).replace('torch.', '')}",
+        file=sys.stderr,
+    )
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="replace")  # a terminal that cannot show a character never raises
+    problem = mode_error(args)
+    if problem:
+        return fail(problem)
+    return run_main(lambda: run(args))
+
+
