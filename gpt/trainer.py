@@ -342,10 +342,11 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
             rng = gathered
         if not rt.master:
             return
-        meta = dict(
-            step=step, val_loss=val_loss, best_val_loss=best_val, skipped_steps=skipped, world_size=rt.world_size,
-            model_config=model_config, train_config=cfg.to_dict(), tokenizer=task.tokenizer_spec, **task.checkpoint_meta,
+        meta = checkpoint.build_meta(
+            model_config=model_config, tokenizer=task.tokenizer_spec, step=step, train_config=cfg.to_dict(),
+            val_loss=val_loss, best_val_loss=best_val, skipped_steps=skipped, world_size=rt.world_size,
             sampler={"seed": cfg.seed, "mode": cfg.sampling, "next_step": step}, dataset=str(cfg.data),
+            **task.checkpoint_meta,
         )
         state = dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
                      scaler=scaler.state_dict() if scaler.is_enabled() else None, rng=rng)
