@@ -348,7 +348,7 @@ def config_from_argv(argv: list[str]) -> tuple[TrainConfig, set[str]]:
     if cli.get("resume"):
         from gpt import checkpoint  # the run's own config is the base a resume starts from
 
-        base = dict(checkpoint.read_meta(cli["resume"], names=checkpoint.LATEST).get("train_config") or {})
+        base = dict(checkpoint.read_meta(cli["resume"], names=checkpoint.LATEST)["train_config"])
         for key in ("resume", "init_from", "force"):
             base.pop(key, None)
         base["out_dir"] = str(checkpoint.resolve(cli["resume"], names=checkpoint.LATEST).parent)  # where it is now

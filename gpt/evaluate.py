@@ -17,16 +17,16 @@ Needs sacrebleu: `pip install -e ".[seq2seq]"`.
 from __future__ import annotations
 
 import argparse
-import sys
+import os
 import time
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from gpt.errors import UserError
-from gpt.pairs import PairsError, read_lines
-from gpt.translate import check_vocab, one_line, seq2seq_ids, translate  # noqa: F401 (seq2seq_ids re-exported)
+from gpt.errors import UserError, storage_error
+from gpt.pairs import read_lines
+from gpt.translate import TranslateConfig, check_vocab, one_line, seq2seq_ids, translate
 
 
 class EvaluateError(UserError, ValueError):
@@ -88,9 +88,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_output(path: str) -> None:
+    """--output must name a file that can be created, checked before hours of decoding."""
+    out = Path(path)
+    parent = out.parent
+    if out.is_dir():
+        raise EvaluateError(f"--output {path} is a directory: name a file")
+    if parent.exists() and not parent.is_dir():
+        raise EvaluateError(f"--output {path}: {parent} is a file, not a directory")
+    if not parent.exists():
+        raise EvaluateError(f"--output {path}: there is no directory {parent}; create it first (mkdir -p {parent})")
+    if not os.access(parent, os.W_OK):
+        raise EvaluateError(f"--output {path}: {parent} is not writable; choose another place")
+
+
 def run(args: argparse.Namespace) -> str:
     from gpt.checkpoint import load_checkpoint
 
+    # the ranges and the output path before anything is read; translate() checks what depends on the model
+    TranslateConfig(beam_size=args.beam_size, length_penalty=args.length_penalty, batch_size=args.batch_size,
+                    max_new_tokens=args.max_new_tokens)
+    if args.limit is not None and args.limit < 1:
+        raise EvaluateError(f"--limit must be an integer >= 1 (the first N lines), got {args.limit}")
+    if args.output:
+        check_output(args.output)
     sources, references = read_lines(args.source_file), read_lines(args.reference)
     if args.limit:
         sources, references = sources[: args.limit], references[: args.limit]
@@ -100,7 +121,10 @@ def run(args: argparse.Namespace) -> str:
     result = evaluate(model, tok, sources, references, bos, eos, args.beam_size, args.length_penalty,
                       args.batch_size, args.max_new_tokens)
     if args.output:
-        Path(args.output).write_text("".join(one_line(h) + "\n" for h in result["hypotheses"]), encoding="utf-8")
+        try:
+            Path(args.output).write_text("".join(one_line(h) + "\n" for h in result["hypotheses"]), encoding="utf-8")
+        except OSError as e:
+            raise storage_error(e, "write", args.output) from None
     return (
         f"BLEU {result['bleu']:.2f} | beam {args.beam_size} | {result['sentences']} sentences in "
         f"{result['seconds']:.1f} s = {result['sentences_per_s']:.1f} sentences/s | {result['bleu_text']} | "

@@ -3,7 +3,7 @@
     python -m gpt.hf export --ckpt out/NAME --out hf/NAME      # then GPT2LMHeadModel.from_pretrained("hf/NAME")
     python sample.py --ckpt path/to/hf-gpt2-dir                # import happens in load_checkpoint
 
-    model, meta = load_hf_dir("path/to/gpt2")                  # config.json + model.safetensors / pytorch_model.bin
+    model, meta = gpt.checkpoint.load_model("path/to/gpt2")    # config.json + model.safetensors / pytorch_model.bin
     export_hf(model, tok, "hf/NAME")                           # config.json, model.safetensors (+ tokenizer files)
 
 Design notes
@@ -12,6 +12,11 @@ Design notes
   the way in and out. Everything else maps key for key; HF's causal-mask buffers are dropped.
 - Loading never executes code: config.json is JSON, weights are safetensors or a `torch.load` with
   `weights_only=True`; sharded checkpoints (`*.index.json`) are followed.
+- This module reads and writes the GPT-2 format only (`read_config`, `read_weights`,
+  `tokenizer_spec`); gpt/checkpoint.py turns those into a model and the same meta a checkpoint has,
+  with the same checks (a config that builds no model, weights that do not fit it). So this module
+  never imports gpt.checkpoint, except the command line at the bottom, which loads `--ckpt` as
+  sample.py does.
 - Only GPT-2's architecture maps: learned positions, pre-norm, no encoder, tied embeddings, GELU
   (tanh), LayerNorm eps 1e-5. Anything else is an error naming the field, never a silent change.
   A model without biases exports zero biases (GPT-2 always has them), which computes the same thing.
@@ -28,16 +33,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import sys
 from pathlib import Path
 
 import torch
+
+from gpt.errors import UserError, storage_error
 
 # Suffixes of HF GPT-2 weights stored transposed (Conv1D).
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 TOKENIZER_SPEC_FILE = "gpt_tokenizer.json"
 GPT2_VOCAB = 50257
+SIZES = ("vocab_size", "n_embd", "n_layer", "n_head")  # and n_positions (or n_ctx)
 
 
 def _transposed(key: str) -> bool:
@@ -52,7 +61,8 @@ def state_dict_from_hf(hf_sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
             continue  # HF's causal-mask buffers, not parameters
         k = k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k
         out[k] = v.t().contiguous() if _transposed(k) else v
-    out.setdefault("lm_head.weight", out["transformer.wte.weight"])
+    if "transformer.wte.weight" in out:  # without it, loading names what is missing
+        out.setdefault("lm_head.weight", out["transformer.wte.weight"])
     return out
 
 
@@ -64,28 +74,53 @@ def state_dict_to_hf(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 # ---- import ----------------------------------------------------------------------------------------
 
 
+class HFError(UserError, ValueError):
+    """A Hugging Face directory that cannot be imported; the message names the file and what is wrong."""
+
+
 def is_hf_dir(path) -> bool:
     """A directory holding a Hugging Face config.json and model weights."""
     path = Path(path)
     return path.is_dir() and (path / "config.json").is_file() and any((path / f).is_file() for f in WEIGHT_FILES)
 
 
-def config_from_hf(hf: dict):
-    """Our GPTConfig from a GPT-2 config.json dict (HF's defaults where a key is absent)."""
-    from gpt.checkpoint import CheckpointError
-    from gpt.model import GPTConfig
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise storage_error(e, "read", path) from None
+    except ValueError as e:
+        raise HFError(f"{path} is not valid JSON ({e})") from None
 
+
+def read_config(path) -> dict:
+    """Our model config (a GPTConfig dict, validated by the caller: gpt.checkpoint) from a GPT-2 directory's
+    config.json."""
+    config_file = Path(path) / "config.json"
+    hf = _read_json(config_file)
+    if not isinstance(hf, dict):
+        raise HFError(f"{config_file} is not a GPT-2 config: expected a JSON object, got a {type(hf).__name__}")
+    missing = [k for k in SIZES if k not in hf] + ([] if "n_positions" in hf or "n_ctx" in hf else ["n_positions"])
+    if missing:
+        raise HFError(f"{config_file} lacks {', '.join(missing)}: a GPT-2 config.json gives the model's sizes "
+                      f"(vocab_size, n_positions, n_embd, n_layer, n_head)")
+    return config_from_hf(hf, config_file)
+
+
+def config_from_hf(hf: dict, source="config.json") -> dict:
+    """Our model config (a GPTConfig dict) from a GPT-2 config.json dict; GPT-2 options this model cannot
+    compute are an HFError naming `source` and the fields."""
     get = hf.get
-    n_embd = get("n_embd", 768)
+    n_embd, eps = hf["n_embd"], get("layer_norm_epsilon", 1e-5)
     problems = []
     if get("model_type", "gpt2") != "gpt2":
         problems.append(f"model_type is {get('model_type')!r}, only 'gpt2' maps onto this model")
     if get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
         problems.append(f"activation_function {get('activation_function')!r} (only GELU with tanh, 'gelu_new')")
-    if get("n_inner") not in (None, 4 * n_embd):
-        problems.append(f"n_inner {get('n_inner')} (only 4 * n_embd = {4 * n_embd})")
-    if abs(get("layer_norm_epsilon", 1e-5) - 1e-5) > 1e-12:
-        problems.append(f"layer_norm_epsilon {get('layer_norm_epsilon')} (only 1e-5)")
+    if get("n_inner") is not None and (not isinstance(n_embd, int) or get("n_inner") != 4 * n_embd):
+        problems.append(f"n_inner {get('n_inner')!r} (only 4 * n_embd)")
+    if not isinstance(eps, (int, float)) or abs(eps - 1e-5) > 1e-12:
+        problems.append(f"layer_norm_epsilon {eps!r} (only 1e-5)")
     if not get("scale_attn_weights", True) or get("scale_attn_by_inverse_layer_idx", False):
         problems.append("attention scaling other than 1/sqrt(head_dim)")
     if get("add_cross_attention", False):
@@ -93,11 +128,9 @@ def config_from_hf(hf: dict):
     if not get("tie_word_embeddings", True):
         problems.append("tie_word_embeddings false (this model ties lm_head to wte)")
     if problems:
-        raise CheckpointError("unsupported GPT-2 config: " + "; ".join(problems))
-    return GPTConfig(
-        vocab_size=get("vocab_size", GPT2_VOCAB), block_size=get("n_positions", get("n_ctx", 1024)),
-        n_layer=get("n_layer", 12), n_head=get("n_head", 12), n_embd=n_embd, dropout=0.0, bias=True,
-    )
+        raise HFError(f"{source}: unsupported GPT-2 config: " + "; ".join(problems))
+    return dict(vocab_size=hf["vocab_size"], block_size=get("n_positions", get("n_ctx")), n_layer=hf["n_layer"],
+                n_head=hf["n_head"], n_embd=n_embd, dropout=0.0, bias=True)
 
 
 def _load_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -123,58 +156,48 @@ def _load_weights(path: Path) -> dict[str, torch.Tensor]:
     raise FileNotFoundError(f"no model weights in {path}: expected one of {', '.join(WEIGHT_FILES)}")
 
 
-def _tokenizer_spec(path: Path, vocab_size: int) -> dict:
-    from gpt.checkpoint import CheckpointError
+def read_weights(path) -> dict[str, torch.Tensor]:
+    """A GPT-2 directory's weights under our names and layouts (gpt.checkpoint checks them against the
+    config); nothing in them is executed."""
+    path = Path(path)
+    try:
+        sd = state_dict_from_hf(_load_weights(path))
+    except pickle.UnpicklingError:  # torch.load(weights_only=True) refused
+        raise HFError(f"cannot read the weights in {path}: they hold objects other than tensors, whose code "
+                      f"loading would run; refused") from None
+    except Exception as e:  # a corrupt or truncated file, a missing shard, ...
+        reason = (str(e).splitlines() or [""])[0][:200]
+        raise HFError(f"cannot read the weights in {path} ({type(e).__name__}: {reason})") from None
+    head, wte = sd.get("lm_head.weight"), sd.get("transformer.wte.weight")
+    if head is not None and wte is not None and head is not wte and not torch.equal(head, wte):
+        raise HFError(f"{path}: lm_head differs from wte, but this model ties them")
+    return sd
 
+
+def tokenizer_spec(path, vocab_size: int) -> dict:
+    """The tokenizer spec of a GPT-2 directory: gpt_tokenizer.json (written by export_hf), else GPT-2's
+    BPE when the vocabulary is GPT-2's."""
+    path = Path(path)
     if (path / TOKENIZER_SPEC_FILE).is_file():
-        return json.loads((path / TOKENIZER_SPEC_FILE).read_text())
+        return _read_json(path / TOKENIZER_SPEC_FILE)
     if vocab_size == GPT2_VOCAB:
         return {"kind": "gpt2"}
     vocab_file = path / "vocab.json"
-    if vocab_file.is_file() and len(json.loads(vocab_file.read_text(encoding="utf-8"))) == GPT2_VOCAB:
-        return {"kind": "gpt2"}
-    raise CheckpointError(
+    if vocab_file.is_file():
+        vocab = _read_json(vocab_file)
+        if isinstance(vocab, dict) and len(vocab) == GPT2_VOCAB:
+            return {"kind": "gpt2"}
+    raise HFError(
         f"cannot tell which tokenizer {path} uses: vocab_size {vocab_size} is not GPT-2's {GPT2_VOCAB}, and there "
         f"is no {TOKENIZER_SPEC_FILE} or GPT-2 vocab.json beside config.json"
     )
-
-
-def load_hf_dir(path, device="cpu"):
-    """(model, meta) from a Hugging Face GPT-2 directory, like `gpt.checkpoint.load_model`.
-
-    meta has "model_config" and "tokenizer" as a training checkpoint's does, plus "hf_dir", so
-    `train.py --init-from DIR` can fine-tune it.
-    """
-    from gpt.checkpoint import FORMAT_VERSION, CheckpointError
-    from gpt.model import GPT
-
-    path = Path(path)
-    try:
-        hf_config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path / 'config.json'} is not a readable JSON config ({e})") from None
-    cfg = config_from_hf(hf_config)
-    try:
-        sd = state_dict_from_hf(_load_weights(path))
-    except Exception as e:  # a corrupt file, or a pickle that wants to run code (weights_only refuses)
-        raise CheckpointError(f"cannot read the weights in {path} ({type(e).__name__}: {str(e)[:200]})") from None
-    if not torch.equal(sd["lm_head.weight"], sd["transformer.wte.weight"]):
-        raise CheckpointError(f"{path}: lm_head differs from wte, but this model ties them")
-    model = GPT(cfg)
-    try:
-        model.load_state_dict({k: v.float() for k, v in sd.items()})
-    except RuntimeError as e:
-        raise CheckpointError(f"{path}: weights do not match config.json ({str(e)[:300]})") from None
-    spec = _tokenizer_spec(path, cfg.vocab_size)
-    meta = {"format": FORMAT_VERSION, "step": 0, "model_config": cfg.to_dict(), "tokenizer": spec, "hf_dir": str(path)}
-    return model.to(device).eval(), meta
 
 
 # ---- export ----------------------------------------------------------------------------------------
 
 
 def config_to_hf(cfg, eot_token: int, dtype: torch.dtype = torch.float32) -> dict:
-    """A GPT-2 config.json dict for our config (raises ValueError for what GPT-2 cannot express)."""
+    """A GPT-2 config.json dict for our config (HFError for what GPT-2 cannot express)."""
     problems = []
     if cfg.n_encoder_layer:
         problems.append(f"n_encoder_layer={cfg.n_encoder_layer} (GPT-2 has no encoder)")
@@ -183,7 +206,7 @@ def config_to_hf(cfg, eot_token: int, dtype: torch.dtype = torch.float32) -> dic
     if cfg.norm != "pre":
         problems.append(f"norm={cfg.norm!r} (GPT-2 is pre-norm)")
     if problems:
-        raise ValueError("cannot export as GPT-2: " + "; ".join(problems))
+        raise HFError("cannot export as GPT-2: " + "; ".join(problems))
     return {
         "model_type": "gpt2",
         "architectures": ["GPT2LMHeadModel"],
@@ -293,13 +316,16 @@ def export_hf(model, tokenizer, out_dir) -> Path:
     dtype = next(model.parameters()).dtype
     hf_config = config_to_hf(model.config, tokenizer.eot_token, dtype)
     if tokenizer.vocab_size > model.config.vocab_size:
-        raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but the model only {model.config.vocab_size} rows")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    save_file(_hf_state_dict(model), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-    (out_dir / TOKENIZER_SPEC_FILE).write_text(json.dumps(tokenizer.spec) + "\n")
-    if tokenizer.spec.get("kind") == "gpt2":
-        write_gpt2_tokenizer_files(tokenizer, out_dir, model.config.block_size)
+        raise HFError(f"tokenizer has {tokenizer.vocab_size} ids but the model only {model.config.vocab_size} rows")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        save_file(_hf_state_dict(model), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+        (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+        (out_dir / TOKENIZER_SPEC_FILE).write_text(json.dumps(tokenizer.spec) + "\n")
+        if tokenizer.spec.get("kind") == "gpt2":
+            write_gpt2_tokenizer_files(tokenizer, out_dir, model.config.block_size)
+    except OSError as e:
+        raise storage_error(e, "write", out_dir) from None
     return out_dir
 
 

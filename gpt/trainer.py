@@ -351,11 +351,11 @@ class Run:
         if not rt.master:
             return
         cfg = self.cfg
-        meta = dict(
-            step=self.step, val_loss=val_loss, best_val_loss=self.best_val, skipped_steps=self.skipped,
-            world_size=rt.world_size, model_config=self.model_config, train_config=cfg.to_dict(),
-            tokenizer=self.task.tokenizer_spec, **self.task.checkpoint_meta,
-            sampler={"seed": cfg.seed, "mode": cfg.sampling, "next_step": self.step}, dataset=str(cfg.data),
+        meta = checkpoint.build_meta(
+            model_config=self.model_config, tokenizer=self.task.tokenizer_spec, step=self.step,
+            train_config=cfg.to_dict(), val_loss=val_loss, best_val_loss=self.best_val, skipped_steps=self.skipped,
+            world_size=rt.world_size, sampler={"seed": cfg.seed, "mode": cfg.sampling, "next_step": self.step},
+            dataset=str(cfg.data), **self.task.checkpoint_meta,
         )
         state = dict(model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
                      scaler=self.scaler.state_dict() if self.scaler.is_enabled() else None, rng=rng)

@@ -137,6 +137,17 @@ def check_vocab(tok, model: GPT) -> None:
         )
 
 
+def check_fits(model: GPT, tok, cfg: TranslateConfig) -> None:
+    """Settings this model can decode with: output within its block_size, beams within the vocabulary."""
+    limit = model.config.block_size
+    if cfg.max_new_tokens is not None and cfg.max_new_tokens > limit:
+        raise TranslateError(f"--max-new-tokens {cfg.max_new_tokens} is more than the model's block_size={limit}: "
+                             f"the decoder has no positions beyond it")
+    if cfg.beam_size > 1 and 2 * cfg.beam_size > tok.vocab_size:  # each step ranks 2K of the V continuations
+        raise TranslateError(f"--beam-size {cfg.beam_size} is too large for a vocabulary of {tok.vocab_size} ids: "
+                             f"at most {tok.vocab_size // 2}")
+
+
 def length_penalty(n: int, alpha: float) -> float:
     """GNMT's ((5 + n) / 6) ** alpha: divides a hypothesis' total log-probability."""
     return ((5 + n) / 6) ** alpha
@@ -303,9 +314,11 @@ def translate(
     """Translate `texts` (one output per input, same order), in batches of similar length.
 
     beam_size > 1 runs beam search (deterministic); otherwise greedy at temperature 0, or sampling.
+    The settings are checked (`TranslateConfig`, `check_fits`) before anything is decoded.
     """
-    if beam_size > 1 and temperature > 0:
-        raise ValueError("beam search is deterministic: use beam_size=1 to sample with a temperature")
+    check_fits(model, tok, TranslateConfig(beam_size=beam_size, length_penalty=alpha, temperature=temperature,
+                                           top_k=top_k, top_p=top_p, batch_size=batch_size,
+                                           max_new_tokens=max_new_tokens))
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -335,16 +348,12 @@ def one_line(text: str) -> str:
 def translate_lines(model: GPT, tok, meta: dict, texts: list[str], config: TranslateConfig | None = None) -> list[str]:
     """Translate `texts` with a checkpoint's (model, tokenizer, meta): one single-line output per input.
 
-    Checks the checkpoint (`seq2seq_ids`, `check_vocab`) and that `max_new_tokens` fits the model.
+    Checks the checkpoint (`seq2seq_ids`, `check_vocab`); `translate` checks the settings against the model.
     When sampling, the randomness comes from `config.seed` (set it to reproduce a run).
     """
     cfg = config or TranslateConfig()
     bos, eos = seq2seq_ids(meta)
     check_vocab(tok, model)
-    limit = model.config.block_size
-    if cfg.max_new_tokens is not None and cfg.max_new_tokens > limit:
-        raise TranslateError(f"--max-new-tokens {cfg.max_new_tokens} is more than the model's block_size={limit}: "
-                             f"the decoder has no positions beyond it")
     generator = None
     if cfg.sampling:
         seed = cfg.seed if cfg.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1

@@ -8,7 +8,7 @@ import torch
 from gpt import GPT, GPTConfig, load_checkpoint
 from gpt.sampling import complete
 from gpt.checkpoint import CheckpointError
-from gpt.hf import bpe_merges, export_hf, is_hf_dir
+from gpt.hf import HFError, bpe_merges, export_hf, is_hf_dir
 from gpt.hf import main as hf_main
 from gpt.tokenizer import CharTokenizer, get_tokenizer
 
@@ -166,14 +166,34 @@ def test_unsupported_hf_config_is_a_clear_error(hf_model, tmp_path):
     hf_model.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "activation_function": "relu"}))
-    with pytest.raises(CheckpointError, match="activation_function 'relu'"):
+    with pytest.raises(HFError, match="config.json: unsupported GPT-2 config: activation_function 'relu'"):
         load_checkpoint(tmp_path)
 
 
 def test_unknown_tokenizer_is_a_clear_error(tmp_path):
     tiny_hf(vocab=100).save_pretrained(tmp_path)
-    with pytest.raises(CheckpointError, match="cannot tell which tokenizer .* vocab_size 100"):
+    with pytest.raises(HFError, match="cannot tell which tokenizer .* vocab_size 100"):
         load_checkpoint(tmp_path)
+
+
+def test_weights_that_do_not_match_config_json(hf_model, tmp_path):
+    hf_model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "n_layer": 3}))
+    with pytest.raises(CheckpointError, match=rf"^{tmp_path / 'config.json'}: the weights do not match its model "
+                                              rf"config: missing transformer\.h\.2\.ln_1\.weight, "):
+        load_checkpoint(tmp_path)
+
+
+def test_export_cli_refuses_what_gpt2_cannot_express_in_one_line(tmp_path, capsys):
+    from gpt import checkpoint
+
+    tok = CharTokenizer("abc \n")
+    cfg = GPTConfig(vocab_size=8, block_size=16, n_layer=1, n_head=2, n_embd=8, norm="post")
+    checkpoint.save(tmp_path / "run" / "best.pt", {"model": GPT(cfg).state_dict()},
+                    checkpoint.build_meta(model_config=cfg.to_dict(), tokenizer=tok.spec))
+    assert hf_main(["export", "--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 2
+    assert capsys.readouterr().err == "error: cannot export as GPT-2: norm='post' (GPT-2 is pre-norm)\n"
 
 
 def test_export_refuses_what_gpt2_cannot_express(tmp_path, gpt2):
@@ -191,6 +211,7 @@ def test_weights_that_want_to_run_code_are_refused(hf_model, tmp_path):
 
     torch.save({"h.0.attn.c_attn.weight": Evil()}, tmp_path / "pytorch_model.bin")
     hf_model.config.to_json_file(tmp_path / "config.json")
-    with pytest.raises(CheckpointError, match="cannot read the weights"):
+    with pytest.raises(HFError, match="^cannot read the weights in .*: they hold objects other than tensors, whose "
+                                      "code loading would run; refused$"):
         load_checkpoint(tmp_path)
     assert not marker.exists()

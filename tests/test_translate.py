@@ -3,6 +3,7 @@ a reverse task learned to 100%, BLEU evaluation from a checkpoint."""
 
 import copy
 import math
+import re
 import time
 
 import pytest
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 
 from gpt import GPT, GPTConfig
 from gpt.tokenizer import CharTokenizer
-from gpt.translate import beam_search, encode_sources, generate, length_penalty, translate
+from gpt.translate import TranslateError, beam_search, encode_sources, generate, length_penalty, translate
 
 V, EOS = 20, 19
 
@@ -144,6 +145,22 @@ def test_beam_search_arguments():
     with pytest.raises(ValueError, match=r"max_new_tokens must be in \[1, block_size=32\], got 33"):
         generate(model, src, mask, EOS, EOS, max_new_tokens=33)
     assert length_penalty(7, 1.0) == 2.0 and length_penalty(7, 0.0) == 1.0
+
+
+@pytest.mark.parametrize("settings,message", [
+    (dict(batch_size=0), "--batch-size must be an integer >= 1, got 0"),
+    (dict(batch_size=-2), "--batch-size must be an integer >= 1, got -2"),
+    (dict(beam_size=0), "--beam-size must be an integer >= 1 (1 is greedy), got 0"),
+    (dict(beam_size=-1), "--beam-size must be an integer >= 1 (1 is greedy), got -1"),
+    (dict(beam_size=11), "--beam-size 11 is too large for a vocabulary of 20 ids: at most 10"),
+    (dict(max_new_tokens=0), "--max-new-tokens must be an integer >= 1, got 0"),
+    (dict(max_new_tokens=33), "--max-new-tokens 33 is more than the model's block_size=32"),
+    (dict(beam_size=2, temperature=1.0), "--beam-size 2 searches deterministically"),
+])
+def test_translate_checks_its_settings_before_decoding(settings, message):
+    tok = CharTokenizer("abcdefghijklmnopqrs")  # 19 characters + the end token = V ids
+    with pytest.raises(TranslateError, match=re.escape(message)):
+        translate(random_model(), tok, ["abc"], EOS, EOS, **settings)
 
 
 def test_over_long_sources_are_truncated_with_a_warning():
