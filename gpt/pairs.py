@@ -62,7 +62,7 @@ from gpt.dataformat import (
     REPREPARE, SPLITS, TOKENIZERS, DataError, check_ids, inline_ranks, memmap_ids, new_meta, prepare_hint, read_meta,
     staged, store_ranks, write_meta,
 )
-from gpt.prepare import DEFAULT_BPE_VOCAB, check_tokenizer_options
+from gpt.prepare import DEFAULT_BPE_VOCAB, TOKENIZER_FILE_FLAG, check_tokenizer_options
 from gpt.tokenizer import CharTokenizer, Tokenizer, TokenizerError, get_tokenizer, gpt2_tokenizer
 
 
@@ -79,8 +79,8 @@ def make_tokenizer(kind: str, texts: Sequence[str], vocab_size: int | None = Non
     check_tokenizer_options(kind, vocab_size, tokenizer_file)
     if kind == "gpt2":
         try:
-            return gpt2_tokenizer(tokenizer_file)
-        except (FileNotFoundError, TokenizerError) as e:
+            return gpt2_tokenizer(tokenizer_file, file_flag=TOKENIZER_FILE_FLAG)
+        except TokenizerError as e:
             raise PairsError(str(e)) from None
     if kind == "char":
         return CharTokenizer.from_text("".join(texts))

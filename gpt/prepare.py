@@ -46,6 +46,7 @@ from gpt.progress import Progress
 from gpt.tokenizer import CharTokenizer, TiktokenTokenizer, TokenizerError, gpt2_tokenizer
 
 DEFAULT_BPE_VOCAB = 8192
+TOKENIZER_FILE_FLAG = "--tokenizer-file"  # data/prepare.py's flag for GPT-2's ranks, named in hints
 
 
 @dataclass
@@ -189,8 +190,8 @@ def _build_tokenizer(kind, segments, vocab_size, tokenizer_file, strict, chunk_b
     try:
         if kind == "gpt2":
             try:
-                return gpt2_tokenizer(tokenizer_file)
-            except (FileNotFoundError, TokenizerError) as e:
+                return gpt2_tokenizer(tokenizer_file, file_flag=TOKENIZER_FILE_FLAG)
+            except TokenizerError as e:
                 raise DataError(str(e)) from None
         if kind == "char":
             bar = Progress("scan chars", sum(s.size for s in segments), enabled=progress)

@@ -402,3 +402,19 @@ def test_cli_workers_below_one(tmp_path, workers):
     r = _run("data/prepare.py", SHAKESPEARE, "--out", tmp_path / "ds", "--tokenizer", "char", "--workers", workers)
     _one_line_error(r, f"--workers must be >= 1 (encoding threads), got {workers}; leave it out to use every core")
     assert not list(tmp_path.iterdir())
+
+
+def test_cli_tokenizer_file_that_is_not_a_ranks_file(tmp_path):
+    for args in ([SHAKESPEARE], ["--pairs", SHAKESPEARE, SHAKESPEARE]):
+        r = _run("data/prepare.py", *args, "--out", tmp_path / "ds", "--tokenizer-file", SHAKESPEARE)
+        _one_line_error(r, f"{SHAKESPEARE} (from --tokenizer-file) is not a tiktoken ranks file: line 1 is not "
+                           f"`base64-token rank`; point --tokenizer-file at GPT-2's ranks file, gpt2.tiktoken")
+    assert not list(tmp_path.iterdir())
+
+
+def test_cli_gpt2_tiktoken_file_variable_that_is_not_a_ranks_file(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GPT2_TIKTOKEN_FILE=str(SHAKESPEARE))
+    r = subprocess.run([sys.executable, str(ROOT / "data" / "prepare.py"), str(SHAKESPEARE), "--out",
+                        str(tmp_path / "ds")], capture_output=True, text=True, env=env, cwd=ROOT)
+    _one_line_error(r, f"{SHAKESPEARE} (from GPT2_TIKTOKEN_FILE) is not a tiktoken ranks file: line 1 is not "
+                       f"`base64-token rank`; point GPT2_TIKTOKEN_FILE at GPT-2's ranks file, gpt2.tiktoken")
