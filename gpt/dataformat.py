@@ -18,8 +18,8 @@ A dataset directory holds (gpt/prepare.py writes token datasets, gpt/pairs.py pa
 
 meta.json, both kinds: `format_version` (1), `kind` (`tokens` or `pairs`), `dtype`, `vocab_size`,
 `tokenizer` (the spec gpt.tokenizer.get_tokenizer takes) and `splits`, where each split records
-`max_id`, its largest token id, so opening a dataset checks every id against the vocabulary without
-reading the ids. Older datasets still open: pairs datasets named the version `format`, token datasets
+`max_id`, its largest token id, so opening a dataset checks every id against the vocabulary without a
+pass over the files. Older datasets still open: pairs datasets named the version `format`, token datasets
 had no `kind`, and a split without `max_id` has its ids read once when opened.
 
 Footguns
@@ -370,14 +370,14 @@ def _check_out(out: Path, force: bool) -> None:
     if not existing.is_dir():
         where = "it is a file" if existing == out else f"{existing} is a file"
         raise StorageError(f"could not write {out}: {where}, not a directory; choose another --out")
-    for d in (out, out.parent) if existing == out else (existing,):  # where the files and the temp dir go
-        if not os.access(d, os.W_OK | os.X_OK):
-            raise storage_error(PermissionError(errno.EACCES, "Permission denied"), "write", out, "nothing was written")
     present = [name for name in DATASET_FILES if (out / name).exists()]
     if present and not force:
         raise DataError(
             f"{out} already holds a dataset ({', '.join(present)}): pass --force to replace it, or choose another --out"
         )
+    for d in (out, out.parent) if existing == out else (existing,):  # where the files and the temp dir go
+        if not os.access(d, os.W_OK | os.X_OK):  # before any work (root passes: then the writes themselves fail)
+            raise storage_error(PermissionError(errno.EACCES, "Permission denied"), "write", out, "nothing was written")
 
 
 def _remove_stale_tmp(out: Path, log: Callable[[str], None]) -> None:
