@@ -6,7 +6,8 @@
     python data/prepare.py --pairs train.de train.en --val-pairs val.de val.en --out data/de-en --tokenizer bpe
 
 Writes train.bin, val.bin and meta.json (plus tokenizer.tiktoken for bpe) into --out; see the README's
-"Prepare data" section and gpt/prepare.py for the format and the policies. With --pairs (line i of
+"Prepare data" section, gpt/prepare.py for the policies and gpt/dataformat.py for the format. Never
+imports torch. With --pairs (line i of
 SRC translates line i of TGT; no INPUT) it writes a pairs dataset for the seq2seq model instead:
 {train,val}.{bin,idx} and meta.json, see gpt/pairs.py.
 """

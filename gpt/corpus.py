@@ -67,8 +67,16 @@ class ReadStats:
 # ---- finding and splitting documents -----------------------------------------------------------------
 
 
+def _open(path: Path):
+    """open(path, "rb"), with a file that cannot be read (permissions, a vanished file) as one CorpusError."""
+    try:
+        return open(path, "rb")
+    except OSError as e:
+        raise CorpusError(f"cannot read {path}: {e.strerror or e}") from None
+
+
 def _looks_binary(path: Path) -> bool:
-    with open(path, "rb") as f:
+    with _open(path) as f:
         return b"\0" in f.read(SNIFF_BYTES)
 
 
@@ -100,7 +108,7 @@ def find_documents(inputs: list[str | Path], exclude: Path | None = None) -> lis
 def _cut_point(path: Path, offset: int, size: int, limit: int = 1 << 20) -> int:
     """Where to cut a document near byte `offset`: the next line start if there is one before the
     end (within `limit` bytes), else the next UTF-8 character start."""
-    with open(path, "rb") as f:
+    with _open(path) as f:
         f.seek(offset)
         window = f.read(limit)
     nl = window.find(b"\n")
@@ -187,7 +195,7 @@ def read_chunks(
     """Yield (text, nbytes) pieces of the segment, each about `chunk_bytes` of UTF-8 or less, where
     `nbytes` counts the file bytes consumed since the previous piece (for progress)."""
     replaced_here = 0
-    with open(segment.doc.path, "rb") as f:
+    with _open(segment.doc.path) as f:
         f.seek(segment.start)
         remaining, carry, pending, consumed = segment.size, b"", "", 0
         offset = segment.start  # file offset of carry[0]

@@ -7,7 +7,7 @@
 
 A dataset directory (written by `python data/prepare.py`, see gpt/prepare.py) holds `train.bin` and
 `val.bin` (flat token ids, little-endian uint16 or uint32), `meta.json`, and for a trained BPE its
-ranks file `tokenizer.tiktoken`. meta.json is written last, so a directory without it is incomplete.
+ranks file `tokenizer.tiktoken`; gpt/dataformat.py owns that format and checks meta.json.
 
 Sampling is a pure function of (seed, step): the global batch of a step is `batch_size * grad_accum
 * world_size` windows, and rank r / micro-step m reads slice `r * grad_accum + m` of it. So a resumed
@@ -25,57 +25,30 @@ Footguns
 
 from __future__ import annotations
 
-import hashlib
-import json
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from gpt.errors import UserError
+from gpt.dataformat import (
+    SPLITS, DataError, check_ids, check_sha256, inline_ranks, memmap_ids, prepare_hint, read_meta,
+)
 
-FORMAT_VERSION = 1
-META_FILE = "meta.json"
-SPLITS = ("train", "val")
-DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 MODES = ("random", "epoch")
-PREPARE_HINT = "run `python data/prepare.py INPUT... --out {path} --tokenizer {{gpt2,char,bpe}}`"
-
-
-class DataError(UserError, ValueError):
-    """A dataset or corpus problem the user can fix (missing files, bad meta.json, too little data)."""
-
-
-def dtype_for_vocab(vocab_size: int) -> str:
-    """The narrowest stored dtype that holds every id below `vocab_size`."""
-    if vocab_size <= 1 << 16:
-        return "uint16"
-    if vocab_size <= 1 << 32:
-        return "uint32"
-    raise DataError(f"vocabulary of {vocab_size} ids does not fit in uint32")
-
-
-def file_sha256(path: str | Path, chunk_bytes: int = 1 << 24) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk_bytes):
-            h.update(block)
-    return h.hexdigest()
 
 
 # ---- datasets ---------------------------------------------------------------------------------------
 
 
 class TokenDataset:
-    """A prepared dataset directory; `split(name)` memory-maps one split's token ids."""
+    """A prepared dataset directory; `split(name)` is one split's token ids, memory-mapped."""
 
-    def __init__(self, path: Path, meta: dict):
+    def __init__(self, path: Path, meta: dict, splits: dict[str, np.ndarray]):
         self.path = path
         self.meta = meta
         self.vocab_size = int(meta["vocab_size"])
-        self.dtype = np.dtype(DTYPES[meta["dtype"]]).newbyteorder("<")
-        self._arrays: dict[str, np.ndarray] = {}
+        self._splits = splits
 
     def __repr__(self) -> str:
         counts = ", ".join(f"{s}={self.meta['splits'][s]['tokens']:,}" for s in SPLITS)
@@ -89,12 +62,7 @@ class TokenDataset:
 
     @cached_property
     def _tokenizer_spec(self) -> dict:
-        spec = dict(self.meta["tokenizer"])
-        if spec["kind"] == "bpe" and "ranks" not in spec:
-            ranks_file = self.path / spec.pop("ranks_file")
-            spec.pop("ranks_sha256", None)
-            spec["ranks"] = ranks_file.read_text(encoding="ascii")
-        return spec
+        return inline_ranks(self.path, self.meta["tokenizer"])
 
     def tokenizer(self):
         from gpt.tokenizer import get_tokenizer
@@ -105,107 +73,37 @@ class TokenDataset:
         """The split's token ids as a read-only 1-D array backed by the file (nothing is loaded)."""
         if name not in SPLITS:
             raise ValueError(f"unknown split {name!r}; expected one of {', '.join(SPLITS)}")
-        if name not in self._arrays:
-            file = self.path / self.meta["splits"][name]["file"]
-            if self.meta["splits"][name]["tokens"] == 0:
-                empty = np.empty(0, dtype=self.dtype)
-                empty.flags.writeable = False
-                self._arrays[name] = empty
-            else:
-                self._arrays[name] = np.memmap(file, dtype=self.dtype, mode="r")
-        return self._arrays[name]
+        return self._splits[name]
 
     def verify_checksums(self) -> None:
         """Hash every file in full and compare with meta.json (reads the whole dataset once)."""
         for name in SPLITS:
-            entry = self.meta["splits"][name]
-            digest = file_sha256(self.path / entry["file"])
-            if digest != entry["sha256"]:
-                raise DataError(
-                    f"{self.path / entry['file']} does not match its checksum in meta.json (the file was "
-                    f"changed or damaged): prepare the dataset again with --force"
-                )
+            check_sha256(self.path / self.meta["splits"][name]["file"], self.meta["splits"][name]["sha256"])
         spec = self.meta["tokenizer"]
         if spec["kind"] == "bpe" and "ranks_file" in spec:
-            if file_sha256(self.path / spec["ranks_file"]) != spec["ranks_sha256"]:
-                raise DataError(f"{self.path / spec['ranks_file']} does not match its checksum in meta.json")
+            check_sha256(self.path / spec["ranks_file"], spec["ranks_sha256"])
 
 
 def open_dataset(path: str | Path, verify: bool = False) -> TokenDataset:
     """Open a prepared dataset directory, checking meta.json against the files.
 
-    Always checked: the format version, that each .bin exists with a byte size that is a whole number
-    of tokens and equal to meta.json's token count, and that ids sampled from across each split are
-    below the vocabulary size. `verify=True` also compares the full sha256 of every file.
+    Always checked: every field of meta.json (gpt.dataformat.read_meta), that each .bin exists with a
+    byte size that is a whole number of tokens and equal to meta.json's token count, and that every
+    id is below the vocabulary size (the largest id meta.json recorded, or for older datasets every
+    id once). `verify=True` also compares the full sha256 of every file.
     """
     path = Path(path)
-    hint = PREPARE_HINT.format(path=path)
-    if not path.is_dir():
-        raise DataError(f"no dataset directory {path}: {hint}")
-    meta_file = path / META_FILE
-    if not meta_file.is_file():
-        raise DataError(f"no {META_FILE} in {path} (not prepared, or an interrupted prepare): {hint}")
-    try:
-        meta = json.loads(meta_file.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise DataError(f"{meta_file} is not valid JSON ({e}): prepare the dataset again with --force") from None
-    _check_meta(meta, path, hint)
-    ds = TokenDataset(path, meta)
+    meta = read_meta(path, "tokens")
+    splits = {}
     for name in SPLITS:
-        _check_split(ds, name, hint)
-    if meta["tokenizer"]["kind"] == "bpe" and "ranks_file" in meta["tokenizer"]:
-        if not (path / meta["tokenizer"]["ranks_file"]).is_file():
-            raise DataError(f"no {meta['tokenizer']['ranks_file']} in {path} (the BPE's ranks): {hint}")
+        entry = meta["splits"][name]
+        file = path / entry["file"]
+        splits[name] = memmap_ids(file, meta["dtype"], entry["tokens"], prepare_hint("tokens", path))
+        check_ids(splits[name], meta["vocab_size"], name, file, entry.get("max_id"))
+    ds = TokenDataset(path, meta, splits)
     if verify:
         ds.verify_checksums()
     return ds
-
-
-def _check_meta(meta: dict, path: Path, hint: str) -> None:
-    version = meta.get("format_version") if isinstance(meta, dict) else None
-    if version != FORMAT_VERSION:
-        raise DataError(
-            f"{path / META_FILE} has format_version {version!r}, this version of gpt reads {FORMAT_VERSION}: "
-            f"prepare the dataset again (add --force)"
-        )
-    missing = [k for k in ("dtype", "vocab_size", "tokenizer", "splits") if k not in meta]
-    missing += [f"splits.{s}" for s in SPLITS if s not in meta.get("splits", {})]
-    if missing:
-        raise DataError(f"{path / META_FILE} lacks {', '.join(missing)}: prepare the dataset again (add --force)")
-    if meta["dtype"] not in DTYPES:
-        raise DataError(f"{path / META_FILE}: unsupported dtype {meta['dtype']!r} (expected uint16 or uint32)")
-    if np.iinfo(DTYPES[meta["dtype"]]).max < meta["vocab_size"] - 1:
-        raise DataError(f"{path / META_FILE}: vocab_size {meta['vocab_size']} does not fit dtype {meta['dtype']}")
-
-
-def _check_split(ds: TokenDataset, name: str, hint: str, samples: int = 64, sample_len: int = 4096) -> None:
-    entry = ds.meta["splits"][name]
-    file = ds.path / entry["file"]
-    if not file.is_file():
-        raise DataError(f"no {entry['file']} in {ds.path}: {hint}")
-    size = file.stat().st_size
-    if size % ds.dtype.itemsize:
-        raise DataError(
-            f"{file} is {size:,} bytes, not a whole number of {ds.meta['dtype']} tokens (truncated or damaged): "
-            f"prepare the dataset again with --force"
-        )
-    if size // ds.dtype.itemsize != entry["tokens"]:
-        raise DataError(
-            f"{file} holds {size // ds.dtype.itemsize:,} tokens but meta.json says {entry['tokens']:,}: "
-            f"prepare the dataset again with --force"
-        )
-    tokens = ds.split(name)
-    n = len(tokens)
-    if n == 0:
-        return
-    # A bounded sample spread over the whole split (first and last tokens included), never a full scan.
-    starts = np.linspace(0, max(n - sample_len, 0), num=min(samples, n), dtype=np.int64)
-    top = max(int(tokens[s : s + sample_len].max()) for s in np.unique(starts))
-    if top >= ds.vocab_size:
-        raise DataError(
-            f"{file} holds id {top}, outside the vocabulary of {ds.vocab_size} (wrong dtype or damaged file): "
-            f"prepare the dataset again with --force"
-        )
 
 
 # ---- batches ----------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ On disk, `data/NAME/`:
 | file            | contents                                                                   |
 |-----------------|----------------------------------------------------------------------------|
 | `meta.json`     | `"kind": "pairs"`, tokenizer spec, `bos` / `eos` / `pad` ids, `dtype`,     |
-|                 | `max_len`, per-split counts                                                 |
+|                 | `max_len`, per-split counts and largest id (`max_id`)                       |
 | `tokenizer.tiktoken` | bpe only: the trained ranks (tiktoken's format), checksummed in meta   |
 | `{split}.bin`   | token ids (uint16, or uint32 when the vocabulary needs it), for each pair   |
 |                 | its source tokens then its target tokens, no special tokens                 |
@@ -42,33 +42,32 @@ the decoder input, padding is masked (source) or ignored by the loss (targets ar
 it needs no new id in GPT-2's vocabulary. The batcher adds them: source = tokens + eos,
 decoder input = bos + tokens, labels = tokens + eos.
 
-The directory is written under a temporary name and renamed at the end, so a crash never leaves
-a half-written dataset; an existing non-empty `--out` is refused unless `force=True`.
+The format (shared with token datasets) and the atomic writing are gpt/dataformat.py's: the files
+are written into a hidden directory beside `--out` and moved into place at the end, meta.json last,
+so a crash or a full disk never leaves a half-written dataset; an `--out` that holds a dataset is
+refused unless `force=True`, and other files in it are never touched.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
+from functools import cached_property
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import torch
 
-from gpt.data import file_sha256
-from gpt.errors import UserError
-from gpt.prepare import DEFAULT_BPE_VOCAB, RANKS_FILE
-from gpt.tokenizer import CharTokenizer, Tokenizer, get_tokenizer, gpt2_tokenizer
-
-PAIRS_FORMAT = 1
-TOKENIZERS = ("gpt2", "char", "bpe")
+from gpt.dataformat import (
+    REPREPARE, SPLITS, TOKENIZERS, DataError, check_ids, inline_ranks, memmap_ids, new_meta, prepare_hint, read_meta,
+    staged, store_ranks, write_meta,
+)
+from gpt.prepare import DEFAULT_BPE_VOCAB, TOKENIZER_FILE_FLAG, check_tokenizer_options
+from gpt.tokenizer import CharTokenizer, Tokenizer, TokenizerError, get_tokenizer, gpt2_tokenizer
 
 
-class PairsError(UserError, ValueError):
-    """Bad input for a pairs dataset: mismatched files, nothing left, a missing or foreign dataset."""
+class PairsError(DataError):
+    """Bad input for a pairs dataset: mismatched files, nothing left after filtering."""
 
 
 # ---- preparing ------------------------------------------------------------------------------------
@@ -77,14 +76,12 @@ class PairsError(UserError, ValueError):
 def make_tokenizer(kind: str, texts: Sequence[str], vocab_size: int | None = None, tokenizer_file: str | None = None):
     """The tokenizer for both sides: `gpt2`, `char` (over `texts`) or `bpe` (trained on `texts`,
     `vocab_size` ids including end-of-text, default 8192; fewer if `texts` has fewer pairs to merge)."""
-    if kind not in TOKENIZERS:
-        raise PairsError(f"unknown tokenizer {kind!r}; expected one of {', '.join(TOKENIZERS)}")
-    if vocab_size is not None and kind != "bpe":
-        raise PairsError(f"--vocab-size is for --tokenizer bpe (the {kind} vocabulary is fixed by the tokenizer)")
-    if tokenizer_file is not None and kind != "gpt2":
-        raise PairsError(f"--tokenizer-file is GPT-2's ranks file, for --tokenizer gpt2 only (got --tokenizer {kind})")
+    check_tokenizer_options(kind, vocab_size, tokenizer_file)
     if kind == "gpt2":
-        return gpt2_tokenizer(tokenizer_file)
+        try:
+            return gpt2_tokenizer(tokenizer_file, file_flag=TOKENIZER_FILE_FLAG)
+        except TokenizerError as e:
+            raise PairsError(str(e)) from None
     if kind == "char":
         return CharTokenizer.from_text("".join(texts))
     from gpt.bpe import train_bpe
@@ -142,17 +139,18 @@ def encode_pairs(tok: Tokenizer, src: list[str], tgt: list[str], max_len: int, t
     return pairs, stats
 
 
-def write_split(out_dir: Path, split: str, pairs: list, dtype) -> dict:
+def write_split(out_dir: Path, split: str, pairs: list, dtype: str) -> dict:
     lengths = np.array([[len(s), len(t)] for s, t in pairs], dtype=np.int64).reshape(-1)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    tokens = np.fromiter((i for s, t in pairs for i in (*s, *t)), dtype=dtype, count=int(offsets[-1]))
+    tokens = np.fromiter((i for s, t in pairs for i in (*s, *t)), dtype=np.dtype(dtype).newbyteorder("<"),
+                         count=int(offsets[-1]))
     tokens.tofile(out_dir / f"{split}.bin")
     offsets.tofile(out_dir / f"{split}.idx")
     src_len, tgt_len = lengths[0::2], lengths[1::2]
     return {
         "pairs": len(pairs), "src_tokens": int(src_len.sum()), "tgt_tokens": int(tgt_len.sum()),
-        "max_src_len": int(src_len.max()), "max_tgt_len": int(tgt_len.max()),
+        "max_src_len": int(src_len.max()), "max_tgt_len": int(tgt_len.max()), "max_id": int(tokens.max()),
     }
 
 
@@ -175,48 +173,25 @@ def prepare_pairs(
     The validation split is `val_pairs` (two files) if given, else a random `val_fraction` of the
     lines (drawn with `seed`). One tokenizer serves both sides; `char` and `bpe` are built from
     the training text of both sides (char also from the validation text, so it can encode it).
-    Raises PairsError for every user mistake; nothing is left behind then.
+    Raises a DataError for every user mistake (a PairsError for the pairs themselves) and a
+    StorageError for an `out_dir` that cannot be written or a full disk; nothing is left behind then.
     """
     out_dir = Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not force:
-        raise PairsError(f"{out_dir} already exists: choose another --out or pass --force to replace it")
+    check_tokenizer_options(tokenizer, vocab_size, tokenizer_file)
     if max_len < 2:
         raise PairsError(f"max_len must be >= 2 (a token plus the end token), got {max_len}")
     if not val_pairs and not (0.0 < val_fraction < 1.0):
         raise PairsError(f"val_fraction must be in (0, 1) when no --val-pairs are given, got {val_fraction}")
 
-    src, tgt = read_pairs(src_file, tgt_file)
-    if val_pairs:
-        val = read_pairs(*val_pairs)
-    else:
-        held_out = np.zeros(len(src), dtype=bool)
-        n_val = max(1, round(val_fraction * len(src)))
-        held_out[np.random.default_rng(seed).permutation(len(src))[:n_val]] = True
-        val = [s for s, h in zip(src, held_out) if h], [t for t, h in zip(tgt, held_out) if h]
-        src, tgt = [s for s, h in zip(src, held_out) if not h], [t for t, h in zip(tgt, held_out) if not h]
-
-    texts = src + tgt + (val[0] + val[1] if tokenizer == "char" else [])
-    try:
+    with staged(out_dir, force) as tmp:  # first, so an `out_dir` that cannot be written fails before the work
+        src, tgt, val = _split_lines(src_file, tgt_file, val_pairs, val_fraction, seed)
+        texts = src + tgt + (val[0] + val[1] if tokenizer == "char" else [])
         tok = make_tokenizer(tokenizer, texts, vocab_size=vocab_size, tokenizer_file=tokenizer_file)
-    except (FileNotFoundError, RuntimeError) as e:  # GPT-2's ranks: no file, no network
-        raise PairsError(str(e)) from None
-    dtype = np.uint16 if tok.vocab_size <= 2**16 else np.uint32
-    spec = tok.spec
-    meta = {
-        "kind": "pairs", "format": PAIRS_FORMAT, "tokenizer": spec, "vocab_size": tok.vocab_size,
-        "bos": tok.eot_token, "eos": tok.eot_token, "pad": tok.eot_token,
-        "dtype": np.dtype(dtype).name, "max_len": max_len, "truncate": truncate,
-        "source": {"train": [str(src_file), str(tgt_file)], "val": [str(p) for p in val_pairs] if val_pairs else None},
-        "splits": {},
-    }
-
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        if spec["kind"] == "bpe":  # the ranks go in their own file, in tiktoken's format, as in LM datasets
-            (tmp / RANKS_FILE).write_text(spec.pop("ranks"), encoding="ascii")
-            spec.update(ranks_file=RANKS_FILE, ranks_sha256=file_sha256(tmp / RANKS_FILE))
+        meta = new_meta(
+            "pairs", tok.vocab_size, store_ranks(tmp, tok.spec), bos=tok.eot_token, eos=tok.eot_token,
+            pad=tok.eot_token, max_len=max_len, truncate=truncate, splits={},
+            source={"train": [str(src_file), str(tgt_file)], "val": [str(p) for p in val_pairs] if val_pairs else None},
+        )
         for split, (s, t) in (("train", (src, tgt)), ("val", val)):
             pairs, stats = encode_pairs(tok, s, t, max_len, truncate)
             if not pairs:
@@ -224,24 +199,21 @@ def prepare_pairs(
                     f"no {split} pairs left out of {stats['lines']} lines ({stats['skipped_empty']} empty, "
                     f"{stats['skipped_long']} longer than max_len={max_len}): check the files, or raise --max-len"
                 )
-            meta["splits"][split] = {**stats, **write_split(tmp, split, pairs, dtype)}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        _replace_dir(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            meta["splits"][split] = {**stats, **write_split(tmp, split, pairs, meta["dtype"])}
+        write_meta(tmp, meta)
     return meta
 
 
-def _replace_dir(new: Path, target: Path) -> None:
-    """Move `new` to `target`, replacing whatever is there, never leaving `target` half-written."""
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        old = target.parent / f".{target.name}.old-{os.getpid()}"
-        os.replace(target, old)
-        os.replace(new, target)
-        shutil.rmtree(old) if old.is_dir() else old.unlink()
-    else:
-        os.replace(new, target)  # rename over an empty directory (or into a free name)
+def _split_lines(src_file, tgt_file, val_pairs, val_fraction: float, seed: int):
+    """(train source lines, train target lines, (val source lines, val target lines))."""
+    src, tgt = read_pairs(src_file, tgt_file)
+    if val_pairs:
+        return src, tgt, read_pairs(*val_pairs)
+    held_out = np.zeros(len(src), dtype=bool)
+    n_val = max(1, round(val_fraction * len(src)))
+    held_out[np.random.default_rng(seed).permutation(len(src))[:n_val]] = True
+    val = [s for s, h in zip(src, held_out) if h], [t for t, h in zip(tgt, held_out) if h]
+    return [s for s, h in zip(src, held_out) if not h], [t for t, h in zip(tgt, held_out) if not h], val
 
 
 def summary(meta: dict, out_dir) -> str:
@@ -263,20 +235,25 @@ class PairDataset:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        meta_file = self.path / "meta.json"
-        if not meta_file.is_file():
-            raise PairsError(
-                f"no meta.json in {self.path}: run `python data/prepare.py --pairs SRC TGT --out {self.path}` first"
-            )
-        self.meta = json.loads(meta_file.read_text(encoding="utf-8"))
-        if self.meta.get("kind") != "pairs":
-            raise PairsError(f"{self.path} holds a {self.meta.get('kind', 'token')!r} dataset, not translation pairs")
-        if self.meta.get("format") != PAIRS_FORMAT:
-            raise PairsError(f"{self.path}: unsupported pairs format {self.meta.get('format')!r}")
+        self.meta = read_meta(self.path, "pairs")
         self.bos, self.eos, self.pad = self.meta["bos"], self.meta["eos"], self.meta["pad"]
         self.vocab_size = self.meta["vocab_size"]
-        self._splits: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        self._spec: dict | None = None
+        self._splits = {name: self._open_split(name) for name in SPLITS}
+
+    def _open_split(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """The split's ids (memory-mapped) and offsets, checked against meta.json and the vocabulary."""
+        entry, hint = self.meta["splits"][split], prepare_hint("pairs", self.path)
+        file, index = self.path / f"{split}.bin", self.path / f"{split}.idx"
+        tokens = memmap_ids(file, self.meta["dtype"], entry["src_tokens"] + entry["tgt_tokens"], hint)
+        if not index.is_file():
+            raise DataError(f"no {index.name} in {self.path}: {hint}")
+        offsets = np.fromfile(index, dtype="<i8")
+        if len(offsets) != 2 * entry["pairs"] + 1 or offsets[0] != 0 or offsets[-1] != len(tokens) or (
+            np.diff(offsets) < 0
+        ).any():
+            raise DataError(f"{index} does not match {file.name} and meta.json (truncated or damaged): {REPREPARE}")
+        check_ids(tokens, self.vocab_size, split, file, entry.get("max_id"))
+        return tokens, offsets
 
     @property
     def splits(self) -> list[str]:
@@ -284,14 +261,7 @@ class PairDataset:
 
     def _split(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         if split not in self._splits:
-            if split not in self.meta["splits"]:
-                raise PairsError(f"{self.path} has no split {split!r}; it has {self.splits}")
-            tokens = np.memmap(self.path / f"{split}.bin", dtype=self.meta["dtype"], mode="r")
-            offsets = np.fromfile(self.path / f"{split}.idx", dtype=np.int64)
-            n = self.meta["splits"][split]["pairs"]
-            if len(offsets) != 2 * n + 1 or offsets[-1] != len(tokens):
-                raise PairsError(f"{self.path}/{split}.idx does not match {split}.bin: re-run the prepare step")
-            self._splits[split] = (tokens, offsets)
+            raise PairsError(f"{self.path} has no split {split!r}; it has {self.splits}")
         return self._splits[split]
 
     def __len__(self) -> int:
@@ -314,18 +284,11 @@ class PairDataset:
         """A self-contained spec for gpt.tokenizer.get_tokenizer (a bpe's ranks are read in inline,
         checked against meta.json's sha256), so a checkpoint that stores it can rebuild the
         tokenizer without the dataset directory."""
-        if self._spec is None:
-            spec = dict(self.meta["tokenizer"])
-            if spec["kind"] == "bpe" and "ranks" not in spec:
-                ranks_file = self.path / spec.pop("ranks_file")
-                if not ranks_file.is_file():
-                    raise PairsError(f"{ranks_file} is missing: prepare {self.path} again with --force")
-                if file_sha256(ranks_file) != spec.pop("ranks_sha256"):
-                    raise PairsError(f"{ranks_file} does not match its checksum in meta.json: prepare "
-                                     f"{self.path} again with --force")
-                spec["ranks"] = ranks_file.read_text(encoding="ascii")
-            self._spec = spec
-        return dict(self._spec)
+        return dict(self._tokenizer_spec)
+
+    @cached_property
+    def _tokenizer_spec(self) -> dict:
+        return inline_ranks(self.path, self.meta["tokenizer"])
 
     def tokenizer(self) -> Tokenizer:
         return get_tokenizer(self.tokenizer_spec)
@@ -366,8 +329,10 @@ class PairBatches:
         rank: int = 0,
         world_size: int = 1,
         grad_accum: int = 1,
-        device: str | torch.device = "cpu",
+        device="cpu",
     ):
+        import torch  # here, not at the top: preparing a dataset never imports torch
+
         if not (0 <= rank < world_size) or grad_accum < 1:
             raise ValueError(f"need 0 <= rank < world_size and grad_accum >= 1, got {rank}, {world_size}, {grad_accum}")
         self.dataset, self.split, self.max_tokens, self.seed = dataset, split, max_tokens, seed
@@ -443,6 +408,8 @@ class PairBatches:
             tgt_in[row, 0], tgt_in[row, 1 : len(t) + 1] = ds.bos, t
             tgt_out[row, : len(t)], tgt_out[row, len(t)] = t, ds.eos
         src_mask = np.arange(S)[None, :] < self.src_len[idx][:, None]
+        import torch
+
         out = [torch.from_numpy(a) for a in (src, src_mask, tgt_in, tgt_out)]
         if self.device.type == "cuda":
             return tuple(a.pin_memory().to(self.device, non_blocking=True) for a in out)

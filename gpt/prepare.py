@@ -11,46 +11,42 @@ Passes over the corpus, each streaming it in chunks (memory does not grow with t
 2. encode every chunk on all cores (tiktoken releases the GIL) and append the ids to train.bin or
    val.bin, hashing them on the way; each document ends with the end-of-text token.
 
-Policies (the corpus policies, UTF-8 included, are in gpt/corpus.py)
+Policies (the corpus policies, UTF-8 included, are in gpt/corpus.py; the format and the atomic
+writing in gpt/dataformat.py)
 - Everything is written to a hidden temporary directory beside `--out` and moved into place at the
   end, meta.json last: an interrupted prepare never leaves a dataset that looks complete, and a
-  failed `--force` leaves the previous dataset as it was.
+  failed `--force` (a full disk, Ctrl-C) leaves the previous dataset as it was.
 - An `--out` that already holds a dataset (any of train.bin, val.bin, meta.json, tokenizer.tiktoken)
   is refused unless `force`; other files in that directory are never touched, so a recipe directory
   (`data/shakespeare_char/`) can hold its own prepare.py next to the data.
 - Ids are stored as uint16 when the vocabulary fits (<= 65536 ids), uint32 otherwise; every chunk
-  is checked against the vocabulary before it is narrowed, so nothing ever wraps around.
+  is checked against the vocabulary before it is narrowed, so nothing ever wraps around, and each
+  split's largest id goes into meta.json (`max_id`) for the loader to check.
 - Each split must hold at least one training window (block_size + 1 tokens).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from gpt.corpus import CorpusError, ReadStats, Segment, find_documents, plan_split, read_chunks
-from gpt.data import FORMAT_VERSION, META_FILE, SPLITS, DataError, dtype_for_vocab
+from gpt.dataformat import SPLITS, TOKENIZERS, DataError, dtype_for_vocab, new_meta, staged, store_ranks, write_meta
 from gpt.progress import Progress
 from gpt.tokenizer import CharTokenizer, TiktokenTokenizer, TokenizerError, gpt2_tokenizer
 
-TOKENIZERS = ("gpt2", "char", "bpe")
-RANKS_FILE = "tokenizer.tiktoken"
-DATASET_FILES = (*(f"{s}.bin" for s in SPLITS), RANKS_FILE, META_FILE)
-TMP_MARK = ".prepare-"
 DEFAULT_BPE_VOCAB = 8192
+TOKENIZER_FILE_FLAG = "--tokenizer-file"  # data/prepare.py's flag for GPT-2's ranks, named in hints
 
 
 @dataclass
@@ -99,40 +95,30 @@ def prepare(
 ) -> PrepareSummary:
     """Tokenize the text files and directories in `inputs` into the dataset directory `out`.
 
-    Raises DataError for every user mistake (the CLI prints it as one line); nothing is left behind.
+    Raises DataError for every user mistake and a StorageError for an `out` that cannot be written or
+    a full disk (the CLI prints either as one line); nothing is left behind.
     """
     t0 = time.perf_counter()
     out = Path(out)
-    if tokenizer not in TOKENIZERS:
-        raise DataError(f"unknown --tokenizer {tokenizer!r}; choose one of {', '.join(TOKENIZERS)}")
+    check_tokenizer_options(tokenizer, vocab_size, tokenizer_file)
     if block_size < 1:
         raise DataError(f"--block-size must be >= 1, got {block_size}")
-    if vocab_size is not None and tokenizer != "bpe":
-        raise DataError(f"--vocab-size is for --tokenizer bpe (the {tokenizer} vocabulary is fixed by the tokenizer)")
-    if tokenizer_file is not None and tokenizer != "gpt2":
-        raise DataError(f"--tokenizer-file is GPT-2's ranks file, for --tokenizer gpt2 only (got --tokenizer {tokenizer})")
-    _check_out(out, force)
-    try:
-        docs = find_documents(inputs, exclude=out)
-        if not docs:
-            raise DataError(
-                f"empty corpus: no text in {', '.join(map(str, inputs))} (only empty, hidden or binary files)"
-            )
-        segments, split_by = plan_split(docs, val_fraction)
-    except CorpusError as e:
-        raise DataError(str(e)) from None
+    if workers is not None and workers < 1:
+        raise DataError(f"--workers must be >= 1 (encoding threads), got {workers}; leave it out to use every core")
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    _remove_stale_tmp(out, log)
-
-    tok = _build_tokenizer(tokenizer, segments, vocab_size, tokenizer_file, strict_utf8, chunk_bytes, progress)
-    dtype = dtype_for_vocab(tok.vocab_size)
-    made = _mkdirs(out.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}{TMP_MARK}{os.getpid()}-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the dataset gets the usual permissions
-    try:
+    with staged(out, force, log) as tmp:  # first, so an `out` that cannot be written fails before the work
+        try:
+            docs = find_documents(inputs, exclude=out)
+            if not docs:
+                raise DataError(
+                    f"empty corpus: no text in {', '.join(map(str, inputs))} (only empty, hidden or binary files)"
+                )
+            segments, split_by = plan_split(docs, val_fraction)
+        except CorpusError as e:
+            raise DataError(str(e)) from None
+        tok = _build_tokenizer(tokenizer, segments, vocab_size, tokenizer_file, strict_utf8, chunk_bytes, progress)
+        dtype = dtype_for_vocab(tok.vocab_size)
         stats = ReadStats()
         writers = {s: _SplitWriter(tmp / f"{s}.bin", dtype, tok.vocab_size) for s in SPLITS}
         try:
@@ -151,10 +137,6 @@ def prepare(
                     f"of block_size + 1 = {block_size + 1:,}; use a larger corpus, a smaller --block-size"
                     f"{' or a larger --val-fraction' if s == 'val' else ''}"
                 )
-        spec = tok.spec
-        if spec["kind"] == "bpe":  # the ranks go in their own file, in tiktoken's format
-            (tmp / RANKS_FILE).write_text(spec.pop("ranks"), encoding="ascii")
-            spec.update(ranks_file=RANKS_FILE, ranks_sha256=_sha256_file(tmp / RANKS_FILE))
         corpus = {
             "inputs": [str(i) for i in inputs],
             "bytes": sum(d.size for d in docs),
@@ -162,46 +144,34 @@ def prepare(
             "val_fraction": val_fraction,
             "split_by": split_by,
         }
-        meta = _meta(tok, dtype, spec, writers, len(docs), corpus)
-        _write_durably(tmp / META_FILE, json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
-        _publish(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        for d in made:  # parents this call created, innermost first
-            try:
-                d.rmdir()
-            except OSError:
-                break
-        raise
+        meta = _meta(tok, store_ranks(tmp, tok.spec), writers, len(docs), corpus)
+        write_meta(tmp, meta)
     return PrepareSummary(
         out, len(docs), {s: w.tokens for s, w in writers.items()}, corpus["bytes"], stats.replaced_bytes,
         time.perf_counter() - t0, meta,
     )
 
 
-def _meta(tok, dtype: str, spec: dict, writers: dict, documents: int, corpus: dict) -> dict:
-    return {
-        "format_version": FORMAT_VERSION,
-        "dtype": dtype,
-        "vocab_size": tok.vocab_size,
-        "eot_token": tok.eot_token,
-        "tokenizer": spec,
-        "tokens": sum(w.tokens for w in writers.values()),
-        "documents": documents,
-        "splits": {
-            s: {"file": f"{s}.bin", "tokens": w.tokens, "documents": w.documents, "sha256": w.sha256.hexdigest()}
-            for s, w in writers.items()
-        },
-        "corpus": corpus,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+def _meta(tok, spec: dict, writers: dict, documents: int, corpus: dict) -> dict:
+    splits = {
+        s: {"file": f"{s}.bin", "tokens": w.tokens, "documents": w.documents, "sha256": w.sha256.hexdigest(),
+            "max_id": w.max_id}
+        for s, w in writers.items()
     }
+    return new_meta(
+        "tokens", tok.vocab_size, spec, eot_token=tok.eot_token, tokens=sum(w.tokens for w in writers.values()),
+        documents=documents, splits=splits, corpus=corpus,
+    )
 
 
-def _mkdirs(path: Path) -> list[Path]:
-    """mkdir -p; returns the directories it created, innermost first (to undo it on failure)."""
-    missing = [p for p in (path, *path.parents) if not p.exists()]
-    path.mkdir(parents=True, exist_ok=True)
-    return missing
+def check_tokenizer_options(kind: str, vocab_size: int | None, tokenizer_file: str | None) -> None:
+    """The tokenizer options that go together (text and pairs datasets alike)."""
+    if kind not in TOKENIZERS:
+        raise DataError(f"unknown --tokenizer {kind!r}; choose one of {', '.join(TOKENIZERS)}")
+    if vocab_size is not None and kind != "bpe":
+        raise DataError(f"--vocab-size is for --tokenizer bpe (the {kind} vocabulary is fixed by the tokenizer)")
+    if tokenizer_file is not None and kind != "gpt2":
+        raise DataError(f"--tokenizer-file is GPT-2's ranks file, for --tokenizer gpt2 only (got --tokenizer {kind})")
 
 
 # ---- tokenizers -------------------------------------------------------------------------------------
@@ -220,8 +190,8 @@ def _build_tokenizer(kind, segments, vocab_size, tokenizer_file, strict, chunk_b
     try:
         if kind == "gpt2":
             try:
-                return gpt2_tokenizer(tokenizer_file)
-            except (FileNotFoundError, TokenizerError) as e:
+                return gpt2_tokenizer(tokenizer_file, file_flag=TOKENIZER_FILE_FLAG)
+            except TokenizerError as e:
                 raise DataError(str(e)) from None
         if kind == "char":
             bar = Progress("scan chars", sum(s.size for s in segments), enabled=progress)
@@ -274,20 +244,20 @@ class _SplitWriter:
         self.sha256 = hashlib.sha256()
         self.tokens = 0
         self.documents = 0
+        self.max_id = 0
 
     def write(self, ids: np.ndarray) -> None:
-        if len(ids) and int(ids.max()) >= self.vocab_size:
-            raise RuntimeError(f"tokenizer produced id {int(ids.max())} outside its vocabulary of {self.vocab_size}")
+        if len(ids):
+            self.max_id = max(self.max_id, int(ids.max()))
+        if self.max_id >= self.vocab_size:  # a bug, never narrowed silently
+            raise RuntimeError(f"tokenizer produced id {self.max_id} outside its vocabulary of {self.vocab_size}")
         data = ids.astype(self.dtype, copy=False).tobytes()
         self.sha256.update(data)
         self.f.write(data)
         self.tokens += len(ids)
 
     def close(self) -> None:
-        if not self.f.closed:
-            self.f.flush()
-            os.fsync(self.f.fileno())
-            self.f.close()
+        self.f.close()
 
 
 def _encode(segments, tok, writers, stats, workers, chunk_bytes, strict, progress) -> None:
@@ -320,81 +290,6 @@ def _encode(segments, tok, writers, stats, workers, chunk_bytes, strict, progres
                 if future is not None:
                     future.cancel()
     bar.close()
-
-
-def _sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _write_durably(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-# ---- the output directory ---------------------------------------------------------------------------
-
-
-def _check_out(out: Path, force: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise DataError(f"--out {out} exists and is not a directory: choose another --out")
-    existing = [name for name in DATASET_FILES if (out / name).exists()]
-    if existing and not force:
-        raise DataError(
-            f"{out} already holds a dataset ({', '.join(existing)}): pass --force to replace it, or choose another --out"
-        )
-
-
-def _remove_stale_tmp(out: Path, log: Callable[[str], None]) -> None:
-    """Remove temporary directories left by a prepare of `out` that was killed (its process is gone)."""
-    if not out.parent.is_dir():
-        return
-    for tmp in out.parent.glob(f".{out.name}{TMP_MARK}*"):
-        pid = tmp.name[len(f".{out.name}{TMP_MARK}") :].split("-")[0]
-        if tmp.is_dir() and pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(tmp, ignore_errors=True)
-            log(f"removed {tmp}, left by an interrupted prepare")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _publish(tmp: Path, out: Path) -> None:
-    """Move the finished dataset from `tmp` to `out`; meta.json arrives last (the commit point)."""
-    if not out.exists():
-        os.rename(tmp, out)  # atomic: `out` appears complete or not at all
-        _fsync_dir(out.parent)
-        return
-    # `out` is a directory without a dataset (a recipe's directory) or one being replaced (--force).
-    (out / META_FILE).unlink(missing_ok=True)  # from here on the old dataset no longer looks complete
-    _fsync_dir(out)
-    new = {p.name for p in tmp.iterdir()}
-    for name in DATASET_FILES:
-        if name != META_FILE:
-            if name in new:
-                os.replace(tmp / name, out / name)
-            else:
-                (out / name).unlink(missing_ok=True)  # e.g. the old BPE ranks when replaced by char
-    _fsync_dir(out)
-    os.replace(tmp / META_FILE, out / META_FILE)
-    _fsync_dir(out)
-    tmp.rmdir()
 
 
 # ---- recipes ----------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ Policies
 - `char`: text containing a character outside the vocabulary is an error (ValueError naming the
   characters), never a silent substitution.
 - `gpt2` offline: set GPT2_TIKTOKEN_FILE (or pass `ranks_file`) to a `.tiktoken` ranks file;
-  otherwise tiktoken downloads and caches its files the normal way.
+  otherwise tiktoken downloads and caches its files the normal way. A file that is not a ranks file
+  is a TokenizerError naming it and where it came from (the variable, or the caller's flag).
 """
 
 from __future__ import annotations
@@ -138,13 +139,24 @@ class StreamDecoder:
 
 
 def load_ranks(path: str) -> dict[bytes, int]:
-    """Read a `.tiktoken` ranks file (one `base64(token) rank` per line)."""
-    ranks = {}
+    """Read a `.tiktoken` ranks file (one `base64(token) rank` per line); ValueError if it is not one."""
     with open(path, "rb") as f:
-        for line in f:
-            if line.strip():
+        return parse_ranks(f)
+
+
+def parse_ranks(lines: Iterable[bytes]) -> dict[bytes, int]:
+    """Ranks from the lines of a `.tiktoken` file; ValueError naming the first line that is not
+    `base64(token) rank`, or if the 256 single bytes a byte-level BPE starts from are not all there."""
+    ranks = {}
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            try:
                 token, rank = line.split()
-                ranks[base64.b64decode(token)] = int(rank)
+                ranks[base64.b64decode(token, validate=True)] = int(rank)
+            except ValueError:  # also binascii.Error
+                raise ValueError(f"line {number} is not `base64-token rank`") from None
+    if not all(bytes([b]) in ranks for b in range(256)):
+        raise ValueError("it lacks some of the 256 single bytes every byte-level BPE ranks first")
     return ranks
 
 
@@ -158,14 +170,28 @@ def _encoding(name: str, pattern: str, ranks: dict[bytes, int]):
     return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens={EOT_TEXT: len(ranks)})
 
 
-def gpt2_tokenizer(ranks_file: str | None = None) -> TiktokenTokenizer:
-    """GPT-2's BPE from `ranks_file`, $GPT2_TIKTOKEN_FILE, or tiktoken's own download and cache."""
+def gpt2_tokenizer(ranks_file: str | None = None, file_flag: str | None = None) -> TiktokenTokenizer:
+    """GPT-2's BPE from `ranks_file`, $GPT2_TIKTOKEN_FILE, or tiktoken's own download and cache.
+
+    `file_flag` is the caller's command-line flag that gave `ranks_file` (data/prepare.py's
+    `--tokenizer-file`), if it has one: errors name it, and the offline hint offers it. Scripts
+    without such a flag leave it None, and the hint offers only the variable.
+    """
     spec = {"kind": "gpt2"}
-    path = ranks_file or os.environ.get(GPT2_RANKS_ENV)
+    path, given_by = ranks_file, file_flag or "ranks_file"
+    if not path:
+        path, given_by = os.environ.get(GPT2_RANKS_ENV), GPT2_RANKS_ENV
     if path:
+        fix = f"point {given_by} at GPT-2's ranks file, gpt2.tiktoken"
         if not os.path.isfile(path):
-            raise TokenizerError(f"GPT-2 ranks file not found: {path}")
-        return TiktokenTokenizer(_encoding("gpt2", GPT2_PATTERN, load_ranks(path)), spec)
+            raise TokenizerError(f"GPT-2 ranks file not found: {path} (from {given_by}): {fix}")
+        try:
+            ranks = load_ranks(path)
+        except OSError as e:
+            raise TokenizerError(f"cannot read {path} (from {given_by}): {e.strerror or e}") from None
+        except ValueError as e:
+            raise TokenizerError(f"{path} (from {given_by}) is not a tiktoken ranks file: {e}; {fix}") from None
+        return TiktokenTokenizer(_encoding("gpt2", GPT2_PATTERN, ranks), spec)
     import tiktoken
 
     try:
@@ -173,8 +199,8 @@ def gpt2_tokenizer(ranks_file: str | None = None) -> TiktokenTokenizer:
     except Exception as e:  # no network and nothing cached
         raise TokenizerError(
             f"cannot load GPT-2's BPE: tiktoken could not download it ({type(e).__name__}). Either connect "
-            f"to the internet once (tiktoken caches it), or point {GPT2_RANKS_ENV}=/path/to/gpt2.tiktoken "
-            f"(or --tokenizer-file) at a local ranks file"
+            f"to the internet once (tiktoken caches it), or set {GPT2_RANKS_ENV}=/path/to/gpt2.tiktoken "
+            + (f"or pass {file_flag} /path/to/gpt2.tiktoken " if file_flag else "") + "(a local ranks file)"
         ) from None
 
 
@@ -182,7 +208,10 @@ def bpe_tokenizer(ranks: dict[bytes, int] | str, pattern: str = GPT2_PATTERN) ->
     """A byte-level BPE trained on a corpus; `ranks` as a dict or in `.tiktoken` text form."""
     if isinstance(ranks, str):
         text = ranks
-        ranks = {base64.b64decode(t): int(r) for t, r in (line.split() for line in text.splitlines() if line)}
+        try:
+            ranks = parse_ranks(text.encode("ascii", errors="replace").splitlines())
+        except ValueError as e:
+            raise TokenizerError(f"the bpe tokenizer's ranks are not in tiktoken's format: {e}") from None
     else:
         text = dump_ranks(ranks)
     return TiktokenTokenizer(_encoding("bpe", pattern, ranks), {"kind": "bpe", "pattern": pattern, "ranks": text})

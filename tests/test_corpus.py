@@ -106,3 +106,22 @@ def test_find_documents_walks_sorted_and_skips_hidden_binary_empty(tmp_path):
     assert [d.path.relative_to(tmp_path).as_posix() for d in docs] == ["a.md", "b/z.txt", "image.png"]
     with pytest.raises(CorpusError, match="no such file or directory: .*missing"):
         find_documents([tmp_path / "missing"])
+
+
+def test_a_file_that_cannot_be_read_is_one_error_naming_it(tmp_path, monkeypatch):
+    import errno
+
+    import gpt.corpus
+
+    (tmp_path / "dir").mkdir()
+    path = tmp_path / "dir" / "locked.txt"
+    path.write_text("text")
+
+    def denied(file, *args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(file))
+
+    monkeypatch.setattr(gpt.corpus, "open", denied, raising=False)
+    with pytest.raises(CorpusError, match=rf"^cannot read {path}: Permission denied$"):
+        list(read_chunks(_segment(path), chunk_bytes=1024, stats=ReadStats()))
+    with pytest.raises(CorpusError, match=rf"^cannot read {path}: Permission denied$"):
+        find_documents([tmp_path / "dir"])  # sniffing a directory's files for binary content

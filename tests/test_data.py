@@ -1,17 +1,22 @@
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
-from gpt.data import Batches, DataError, dtype_for_vocab, eval_batches, gather_windows, open_dataset
+from conftest import ROOT
+from gpt.data import Batches, DataError, eval_batches, gather_windows, open_dataset
+from gpt.dataformat import dtype_for_vocab
 from gpt.prepare import prepare
 
 
-def _write_dataset(path, train, val, vocab_size, dtype="uint16", **meta_overrides):
-    """A dataset directory written by hand (no prepare), for loader tests."""
+def _write_dataset(path, train, val, vocab_size, dtype="uint16", max_ids=None, **meta_overrides):
+    """A dataset directory written by hand (no prepare), for loader tests: as an older gpt wrote it
+    (no `kind`, no `max_id`) unless `max_ids` gives the splits' recorded largest ids."""
     path.mkdir(parents=True, exist_ok=True)
     splits = {}
     for name, ids in (("train", train), ("val", val)):
@@ -19,6 +24,8 @@ def _write_dataset(path, train, val, vocab_size, dtype="uint16", **meta_override
             np.asarray(ids, dtype=dtype).tofile(path / f"{name}.bin")
         n = (path / f"{name}.bin").stat().st_size // np.dtype(dtype).itemsize
         splits[name] = {"file": f"{name}.bin", "tokens": n, "documents": 1, "sha256": "0" * 64}
+        if max_ids:
+            splits[name]["max_id"] = max_ids[name]
     meta = {"format_version": 1, "dtype": dtype, "vocab_size": vocab_size, "eot_token": vocab_size - 1,
             "tokenizer": {"kind": "gpt2"}, "splits": splits, **meta_overrides}
     (path / "meta.json").write_text(json.dumps(meta))
@@ -61,13 +68,13 @@ def test_open_reads_meta_and_memmaps_read_only(prepared):
         (lambda p: (p / "meta.json").unlink(), r"no meta.json in .*copy \(not prepared, or an interrupted prepare\): run `python data/prepare.py"),
         (lambda p: (p / "train.bin").unlink(), r"no train.bin in .*copy: run `python data/prepare.py"),
         (lambda p: (p / "meta.json").write_text("{oops"), r"meta.json is not valid JSON"),
-        (lambda p: _edit_meta(p, format_version=99), r"format_version 99, this version of gpt reads 1"),
-        (lambda p: _edit_meta(p, dtype="float32"), r"unsupported dtype 'float32'"),
+        (lambda p: _edit_meta(p, format_version=99), r"meta.json: format_version is 99, expected 1, the version this gpt reads"),
+        (lambda p: _edit_meta(p, dtype="float32"), r"meta.json: dtype is \"float32\", expected one of 'uint16', 'uint32'"),
         (lambda p: _edit_meta(p, vocab_size=70_000), r"vocab_size 70000 does not fit dtype uint16"),
         (lambda p: _append(p / "val.bin", b"\x01"), r"val.bin is [\d,]+ bytes, not a whole number of uint16 tokens"),
         (lambda p: _append(p / "val.bin", b"\x01\x00"), r"val.bin holds [\d,]+ tokens but meta.json says"),
-        (lambda p: _poke(p / "train.bin", 0, 999), r"train.bin holds id 999, outside the vocabulary"),
-        (lambda p: _poke(p / "val.bin", -1, 65535), r"val.bin holds id 65535, outside the vocabulary"),
+        (lambda p: _poke(p / "train.bin", 0, 999), r"the train split holds id 999, outside the vocabulary of \d+ ids \(.*train.bin is damaged"),
+        (lambda p: _poke(p / "val.bin", -1, 65535), r"the val split holds id 65535, outside the vocabulary"),
     ],
 )
 def test_open_rejects_damaged_datasets(dataset_copy, damage, message):
@@ -90,6 +97,37 @@ def _poke(path, index, value):
     ids = np.memmap(path, dtype=np.uint16, mode="r+")
     ids[index] = value
     ids.flush()
+
+
+def test_prepare_records_the_largest_id_of_each_split(prepared):
+    ds = open_dataset(prepared)
+    for name in ("train", "val"):
+        assert ds.meta["splits"][name]["max_id"] == int(ds.split(name).max())
+    assert ds.meta["splits"]["val"]["max_id"] == ds.vocab_size - 1  # the end-of-text closing the document
+
+
+def test_an_id_outside_the_vocabulary_is_found_at_open_wherever_it_lies(tmp_path):
+    ids = np.zeros(1 << 20, dtype=np.uint16)
+    ids[5000] = 70  # between the windows a bounded sample reads: found only mid-training before
+    _write_dataset(tmp_path / "old", ids, np.zeros(100), vocab_size=66)  # no max_id: every id is read once
+    with pytest.raises(DataError, match=r"^the train split holds id 70, outside the vocabulary of 66 ids \(.*train.bin"):
+        open_dataset(tmp_path / "old")
+    ids[5000] = 60  # in the vocabulary of 66, recorded as the largest id; then vocab_size is edited down to 50
+    _write_dataset(tmp_path / "new", ids, np.zeros(100), vocab_size=50, max_ids={"train": 60, "val": 0})
+    with pytest.raises(DataError, match=r"^the train split holds id 60, outside the vocabulary of 50 ids"):
+        open_dataset(tmp_path / "new")
+    _write_dataset(tmp_path / "new", ids, np.zeros(100), vocab_size=66, max_ids={"train": 60, "val": 0})
+    assert open_dataset(tmp_path / "new").vocab_size == 66
+
+
+def test_train_py_reports_a_wrong_meta_json_in_one_line(dataset_copy, tmp_path):
+    _edit_meta(dataset_copy, vocab_size="66")
+    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--data", str(dataset_copy), "--out-dir",
+                        str(tmp_path / "run"), "--max-iters", "1", "--device", "cpu"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == (f'error: {dataset_copy / "meta.json"}: vocab_size is "66", expected a whole number >= 1: '
+                        f"prepare the dataset again with --force\n")
 
 
 def test_full_checksum_only_on_request(dataset_copy):
@@ -222,7 +260,7 @@ def test_sparse_file_past_4_gib(tmp_path):
         f.truncate(2 * n)
         f.seek(2 * far)
         f.write(pattern.tobytes())
-    _write_dataset(path, None, np.arange(100), vocab_size=50_257)
+    _write_dataset(path, None, np.arange(100), vocab_size=50_257, max_ids={"train": 50_000, "val": 99})  # no full scan
     train = open_dataset(path).split("train")
     assert len(train) == n and 2 * far > 1 << 32
     assert np.array_equal(train[far : far + 3000], pattern)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from gpt.dataformat import DataError
 from gpt.pairs import PairBatches, PairsError, main, open_pairs, prepare_pairs
 from gpt.tokenizer import get_tokenizer
 
@@ -115,11 +116,11 @@ def test_bpe_ranks_file_is_checked(tmp_path):
     prepare_pairs(src, tgt, tmp_path / "ds", tokenizer="bpe", vocab_size=280, val_pairs=(src, tgt))
     ranks = tmp_path / "ds" / "tokenizer.tiktoken"
     ranks.write_text(ranks.read_text().replace(" 256\n", " 999\n"), encoding="ascii")
-    with pytest.raises(PairsError, match="tokenizer.tiktoken does not match its checksum"):
+    with pytest.raises(DataError, match="tokenizer.tiktoken does not match its checksum"):
         open_pairs(tmp_path / "ds").tokenizer()
     ranks.unlink()
-    with pytest.raises(PairsError, match="tokenizer.tiktoken is missing"):
-        open_pairs(tmp_path / "ds").tokenizer_spec
+    with pytest.raises(DataError, match=r"tokenizer.tiktoken is missing \(the BPE's ranks, named in meta.json\)"):
+        open_pairs(tmp_path / "ds")
 
 
 def test_large_vocabulary_uses_uint32(tmp_path, monkeypatch):
@@ -150,7 +151,7 @@ def test_bad_inputs_are_clear_errors(toy, tmp_path):
         prepare_pairs(tmp_path / "missing", toy[1], tmp_path / "c", tokenizer="char", val_pairs=toy)
     with pytest.raises(PairsError, match="--vocab-size 100 is too small"):
         prepare_pairs(*toy, tmp_path / "d", tokenizer="bpe", vocab_size=100, val_pairs=toy)
-    with pytest.raises(PairsError, match="--vocab-size is for --tokenizer bpe"):
+    with pytest.raises(DataError, match="--vocab-size is for --tokenizer bpe"):
         prepare_pairs(*toy, tmp_path / "e", tokenizer="char", vocab_size=300, val_pairs=toy)
     assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # failures leave no directories behind
 
@@ -158,19 +159,21 @@ def test_bad_inputs_are_clear_errors(toy, tmp_path):
 def test_existing_output_is_refused_unless_forced(toy, tmp_path):
     out = tmp_path / "ds"
     prepare_pairs(*toy, out, tokenizer="char", val_pairs=toy, max_len=30)
-    with pytest.raises(PairsError, match="already exists.*--force"):
+    with pytest.raises(DataError, match=r"ds already holds a dataset \(train.bin, .*meta.json\): pass --force"):
         prepare_pairs(*toy, out, tokenizer="char", val_pairs=toy, max_len=100)
     assert open_pairs(out).meta["max_len"] == 30  # untouched
+    (out / "notes.md").write_text("mine")
     prepare_pairs(*toy, out, tokenizer="char", val_pairs=toy, max_len=100, force=True)
     assert open_pairs(out).meta["max_len"] == 100
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "train.de", "train.en"]
+    assert (out / "notes.md").read_text() == "mine"  # --force replaces the dataset's files, nothing else
 
 
 def test_open_pairs_errors(tmp_path):
-    with pytest.raises(PairsError, match="no meta.json in .*run `python data/prepare.py --pairs"):
+    with pytest.raises(DataError, match="no meta.json in .*run `python data/prepare.py --pairs"):
         open_pairs(tmp_path)
-    (tmp_path / "meta.json").write_text(json.dumps({"kind": "tokens"}))
-    with pytest.raises(PairsError, match="not translation pairs"):
+    (tmp_path / "meta.json").write_text(json.dumps({"format_version": 1, "kind": "tokens"}))
+    with pytest.raises(DataError, match="holds a token dataset, not translation pairs: run `python data/prepare.py --pairs"):
         open_pairs(tmp_path)
 
 
@@ -278,7 +281,8 @@ def test_data_prepare_pairs_cli(tmp_path):
 
     r = prepare_cli("--pairs", src, tgt, "--out", out, "--tokenizer", "char")  # the dataset is there now
     assert (r.returncode, r.stdout) == (2, "")
-    assert r.stderr == f"error: {out} already exists: choose another --out or pass --force to replace it\n"
+    assert r.stderr == (f"error: {out} already holds a dataset (train.bin, train.idx, val.bin, val.idx, tokenizer.tiktoken, "
+                        f"meta.json): pass --force to replace it, or choose another --out\n")
     r = prepare_cli("--pairs", src, tgt, "--out", out, "--tokenizer", "char", "--force", "--val-fraction", "0.2")
     assert r.returncode == 0, r.stderr
     assert open_pairs(out).meta["splits"]["val"]["pairs"] == 6  # 20% of 30 lines held out
@@ -333,3 +337,69 @@ def test_non_utf8_input_is_a_clear_error(toy, tmp_path):
     bad.write_bytes("Ein Mann fährt.\n".encode("latin-1"))
     with pytest.raises(PairsError, match="latin1.de is not UTF-8 text .*convert it to UTF-8"):
         prepare_pairs(bad, bad, tmp_path / "ds", tokenizer="char", val_pairs=toy)
+
+
+# ---- the shared dataset format: ids, older datasets, where a dataset can be written -------------------
+
+
+def test_ids_outside_the_vocabulary_are_found_at_open(toy, tmp_path):
+    out = tmp_path / "ds"
+    meta = prepare_pairs(*toy, out, tokenizer="char", val_pairs=toy, max_len=30)
+    for split in ("train", "val"):
+        assert meta["splits"][split]["max_id"] == int(np.fromfile(out / f"{split}.bin", dtype=np.uint16).max())
+    vocab = meta["vocab_size"]
+    ids = np.memmap(out / "val.bin", dtype=np.uint16, mode="r+")
+    ids[3] = vocab + 5  # damaged, in a dataset written before max_id was recorded
+    ids.flush()
+    for split in ("train", "val"):
+        del meta["splits"][split]["max_id"]
+    (out / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match=rf"^the val split holds id {vocab + 5}, outside the vocabulary of {vocab} ids"):
+        open_pairs(out)
+
+
+def test_the_version_key_is_format_version_and_older_datasets_still_open(toy, tmp_path):
+    out = tmp_path / "ds"
+    meta = prepare_pairs(*toy, out, tokenizer="char", val_pairs=toy, max_len=30)
+    assert meta["format_version"] == 1 and "format" not in meta  # one key for token and pairs datasets
+    old = {("format" if k == "format_version" else k): v for k, v in meta.items()}
+    for split in old["splits"].values():
+        del split["max_id"]
+    (out / "meta.json").write_text(json.dumps(old))  # as pairs datasets were written before
+    ds = open_pairs(out)
+    tok = ds.tokenizer()
+    assert [tok.decode(x) for x in ds.pair("train", 0)] == [SRC[0], TGT[0]]
+
+
+@pytest.mark.parametrize("where", ["file", "under a file"])
+def test_an_out_that_is_or_lies_under_a_file_is_one_line_and_keeps_it(toy, tmp_path, where):
+    notes = write(tmp_path, "notes.txt", ["mine"])
+    out = notes if where == "file" else notes / "ds"
+    r = prepare_cli("--pairs", *toy, "--out", out, "--tokenizer", "char", "--force")
+    what = "it is a file" if where == "file" else f"{notes} is a file"
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == f"error: could not write {out}: {what}, not a directory; choose another --out\n"
+    assert notes.read_text() == "mine\n"  # --force never replaces a file with a dataset
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "train.de", "train.en"]
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_dataset(toy, tmp_path, capsys, monkeypatch):
+    import errno
+    import runpy
+
+    import gpt.pairs
+
+    out = tmp_path / "ds"
+    prepare_pairs(*toy, out, tokenizer="char", val_pairs=toy, max_len=30)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(gpt.pairs, "write_split", full)
+    prepare_main = runpy.run_path(str(ROOT / "data" / "prepare.py"), run_name="script")["main"]
+    assert prepare_main(["--pairs", *map(str, toy), "--out", str(out), "--tokenizer", "char", "--force"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: could not write {out}: the disk is full; free some space; the dataset in {out} was left as it was\n"
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "train.de", "train.en"]  # no temporary directory

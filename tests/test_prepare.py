@@ -1,9 +1,12 @@
+import errno
 import json
 import os
 import runpy
 import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +14,7 @@ import pytest
 import gpt.prepare
 from conftest import ROOT, SHAKESPEARE, SHARED_DATA
 from gpt.data import Batches, DataError, open_dataset
+from gpt.errors import UserError
 from gpt.prepare import prepare
 from gpt.tokenizer import get_tokenizer
 
@@ -175,7 +179,7 @@ def test_existing_dataset_is_refused_unless_force(tmp_path):
     assert not (tmp_path / "ds" / "tokenizer.tiktoken").exists()  # the replaced BPE's ranks are gone
     assert (tmp_path / "ds" / "notes.md").read_text() == "mine"  # other files are never touched
     (tmp_path / "file").write_text("x")
-    with pytest.raises(DataError, match="exists and is not a directory"):
+    with pytest.raises(UserError, match=r"could not write .*file: it is a file, not a directory; choose another --out"):
         prepare([tmp_path / "a.txt"], tmp_path / "file", "char", force=True, progress=False)
 
 
@@ -312,3 +316,105 @@ def test_recipe_offline_without_input_says_what_to_do(tmp_path, capsys, monkeypa
     assert main(["--out", str(tmp_path / "ds")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: cannot download https://") and "pass --input FILE" in err and not input_txt.exists()
+
+
+# ---- where the dataset goes: one line for each place it cannot be written, nothing left behind ------
+
+
+def _one_line_error(r, expected):
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert r.stderr == f"error: {expected}\n"
+
+
+@pytest.mark.parametrize("where", ["file", "under a file"])
+def test_cli_out_that_is_or_lies_under_a_file(tmp_path, where):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    out = notes if where == "file" else notes / "ds"
+    r = _run("data/prepare.py", SHAKESPEARE, "--out", out, "--tokenizer", "char", "--force")
+    what = "it is a file" if where == "file" else f"{notes} is a file"
+    _one_line_error(r, f"could not write {out}: {what}, not a directory; choose another --out")
+    assert notes.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+@pytest.fixture
+def read_only_dir():
+    """(a directory the prepare cannot write into, the command prefix that makes it so). Permissions do
+    not bind root, so as root the prepare runs as `nobody` (setpriv), in a directory it can reach."""
+    base = Path(tempfile.mkdtemp(prefix="gpt-read-only-"))
+    base.chmod(0o755)
+    prefix = []
+    if os.geteuid() == 0:
+        if not shutil.which("setpriv"):
+            pytest.skip("running as root without setpriv: cannot make a directory read-only for the prepare")
+        prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    (base / "ro").mkdir()
+    (base / "ro" / "corpus.txt").write_text(SHAKESPEARE.read_text(encoding="utf-8")[:50_000])
+    (base / "ro" / "s.txt").write_text("ein Haus\nzwei Hunde\n" * 10)
+    (base / "ro" / "t.txt").write_text("a house\ntwo dogs\n" * 10)
+    (base / "ro").chmod(0o555)
+    yield base / "ro", prefix
+    (base / "ro").chmod(0o755)
+    shutil.rmtree(base)
+
+
+@pytest.mark.parametrize("kind", ["text", "pairs"])
+def test_cli_out_in_a_read_only_directory(read_only_dir, kind):
+    ro, prefix = read_only_dir
+    inputs = [ro / "corpus.txt", "--block-size", 64] if kind == "text" else ["--pairs", ro / "s.txt", ro / "t.txt"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([*prefix, sys.executable, str(ROOT / "data" / "prepare.py"), *map(str, inputs), "--out",
+                        str(ro / "ds"), "--tokenizer", "char"], capture_output=True, text=True, env=env, cwd=ROOT)
+    _one_line_error(r, f"could not write {ro / 'ds'}: permission denied; choose a writable location; nothing was written")
+    assert sorted(p.name for p in ro.iterdir()) == ["corpus.txt", "s.txt", "t.txt"]
+
+
+def test_cli_full_disk_keeps_the_dataset_and_removes_the_temporary_directory(tmp_path, monkeypatch, capsys):
+    prepare([SHAKESPEARE], tmp_path / "ds", "char", progress=False)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "ds").iterdir()}
+    real, calls = gpt.prepare._SplitWriter.write, [0]
+
+    def write(self, ids):  # the disk fills up after a few chunks
+        calls[0] += 1
+        if calls[0] > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, ids)
+
+    monkeypatch.setattr(gpt.prepare._SplitWriter, "write", write)
+    main = runpy.run_path(str(ROOT / "data" / "prepare.py"), run_name="script")["main"]
+    out = tmp_path / "ds"
+    assert main([str(SHAKESPEARE), "--out", str(out), "--tokenizer", "gpt2", "--force", "--quiet"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: could not write {out}: the disk is full; free some space; the dataset in {out} was left as it was\n"
+    )
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before and sorted(os.listdir(tmp_path)) == ["ds"]
+    calls[0] = 0
+    assert main([str(SHAKESPEARE), "--out", str(tmp_path / "new" / "ds"), "--tokenizer", "char", "--quiet"]) == 2
+    assert capsys.readouterr().err.endswith("the disk is full; free some space; nothing was written\n")
+    assert sorted(os.listdir(tmp_path)) == ["ds"]
+
+
+# ---- bad options: one line each ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [0, -2])
+def test_cli_workers_below_one(tmp_path, workers):
+    r = _run("data/prepare.py", SHAKESPEARE, "--out", tmp_path / "ds", "--tokenizer", "char", "--workers", workers)
+    _one_line_error(r, f"--workers must be >= 1 (encoding threads), got {workers}; leave it out to use every core")
+    assert not list(tmp_path.iterdir())
+
+
+def test_cli_tokenizer_file_that_is_not_a_ranks_file(tmp_path):
+    for args in ([SHAKESPEARE], ["--pairs", SHAKESPEARE, SHAKESPEARE]):
+        r = _run("data/prepare.py", *args, "--out", tmp_path / "ds", "--tokenizer-file", SHAKESPEARE)
+        _one_line_error(r, f"{SHAKESPEARE} (from --tokenizer-file) is not a tiktoken ranks file: line 1 is not "
+                           f"`base64-token rank`; point --tokenizer-file at GPT-2's ranks file, gpt2.tiktoken")
+    assert not list(tmp_path.iterdir())
+
+
+def test_cli_gpt2_tiktoken_file_variable_that_is_not_a_ranks_file(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GPT2_TIKTOKEN_FILE=str(SHAKESPEARE))
+    r = subprocess.run([sys.executable, str(ROOT / "data" / "prepare.py"), str(SHAKESPEARE), "--out",
+                        str(tmp_path / "ds")], capture_output=True, text=True, env=env, cwd=ROOT)
+    _one_line_error(r, f"{SHAKESPEARE} (from GPT2_TIKTOKEN_FILE) is not a tiktoken ranks file: line 1 is not "
+                       f"`base64-token rank`; point GPT2_TIKTOKEN_FILE at GPT-2's ranks file, gpt2.tiktoken")

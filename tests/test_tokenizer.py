@@ -67,20 +67,63 @@ def test_bpe_spec_round_trips_through_json(gpt2):
     assert rebuilt.encode("hello") == [257, ord("l"), ord("o")] and rebuilt.eot_token == 258
 
 
-def test_missing_gpt2_file_error_names_both_ways_out(monkeypatch, tmp_path):
+@pytest.fixture
+def offline(monkeypatch):
+    """No GPT2_TIKTOKEN_FILE and no network: tiktoken cannot get GPT-2's ranks."""
     import tiktoken
 
     monkeypatch.delenv("GPT2_TIKTOKEN_FILE", raising=False)
 
-    def offline(name):
+    def no_network(name):
         raise ConnectionError("no network")
 
-    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    monkeypatch.setattr(tiktoken, "get_encoding", no_network)
+
+
+def test_missing_gpt2_file_error_names_both_ways_out(offline, tmp_path):
     with pytest.raises(TokenizerError) as e:
         get_tokenizer("gpt2")
     assert "GPT2_TIKTOKEN_FILE" in str(e.value) and "internet" in str(e.value)
     with pytest.raises(TokenizerError, match="nope.tiktoken"):
         get_tokenizer("gpt2", ranks_file=str(tmp_path / "nope.tiktoken"))
+
+
+def test_offline_hint_offers_tokenizer_file_only_where_the_script_has_it(offline, tmp_path):
+    from gpt.dataformat import DataError
+    from gpt.pairs import make_tokenizer
+    from gpt.prepare import prepare
+
+    with pytest.raises(TokenizerError) as e:  # train.py and sample.py build it this way: they have no such flag
+        get_tokenizer({"kind": "gpt2"})
+    assert "set GPT2_TIKTOKEN_FILE=/path/to/gpt2.tiktoken (a local ranks file)" in str(e.value)
+    assert "--tokenizer-file" not in str(e.value)
+    (tmp_path / "c.txt").write_text("some text\n" * 100)
+    for build in (lambda: prepare([tmp_path / "c.txt"], tmp_path / "ds", "gpt2", progress=False),
+                  lambda: make_tokenizer("gpt2", [])):  # data/prepare.py, text and --pairs
+        with pytest.raises(DataError) as e:
+            build()
+        assert ("set GPT2_TIKTOKEN_FILE=/path/to/gpt2.tiktoken or pass --tokenizer-file /path/to/gpt2.tiktoken "
+                "(a local ranks file)") in str(e.value)
+    assert not list(tmp_path.glob("*ds*"))
+
+
+@pytest.mark.parametrize("content, problem", [
+    (b"First Citizen:\nBefore we proceed any further, hear me speak.\n", "line 1 is not `base64-token rank`"),
+    (b"IQ== 0\nIg== one\n", "line 2 is not `base64-token rank`"),
+    (b"IQ== 0\nIg== 1\n", "it lacks some of the 256 single bytes every byte-level BPE ranks first"),
+    (b"", "it lacks some of the 256 single bytes"),
+])
+def test_a_file_that_is_not_a_ranks_file_names_the_file_and_where_it_came_from(monkeypatch, tmp_path, content, problem):
+    bad = tmp_path / "bad.tiktoken"
+    bad.write_bytes(content)
+    with pytest.raises(TokenizerError) as e:
+        get_tokenizer("gpt2", ranks_file=str(bad))
+    assert str(e.value).startswith(f"{bad} (from ranks_file) is not a tiktoken ranks file: {problem}")
+    monkeypatch.setenv("GPT2_TIKTOKEN_FILE", str(bad))
+    with pytest.raises(TokenizerError) as e:
+        get_tokenizer("gpt2")
+    assert str(e.value).startswith(f"{bad} (from GPT2_TIKTOKEN_FILE) is not a tiktoken ranks file: {problem}")
+    assert str(e.value).endswith("; point GPT2_TIKTOKEN_FILE at GPT-2's ranks file, gpt2.tiktoken")
 
 
 def test_unknown_kind():

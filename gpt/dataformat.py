@@ -1,0 +1,417 @@
+"""The on-disk format of prepared datasets, token streams and translation pairs alike (no torch).
+
+    from gpt.dataformat import read_meta, staged, write_meta
+    meta = read_meta("data/shakespeare_char", "tokens")   # meta.json, schema-checked: or one DataError line
+    with staged("data/mine", force=False) as tmp:           # a hidden directory beside data/mine
+        ...                                                 # write tmp/train.bin, tmp/val.bin, ...
+        write_meta(tmp, meta)                               # ... and meta.json last
+    # on leaving: moved into data/mine, meta.json last; after any error: the temporary directory is gone
+
+A dataset directory holds (gpt/prepare.py writes token datasets, gpt/pairs.py pairs datasets):
+
+| file | contents |
+| --- | --- |
+| `meta.json` | written last, so a directory without it is incomplete; checked field by field on opening |
+| `train.bin`, `val.bin` | token ids, flat, little-endian `uint16` (vocabularies up to 65536 ids) or `uint32` |
+| `train.idx`, `val.idx` | pairs only: int64 offsets into the .bin, source and target of each pair |
+| `tokenizer.tiktoken` | a trained BPE's ranks in tiktoken's format; meta.json names it with its sha256 |
+
+meta.json, both kinds: `format_version` (1), `kind` (`tokens` or `pairs`), `dtype`, `vocab_size`,
+`tokenizer` (the spec gpt.tokenizer.get_tokenizer takes) and `splits`, where each split records
+`max_id`, its largest token id, so opening a dataset checks every id against the vocabulary without a
+pass over the files. Older datasets still open: pairs datasets named the version `format`, token datasets
+had no `kind`, and a split without `max_id` has its ids read once when opened.
+
+Footguns
+- Every mistake in meta.json is one DataError naming the file and the field (`splits.train.file`),
+  never a KeyError or TypeError later on: `read_meta` checks the shape of every field the code reads.
+- Publishing replaces only the dataset's own files (DATASET_FILES): a recipe's directory keeps its
+  prepare.py, and a directory that is not a dataset is never replaced wholesale.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from gpt.errors import StorageError, UserError, storage_error
+
+FORMAT_VERSION = 1
+VERSION_KEY = "format_version"
+OLD_VERSION_KEY = "format"  # what pairs datasets called it before this module
+KINDS = {"tokens": "a token dataset", "pairs": "translation pairs"}
+TOKENIZERS = ("gpt2", "char", "bpe")
+DTYPES = ("uint16", "uint32")
+SPLITS = ("train", "val")
+META_FILE = "meta.json"
+RANKS_FILE = "tokenizer.tiktoken"
+DATASET_FILES = (*(f"{s}.{ext}" for s in SPLITS for ext in ("bin", "idx")), RANKS_FILE, META_FILE)
+TMP_MARK = ".prepare-"
+REPREPARE = "prepare the dataset again with --force"
+
+
+class DataError(UserError, ValueError):
+    """A dataset or corpus problem the user can fix (missing files, bad meta.json, too little data)."""
+
+
+def prepare_hint(kind: str, path: str | os.PathLike) -> str:
+    """The command that prepares a dataset of `kind` at `path`."""
+    if kind == "pairs":
+        return f"run `python data/prepare.py --pairs SRC TGT --out {path}`"
+    return f"run `python data/prepare.py INPUT... --out {path} --tokenizer {{gpt2,char,bpe}}`"
+
+
+def dtype_for_vocab(vocab_size: int) -> str:
+    """The narrowest stored dtype that holds every id below `vocab_size`."""
+    if vocab_size <= 1 << 16:
+        return "uint16"
+    if vocab_size <= 1 << 32:
+        return "uint32"
+    raise DataError(f"vocabulary of {vocab_size} ids does not fit in uint32")
+
+
+def file_sha256(path: str | os.PathLike, chunk_bytes: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk_bytes):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_sha256(file: Path, expected: str) -> None:
+    if file_sha256(file) != expected:
+        raise DataError(
+            f"{file} does not match its checksum in meta.json (the file was changed or damaged): {REPREPARE}"
+        )
+
+
+# ---- the BPE's ranks file ---------------------------------------------------------------------------
+
+
+def store_ranks(directory: Path, spec: dict) -> dict:
+    """The spec as meta.json stores it: a bpe's ranks moved out into `directory`/tokenizer.tiktoken,
+    named with its sha256. Other specs are returned as they are."""
+    spec = dict(spec)
+    if spec["kind"] == "bpe":
+        file = Path(directory) / RANKS_FILE
+        file.write_text(spec.pop("ranks"), encoding="ascii")
+        spec.update(ranks_file=RANKS_FILE, ranks_sha256=file_sha256(file))
+    return spec
+
+
+def inline_ranks(directory: Path, spec: dict) -> dict:
+    """The spec with a bpe's ranks read back in from their file (checked against the sha256): a
+    self-contained spec a checkpoint can store to rebuild the tokenizer without the dataset."""
+    spec = dict(spec)
+    if spec["kind"] == "bpe" and "ranks" not in spec:
+        file = _ranks_file(Path(directory), spec.pop("ranks_file"))
+        check_sha256(file, spec.pop("ranks_sha256"))
+        spec["ranks"] = file.read_text(encoding="ascii")
+    return spec
+
+
+def _ranks_file(directory: Path, name: str) -> Path:
+    if not (directory / name).is_file():
+        raise DataError(f"{directory / name} is missing (the BPE's ranks, named in meta.json): {REPREPARE}")
+    return directory / name
+
+
+# ---- meta.json --------------------------------------------------------------------------------------
+
+
+def new_meta(kind: str, vocab_size: int, spec: dict, **fields) -> dict:
+    """The fields every dataset's meta.json starts with, then `fields`, then the time of writing."""
+    assert kind in KINDS, kind
+    return {
+        VERSION_KEY: FORMAT_VERSION, "kind": kind, "dtype": dtype_for_vocab(vocab_size), "vocab_size": vocab_size,
+        "tokenizer": spec, **fields, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def write_meta(directory: Path, meta: dict) -> None:
+    (Path(directory) / META_FILE).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def read_meta(path: str | os.PathLike, kind: str) -> dict:
+    """meta.json of the dataset of `kind` at `path`, every field it must have checked (and the BPE's
+    ranks file it names): anything else is one DataError naming the file, the field and the fix."""
+    path = Path(path)
+    hint = prepare_hint(kind, path)
+    if not path.is_dir():
+        raise DataError(f"no dataset directory {path}: {hint}")
+    file = path / META_FILE
+    if not file.is_file():
+        raise DataError(f"no {META_FILE} in {path} (not prepared, or an interrupted prepare): {hint}")
+    try:
+        meta = json.loads(file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"{file} is not valid JSON ({e}): {REPREPARE}") from None
+    if not isinstance(meta, dict):
+        raise DataError(f"{file} holds a JSON {type(meta).__name__}, not an object of the dataset's fields: {REPREPARE}")
+    found = _check_header(_Fields(file, meta))
+    if found != kind:
+        raise DataError(f"{path} holds {KINDS[found]}, not {KINDS[kind]}: {hint}")
+    _check_fields(_Fields(file, meta), kind)
+    spec = meta["tokenizer"]
+    if spec["kind"] == "bpe" and "ranks" not in spec:
+        _ranks_file(path, spec["ranks_file"])
+    return meta
+
+
+_MISSING = object()
+
+
+def _show(value) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+class _Fields:
+    """Typed reads of one JSON object's fields; the first wrong one is a DataError naming it."""
+
+    def __init__(self, file: Path, data: dict, prefix: str = ""):
+        self.file, self.data, self.prefix = file, data, prefix
+
+    def get(self, key: str, expected: str, ok: Callable[[object], bool], default=_MISSING):
+        if key not in self.data:
+            if default is not _MISSING:
+                return default
+            raise DataError(f"{self.file} lacks {self.prefix}{key}: {REPREPARE}")
+        if not ok(self.data[key]):
+            value = _show(self.data[key])
+            raise DataError(f"{self.file}: {self.prefix}{key} is {value}, expected {expected}: {REPREPARE}")
+        return self.data[key]
+
+    def int(self, key: str, low: int = 0, below: int | None = None, default=_MISSING) -> int:
+        expected = f"a whole number >= {low}" if below is None else f"a whole number from {low} to {below - 1}"
+        ok = lambda v: type(v) is int and v >= low and (below is None or v < below)  # noqa: E731 (bool is not a count)
+        return self.get(key, expected, ok, default)
+
+    def str(self, key: str, choices=None, default=_MISSING) -> str:
+        if choices:
+            return self.get(key, f"one of {', '.join(map(repr, choices))}", lambda v: v in choices, default)
+        return self.get(key, "a string", lambda v: isinstance(v, str), default)
+
+    def name(self, key: str) -> str:
+        """A file name inside the dataset directory (no path: meta.json never points outside it)."""
+        return self.get(key, "a file name in the dataset directory",
+                        lambda v: isinstance(v, str) and v not in ("", ".", "..") and Path(v).name == v)
+
+    def obj(self, key: str) -> "_Fields":
+        value = self.get(key, "an object", lambda v: isinstance(v, dict))
+        return _Fields(self.file, value, f"{self.prefix}{key}.")
+
+
+def _check_header(m: _Fields) -> str:
+    """The format version and the kind of dataset (old datasets: see the module docstring)."""
+    key = OLD_VERSION_KEY if OLD_VERSION_KEY in m.data and VERSION_KEY not in m.data else VERSION_KEY
+    m.get(key, f"{FORMAT_VERSION}, the version this gpt reads", lambda v: type(v) is int and v == FORMAT_VERSION)
+    return m.str("kind", tuple(KINDS), default="tokens" if key == VERSION_KEY else _MISSING)
+
+
+def _check_fields(m: _Fields, kind: str) -> None:
+    dtype = m.str("dtype", DTYPES)
+    vocab = m.int("vocab_size", low=1)
+    if vocab - 1 > np.iinfo(dtype).max:
+        raise DataError(f"{m.file}: vocab_size {vocab} does not fit dtype {dtype}: {REPREPARE}")
+    tok = m.obj("tokenizer")
+    tokenizer = tok.str("kind", TOKENIZERS)
+    if tokenizer == "char":
+        tok.str("chars")
+    elif tokenizer == "bpe" and tok.str("ranks", default=None) is None:
+        tok.name("ranks_file")
+        tok.str("ranks_sha256")
+    splits = m.obj("splits")
+    if kind == "tokens":
+        m.int("eot_token", below=vocab)
+        for name in SPLITS:
+            split = splits.obj(name)
+            split.name("file")
+            split.int("tokens")
+            split.str("sha256")
+            split.int("max_id", default=None)
+        return
+    for key in ("bos", "eos", "pad"):
+        m.int(key, below=vocab)
+    m.int("max_len", low=2)
+    for name in SPLITS:
+        split = splits.obj(name)
+        split.int("pairs", low=1)
+        for key in ("src_tokens", "tgt_tokens", "max_src_len", "max_tgt_len"):
+            split.int(key)
+        split.int("max_id", default=None)
+
+
+# ---- token ids --------------------------------------------------------------------------------------
+
+
+def memmap_ids(file: Path, dtype: str, tokens: int, hint: str) -> np.ndarray:
+    """The ids in `file` as a read-only array backed by it (nothing is read), after checking the file
+    against meta.json's count of `tokens`."""
+    if not file.is_file():
+        raise DataError(f"no {file.name} in {file.parent}: {hint}")
+    dt = np.dtype(dtype).newbyteorder("<")
+    size = file.stat().st_size
+    if size % dt.itemsize:
+        raise DataError(
+            f"{file} is {size:,} bytes, not a whole number of {dtype} tokens (truncated or damaged): {REPREPARE}"
+        )
+    if size // dt.itemsize != tokens:
+        raise DataError(f"{file} holds {size // dt.itemsize:,} tokens but meta.json says {tokens:,}: {REPREPARE}")
+    if tokens == 0:  # np.memmap cannot map an empty file
+        empty = np.empty(0, dtype=dt)
+        empty.flags.writeable = False
+        return empty
+    return np.memmap(file, dtype=dt, mode="r")
+
+
+def check_ids(ids: np.ndarray, vocab_size: int, split: str, file: Path, max_id: int | None) -> None:
+    """Every id of a split is below `vocab_size`, or a DataError names the split and the id.
+
+    `max_id` is the largest id, recorded in meta.json when the split was written. Without it (a
+    dataset prepared before it was recorded) every id is read once, a fast sequential pass. With it,
+    a bounded sample spread over the file (its first and last ids included) also catches damage done
+    since; `open_dataset(verify=True)`'s checksums catch the rest.
+    """
+    if max_id is None:
+        top = int(ids.max()) if len(ids) else -1
+    else:
+        top = max(max_id, _sampled_max(ids))
+    if top >= vocab_size:
+        raise DataError(
+            f"the {split} split holds id {top}, outside the vocabulary of {vocab_size} ids ({file} is damaged, or "
+            f"meta.json's dtype or vocab_size is wrong): {REPREPARE}"
+        )
+
+
+def _sampled_max(ids: np.ndarray, samples: int = 64, sample_len: int = 4096) -> int:
+    n = len(ids)
+    if n == 0:
+        return -1
+    starts = np.linspace(0, max(n - sample_len, 0), num=min(samples, n), dtype=np.int64)
+    return max(int(ids[s : s + sample_len].max()) for s in np.unique(starts).tolist())
+
+
+# ---- writing a dataset: stage it beside --out, then publish it ---------------------------------------
+
+
+@contextmanager
+def staged(out: str | os.PathLike, force: bool = False, log: Callable[[str], None] | None = None) -> Iterator[Path]:
+    """A fresh hidden directory beside `out` to write a dataset into, moved into place on leaving.
+
+    On entry: an `out` that holds a dataset (without `force`), is a file, lies under a file or cannot be
+    written is refused, the temporary directories of killed prepares of `out` are removed, and `out`'s
+    missing parents are made. The body writes every file, meta.json last (`write_meta`). On leaving,
+    the files are synced and moved into `out`, meta.json last, so `out` never looks complete before it
+    is. After any error the temporary directory and the parents made are removed, `out` is as it was,
+    and an OSError (a full disk, a read-only place) becomes one StorageError line.
+    """
+    out = Path(out)
+    _check_out(out, force)
+    _remove_stale_tmp(out, log or (lambda message: print(message, file=sys.stderr)))
+    had_dataset = (out / META_FILE).is_file()
+    made, tmp, touched = [], None, False
+    try:
+        made = _mkdirs(out.parent)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}{TMP_MARK}{os.getpid()}-", dir=out.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the dataset gets the usual permissions
+        yield tmp
+        for file in tmp.iterdir():
+            _fsync(file)
+        if not out.exists():
+            os.rename(tmp, out)  # atomic: `out` appears complete or not at all
+            _fsync(out.parent)
+            return
+        # `out` is a directory without a dataset (a recipe's directory) or one being replaced (--force).
+        (out / META_FILE).unlink(missing_ok=True)  # from here on the old dataset no longer looks complete
+        touched = True
+        _fsync(out)
+        new = {p.name for p in tmp.iterdir()}
+        for name in DATASET_FILES:
+            if name != META_FILE:
+                if name in new:
+                    os.replace(tmp / name, out / name)
+                else:
+                    (out / name).unlink(missing_ok=True)  # e.g. the old BPE ranks when replaced by char
+        _fsync(out)
+        os.replace(tmp / META_FILE, out / META_FILE)
+        _fsync(out)
+        tmp.rmdir()
+    except BaseException as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        for d in made:  # parents this call created, innermost first
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        if isinstance(e, OSError) and not isinstance(e, UserError):
+            left = (f"{out} no longer holds a complete dataset" if touched
+                    else f"the dataset in {out} was left as it was" if had_dataset else "nothing was written")
+            raise storage_error(e, "write", out, left) from None
+        raise
+
+
+def _check_out(out: Path, force: bool) -> None:
+    existing = next(p for p in (out, *out.parents) if p.exists())  # "/" or "." at the latest
+    if not existing.is_dir():
+        where = "it is a file" if existing == out else f"{existing} is a file"
+        raise StorageError(f"could not write {out}: {where}, not a directory; choose another --out")
+    present = [name for name in DATASET_FILES if (out / name).exists()]
+    if present and not force:
+        raise DataError(
+            f"{out} already holds a dataset ({', '.join(present)}): pass --force to replace it, or choose another --out"
+        )
+    for d in (out, out.parent) if existing == out else (existing,):  # where the files and the temp dir go
+        if not os.access(d, os.W_OK | os.X_OK):  # before any work (root passes: then the writes themselves fail)
+            raise storage_error(PermissionError(errno.EACCES, "Permission denied"), "write", out, "nothing was written")
+
+
+def _remove_stale_tmp(out: Path, log: Callable[[str], None]) -> None:
+    """Remove temporary directories left by a prepare of `out` that was killed (its process is gone)."""
+    if not out.parent.is_dir():
+        return
+    mark = f".{out.name}{TMP_MARK}"
+    for tmp in out.parent.glob(f"{mark}*"):
+        pid = tmp.name[len(mark) :].split("-")[0]
+        if tmp.is_dir() and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+            log(f"removed {tmp}, left by an interrupted prepare")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _mkdirs(path: Path) -> list[Path]:
+    """mkdir -p; returns the directories it created, innermost first (to undo it on failure)."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
