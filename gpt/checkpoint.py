@@ -65,7 +65,8 @@ from typing import Callable
 import torch
 
 from gpt import hf
-from gpt.data import META_FILE
+from gpt.dataformat import is_dataset
+from gpt.fsutil import fsync_path, process_alive
 from gpt.errors import UserError, storage_error
 from gpt.model import GPT, GPTConfig
 
@@ -194,21 +195,13 @@ def resolve(path: str | os.PathLike, names: tuple[str, ...] = BEST_FIRST) -> Pat
 
 def _not_a_run(path: Path, names: tuple[str, ...]) -> str:
     """Why a directory without checkpoints is not a run, and what to pass instead."""
-    if _is_dataset(path):
+    if is_dataset(path):
         return (f"{path} is a prepared dataset, not a training run: give a run directory produced by train.py, "
                 f"e.g. out/{path.name} after `python train.py --data {path} --out-dir out/{path.name}`")
     if hf.is_hf_dir(path):
         return (f"{path} is a Hugging Face model directory: it holds weights but no training state; fine-tune "
                 f"from it with `python train.py --init-from {path} --data DATA --out-dir OUT`")
     return f"no {' or '.join(names)} in {path}: train one with `python train.py --out-dir {path}`"
-
-
-def _is_dataset(path: Path) -> bool:
-    try:
-        meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(meta, dict) and "splits" in meta
 
 
 def _load(path: Path, map_location="cpu", mmap: bool = False) -> dict:
@@ -316,11 +309,7 @@ def _replace(path: Path, write: Callable[[Path], None]) -> None:
             raise
         kept = f"the previous {path.name} is intact" if existed else "nothing was written"
         raise storage_error(e, "write checkpoint", path, kept) from None
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
+    fsync_path(path.parent)  # make the rename itself durable
 
 
 def _make_dir(directory: Path) -> None:
@@ -367,19 +356,7 @@ def remove_stale_temps(directory: Path) -> list[Path]:
     removed = []
     for f in directory.iterdir():
         match = TEMP_FILE.fullmatch(f.name)
-        if match and int(match[1]) != os.getpid() and not _alive(int(match[1])) and f.is_file():
+        if match and int(match[1]) != os.getpid() and not process_alive(int(match[1])) and f.is_file():
             f.unlink(missing_ok=True)  # missing: another process cleaned it first
             removed.append(f)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, under another user
-        return True
-    except OverflowError:  # larger than any pid
-        return False
-    return True

@@ -46,6 +46,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from gpt.errors import StorageError, UserError, storage_error
+from gpt.fsutil import fsync_path, process_alive
 
 FORMAT_VERSION = 1
 VERSION_KEY = "format_version"
@@ -141,6 +142,15 @@ def new_meta(kind: str, vocab_size: int, spec: dict, **fields) -> dict:
 
 def write_meta(directory: Path, meta: dict) -> None:
     (Path(directory) / META_FILE).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def is_dataset(path: str | os.PathLike) -> bool:
+    """Whether `path` holds a prepared dataset (a meta.json with splits), whatever its state."""
+    try:
+        meta = json.loads((Path(path) / META_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and "splits" in meta
 
 
 def read_meta(path: str | os.PathLike, kind: str) -> dict:
@@ -330,15 +340,15 @@ def staged(out: str | os.PathLike, force: bool = False, log: Callable[[str], Non
         tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the dataset gets the usual permissions
         yield tmp
         for file in tmp.iterdir():
-            _fsync(file)
+            fsync_path(file)
         if not out.exists():
             os.rename(tmp, out)  # atomic: `out` appears complete or not at all
-            _fsync(out.parent)
+            fsync_path(out.parent)
             return
         # `out` is a directory without a dataset (a recipe's directory) or one being replaced (--force).
         (out / META_FILE).unlink(missing_ok=True)  # from here on the old dataset no longer looks complete
         touched = True
-        _fsync(out)
+        fsync_path(out)
         new = {p.name for p in tmp.iterdir()}
         for name in DATASET_FILES:
             if name != META_FILE:
@@ -346,9 +356,9 @@ def staged(out: str | os.PathLike, force: bool = False, log: Callable[[str], Non
                     os.replace(tmp / name, out / name)
                 else:
                     (out / name).unlink(missing_ok=True)  # e.g. the old BPE ranks when replaced by char
-        _fsync(out)
+        fsync_path(out)
         os.replace(tmp / META_FILE, out / META_FILE)
-        _fsync(out)
+        fsync_path(out)
         tmp.rmdir()
     except BaseException as e:
         if tmp is not None:
@@ -387,19 +397,9 @@ def _remove_stale_tmp(out: Path, log: Callable[[str], None]) -> None:
     mark = f".{out.name}{TMP_MARK}"
     for tmp in out.parent.glob(f"{mark}*"):
         pid = tmp.name[len(mark) :].split("-")[0]
-        if tmp.is_dir() and pid.isdigit() and not _alive(int(pid)):
+        if tmp.is_dir() and pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True)
             log(f"removed {tmp}, left by an interrupted prepare")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _mkdirs(path: Path) -> list[Path]:
@@ -407,11 +407,3 @@ def _mkdirs(path: Path) -> list[Path]:
     missing = [p for p in (path, *path.parents) if not p.exists()]
     path.mkdir(parents=True, exist_ok=True)
     return missing
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

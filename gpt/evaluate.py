@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-import torch
 
 from gpt.errors import UserError, storage_error
 from gpt.pairs import read_lines
@@ -84,7 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, help="output length limit (default: source length + 50)")
     p.add_argument("--limit", type=int, help="evaluate only the first N lines")
     p.add_argument("--output", help="write the translations here, one per line")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N, mps")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on a capable GPU or a CPU with native bf16, else "
+                   "float32), float32, bfloat16, float16 (CUDA only)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for PyTorch; 0 = its default")
     return p
 
 
@@ -104,6 +106,7 @@ def check_output(path: str) -> None:
 
 def run(args: argparse.Namespace) -> str:
     from gpt.checkpoint import load_checkpoint
+    from gpt.runtime import setup
 
     # the ranges and the output path before anything is read; translate() checks what depends on the model
     TranslateConfig(beam_size=args.beam_size, length_penalty=args.length_penalty, batch_size=args.batch_size,
@@ -115,7 +118,9 @@ def run(args: argparse.Namespace) -> str:
     sources, references = read_lines(args.source_file), read_lines(args.reference)
     if args.limit:
         sources, references = sources[: args.limit], references[: args.limit]
-    model, tok, meta = load_checkpoint(args.ckpt, device=args.device)
+    rt = setup(args.device, args.dtype, args.threads, distributed=False)
+    model, tok, meta = load_checkpoint(args.ckpt, device=rt.device)
+    model.to(rt.dtype)
     bos, eos = seq2seq_ids(meta)
     check_vocab(tok, model)
     result = evaluate(model, tok, sources, references, bos, eos, args.beam_size, args.length_penalty,

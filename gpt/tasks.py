@@ -139,10 +139,11 @@ class Translation:
 def open_task(path: str):
     """The task for a prepared dataset directory, by its meta.json kind."""
     meta_path = Path(path) / "meta.json"
-    kind = None
+    meta = None
     if meta_path.is_file():
         try:
-            kind = json.loads(meta_path.read_text()).get("kind")
-        except (json.JSONDecodeError, OSError):
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (ValueError, OSError):  # not JSON, not UTF-8, unreadable
             pass  # the dataset loader reports a broken meta.json with its fix
+    kind = meta.get("kind") if isinstance(meta, dict) else None
     return Translation(path) if kind == "pairs" else LanguageModelling(path)
