@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-
 from gpt.errors import UserError, storage_error
 from gpt.pairs import read_lines
 from gpt.translate import TranslateConfig, check_vocab, one_line, seq2seq_ids, translate
