@@ -4,7 +4,6 @@ a reverse task learned to 100%, BLEU evaluation from a checkpoint."""
 import copy
 import math
 import re
-import time
 
 import pytest
 import torch
@@ -200,7 +199,7 @@ def reverser():
                     n_embd=64, norm="post")
     model = GPT(cfg)
     opt = torch.optim.AdamW(model.param_groups(0.0), lr=3e-3, betas=(0.9, 0.98))
-    g, steps, t0 = torch.Generator().manual_seed(1), 400, time.perf_counter()
+    g, steps = torch.Generator().manual_seed(1), 400
     for step in range(steps):
         lr = 3e-3 * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / steps))
         for group in opt.param_groups:
@@ -212,13 +211,11 @@ def reverser():
         opt.step()
         if step + 1 == 40:
             halfway = copy.deepcopy(model).eval()
-    seconds = time.perf_counter() - t0
-    return model.eval(), tok, seconds, halfway
+    return model.eval(), tok, halfway
 
 
 def test_reverse_task_is_learned_exactly(reverser):
-    model, tok, seconds, _ = reverser
-    assert seconds < 60, f"training took {seconds:.0f} s"
+    model, tok, _ = reverser
     src, mask, _, tgt_out = reverse_batch(300, torch.Generator().manual_seed(123))  # unseen strings
     want = [[t for t in row.tolist() if t not in (-1, tok.eot_token)] for row in tgt_out]
     greedy = generate(model, src, mask, tok.eot_token, tok.eot_token, max_new_tokens=12)
@@ -286,7 +283,7 @@ def sequence_score(model, src, mask, eos, hyps, alpha):
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
 def test_beam_search_matches_a_plain_reference_and_beats_greedy(reverser, alpha):
-    _, tok, _, model = reverser  # half-trained: beams genuinely compete
+    _, tok, model = reverser  # half-trained: beams genuinely compete
     eos = tok.eot_token
     src, mask, _, _ = reverse_batch(64, torch.Generator().manual_seed(7))
     got = beam_search(model, src, mask, eos, eos, beam_size=4, alpha=alpha, max_new_tokens=12)
