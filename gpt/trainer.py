@@ -253,11 +253,12 @@ class TimeLimit:
         self.eval_seconds = None
         self.eval_tokens = eval_tokens
 
-    def out_of_time(self, now: float, step_seconds: float, tokens_per_s: float) -> bool:
+    def out_of_time(self, now: float, step_seconds: float, tokens_per_s: float, eval_due: bool = False) -> bool:
+        """Whether to stop now: another step, the evaluation due now (if any) and the final one would not fit."""
         if self.end is None:
             return False
         evaluation = self.eval_seconds if self.eval_seconds is not None else self.eval_tokens / max(tokens_per_s, 1) / 2
-        return now + step_seconds + evaluation >= self.end
+        return now + step_seconds + evaluation * (2 if eval_due else 1) >= self.end
 
 
 # ---- the run -------------------------------------------------------------------------------------------
@@ -439,12 +440,13 @@ class Run:
                     tok_s = self._log_step(loss, grad_norm, lr, interval, step_seconds, now)
 
                 # 0 = go on, 1 = out of time (evaluate, save, stop), 2 = signalled (save, stop)
-                halt = 2 if stop.signum is not None else int(self.limit.out_of_time(now, step_seconds, tok_s))
+                due = self.step % cfg.eval_interval == 0 or self.step == cfg.max_iters
+                halt = 2 if stop.signum is not None else int(self.limit.out_of_time(now, step_seconds, tok_s, due))
                 if rt.ddp:  # every rank stops at the same step, for the same reason, if any of them must
                     flag_ = torch.tensor([float(halt)], device=rt.device)
                     torch.distributed.all_reduce(flag_, op=torch.distributed.ReduceOp.MAX)
                     halt = int(flag_.item())
-                evaluate = self.step % cfg.eval_interval == 0 or self.step == cfg.max_iters or halt == 1
+                evaluate = due or halt == 1
                 if evaluate:
                     last_eval = self.evaluate(stop)
                     t_step = time.time()  # evaluation time is not step time

@@ -242,6 +242,7 @@ def test_time_limit_leaves_room_for_the_final_evaluation():
     # before any evaluation: estimated from throughput (a forward pass ~ half a step's cost, conservatively)
     assert not limit.out_of_time(now=40.0, step_seconds=1.0, tokens_per_s=1000.0)  # 40 + 1 + 5 < 60
     assert limit.out_of_time(now=54.5, step_seconds=1.0, tokens_per_s=1000.0)  # 54.5 + 1 + 5 >= 60
+    assert limit.out_of_time(now=50.0, step_seconds=1.0, tokens_per_s=1000.0, eval_due=True)  # two evaluations
     limit.eval_seconds = 20.0  # then measured
     assert limit.out_of_time(now=40.0, step_seconds=1.0, tokens_per_s=1000.0)
     assert not TimeLimit(minutes=0, t_start=0.0, eval_tokens=1).out_of_time(1e9, 1.0, 1.0)  # no limit
