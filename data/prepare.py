@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from gpt.cli import fail, run_main  # noqa: E402
+from gpt.cli import ArgumentParser, fail, run_main  # noqa: E402
 from gpt.pairs import DEFAULT_VAL_FRACTION, add_pairs_options, run_cli  # noqa: E402
 from gpt.prepare import TOKENIZERS, prepare  # noqa: E402
 
@@ -28,7 +28,7 @@ PAIRS_ONLY = {"val_pairs": "--val-pairs", "max_len": "--max-len", "truncate": "-
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("inputs", nargs="*", metavar="INPUT", help="text files and directories (all text files below them)")
     p.add_argument("--pairs", nargs=2, metavar=("SRC", "TGT"),
                    help="instead of INPUTs: parallel files for a seq2seq pairs dataset (line i of SRC translates line i of TGT)")

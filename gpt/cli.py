@@ -11,6 +11,7 @@ a bug and keeps its traceback. Ctrl-C prints one line and exits 130.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import warnings
 from typing import Callable
@@ -39,3 +40,12 @@ def fail(message: str) -> int:
     """A mistake found before the body runs (e.g. flags that do not go together): one line, exit 2."""
     print(f"error: {message}", file=sys.stderr)
     return 2
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line mistakes: `error: argument --tokenizer: invalid choice: 'wat' (choose from
+    ...); see --help` and exit 2, instead of a usage block."""
+
+    def error(self, message: str):
+        print(f"error: {message}; see {self.prog} --help", file=sys.stderr)
+        raise SystemExit(2)

@@ -69,7 +69,9 @@ def evaluate(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    from gpt.cli import ArgumentParser
+
+    p = ArgumentParser(
         prog="python -m gpt.evaluate", description="Corpus BLEU (sacrebleu) of a seq2seq checkpoint, and sentences/s.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

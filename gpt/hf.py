@@ -333,14 +333,15 @@ def export_hf(model, tokenizer, out_dir) -> Path:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpt.hf", description="Hugging Face GPT-2 import/export.")
+    from gpt.checkpoint import load_checkpoint
+    from gpt.cli import ArgumentParser, run_main
+
+    p = ArgumentParser(prog="python -m gpt.hf", description="Hugging Face GPT-2 import/export.")
     sub = p.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("export", help="write a directory transformers' GPT2LMHeadModel.from_pretrained loads")
     ex.add_argument("--ckpt", required=True, help="run directory, checkpoint file or HF GPT-2 directory")
     ex.add_argument("--out", required=True, help="output directory (created; existing files are replaced)")
     args = p.parse_args(argv)
-    from gpt.checkpoint import load_checkpoint
-    from gpt.cli import run_main
 
     def export() -> str:
         model, tokenizer, _ = load_checkpoint(args.ckpt)

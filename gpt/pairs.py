@@ -436,7 +436,9 @@ def add_pairs_options(p) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    from gpt.cli import ArgumentParser
+
+    p = ArgumentParser(
         prog="python -m gpt.pairs",
         description="Tokenize parallel text (line i of SRC translates line i of TGT) into a pairs dataset "
                     "(the same as `python data/prepare.py --pairs SRC TGT ...`).",

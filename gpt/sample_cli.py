@@ -30,7 +30,8 @@ import sys
 import time
 import warnings
 
-from gpt.cli import fail, run_main
+from gpt.cli import ArgumentParser, fail, run_main
+from gpt.errors import storage_error
 
 SEPARATOR = "\n---------------\n"
 LM_DEFAULTS = {"temperature": 0.8, "max_new_tokens": 500}
@@ -50,7 +51,7 @@ _top_k.__name__ = "top-k"  # argparse's message: "invalid top-k value: 'x'"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         description="Sample from a gpt checkpoint (run directory or .pt file) or a Hugging Face GPT-2 directory."
     )
     p.add_argument("--ckpt", required=True, help="run directory (best.pt, else last.pt), checkpoint file, or HF GPT-2 dir")
@@ -170,8 +171,10 @@ def run(args: argparse.Namespace) -> None:
         try:
             with open(args.prompt_file, encoding="utf-8") as f:
                 prompt = f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            raise SamplingError(f"--prompt-file {args.prompt_file}: cannot read it as UTF-8 text ({e})") from None
+        except UnicodeDecodeError:
+            raise SamplingError(f"--prompt-file {args.prompt_file} is not UTF-8 text") from None
+        except OSError as e:
+            raise storage_error(e, "read --prompt-file", args.prompt_file) from None
 
     model, tokenizer, _ = load_checkpoint(args.ckpt, device=device)
     if model.config.n_encoder_layer:

@@ -112,7 +112,7 @@ def test_empty_prompt_starts_from_end_of_text(run_dir, capsys):
         (["--dtype", "float16", "--device", "cpu"], "float16 needs a CUDA device"),
         (["--dtype", "float64"], "--dtype 'float64' is not one of"),
         (["--prompt", "ROMEO~"], "not in the char vocabulary: '~'"),
-        (["--prompt-file", "/nonexistent/prompt.txt"], "No such file"),
+        (["--prompt-file", "/nonexistent/prompt.txt"], "could not read --prompt-file /nonexistent/prompt.txt: no such file"),
     ],
 )
 def test_each_mistake_is_one_clear_line(run_dir, capsys, args, message):

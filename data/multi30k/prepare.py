@@ -22,12 +22,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from gpt.cli import run_main  # noqa: E402
+from gpt.cli import ArgumentParser, run_main  # noqa: E402
 from gpt.pairs import DEFAULT_BPE_VOCAB, TOKENIZERS, prepare_pairs, summary  # noqa: E402
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--input", default=str(ROOT.parent / "shared" / "data" / "multi30k"), help="directory of the raw files")
     p.add_argument("--src", default="de", choices=("de", "en"), help="source language")
     p.add_argument("--tgt", default="en", choices=("de", "en"), help="target language")

@@ -14,14 +14,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # run from a checkout without installing
 
-from gpt.cli import run_main  # noqa: E402
+from gpt.cli import ArgumentParser, run_main  # noqa: E402
 from gpt.prepare import fetch, prepare  # noqa: E402
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", default=None, help=f"local copy of the corpus (default: download {URL} to input.txt here)")
     p.add_argument("--out", default=str(HERE), help="dataset directory (default: this script's directory)")
     p.add_argument("--tokenizer-file", default=None, help="local GPT-2 .tiktoken ranks file (else $GPT2_TIKTOKEN_FILE or tiktoken's download)")
