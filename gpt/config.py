@@ -138,7 +138,7 @@ class TrainConfig:
     grad_clip: float = opt(1.0, "clip the gradient norm to this (0 = off)")
     # evaluation, logging, stopping
     eval_interval: int = opt(250, "evaluate (and checkpoint) every N steps; also at the end")
-    eval_iters: int = opt(50, "batches per evaluation (0 = the whole split)")
+    eval_iters: int = opt(20, "batches per evaluation (0 = the whole split)")
     eval_batch_size: int = opt(0, "sequences per eval batch (0 = batch_size)")
     log_interval: int = opt(10, "print and log every N steps")
     max_minutes: float = opt(0.0, "stop cleanly (evaluate, save) after this many minutes of wall time (0 = off)")

@@ -30,7 +30,7 @@ class Progress:
         self.done = 0.0
         self.start = self._last = time.perf_counter()
 
-    def update(self, n: float) -> None:
+    def update(self, n: float = 1) -> None:
         self.done += n
         now = time.perf_counter()
         if self.enabled and now - self._last >= 0.2:
@@ -53,8 +53,13 @@ class Progress:
         self.stream.write("\r" + self.line(now) + "\x1b[K")
         self.stream.flush()
 
-    def close(self) -> None:
-        if self.enabled:
+    def close(self, keep: bool = True) -> None:
+        """The final state on its own line, or (keep=False) the bar erased, if it was ever drawn."""
+        if not self.enabled:
+            return
+        if keep:
             self._draw(time.perf_counter())
             self.stream.write("\n")
-            self.stream.flush()
+        elif self._last > self.start:
+            self.stream.write("\r\x1b[K")
+        self.stream.flush()

@@ -82,7 +82,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "(default: auto)")
     p.add_argument("--dtype", default="auto", help="auto (bfloat16 on a capable GPU or a CPU with native bf16, else "
                    "float32), float32, bfloat16, float16 (CUDA only) (default: auto)")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads for PyTorch; 0 = its default (default: 0)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for PyTorch; 0 = one for small models or a "
+                   "busy machine, else PyTorch's default (default: 0)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model's forward, instead of CUDA-graph decode steps (default: off)")
     p.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
@@ -151,7 +152,7 @@ def run(args: argparse.Namespace) -> None:
     import torch
 
     from gpt import generate, load_checkpoint
-    from gpt.runtime import setup
+    from gpt.runtime import decode_threads, setup
     from gpt.sampling import ContextWarning, SampleConfig, SamplingError
 
     if args.source or args.source_file:
@@ -181,6 +182,8 @@ def run(args: argparse.Namespace) -> None:
         raise SamplingError(f"{args.ckpt} is a seq2seq (encoder-decoder) checkpoint: translate with --source TEXT "
                             f"or --source-file FILE{', not --prompt' if args.prompt is not None or args.prompt_file else ''}")
     model.to(dtype)
+    if device.type == "cpu" and not args.threads:
+        torch.set_num_threads(decode_threads(model.num_params()))
     if args.compile:
         model.hidden = torch.compile(model.hidden, dynamic=True)
 
@@ -213,7 +216,8 @@ def run(args: argparse.Namespace) -> None:
         sys.stdout.flush()
     print(
         f"{cfg.num_samples} sample(s), {n_tokens} tokens in {elapsed:.2f} s: {n_tokens / elapsed:.1f} tokens/s "
-        f"(first token after {1000 * (first or 0):.0f} ms); seed {seed}, {device}, {str(dtype).replace('torch.', '')}",
+        f"(first token after {1000 * (first or 0):.0f} ms); seed {seed}, {device}, {str(dtype).replace('torch.', '')}"
+        + (f", {torch.get_num_threads()} thread(s)" if device.type == "cpu" else ""),
         file=sys.stderr,
     )
 

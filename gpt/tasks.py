@@ -20,6 +20,19 @@ from pathlib import Path
 from gpt.config import ConfigError
 
 
+class Counted:
+    """An iterable that knows its length in advance (evaluation progress)."""
+
+    def __init__(self, n: int, iterable):
+        self.n, self.iterable = n, iterable
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return iter(self.iterable)
+
+
 class LanguageModelling:
     """Windows of block_size + 1 tokens from a memory-mapped token stream (gpt/data.py)."""
 
@@ -68,11 +81,11 @@ class LanguageModelling:
         cfg, tokens = self.cfg, self.dataset.split(split)
         bs = cfg.eval_batch_size or cfg.batch_size
         if cfg.eval_iters == 0 or cfg.sampling == "epoch":
-            n_val_windows = (len(self.dataset.split("val")) - 1) // cfg.block_size
-            limit = None if split == "val" else -(-n_val_windows // bs)
-            return eval_batches(tokens, cfg.block_size, bs, max_batches=limit, device=self.device)
+            n_val = -(-((len(self.dataset.split("val")) - 1) // cfg.block_size) // bs)
+            n = n_val if split == "val" else min(n_val, -(-((len(tokens) - 1) // cfg.block_size) // bs))
+            return Counted(n, eval_batches(tokens, cfg.block_size, bs, max_batches=n, device=self.device))
         sampler = Batches(tokens, cfg.block_size, bs, seed=cfg.seed + 1, device=self.device)
-        return (sampler.get(i) for i in range(cfg.eval_iters))
+        return Counted(cfg.eval_iters, (sampler.get(i) for i in range(cfg.eval_iters)))
 
 
 class Translation:
@@ -132,8 +145,8 @@ class Translation:
         cfg = self.cfg
         batches = PairBatches(self.dataset, split, self._tokens(cfg), seed=cfg.seed + 1, device=self.rt.device)
         if split == "val" or cfg.eval_iters == 0:
-            return (self._args(b) for b in batches)  # the whole split once
-        return (self._args(batches.get(i)) for i in range(cfg.eval_iters))
+            return Counted(len(batches), (self._args(b) for b in batches))  # the whole split once
+        return Counted(cfg.eval_iters, (self._args(batches.get(i)) for i in range(cfg.eval_iters)))
 
 
 def open_task(path: str):

@@ -20,6 +20,7 @@ val loss; a resume must use the same tokenizer and architecture; the run directo
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import signal
 import time
@@ -33,7 +34,7 @@ from gpt import checkpoint
 from gpt.config import ConfigError, GPTConfig, TrainConfig, flag
 from gpt.errors import UserError
 from gpt.model import GPT
-from gpt.progress import format_duration
+from gpt.progress import Progress, format_duration
 from gpt.rundir import RunDir
 from gpt.runlog import RunLogger, peak_flops
 from gpt.runtime import Runtime, setup
@@ -102,12 +103,16 @@ def estimate_loss(model: GPT, task, splits=("train", "val"), rt: Runtime | None 
     out = {}
     for split in splits:
         total, count = 0.0, 0
-        for idx, targets, *rest in task.eval_batches(split):
+        batches = task.eval_batches(split)
+        bar = Progress(f"eval {split}", len(batches), unit="batches", scale=1)  # drawn on a terminal only
+        for idx, targets, *rest in batches:
             with rt.autocast() if rt else nullcontext():
                 logits, _ = model(idx, None, *rest)
             total += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1,
                                      reduction="sum").item()
             count += int((targets != -1).sum())
+            bar.update()
+        bar.close(keep=False)
         out[split] = total / max(count, 1)
     model.train(was_training)
     return out
@@ -186,6 +191,22 @@ def check_resume(meta: dict, model_config: dict, task, cfg: TrainConfig) -> None
     if changed:
         raise ConfigError(f"--resume {cfg.resume}: the architecture of a run cannot change: {', '.join(changed)}; "
                           f"start a new run, or fine-tune it with --init-from {cfg.resume}")
+
+
+def schedule_change(saved: dict, cfg: TrainConfig, step: int) -> str | None:
+    """What training longer than the run planned does to the LR, in one line (None if nothing changes)."""
+    old_end, new_end = saved.get("max_iters", cfg.max_iters), cfg.max_iters
+    if new_end <= old_end or cfg.lr_schedule in ("constant", "noam"):
+        return None
+    if not cfg.lr_decay_iters:  # the decay follows --max-iters: it stretches to the new end
+        old_lr = lr_at(step, dataclasses.replace(cfg, max_iters=old_end))
+        return (f"--max-iters {new_end} (was {old_end}): the LR decay follows --max-iters, so it now ends at step "
+                f"{new_end}; the LR at step {step} goes from {old_lr:.2e} to {lr_at(step, cfg):.2e}")
+    if cfg.lr_decay_iters < new_end:
+        return (f"--max-iters {new_end}: the LR decay ends at --lr-decay-iters {cfg.lr_decay_iters}, so steps "
+                f"{max(step, cfg.lr_decay_iters)}..{new_end} run at --min-lr {cfg.min_lr:.2e}; pass "
+                f"--lr-decay-iters {new_end} to stretch the decay instead")
+    return None
 
 
 def _rng_state(device: torch.device) -> dict:
@@ -335,6 +356,9 @@ class Run:
         if rt.world_size == meta.get("world_size", 1):  # the same processes: continue their RNG streams
             _set_rng_state(ckpt["rng"][rt.rank] if isinstance(ckpt["rng"], list) else ckpt["rng"], rt.device)
         self.log.print(f"resuming {cfg.resume} at step {self.step}")
+        note = schedule_change(meta["train_config"], cfg, self.step)
+        if note:
+            self.log.print(note)
 
     def save(self, name: str, val_loss: float | None, stop: StopSignal) -> None:
         """Write `name` atomically: weights, optimizer, scaler, RNG, and the meta that resumes them. Never

@@ -406,3 +406,17 @@ def test_seq2seq_trains_with_the_same_loop_and_resumes_exactly(reverse_pairs, tm
 def test_pairs_dataset_needs_an_encoder(reverse_pairs, tmp_path):
     with pytest.raises(ValueError, match="n_encoder_layer: a pairs dataset needs an encoder"):
         run("--data", reverse_pairs, "--out-dir", tmp_path / "o", "--n-layer", "1", "--block-size", "8")
+
+
+def test_training_longer_says_what_the_lr_does():
+    from gpt.config import TrainConfig
+    from gpt.trainer import schedule_change
+
+    saved = TrainConfig(max_iters=100).to_dict()
+    tied = schedule_change(saved, TrainConfig(max_iters=300), step=100)
+    assert "now ends at step 300; the LR at step 100 goes from 1.00e-04 to" in tied
+    fixed = schedule_change(saved, TrainConfig(max_iters=300, lr_decay_iters=100), step=100)
+    assert fixed.endswith("steps 100..300 run at --min-lr 1.00e-04; pass --lr-decay-iters 300 to stretch the decay "
+                          "instead")
+    assert schedule_change(saved, TrainConfig(max_iters=100), step=50) is None
+    assert schedule_change(saved, TrainConfig(max_iters=300, lr_schedule="constant"), step=100) is None

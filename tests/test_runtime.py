@@ -1,0 +1,81 @@
+"""gpt.runtime: the device and precision each machine gets, and why."""
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+from conftest import ROOT
+from gpt import runtime
+from gpt.runtime import DeviceError, SlowPrecisionWarning, resolve_dtype
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def native_bf16(monkeypatch):
+    def set_flags(*flags):
+        monkeypatch.setattr(runtime, "cpu_flags", lambda: frozenset(flags))
+    return set_flags
+
+
+def test_auto_precision_follows_the_cpu(native_bf16):
+    native_bf16("avx2", "fma")
+    assert resolve_dtype("auto", CPU) == (torch.float32, "this CPU has no native bf16")
+    native_bf16("avx512f", "avx512_bf16")
+    assert resolve_dtype("auto", CPU) == (torch.bfloat16, "this CPU has native bf16")
+    native_bf16("amx_bf16", "amx_tile")
+    assert resolve_dtype("auto", CPU)[0] == torch.bfloat16
+    assert resolve_dtype("float32", CPU) == (torch.float32, "asked for")
+
+
+def test_bf16_asked_for_on_a_cpu_that_emulates_it_warns(native_bf16):
+    native_bf16("avx2")
+    with pytest.warns(SlowPrecisionWarning, match="emulated and can be many times slower"):
+        assert resolve_dtype("bfloat16", CPU)[0] == torch.bfloat16
+    native_bf16("avx512_bf16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SlowPrecisionWarning)
+        resolve_dtype("bfloat16", CPU)  # native: no warning
+
+
+def test_bad_precision_and_device_names():
+    with pytest.raises(DeviceError, match="--dtype 'float64' is not one of"):
+        resolve_dtype("float64", CPU)
+    with pytest.raises(DeviceError, match="float16 needs a CUDA device"):
+        resolve_dtype("float16", CPU)
+    with pytest.raises(DeviceError, match="is not a device"):
+        runtime.resolve_device("gpu9")
+
+
+def test_cpu_flags_are_read_from_cpuinfo():
+    flags = runtime.cpu_flags()
+    assert isinstance(flags, frozenset)
+    if sys.platform.startswith("linux"):
+        assert flags  # every Linux CPU lists some
+    assert runtime.cpu_description().count("(") == 1
+
+
+def test_the_run_header_says_the_precision_and_why_and_bf16_trains_on_cpu(tmp_path):
+    """A short bf16 CPU run through train.py: it trains, and says what it runs on and why (with the
+    one-line warning where this CPU only emulates bf16)."""
+    text = tmp_path / "t.txt"
+    text.write_text("hello world, a tiny corpus for a tiny model\n" * 400)
+    subprocess.run([sys.executable, "data/prepare.py", str(text), "--out", str(tmp_path / "d"), "--tokenizer", "char",
+                    "--block-size", "16"], cwd=ROOT, check=True, capture_output=True)
+    common = ["train.py", "--data", str(tmp_path / "d"), "--n-layer", "1", "--n-head", "1", "--n-embd", "16",
+              "--block-size", "16", "--batch-size", "4", "--max-iters", "3", "--eval-iters", "1", "--device", "cpu"]
+    res = subprocess.run([sys.executable, *common, "--out-dir", str(tmp_path / "auto")], cwd=ROOT, capture_output=True,
+                         text=True)
+    assert res.returncode == 0, res.stderr
+    reason = "native bf16" if runtime.cpu_has_native_bf16() else "no native bf16"
+    dtype = "bfloat16" if runtime.cpu_has_native_bf16() else "float32"
+    assert f"cpu {dtype} (this CPU has {reason})" in res.stdout and "threads" in res.stdout
+    res = subprocess.run([sys.executable, *common, "--dtype", "bfloat16", "--out-dir", str(tmp_path / "bf16")],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "cpu bfloat16 (asked for)" in res.stdout and "done: 3 steps" in res.stdout
+    warned = "warning: --dtype bfloat16 on a CPU without native bf16" in res.stderr
+    assert warned != runtime.cpu_has_native_bf16()
