@@ -36,7 +36,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+import harness  # noqa: E402 (bench/ is on sys.path when run as a script)
+from harness import tail  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -99,38 +101,10 @@ class GpuMemory:
 
 
 def launch(cmd: list, cwd: Path, log_path: Path, timeout: float, stop_when=None, env=None) -> dict:
-    """Run a command; every output line is kept with its time since launch. `stop_when(line)` ends
-    the run early (SIGTERM to its process group). Returns lines, return code, seconds, GPU memory."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-    t0 = time.time()
-    lines, stopped = [], False
-    with GpuMemory() as mem, open(log_path, "w") as f:
-        proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
-        timer = threading.Timer(timeout, lambda: _kill(proc))
-        timer.start()
-        for line in proc.stdout:
-            t = time.time() - t0
-            lines.append((t, line.rstrip("\n")))
-            f.write(f"{t:8.2f} {line}")
-            if stop_when and not stopped and stop_when(line):
-                stopped = True
-                _kill(proc, signal.SIGTERM)
-        proc.wait()
-        timer.cancel()
-    return {"lines": lines, "returncode": proc.returncode, "seconds": time.time() - t0, "t0": t0,
-            "stopped_early": stopped, "timed_out": time.time() - t0 >= timeout, "gpu_mem_gib": mem.peak_gib}
-
-
-def _kill(proc, sig=signal.SIGKILL):
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def tail(run: dict, n: int = 15) -> str:
-    return "\n".join(line for _, line in run["lines"][-n:])
+    """harness.launch, with the GPU memory the run used (nvidia-smi's view, above what was in use before)."""
+    with GpuMemory() as mem:
+        run = harness.launch(cmd, cwd, log_path, timeout, stop_when, env)
+    return dict(run, gpu_mem_gib=mem.peak_gib)
 
 
 def records(out_dir: Path, kind: str) -> list[dict]:
@@ -159,17 +133,12 @@ def prepare_data(shared: Path, work: Path) -> dict[str, Path]:
 
 
 def nanogpt_copy(shared: Path, work: Path, data: dict[str, Path]) -> Path:
-    """A scratch copy of nanoGPT with our prepared uint16 token files as its datasets."""
-    dst = work / "nanoGPT"
-    if not dst.exists():
-        shutil.copytree(shared / "baselines" / "nanoGPT", dst)
-        char_dir = dst / "data" / "shakespeare_char"  # its own recipe: prepare.py reads input.txt
-        shutil.copy(shared / "data" / "tinyshakespeare.txt", char_dir / "input.txt")
-        subprocess.run([sys.executable, "prepare.py"], cwd=char_dir, check=True, capture_output=True)
-        bench = dst / "data" / "gpt2bench"  # GPT-2 ids, uint16 like nanoGPT's openwebtext files
-        bench.mkdir(parents=True)
-        for split in ("train", "val"):
-            shutil.copy(data["gpt2"] / f"{split}.bin", bench / f"{split}.bin")
+    """harness.nanogpt_copy, plus our GPT-2 ids (uint16, like its openwebtext files) as its `gpt2bench`."""
+    dst = harness.nanogpt_copy(work, shared)
+    bench = dst / "data" / "gpt2bench"
+    bench.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "val"):
+        shutil.copy(data["gpt2"] / f"{split}.bin", bench / f"{split}.bin")
     return dst
 
 

@@ -140,6 +140,7 @@ class TrainConfig:
     eval_interval: int = opt(250, "evaluate (and checkpoint) every N steps; also at the end")
     eval_iters: int = opt(20, "batches per evaluation (0 = the whole split)")
     eval_batch_size: int = opt(0, "sequences per eval batch (0 = batch_size)")
+    eval_train: bool = opt(True, "evaluate the train split too (as many tokens as val), not only val")
     log_interval: int = opt(10, "print and log every N steps")
     max_minutes: float = opt(0.0, "stop cleanly (evaluate, save) after this many minutes of wall time (0 = off)")
     target_val_loss: float = opt(0.0, "stop at the first evaluation with val loss <= this (0 = off)")

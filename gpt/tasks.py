@@ -68,9 +68,10 @@ class LanguageModelling:
     def eval_tokens(self) -> int:
         """Tokens one evaluation reads, both splits (for time estimates)."""
         cfg = self.cfg
+        splits = 2 if cfg.eval_train else 1
         if cfg.eval_iters == 0 or cfg.sampling == "epoch":
-            return 2 * (len(self.dataset.split("val")) - 1)
-        return 2 * cfg.eval_iters * (cfg.eval_batch_size or cfg.batch_size) * cfg.block_size
+            return splits * (len(self.dataset.split("val")) - 1)
+        return splits * cfg.eval_iters * (cfg.eval_batch_size or cfg.batch_size) * cfg.block_size
 
     def eval_batches(self, split: str):
         """The same `eval_iters` random batches at every evaluation; or, with eval_iters = 0 or epoch
@@ -137,7 +138,7 @@ class Translation:
         """Tokens one evaluation reads, both splits, at most (for time estimates)."""
         val = int(sum(lengths.sum() for lengths in self.dataset.lengths("val")))
         train = val if self.cfg.eval_iters == 0 else self.cfg.eval_iters * self._tokens(self.cfg)
-        return val + train
+        return val + (train if self.cfg.eval_train else 0)
 
     def eval_batches(self, split: str):
         from gpt.pairs import PairBatches

@@ -397,13 +397,15 @@ class Run:
         """Losses on both splits; saves last.pt (and best.pt when val improved)."""
         t_eval = time.time()
         with explain_oom(self.cfg, self.step, self.out_dir, evaluating=True):
-            losses = estimate_loss(self.model, self.task, rt=self.rt)
+            losses = estimate_loss(self.model, self.task, ("train", "val") if self.cfg.eval_train else ("val",),
+                                   rt=self.rt)
         val = losses["val"]
+        train = f"train {losses['train']:.4f} | " if "train" in losses else ""
         self.limit.eval_seconds = time.time() - t_eval
         self.log.print(
-            f"eval {self.step:>6} | train {losses['train']:.4f} | val {val:.4f} | val ppl {math.exp(min(val, 50)):.2f}"
+            f"eval {self.step:>6} | {train}val {val:.4f} | val ppl {math.exp(min(val, 50)):.2f}"
             f" | {self.limit.eval_seconds:.1f}s | elapsed {format_duration(time.time() - self.t_start)}")
-        self.log.record("eval", self.step, train_loss=losses["train"], val_loss=val, val_ppl=math.exp(min(val, 50)),
+        self.log.record("eval", self.step, train_loss=losses.get("train"), val_loss=val, val_ppl=math.exp(min(val, 50)),
                         elapsed=time.time() - self.t_start)
         if not math.isfinite(val):
             raise TrainingError(f"non-finite val loss ({val}) at step {self.step}: not saved; {self._kept()}; "

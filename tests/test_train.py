@@ -420,3 +420,12 @@ def test_training_longer_says_what_the_lr_does():
                           "instead")
     assert schedule_change(saved, TrainConfig(max_iters=100), step=50) is None
     assert schedule_change(saved, TrainConfig(max_iters=300, lr_schedule="constant"), step=100) is None
+
+
+def test_evaluating_val_only(char_data, tmp_path):
+    out = tmp_path / "run"
+    summary = run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2",
+                  "--no-eval-train")
+    (evaluation,) = records(out, "eval")
+    assert evaluation["train_loss"] is None and evaluation["val_loss"] == summary["val_loss"]
+    assert "train_loss" not in summary

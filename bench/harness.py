@@ -1,0 +1,93 @@
+"""What every benchmark needs: the machine it ran on, timestamped child processes, nanoGPT's own code
+copied to a scratch directory (never imported, never copied into the project).
+
+    from harness import machine, launch, nanogpt_copy
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("GPT_SHARED", ROOT.parent / "shared"))
+
+
+def machine() -> dict:
+    """The CPU (model, capability, native bf16), cores, threads, torch and Python, and the load."""
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from gpt.runtime import cpu_has_native_bf16
+
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": name, "cores": os.cpu_count(), "capability": torch.backends.cpu.get_cpu_capability(),
+        "native_bf16": cpu_has_native_bf16(), "mkldnn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+        "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def launch(cmd: list, cwd: Path, log_path: Path, timeout: float, stop_when=None, env=None, on_start=None) -> dict:
+    """Run a command; every output line is kept with its time since launch. `stop_when(line)` ends the
+    run early (SIGTERM to its process group). Returns lines, return code, seconds, t0 (epoch)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+    t0 = time.time()
+    lines, stopped = [], False
+    with open(log_path, "w") as f:
+        proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+        if on_start:
+            on_start(proc)
+        timer = threading.Timer(timeout, lambda: kill(proc))
+        timer.start()
+        for line in proc.stdout:
+            t = time.time() - t0
+            lines.append((t, line.rstrip("\n")))
+            f.write(f"{t:8.2f} {line}")
+            if stop_when and not stopped and stop_when(line):
+                stopped = True
+                kill(proc, signal.SIGTERM)
+        proc.wait()
+        timer.cancel()
+    return {"lines": lines, "returncode": proc.returncode, "seconds": time.time() - t0, "t0": t0,
+            "stopped_early": stopped, "timed_out": time.time() - t0 >= timeout}
+
+
+def kill(proc, sig=signal.SIGKILL) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def tail(run: dict, n: int = 15) -> str:
+    return "\n".join(line for _, line in run["lines"][-n:])
+
+
+def nanogpt_copy(work: Path, shared: Path = SHARED) -> Path:
+    """A scratch copy of nanoGPT (`<shared>/baselines/nanoGPT`) with its shakespeare_char dataset prepared
+    offline by its own prepare.py from the shared tiny-shakespeare (its README's recipe, minus the
+    download)."""
+    dst = work / "nanoGPT"
+    if not dst.exists():
+        shutil.copytree(shared / "baselines" / "nanoGPT", dst)
+        char_dir = dst / "data" / "shakespeare_char"
+        shutil.copy(shared / "data" / "tinyshakespeare.txt", char_dir / "input.txt")
+        subprocess.run([sys.executable, "prepare.py"], cwd=char_dir, check=True, capture_output=True)
+    return dst
