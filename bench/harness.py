@@ -25,18 +25,10 @@ def machine() -> dict:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from gpt.runtime import cpu_has_native_bf16
+    from gpt.runtime import cpu_has_native_bf16, cpu_name
 
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
-        "cpu": name, "cores": os.cpu_count(), "capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu": cpu_name(), "cores": os.cpu_count(), "capability": torch.backends.cpu.get_cpu_capability(),
         "native_bf16": cpu_has_native_bf16(), "mkldnn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
         "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
         "load_avg": [round(x, 2) for x in os.getloadavg()],

@@ -60,18 +60,21 @@ def cpu_has_native_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
-def cpu_description() -> str:
-    """e.g. 'AMD EPYC (AVX2, no native bf16)' for headers and benchmark records."""
-    name = platform.processor() or platform.machine()
+def cpu_name() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else what the platform says."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_description() -> str:
+    """e.g. 'AMD EPYC (AVX2, no native bf16)' for headers and benchmark records."""
     capability = torch.backends.cpu.get_cpu_capability()
-    return f"{name} ({capability}, {'native' if cpu_has_native_bf16() else 'no native'} bf16)"
+    return f"{cpu_name()} ({capability}, {'native' if cpu_has_native_bf16() else 'no native'} bf16)"
 
 
 def resolve_device(name: str = "auto") -> torch.device:

@@ -1,6 +1,5 @@
 """sample.py: streaming output, separators and summary, reproducibility, one-line errors."""
 
-import importlib.util
 import subprocess
 import sys
 
@@ -8,20 +7,13 @@ import pytest
 import torch
 
 from gpt import GPT, GPTConfig, checkpoint
+from gpt import sample_cli as sample  # what sample.py runs
 from gpt.tokenizer import CharTokenizer
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 CHARS = "\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("sample_script", ROOT / "sample.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-sample = _load_script()
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py

@@ -1,7 +1,6 @@
 """sample.py --source / --source-file with a seq2seq checkpoint: one line per source, greedy by default,
 beam 1 == greedy, seeded sampling, the length bound, and one-line errors for every mismatch."""
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +9,7 @@ import pytest
 import torch
 
 from gpt import GPT, GPTConfig, checkpoint
+from gpt import sample_cli as sample  # what sample.py runs
 from gpt.tokenizer import CharTokenizer
 from gpt.translate import TranslateConfig, translate, translate_lines
 
@@ -18,14 +18,6 @@ CHARS = "\n abcdefgh"  # a newline in the vocabulary: a translation may contain 
 SOURCES = ["abc", "", "hgf edc", "a", "abc", "bad cafe", "h h h h"]  # an empty line, a repeated one
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("sample_script_s2s", ROOT / "sample.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-sample = _load_script()
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
