@@ -14,8 +14,6 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 CHARS = "\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 
-
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
@@ -155,8 +153,7 @@ def test_script_runs_as_a_program_and_exits_2_without_traceback(tmp_path):
 
 
 def test_stop_takes_the_escapes_a_shell_passes(tmp_path, capsys):
-    from gpt.sample_cli import unescape
-
+    unescape = sample.unescape
     assert unescape(r"\n\n") == "\n\n" and unescape(r"a\tb\\n") == "a\tb\\n" and unescape("é\\x") == "é\\x"
     # a model whose next token is a line break about one time in ten, whatever came before
     tok = CharTokenizer(CHARS)

@@ -18,8 +18,6 @@ CHARS = "\n abcdefgh"  # a newline in the vocabulary: a translation may contain 
 SOURCES = ["abc", "", "hgf edc", "a", "abc", "bad cafe", "h h h h"]  # an empty line, a repeated one
 
 
-
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
