@@ -33,7 +33,8 @@ class ConfigError(UserError, ValueError):
 
 
 POS_ENCODINGS = ("learned", "sinusoidal")
-LORA_TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # the Linear layers LoRA can adapt
+LORA_TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "wte")  # what LoRA can adapt
+LORA_DEFAULT_TARGETS = LORA_TARGETS[:4]  # each block's four projections (wte: the tied embedding and head)
 AUTO = {"batch_size": 0}  # fields that take `auto`, and the number that stands for it
 
 
@@ -152,12 +153,14 @@ class TrainConfig:
     wandb_project: str = opt("", "log to Weights & Biases under this project (off when empty)")
     wandb_run_name: str = opt("", "W&B run name (default: the out_dir name)")
     wandb_mode: str = opt("", "W&B mode: online | offline (default: wandb's own)")
+    plot: bool = opt(True, "draw OUT_DIR/run.png (loss curves, LR, gradient norm) at each evaluation, in the background")
     tensorboard: bool = opt(False, "also write TensorBoard event files into OUT_DIR/tensorboard")
     # LoRA (gpt/lora.py): frozen base weights, trained low-rank adapters
     lora_rank: int = opt(0, "LoRA adapter rank (0 = off: full fine-tuning); needs --init-from")
     lora_alpha: float = opt(16.0, "LoRA scaling: the adapters' update is multiplied by alpha / rank")
     lora_dropout: float = opt(0.0, "dropout on the adapters' input")
-    lora_targets: str = opt(",".join(LORA_TARGETS), "comma-separated Linear layers to adapt, each block's")
+    lora_targets: str = opt(",".join(LORA_DEFAULT_TARGETS), "comma-separated layers to adapt: each block's projections, "
+                                                          "and wte, the token embedding tied to the output head")
     # system
     seed: int = opt(1337, "seed for initialisation, dropout and data order")
     device: str = opt("auto", "auto | cpu | cuda | cuda:N | mps")

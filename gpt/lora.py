@@ -14,6 +14,13 @@ Kaiming-uniform and B at zero (the paper's reference code), so step 0 computes e
 Everything outside the adapters is frozen too (embeddings, LayerNorms). `merge` folds the update into W
 (W + alpha/r * B A) and gives back plain `nn.Linear`s: same logits, no extra cost when sampling.
 
+The target `wte` adapts the token embedding, which is tied to the output head: one update B A
+(B: vocab x r, A: r x n_embd) that both see, rows E[i] + (alpha/r) B[i] A going in and logits
+h (E + (alpha/r) B A)^T coming out (the head is a LoRALinear over the shared matrix, the embedding a
+`TiedLoRAEmbedding` reading its adapters). Merging updates the shared matrix once, so the tie holds.
+It is what lets adapters move token frequencies, which dominate a change of domain (see the README's
+fine-tuning benchmark).
+
 A LoRA checkpoint holds only the adapters (`...attn.c_attn.lora_A`, `...lora_B`) and names its base in
 `meta["lora"]` (gpt/checkpoint.py): `base` (absolute path), `base_relative` (from the checkpoint's
 directory, so a base moved together with the run still loads), `base_sha256` (a fingerprint of the
@@ -46,7 +53,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt.config import LORA_TARGETS, ConfigError
+from gpt.config import LORA_DEFAULT_TARGETS, ConfigError
 from gpt.errors import UserError
 
 ADAPTER_KEYS = ("lora_A", "lora_B")
@@ -61,7 +68,7 @@ class LoRAConfig:
     rank: int
     alpha: float = 16.0
     dropout: float = 0.0
-    targets: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+    targets: list[str] = field(default_factory=lambda: list(LORA_DEFAULT_TARGETS))
 
     @classmethod
     def from_train(cls, cfg) -> "LoRAConfig":
@@ -84,21 +91,41 @@ class LoRALinear(nn.Linear):
         self.lora_B = nn.Parameter(torch.zeros(self.out_features, rank, **kw))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
         self.scale = alpha / rank
-        self.lora_dropout = nn.Dropout(dropout)
+        self.lora_dropout = nn.Dropout(dropout) if dropout else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        update = F.linear(F.linear(self.lora_dropout(x), self.lora_A), self.lora_B)
-        return F.linear(x, self.weight, self.bias) + update * self.scale
+        # scaled at rank r, the narrowest point: (B, T, r), not (B, T, out_features)
+        update = F.linear(F.linear(self.lora_dropout(x), self.lora_A) * self.scale, self.lora_B)
+        return F.linear(x, self.weight, self.bias) + update
 
     def merged(self) -> nn.Linear:
-        """A plain nn.Linear computing the same function (W + scale * B A)."""
-        out = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
-                        device=self.weight.device, dtype=self.weight.dtype)
+        """A plain nn.Linear computing the same function: W becomes W + scale * B A in place (a matrix tied
+        elsewhere, the token embedding, changes with it) and is shared, as is the bias."""
+        out = nn.Linear(self.in_features, self.out_features, bias=False, device="meta")
         with torch.no_grad():
             delta = (self.lora_B.float() @ self.lora_A.float()) * self.scale
-            out.weight.copy_((self.weight.float() + delta).to(self.weight.dtype))
-            if self.bias is not None:
-                out.bias.copy_(self.bias)
+            self.weight.copy_((self.weight.float() + delta).to(self.weight.dtype))
+        out.weight, out.bias = self.weight, self.bias
+        return out
+
+
+class TiedLoRAEmbedding(nn.Embedding):
+    """The token embedding tied to a LoRALinear output head: rows of (E + scale * B A), the head's update."""
+
+    def __init__(self, base: nn.Embedding, head: LoRALinear):
+        nn.Module.__init__(self)
+        assert base.weight is head.weight, "the embedding must be tied to the head"
+        self.num_embeddings, self.embedding_dim = base.num_embeddings, base.embedding_dim
+        self.padding_idx, self.max_norm, self.norm_type, self.scale_grad_by_freq, self.sparse = None, None, 2.0, False, False
+        self.weight, self.lora_A, self.lora_B, self.scale = head.weight, head.lora_A, head.lora_B, head.scale
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return F.embedding(idx, self.weight) + (F.embedding(idx, self.lora_B) * self.scale) @ self.lora_A
+
+    def merged(self) -> nn.Embedding:
+        """A plain nn.Embedding over the shared matrix (which the head's merge has already updated)."""
+        out = nn.Embedding(self.num_embeddings, self.embedding_dim, device="meta")
+        out.weight = self.weight
         return out
 
 
@@ -116,6 +143,8 @@ def apply(model: nn.Module, config: LoRAConfig) -> int:
     if getattr(model.config, "n_encoder_layer", 0):
         raise ConfigError("--lora-rank: LoRA adapts decoder-only models here, not seq2seq (--n-encoder-layer)")
     layers = list(_targets(model, config.targets))
+    if "wte" in config.targets:  # the tied embedding: adapt the head, let the embedding read its adapters
+        layers.append((model, "lm_head", model.lm_head))
     smallest = min(min(m.in_features, m.out_features) for _, _, m in layers)
     if config.rank > smallest:
         raise ConfigError(f"--lora-rank: {config.rank} exceeds the smallest adapted layer's {smallest} features; "
@@ -123,6 +152,8 @@ def apply(model: nn.Module, config: LoRAConfig) -> int:
     model.requires_grad_(False)
     for parent, attr, linear in layers:
         setattr(parent, attr, LoRALinear(linear, config.rank, config.alpha, config.dropout))
+    if "wte" in config.targets:
+        model.transformer.wte = TiedLoRAEmbedding(model.transformer.wte, model.lm_head)
     return trainable_params(model)
 
 
@@ -135,11 +166,13 @@ def is_adapted(model: nn.Module) -> bool:
 
 
 def merge(model: nn.Module) -> nn.Module:
-    """Fold every adapter into its layer, in place; the model computes the same logits, as plain Linears."""
-    for name, module in list(model.named_modules()):
-        if isinstance(module, LoRALinear):
-            parent, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(parent), attr, module.merged())
+    """Fold every adapter into its layer, in place; the model computes the same logits with plain modules
+    (the heads first: a tied embedding's merge only unwraps the matrix its head's merge updated)."""
+    for kind in (LoRALinear, TiedLoRAEmbedding):
+        for name, module in list(model.named_modules()):
+            if type(module) is kind:
+                parent, _, attr = name.rpartition(".")
+                setattr(model.get_submodule(parent) if parent else model, attr, module.merged())
     return model
 
 

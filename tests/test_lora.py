@@ -20,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 BASE_CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16)
 TRAIN = ["--batch-size", "2", "--eval-iters", "1", "--log-interval", "1", "--warmup-iters", "1", "--device", "cpu",
-         "--learning-rate", "1e-2"]
+         "--learning-rate", "1e-2", "--no-plot"]  # tests/test_plot.py draws
 
 
 @pytest.fixture
@@ -38,10 +38,13 @@ def run(*argv):
     return train(cfg, explicit)
 
 
-def adapted(rank=4, targets=None, seed=0) -> GPT:
+ALL_TARGETS = ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "wte"]
+
+
+def adapted(rank=4, targets=ALL_TARGETS, seed=0) -> GPT:
     torch.manual_seed(seed)
     model = GPT(BASE_CFG)
-    lora.apply(model, lora.LoRAConfig(rank, alpha=8.0, targets=targets or list(lora.LORA_TARGETS)))
+    lora.apply(model, lora.LoRAConfig(rank, alpha=8.0, targets=targets))
     return model
 
 
@@ -53,7 +56,7 @@ def test_only_adapters_train_and_the_base_stays_bitwise_equal():
     optimized = {id(p) for g in opt.param_groups for p in g["params"]}
     names = {n for n, p in model.named_parameters() if id(p) in optimized}
     assert names and all(n.endswith(("lora_A", "lora_B")) for n in names)
-    assert len(names) == 2 * 4 * BASE_CFG.n_layer  # A and B on four layers per block
+    assert len(names) == 2 * (4 * BASE_CFG.n_layer + 1)  # A and B on four layers per block, and the tied head
     x = torch.randint(0, 64, (3, 16))
     rt = Runtime(torch.device("cpu"), torch.float32)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
@@ -74,7 +77,7 @@ def test_adapters_start_as_the_base_and_merged_logits_equal_adapter_logits():
     plain = GPT(BASE_CFG).eval()
     model = GPT(BASE_CFG).eval()
     model.load_state_dict(plain.state_dict())
-    lora.apply(model, lora.LoRAConfig(4, alpha=8.0))
+    lora.apply(model, lora.LoRAConfig(4, alpha=8.0, targets=ALL_TARGETS))
     x = torch.randint(0, 64, (2, 16))
     assert torch.equal(model(x)[0], plain(x)[0])  # B starts at zero: exactly the base model
     with torch.no_grad():
@@ -85,6 +88,8 @@ def test_adapters_start_as_the_base_and_merged_logits_equal_adapter_logits():
     assert (adapter_logits - plain(x)[0]).abs().max() > 0.1  # the adapters do change the function
     lora.merge(model)
     assert not lora.is_adapted(model) and set(model.state_dict()) == set(plain.state_dict())
+    assert type(model.transformer.wte) is torch.nn.Embedding and type(model.lm_head) is torch.nn.Linear
+    assert model.lm_head.weight is model.transformer.wte.weight  # still tied: the update went in once
     torch.testing.assert_close(model(x)[0], adapter_logits, rtol=1e-5, atol=1e-5)
 
 
