@@ -5,7 +5,9 @@
 
 Panels: train and val loss against step, against tokens seen and against training wall time; the
 learning rate; the gradient norm (before clipping) and the update-to-weight ratio (log scales).
-train.py draws the same figure for its own run into OUT_DIR/run.png at every evaluation.
+train.py draws the same figure for its own run into OUT_DIR/run.png at every evaluation (`--no-plot`
+turns it off), in a separate low-priority process (`FigureWriter`): drawing takes about a second on a
+quiet CPU, several on a busy one, and training never waits for it, except for the final figure.
 
 How a log is read
 - A resumed run appends to its log.jsonl; a step logged twice (by a process killed after its last
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,22 +171,64 @@ def plot_runs(runs: list[str | os.PathLike], out: str | os.PathLike) -> Path:
     return save_figure(draw(logs), out)
 
 
-def save_run_figure(out_dir: str | os.PathLike, warn: Callable[[str], None]) -> Path | None:
-    """The trainer's figure of its own run, OUT_DIR/run.png. Never stops training: a failure is one
-    warning (then no more figures for this process)."""
-    global _disabled
-    if _disabled:
-        return None
-    try:
-        return plot_runs([out_dir], Path(out_dir) / FIGURE_NAME)
-    except Exception as e:  # matplotlib missing or broken, a full disk: the run matters more
-        _disabled = True
-        warn(f"warning: could not draw {Path(out_dir) / FIGURE_NAME} ({type(e).__name__}: {str(e)[:200]}); "
-             f"training goes on without it")
-        return None
+class FigureWriter:
+    """OUT_DIR/run.png for the trainer, drawn by `python -m gpt.plot` in a child process at low priority.
 
+    One drawing at a time: an evaluation that comes while one runs leaves it be (the next drawing reads
+    the whole log anyway). `close()` waits for it and, if an evaluation came since it started, draws
+    once more, so the final figure has every evaluation. A failure (matplotlib missing, a full disk) is
+    one warning, and no more figures: it never stops training.
+    """
 
-_disabled = False
+    def __init__(self, out_dir: str | os.PathLike, warn: Callable[[str], None], enabled: bool = True,
+                 timeout: float = 120.0):
+        self.out_dir, self.warn, self.enabled, self.timeout = Path(out_dir), warn, enabled, timeout
+        self.process: subprocess.Popen | None = None
+        self.stale = False  # an evaluation came after the running drawing started
+
+    def update(self) -> None:
+        if not self.enabled:
+            return
+        if self.process is not None and self.process.poll() is None:
+            self.stale = True
+            return
+        self._check()
+        if self.enabled:
+            self._start()
+
+    def close(self) -> None:
+        if not self.enabled or self.process is None:
+            return
+        self._wait()
+        if self.stale and self.enabled:
+            self._start()
+            self._wait()
+
+    def _start(self) -> None:
+        code = (f"import os, sys; os.nice(10); from gpt.plot import main; "
+                f"sys.exit(main([{str(self.out_dir)!r}, '--out', {str(self.out_dir / FIGURE_NAME)!r}]))")
+        package_root = str(Path(__file__).resolve().parents[1])  # gpt/, installed or not
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
+        self.process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE, env=env, text=True)
+        self.stale = False
+
+    def _wait(self) -> None:
+        try:
+            self.process.wait(self.timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._check()
+
+    def _check(self) -> None:
+        """Warn (once, then stop drawing) if the last drawing failed."""
+        if self.process is None or self.process.returncode in (0, None):
+            return
+        lines = (self.process.stderr.read() or "").strip().splitlines() or [f"exit status {self.process.returncode}"]
+        self.enabled = False
+        self.warn(f"warning: could not draw {self.out_dir / FIGURE_NAME} ({lines[-1][:200]}); training goes on "
+                  f"without it")
 
 
 def main(argv=None) -> int:

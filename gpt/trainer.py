@@ -332,6 +332,7 @@ class Run:
         self.scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.dtype == torch.float16)
         self.step, self.best_val, self.skipped, self.saved_step, self.tokens_seen = 0, float("inf"), 0, None, 0
         self.health = HealthMonitor()
+        self.figure = plot.FigureWriter(self.out_dir, log.print, enabled=rt.master and cfg.plot)
         if cfg.batch_size == 0:  # --batch-size auto (CUDA): sets batch_size and grad_accum
             preflight.auto_batch_size(self.model, cfg, rt, log.print)
         if cfg.resume:
@@ -424,8 +425,7 @@ class Run:
         self.save("last.pt", val, stop)
         if improved and self.rt.master:
             checkpoint.link_or_copy(self.out_dir / "last.pt", self.out_dir / "best.pt")
-        if self.rt.master:
-            plot.save_run_figure(self.out_dir, self.log.print)  # OUT_DIR/run.png
+        self.figure.update()  # OUT_DIR/run.png, drawn in the background
         return losses
 
     def train_one_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
@@ -537,6 +537,7 @@ class Run:
         return tok_s
 
     def _finish(self, last_eval: dict, interrupted: bool) -> dict:
+        self.figure.close()  # the final figure, with every evaluation
         elapsed = time.time() - self.t_start
         summary = dict(step=self.step, elapsed=elapsed, best_val_loss=self.best_val, skipped_steps=self.skipped,
                        peak_mem_gib=self.rt.peak_memory_gib(), interrupted=interrupted,

@@ -84,7 +84,7 @@ def test_a_run_without_a_log_is_one_line(tmp_path, capsys):
 def test_training_draws_its_run_and_writes_tensorboard(base, char_data, tmp_path):  # noqa: F811
     out = tmp_path / "run"
     run("--data", char_data, "--out-dir", out, "--init-from", base, *TRAIN, "--max-iters", "4", "--eval-interval",
-        "2", "--tensorboard")
+        "2", "--tensorboard", "--plot")
     assert (out / "run.png").read_bytes()[:4] == b"\x89PNG"
     assert plot.read_log(out).series("eval", "step", "val_loss")[0] == [2, 4]
     assert plot.read_log(out).series("train", "step", "tokens") == ([1, 2, 3, 4], [32, 64, 96, 128])  # 2 x 16 a step
@@ -95,3 +95,14 @@ def test_training_draws_its_run_and_writes_tensorboard(base, char_data, tmp_path
     events.Reload()
     assert {"train/loss", "train/grad_norm", "eval/val_loss"} <= set(events.Tags()["scalars"])
     assert [e.step for e in events.Scalars("eval/val_loss")] == [2, 4]
+
+
+def test_a_figure_that_cannot_be_drawn_is_one_warning_and_training_goes_on(tmp_path):
+    said = []
+    writer = plot.FigureWriter(tmp_path / "no-run", said.append)  # no log.jsonl there: the drawing fails
+    writer.update()
+    writer.close()
+    assert said == [f"warning: could not draw {tmp_path / 'no-run' / 'run.png'} (error: no such run or log file: "
+                    f"{tmp_path / 'no-run'}); training goes on without it"]
+    writer.update()  # no more attempts
+    assert writer.process.returncode == 2 and len(said) == 1
