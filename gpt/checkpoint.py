@@ -35,8 +35,7 @@ reader, `check_meta` (every load goes through it):
 | `seq2seq`       | `{"bos", "eos", "pad"}` ids of an encoder-decoder model's pairs dataset       |
 | `hf_dir`        | the Hugging Face directory a model was imported from                          |
 | `tokens_seen`   | training tokens (targets) processed so far, over all processes                |
-| `lora`          | a LoRA checkpoint (`model` holds only adapters): rank, alpha, dropout, targets, |
-|                 | `base`, `base_relative`, `base_sha256`, trainable (gpt/lora.py)               |
+| `lora`          | LoRA: `model` holds only adapters; their settings and base (gpt/lora.py)      |
 
 Only the required fields are checked on load; any other one a checkpoint lacks (a file made by hand,
 or by another tool) is a one-line CheckpointError naming the file when something asks for it

@@ -72,12 +72,14 @@ def report(model: torch.nn.Module, cfg, rt, accum: int) -> list[str]:
     """The preflight lines: parameters (trained and frozen), tokens per step, estimated memory."""
     total = sum(t.numel() for t in _unique_tensors(model) if isinstance(t, torch.nn.Parameter))
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    tokens = cfg.batch_size * accum * rt.world_size * cfg.block_size
+    micro = cfg.max_tokens or cfg.batch_size * cfg.block_size if model.config.n_encoder_layer else None
+    tokens = (micro or cfg.batch_size * cfg.block_size) * accum * rt.world_size
+    shape = f"<= {micro:,} tokens of pairs" if micro else f"{cfg.batch_size} x {cfg.block_size}"
     mem = memory_estimate(model, cfg.batch_size, cfg.block_size, autocast=rt.dtype != torch.float32)
     frozen = f", {total - trained:,} frozen" if trained < total else ""
     return [
         f"preflight: {total:,} parameters, {trained:,} trained ({trained / max(total, 1):.2%}){frozen}",
-        f"preflight: {tokens:,} tokens per step ({cfg.batch_size} x {cfg.block_size} x {accum} micro-batches"
+        f"preflight: {'up to ' if micro else ''}{tokens:,} tokens per step ({shape} x {accum} micro-batches"
         f"{f' x {rt.world_size} processes' if rt.world_size > 1 else ''}); {cfg.max_iters:,} steps = "
         f"{tokens * cfg.max_iters:,} tokens",
         "preflight: estimated memory per process " + " + ".join(f"{k} {gib(v)}" for k, v in mem.items())

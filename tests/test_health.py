@@ -109,6 +109,19 @@ def test_memory_estimate_counts_what_trains():
     assert adapted["weights"] == 4 * (n + trained)
 
 
+def test_preflight_counts_a_seq2seq_step_in_tokens_of_pairs():
+    rt = SimpleNamespace(world_size=2, dtype=torch.float32)
+    cfg = SimpleNamespace(batch_size=4, block_size=16, max_tokens=48, max_iters=10)
+    lm = preflight.report(GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16)), cfg, rt, 3)
+    assert lm[1] == "preflight: 384 tokens per step (4 x 16 x 3 micro-batches x 2 processes); 10 steps = 3,840 tokens"
+    seq2seq = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, n_encoder_layer=1))
+    lines = preflight.report(seq2seq, cfg, rt, 3)  # batches are --max-tokens of pairs, not batch x block
+    assert lines[1] == ("preflight: up to 288 tokens per step (<= 48 tokens of pairs x 3 micro-batches x 2 processes); "
+                        "10 steps = 2,880 tokens")
+    cfg.max_tokens = 0  # 0: batch_size * block_size tokens
+    assert preflight.report(seq2seq, cfg, rt, 1)[1].startswith("preflight: up to 128 tokens per step (<= 64 tokens")
+
+
 def test_find_batch_size_is_the_largest_that_fits():
     tried = []
 
