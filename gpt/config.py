@@ -213,8 +213,11 @@ class TrainConfig:
     def lora_problems(self) -> list[str]:
         if self.lora_rank < 0:
             return [f"--lora-rank: must be >= 0 (0 = full fine-tuning), got {self.lora_rank}"]
-        if not self.lora_rank:
-            return []
+        if not self.lora_rank:  # LoRA off: its settings would be silently ignored
+            given = [flag(f.name) for f in fields(self) if f.name in ("lora_alpha", "lora_dropout", "lora_targets")
+                     and getattr(self, f.name) != f.default]
+            return [f"{', '.join(given)}: LoRA is off (--lora-rank 0 is full fine-tuning); give --lora-rank R to "
+                    f"train adapters, or drop {'it' if len(given) == 1 else 'them'}"] if given else []
         out = []
         if not self.init_from and not self.resume:
             out.append("--lora-rank: LoRA adapts a pretrained model: give --init-from RUN_OR_CHECKPOINT")
