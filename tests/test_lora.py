@@ -206,3 +206,22 @@ def test_a_full_fine_tune_resumes_with_its_checkpoints_architecture(base, char_d
     run(*common, "--out-dir", tmp_path / "split", "--max-iters", "2")
     summary = run("--resume", tmp_path / "split", "--max-iters", "4")
     assert summary["val_loss"] == json.loads((tmp_path / "full" / "log.jsonl").read_text().splitlines()[-1])["val_loss"]
+
+
+def test_the_hf_export_of_a_lora_run_is_base_plus_adapters_in_transformers(base, char_data, tmp_path):  # noqa: F811
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("safetensors")
+    from gpt import hf
+
+    out = tmp_path / "lora"
+    run("--data", char_data, "--out-dir", out, "--init-from", base, "--lora-rank", "2", "--lora-targets",
+        "attn.c_proj,wte", *TRAIN, "--max-iters", "3", "--eval-interval", "3")
+    assert hf.main(["export", "--ckpt", str(out), "--out", str(tmp_path / "hf")]) == 0
+    theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    adapters, _ = lora.load_adapted(out)  # kept separate: the exported weights must compute the same
+    plain, _ = checkpoint.load_model(base)
+    x = torch.randint(0, 64, (2, 16))
+    with torch.no_grad():
+        expected = adapters(x)[0]
+        assert (expected - plain(x)[0]).abs().max() > 1e-3  # the trained adapters (wte's included) matter
+        torch.testing.assert_close(theirs(x).logits[..., :expected.shape[-1]], expected, rtol=1e-5, atol=1e-5)
