@@ -11,8 +11,10 @@
 2. throughput: training tokens/s for nanoGPT's CPU recipe model and batch (4x4x128, block 64,
    batch 12): our train step against a plain eager float32 loop in the same process, float32 (and
    bf16 where the CPU has native bf16); peak memory.
-3. finetune: a GPT-2-BPE model pretrained on WikiText-2, fine-tuned on tiny-shakespeare, against the
-   same model trained from scratch on tiny-shakespeare for the same number of steps.
+3. finetune: a GPT-2-BPE model pretrained on WikiText-2, then trained on tiny-shakespeare for the same
+   steps: full fine-tuning, LoRA (--lora-rank, the tied embedding included), LoRA on the blocks'
+   projections only, and from scratch. Val loss, trainable parameters, checkpoint size, step time and
+   peak memory (RSS of each training process) side by side.
 
 Every result records the machine (CPU model, AVX2 / AVX-512 / native bf16, threads, torch, load).
 """
@@ -24,6 +26,7 @@ import json
 import os
 import re
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,6 +36,8 @@ from pathlib import Path
 import harness  # noqa: E402 (bench/ is on sys.path when run as a script)
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from gpt.runtime import cpu_description  # noqa: E402
 SHARED = Path(os.environ.get("GPT_SHARED_DATA", ROOT.parent / "shared" / "data"))
 RESULTS = ROOT / "bench" / "results" / "train.json"
 NANOGPT_CPU = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
@@ -52,13 +57,15 @@ def sh(*cmd):
 
 
 def prepare(tmp: Path) -> dict[str, Path]:
+    """tiny-shakespeare in characters; a 4096-id BPE trained on WikiText-2 and tiny-shakespeare encoded with
+    that same vocabulary (--tokenizer-from), so a WikiText model can be fine-tuned on it."""
     out = {"char": tmp / "shakespeare_char", "shakespeare": tmp / "shakespeare", "wikitext": tmp / "wikitext"}
     sh("data/prepare.py", SHARED / "tinyshakespeare.txt", "--out", out["char"], "--tokenizer", "char",
        "--block-size", "64")
-    sh("data/prepare.py", SHARED / "tinyshakespeare.txt", "--out", out["shakespeare"], "--tokenizer", "gpt2",
-       "--block-size", "128")
     sh("data/prepare.py", SHARED / "wikitext2-valid.txt", SHARED / "wikitext2-test.txt", "--out", out["wikitext"],
-       "--tokenizer", "gpt2", "--block-size", "128")
+       "--tokenizer", "bpe", "--vocab-size", "4096", "--block-size", "64")
+    sh("data/prepare.py", SHARED / "tinyshakespeare.txt", "--out", out["shakespeare"], "--tokenizer-from",
+       out["wikitext"], "--block-size", "64")
     return out
 
 
@@ -169,32 +176,115 @@ def throughput(steps: int = 60) -> dict:
     return best
 
 
-def finetune(data: dict, tmp: Path, pretrain_steps: int = 400, steps: int = 200) -> dict:
-    """Pretrain on WikiText-2, then fine-tune on tiny-shakespeare vs train on it from scratch."""
-    model = ["--n-layer", "4", "--n-head", "4", "--n-embd", "128", "--block-size", "128", "--batch-size", "8",
-             "--dropout", "0.0", "--eval-iters", "40", "--eval-batch-size", "8", "--log-interval", "50",
-             "--dtype", "bfloat16"]
-    sh("train.py", "--data", data["wikitext"], "--out-dir", tmp / "wiki", *model, "--max-iters", pretrain_steps,
-       "--learning-rate", "2e-3", "--min-lr", "2e-4", "--warmup-iters", "30", "--eval-interval", pretrain_steps)
-    runs = {}
-    for name, extra in {"finetuned": ["--init-from", tmp / "wiki", "--learning-rate", "1e-3"],
-                        "scratch": ["--learning-rate", "2e-3"]}.items():
-        out = tmp / f"shakes_{name}"
-        sh("train.py", "--data", data["shakespeare"], "--out-dir", out, *model, *extra, "--max-iters", steps,
-           "--min-lr", "1e-4", "--warmup-iters", "20", "--eval-interval", steps // 4)
-        evals = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-        runs[name] = [(r["step"], round(r["val_loss"], 4)) for r in evals if r["kind"] == "eval"]
+MEASURED = ("import resource, runpy, sys\nsys.argv = ['train.py', *sys.argv[1:]]\ntry:\n"
+            "    runpy.run_path('train.py', run_name='__main__')\nfinally:\n"
+            "    print('peak_rss_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)")
+LORA = ["--lora-rank", "4", "--lora-alpha", "8", "--learning-rate", "1e-2", "--lora-targets",
+        "attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj,wte"]  # wte: token frequencies move (see the README)
+
+
+def finetune_run(out: Path, args: list) -> dict:
+    """Train in a process of its own; its log, checkpoint and peak memory."""
+    import torch
+
+    res = sh("-c", MEASURED, "--out-dir", out, *args)
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    steps = [r["ms_per_step"] for r in records if r["kind"] == "train" and r["step"] > 1]
+    total, trained = (int(n.replace(",", "")) for n in
+                      re.search(r"preflight: ([\d,]+) parameters, ([\d,]+) trained", res.stdout).groups())
+    weights = torch.load(out / "last.pt", weights_only=True, mmap=True)["model"]
     return {
-        "model": "GPT-2 BPE, 4x4x128, block 128, batch 8, bf16",
+        "val_loss_by_step": [(r["step"], round(r["val_loss"], 4)) for r in records if r["kind"] == "eval"],
+        "params": total, "trainable_params": trained,
+        "checkpoint_mb": round((out / "last.pt").stat().st_size / 1e6, 3),
+        "weights_mb": round(sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                                 for t in weights.values()}.values()) / 1e6, 3),
+        "ms_per_step": round(statistics.median(steps), 1),
+        "peak_rss_mb": round(int(re.search(r"peak_rss_kb (\d+)", res.stderr)[1]) / 1024),
+        "estimated_mb": re.search(r"estimated memory per process .* = (.+)", res.stdout)[1],
+    }
+
+
+def step_times(base: Path, data: Path, steps: int = 20, repeats: int = 3) -> dict:
+    """ms per training step (forward, backward, AdamW) of full fine-tuning and the LoRA variants on the same
+    model and batches, interleaved in one process, best of `repeats`, one thread: separate runs on a shared
+    CPU see different loads."""
+    import torch
+
+    from gpt import checkpoint, lora
+    from gpt.config import build_config
+    from gpt.data import Batches, open_dataset
+    from gpt.runtime import Runtime
+    from gpt.trainer import make_optimizer, train_step
+
+    torch.set_num_threads(1)
+    cfg = build_config(["--batch-size", "8", "--block-size", "64"])
+    batches = Batches(open_dataset(data).split("train"), 64, 8, seed=0)
+    rt = Runtime(torch.device("cpu"), torch.float32)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    targets = LORA[LORA.index("--lora-targets") + 1].split(",")
+    variants = {"full": None, "lora": targets, "lora_projections_only": targets[:4]}
+    built = {}
+    for name, adapt in variants.items():
+        model, _ = checkpoint.load_model(base)
+        if adapt:
+            lora.apply(model, lora.LoRAConfig(int(LORA[1]), float(LORA[3]), targets=adapt))
+        built[name] = (model.train(), make_optimizer(model, cfg, rt.device))
+    best = {name: float("inf") for name in variants}
+    for _ in range(repeats):
+        for name, (model, opt) in built.items():
+            t0 = time.perf_counter()
+            for step in range(steps):
+                train_step(model, opt, scaler, lambda s, m: batches.get(s), step, 1, rt, 1.0)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            best[name] = min(best[name], (time.perf_counter() - t0) / steps * 1e3)
+    return {name: round(ms, 1) for name, ms in best.items()}
+
+
+def finetune(data: dict, tmp: Path, pretrain_steps: int = 300, steps: int = 160) -> dict:
+    """Pretrain on WikiText-2, then on tiny-shakespeare: full fine-tuning vs LoRA vs from scratch."""
+    model = ["--n-layer", "4", "--n-head", "4", "--n-embd", "128", "--block-size", "64", "--batch-size", "8",
+             "--dropout", "0.0", "--eval-iters", "8", "--eval-batch-size", "16", "--log-interval", "10",
+             "--dtype", "auto", "--threads", "1"]
+    sh("train.py", "--data", data["wikitext"], "--out-dir", tmp / "wiki", *model, "--max-iters", pretrain_steps,
+       "--learning-rate", "3e-3", "--min-lr", "3e-4", "--warmup-iters", "20", "--eval-interval", pretrain_steps)
+    load = [os.getloadavg()[0]]
+    runs = {}
+    for name, extra in {"full": ["--init-from", tmp / "wiki", "--learning-rate", "1e-3"],
+                        "lora": ["--init-from", tmp / "wiki", *LORA],
+                        "lora_projections_only": ["--init-from", tmp / "wiki", *LORA[:-2]],
+                        "scratch": ["--learning-rate", "2e-3"]}.items():
+        runs[name] = finetune_run(tmp / f"shakes_{name}", ["--data", data["shakespeare"], *model, *extra,
+                                                           "--max-iters", steps, "--min-lr", "1e-4",
+                                                           "--warmup-iters", "10", "--eval-interval", steps // 2])
+        print(f"finetune {name}: {json.dumps(runs[name])}", flush=True)
+        load.append(os.getloadavg()[0])
+    interleaved = step_times(tmp / "wiki" / "best.pt", data["shakespeare"])
+    full, lora = runs["full"], runs["lora"]
+    val = {name: run["val_loss_by_step"][-1][1] for name, run in runs.items()}
+    return {
+        "model": "BPE 4096 (trained on WikiText-2), 4x4x128, block 64, batch 8, --dtype auto",
+        "cpu": f"{cpu_description()}, {os.cpu_count()} cores", "load_average_1min": load,
         "pretrain": f"{pretrain_steps} steps on WikiText-2 valid+test", "finetune_steps": steps,
-        "val_loss_by_step": runs,
-        "finetuned_minus_scratch": round(runs["finetuned"][-1][1] - runs["scratch"][-1][1], 4),
+        "lora_settings": " ".join(LORA), "runs": runs,
+        "finetuned_minus_scratch": round(val["full"] - val["scratch"], 4),
+        "lora_minus_full": round(val["lora"] - val["full"], 4),
+        "lora_trainable_fraction": round(lora["trainable_params"] / lora["params"], 4),
+        "lora_checkpoint_ratio": round(lora["checkpoint_mb"] / full["checkpoint_mb"], 4),
+        "lora_weights_ratio": round(lora["weights_mb"] / full["weights_mb"], 4),
+        "interleaved_ms_per_step": interleaved,
+        "lora_step_time_ratio": round(interleaved["lora"] / interleaved["full"], 3),
+        "goal_met": (val["lora"] - val["full"] <= 0.1 and lora["trainable_params"] < 0.05 * lora["params"]
+                     and lora["checkpoint_mb"] < 0.1 * full["checkpoint_mb"]),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=["speedrun", "throughput", "finetune"])
+    parser.add_argument("--pretrain-steps", type=int, default=300, help="finetune: WikiText-2 steps (default: 300)")
+    parser.add_argument("--finetune-steps", type=int, default=160, help="finetune: steps of each run (default: 160)")
     args = parser.parse_args()
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     results.pop("machine", None)  # each section records its own
@@ -202,7 +292,7 @@ def main() -> None:
         tmp = Path(tmp)
         data = prepare(tmp) if args.only != "throughput" else {}
         for name, fn in (("speedrun", lambda: speedrun(data, tmp)), ("throughput", throughput),
-                         ("finetune", lambda: finetune(data, tmp))):
+                         ("finetune", lambda: finetune(data, tmp, args.pretrain_steps, args.finetune_steps))):
             if args.only in (None, name):
                 t0 = time.time()
                 load_before = harness.machine()["load_avg"]

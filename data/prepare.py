@@ -4,6 +4,7 @@
     python data/prepare.py corpus/ --out data/mine --tokenizer bpe --vocab-size 8192
     python data/prepare.py input.txt --out data/mine_char --tokenizer char --block-size 256
     python data/prepare.py --pairs train.de train.en --val-pairs val.de val.en --out data/de-en --tokenizer bpe
+    python data/prepare.py new.txt --out data/new --tokenizer-from out/shakespeare-char --unknown replace
 
 Writes train.bin, val.bin and meta.json (plus tokenizer.tiktoken for bpe) into --out; see the README's
 "Prepare data" section, gpt/prepare.py for the policies and gpt/dataformat.py for the format. Never
@@ -21,9 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from gpt.cli import ArgumentParser, fail, run_main  # noqa: E402
 from gpt.pairs import DEFAULT_VAL_FRACTION, add_pairs_options, run_cli  # noqa: E402
 from gpt.prepare import TOKENIZERS, prepare  # noqa: E402
+from gpt.vocab import UNKNOWN_POLICIES  # noqa: E402
 
 DEFAULT_BLOCK_SIZE = 1024
-TEXT_ONLY = {"block_size": "--block-size", "strict_utf8": "--strict-utf8", "workers": "--workers"}
+TEXT_ONLY = {"block_size": "--block-size", "strict_utf8": "--strict-utf8", "workers": "--workers",
+             "tokenizer_from": "--tokenizer-from", "unknown": "--unknown", "replacement": "--replacement"}
 PAIRS_ONLY = {"val_pairs": "--val-pairs", "max_len": "--max-len", "truncate": "--truncate", "seed": "--seed"}
 
 
@@ -33,7 +36,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--pairs", nargs=2, metavar=("SRC", "TGT"),
                    help="instead of INPUTs: parallel files for a seq2seq pairs dataset (line i of SRC translates line i of TGT)")
     p.add_argument("--out", required=True, help="dataset directory to create, e.g. data/NAME")
-    p.add_argument("--tokenizer", choices=TOKENIZERS, default="gpt2", help="default: %(default)s")
+    p.add_argument("--tokenizer", choices=TOKENIZERS, default=None, help="a new tokenizer (default: gpt2)")
     p.add_argument("--vocab-size", type=int, default=None, help="bpe only: ids including end-of-text (default 8192)")
     p.add_argument("--val-fraction", type=float, default=None,
                    help=f"share of the corpus for val (default: 0.1; with --pairs and no --val-pairs: {DEFAULT_VAL_FRACTION})")
@@ -44,6 +47,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     text.add_argument("--block-size", type=int, default=None, help=f"each split must hold one window of this + 1 tokens (default: {DEFAULT_BLOCK_SIZE})")
     text.add_argument("--strict-utf8", action="store_true", help="stop at bytes that are not UTF-8 instead of replacing them by U+FFFD")
     text.add_argument("--workers", type=int, default=None, help="encoding threads (default: all cores)")
+    text.add_argument("--tokenizer-from", metavar="RUN_OR_DATASET", default=None,
+                      help="encode with the tokenizer of this run, checkpoint, dataset or HF GPT-2 dir, so its models "
+                      "can be fine-tuned on the text (instead of --tokenizer)")
+    text.add_argument("--unknown", choices=UNKNOWN_POLICIES, default=None,
+                      help="with --tokenizer-from a char vocabulary: characters it lacks are refused (counted, one "
+                      "error) or replaced (default: refuse)")
+    text.add_argument("--replacement", default=None,
+                      help="--unknown replace: the character they become (default: '?', else a space)")
     add_pairs_options(p.add_argument_group("pairs datasets (--pairs SRC TGT)"))
     return p.parse_args(argv)
 
@@ -68,13 +79,15 @@ def main(argv=None) -> int:
     if problem:
         return fail(problem)
     if args.pairs:
+        args.tokenizer = args.tokenizer or "gpt2"
         return run_cli(args)
     return run_main(
         lambda: prepare(
             args.inputs, args.out, args.tokenizer, vocab_size=args.vocab_size,
             val_fraction=0.1 if args.val_fraction is None else args.val_fraction,
             block_size=DEFAULT_BLOCK_SIZE if args.block_size is None else args.block_size,
-            tokenizer_file=args.tokenizer_file, strict_utf8=args.strict_utf8,
+            tokenizer_file=args.tokenizer_file, tokenizer_from=args.tokenizer_from,
+            unknown=args.unknown or "refuse", replacement=args.replacement, strict_utf8=args.strict_utf8,
             workers=args.workers, force=args.force, progress=False if args.quiet else None,
         ).line(),
         interrupted=f"{args.out} was left as it was",

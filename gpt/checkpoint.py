@@ -34,6 +34,8 @@ reader, `check_meta` (every load goes through it):
 | `dataset`       | the `--data` directory                                                        |
 | `seq2seq`       | `{"bos", "eos", "pad"}` ids of an encoder-decoder model's pairs dataset       |
 | `hf_dir`        | the Hugging Face directory a model was imported from                          |
+| `tokens_seen`   | training tokens (targets) processed so far, over all processes                |
+| `lora`          | LoRA: `model` holds only adapters; their settings and base (gpt/lora.py)      |
 
 Only the required fields are checked on load; any other one a checkpoint lacks (a file made by hand,
 or by another tool) is a one-line CheckpointError naming the file when something asks for it
@@ -74,7 +76,7 @@ FORMAT_VERSION = 1
 LATEST = ("last.pt",)  # resuming continues the latest state, never the best one
 REQUIRED = ("format", "model_config", "tokenizer")
 OPTIONAL = ("train_config", "val_loss", "best_val_loss", "skipped_steps", "world_size", "sampler", "dataset",
-            "seq2seq", "hf_dir")
+            "seq2seq", "hf_dir", "tokens_seen", "lora")
 TRAINING_ONLY = ("train_config", "optimizer", "rng", "step", "sampler")  # what --resume needs, train.py writes
 BEST_FIRST = ("best.pt", "last.pt")
 TEMP_FILE = re.compile(r"\..+\.tmp-(\d+)")
@@ -249,11 +251,15 @@ def _read_hf(path: str | os.PathLike) -> tuple[Fields, dict, Path]:
 
 def load_model(path: str | os.PathLike, device="cpu"):
     """(model, meta), model in eval mode, from a run directory, checkpoint file or Hugging Face GPT-2
-    directory (gpt/hf.py)."""
+    directory (gpt/hf.py); a LoRA checkpoint gives its base with the adapters merged in."""
     if hf.is_hf_dir(path):
         meta, state, source = _read_hf(path)
     else:
         ckpt = read(path, map_location=device)
+        if "lora" in ckpt["meta"]:  # adapters only: loaded onto the base they name, merged (gpt/lora.py)
+            from gpt import lora
+
+            return lora.from_checkpoint(ckpt, device)
         meta, state, source = ckpt["meta"], ckpt["model"], ckpt.source
     return build_model(meta, state, source).to(device).eval(), meta
 

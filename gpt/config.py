@@ -33,6 +33,9 @@ class ConfigError(UserError, ValueError):
 
 
 POS_ENCODINGS = ("learned", "sinusoidal")
+LORA_TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "wte")  # what LoRA can adapt
+LORA_DEFAULT_TARGETS = LORA_TARGETS[:4]  # each block's four projections (wte: the tied embedding and head)
+AUTO = {"batch_size": 0}  # fields that take `auto`, and the number that stands for it
 
 
 def opt(default, help: str):
@@ -120,7 +123,10 @@ class TrainConfig:
     norm: str = opt("pre", "residual norm placement: pre | post")
     label_smoothing: float = opt(0.0, "label smoothing of the cross-entropy")
     # batch
-    batch_size: int = opt(12, "sequences per micro-batch (per process)")
+    batch_size: int = opt(12, "sequences per micro-batch (per process); auto (CUDA only): the largest that fits, "
+                              "with --grad-accum set to keep the global batch")
+    global_batch: int = opt(0, "--batch-size auto: sequences per optimizer step to keep (0 = the batch size auto "
+                               "replaced x --grad-accum)")
     grad_accum: int = opt(1, "micro-batches per optimizer step, over all processes (global batch = batch_size * grad_accum)")
     max_tokens: int = opt(0, "seq2seq: tokens per micro-batch, pairs grouped by length (0 = batch_size * block_size)")
     sampling: str = opt("random", "training windows: random (with replacement) | epoch (each window once per epoch)")
@@ -148,6 +154,14 @@ class TrainConfig:
     wandb_project: str = opt("", "log to Weights & Biases under this project (off when empty)")
     wandb_run_name: str = opt("", "W&B run name (default: the out_dir name)")
     wandb_mode: str = opt("", "W&B mode: online | offline (default: wandb's own)")
+    plot: bool = opt(True, "draw OUT_DIR/run.png (loss curves, LR, gradient norm) at each evaluation, in the background")
+    tensorboard: bool = opt(False, "also write TensorBoard event files into OUT_DIR/tensorboard")
+    # LoRA (gpt/lora.py): frozen base weights, trained low-rank adapters
+    lora_rank: int = opt(0, "LoRA adapter rank (0 = off: full fine-tuning); needs --init-from")
+    lora_alpha: float = opt(16.0, "LoRA scaling: the adapters' update is multiplied by alpha / rank")
+    lora_dropout: float = opt(0.0, "dropout on the adapters' input")
+    lora_targets: str = opt(",".join(LORA_DEFAULT_TARGETS), "comma-separated layers to adapt: each block's projections, "
+                                                          "and wte, the token embedding tied to the output head")
     # system
     seed: int = opt(1337, "seed for initialisation, dropout and data order")
     device: str = opt("auto", "auto | cpu | cuda | cuda:N | mps")
@@ -174,11 +188,13 @@ class TrainConfig:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 out.append(f"{flag(name)}: {getattr(self, name)!r} is not one of {', '.join(map(repr, allowed))}")
-        for name in ("batch_size", "grad_accum", "max_iters", "eval_interval", "log_interval"):
+        for name in ("grad_accum", "max_iters", "eval_interval", "log_interval"):
             if getattr(self, name) < 1:
                 out.append(f"{flag(name)}: must be >= 1, got {getattr(self, name)}")
+        if self.batch_size < 0 or (self.batch_size == 0 and not self.global_batch):  # 0 + a global batch = auto
+            out.append(f"--batch-size: must be >= 1 or auto, got {self.batch_size}")
         for name in ("warmup_iters", "lr_decay_iters", "eval_iters", "eval_batch_size", "threads", "max_tokens",
-                     "max_minutes", "seed"):
+                     "max_minutes", "seed", "global_batch"):
             if getattr(self, name) < 0:
                 out.append(f"{flag(name)}: must be >= 0, got {getattr(self, name)}")
         if self.learning_rate <= 0:
@@ -189,10 +205,38 @@ class TrainConfig:
             out.append(f"--decay-fraction: must be in (0, 1], got {self.decay_fraction}")
         if self.resume and self.init_from:
             out.append("--resume and --init-from: give one or the other (resume continues a run, init_from starts a new one)")
+        out += self.lora_problems()
         model = GPTConfig.__new__(GPTConfig)  # validated without raising: its problems join ours
         model.__dict__.update(vocab_size=64, **self.model_kwargs())
         out += [f"{flag(name)}: {why}" for name, why in model.problems()]
         return out
+
+    def lora_problems(self) -> list[str]:
+        if self.lora_rank < 0:
+            return [f"--lora-rank: must be >= 0 (0 = full fine-tuning), got {self.lora_rank}"]
+        if not self.lora_rank:  # LoRA off: its settings would be silently ignored
+            given = [flag(f.name) for f in fields(self) if f.name in ("lora_alpha", "lora_dropout", "lora_targets")
+                     and getattr(self, f.name) != f.default]
+            return [f"{', '.join(given)}: LoRA is off (--lora-rank 0 is full fine-tuning); give --lora-rank R to "
+                    f"train adapters, or drop {'it' if len(given) == 1 else 'them'}"] if given else []
+        out = []
+        if not self.init_from and not self.resume:
+            out.append("--lora-rank: LoRA adapts a pretrained model: give --init-from RUN_OR_CHECKPOINT")
+        if self.n_encoder_layer:
+            out.append("--lora-rank: LoRA adapts decoder-only models here, not seq2seq (--n-encoder-layer)")
+        if self.lora_alpha <= 0:
+            out.append(f"--lora-alpha: must be > 0, got {self.lora_alpha}")
+        if not 0 <= self.lora_dropout < 1:
+            out.append(f"--lora-dropout: must be in [0, 1), got {self.lora_dropout}")
+        targets = self.lora_target_list()
+        unknown = [t for t in targets if t not in LORA_TARGETS]
+        if unknown or not targets:
+            out.append(f"--lora-targets: {', '.join(map(repr, unknown)) or 'none given'} "
+                       f"{'is' if len(unknown) == 1 else 'are'} not among {', '.join(LORA_TARGETS)}")
+        return out
+
+    def lora_target_list(self) -> list[str]:
+        return [t.strip() for t in self.lora_targets.split(",") if t.strip()]
 
     def model_kwargs(self) -> dict:
         names = {f.name for f in fields(GPTConfig)} - {"vocab_size"}
@@ -330,15 +374,31 @@ def build_config(argv: list[str] | None = None, base: dict | None = None) -> Tra
             else:
                 merged[key] = (value, f"{key} in {config_name}")
     merged.update({key: (value, flag(key)) for key, value in cli.items()})
+    auto = {key: merged.pop(key) for key in AUTO if str(merged.get(key, ("",))[0]).lower() == "auto"}
     typed = {}
     for key, (value, name) in merged.items():
         try:
             typed[key] = _coerce(name, types[key], value)
         except ValueError as e:
             problems.append(str(e))
+    if "batch_size" in auto and not problems:  # keep the global batch of the batch size auto replaced
+        replaced = base_value(base, config_name, "batch_size")
+        typed.setdefault("global_batch", replaced * typed.get("grad_accum", TrainConfig.grad_accum))
+    typed.update({key: AUTO[key] for key in auto})
     if problems:
         raise ConfigError("\n".join(problems))
     return TrainConfig(**typed)
+
+
+def base_value(base: dict | None, config_name: str | None, key: str):
+    """What `key` is before the command line: the config file's value, else `base`'s, else the default."""
+    if config_name:
+        data = load_toml(find_config(config_name))
+        if key in data and str(data[key]).lower() != "auto":
+            return _coerce(key, _field_types()[key], data[key])
+    if base and key in base:
+        return base[key]
+    return next(f.default for f in fields(TrainConfig) if f.name == key)
 
 
 def config_from_argv(argv: list[str]) -> tuple[TrainConfig, set[str]]:
@@ -349,7 +409,10 @@ def config_from_argv(argv: list[str]) -> tuple[TrainConfig, set[str]]:
     if cli.get("resume"):
         from gpt import checkpoint  # the run's own config is the base a resume starts from
 
-        base = dict(checkpoint.read_meta(cli["resume"], names=checkpoint.LATEST)["train_config"])
+        saved = checkpoint.read_meta(cli["resume"], names=checkpoint.LATEST)
+        base = dict(saved["train_config"])
+        # the architecture the run has (an --init-from run's came from its checkpoint, not from these flags)
+        base.update({k: v for k, v in saved["model_config"].items() if k in base})
         for key in ("resume", "init_from", "force"):
             base.pop(key, None)
         base["out_dir"] = str(checkpoint.resolve(cli["resume"], names=checkpoint.LATEST).parent)  # where it is now

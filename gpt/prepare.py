@@ -32,7 +32,7 @@ import os
 import shutil
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +43,8 @@ import numpy as np
 from gpt.corpus import CorpusError, ReadStats, Segment, find_documents, plan_split, read_chunks
 from gpt.dataformat import SPLITS, TOKENIZERS, DataError, dtype_for_vocab, new_meta, staged, store_ranks, write_meta
 from gpt.progress import Progress
-from gpt.tokenizer import CharTokenizer, TiktokenTokenizer, TokenizerError, gpt2_tokenizer
+from gpt.tokenizer import CharTokenizer, TiktokenTokenizer, TokenizerError, get_tokenizer, gpt2_tokenizer
+from gpt import vocab
 
 DEFAULT_BPE_VOCAB = 8192
 TOKENIZER_FILE_FLAG = "--tokenizer-file"  # data/prepare.py's flag for GPT-2's ranks, named in hints
@@ -58,6 +59,7 @@ class PrepareSummary:
     replaced_bytes: int
     seconds: float
     meta: dict
+    unknown: Counter | None = None  # characters the reused vocabulary lacks, replaced
 
     def line(self) -> str:
         total = sum(self.tokens.values())
@@ -70,6 +72,9 @@ class PrepareSummary:
         )
         if self.replaced_bytes:
             text += f"; {self.replaced_bytes:,} bytes that were not UTF-8 replaced by U+FFFD"
+        if self.unknown:
+            replaced_by = self.meta["corpus"]["unknown_chars"]["replaced_by"]
+            text += f"; {vocab.describe(self.unknown)} not in the vocabulary, written as {replaced_by!r}"
         return text
 
 
@@ -80,12 +85,15 @@ def _stderr(message: str) -> None:
 def prepare(
     inputs: list[str | os.PathLike],
     out: str | os.PathLike,
-    tokenizer: str = "gpt2",
+    tokenizer: str | None = None,
     *,
     vocab_size: int | None = None,
     val_fraction: float = 0.1,
     block_size: int = 1024,
     tokenizer_file: str | None = None,
+    tokenizer_from: str | os.PathLike | None = None,
+    unknown: str = "refuse",
+    replacement: str | None = None,
     force: bool = False,
     strict_utf8: bool = False,
     workers: int | None = None,
@@ -93,14 +101,19 @@ def prepare(
     progress: bool | None = None,
     log: Callable[[str], None] = _stderr,
 ) -> PrepareSummary:
-    """Tokenize the text files and directories in `inputs` into the dataset directory `out`.
+    """Tokenize the text files and directories in `inputs` into the dataset directory `out`, with a new
+    tokenizer of kind `tokenizer` (default gpt2), or the one of `tokenizer_from` (a run, checkpoint or dataset: see
+    gpt/vocab.py for it and the `unknown` / `replacement` policy).
 
     Raises DataError for every user mistake and a StorageError for an `out` that cannot be written or
     a full disk (the CLI prints either as one line); nothing is left behind.
     """
     t0 = time.perf_counter()
     out = Path(out)
-    check_tokenizer_options(tokenizer, vocab_size, tokenizer_file)
+    spec = _reused_spec(tokenizer_from, tokenizer, vocab_size, tokenizer_file)
+    if spec is None:
+        tokenizer = tokenizer or "gpt2"
+        check_tokenizer_options(tokenizer, vocab_size, tokenizer_file)
     if block_size < 1:
         raise DataError(f"--block-size must be >= 1, got {block_size}")
     if workers is not None and workers < 1:
@@ -117,12 +130,19 @@ def prepare(
             segments, split_by = plan_split(docs, val_fraction)
         except CorpusError as e:
             raise DataError(str(e)) from None
-        tok = _build_tokenizer(tokenizer, segments, vocab_size, tokenizer_file, strict_utf8, chunk_bytes, progress)
+        missing, replace_with = None, None
+        if spec is None:
+            tok = _build_tokenizer(tokenizer, segments, vocab_size, tokenizer_file, strict_utf8, chunk_bytes, progress)
+        else:
+            tok = _reused_tokenizer(spec, tokenizer_file)
+            if isinstance(tok, CharTokenizer):
+                missing = vocab.unknown_chars(_char_counts(segments, chunk_bytes, strict_utf8, progress), tok.chars)
+                replace_with = vocab.unknown_policy(missing, tok.chars, unknown, replacement, tokenizer_from)
         dtype = dtype_for_vocab(tok.vocab_size)
         stats = ReadStats()
         writers = {s: _SplitWriter(tmp / f"{s}.bin", dtype, tok.vocab_size) for s in SPLITS}
         try:
-            _encode(segments, tok, writers, stats, workers, chunk_bytes, strict_utf8, progress)
+            _encode(segments, tok, writers, stats, workers, chunk_bytes, strict_utf8, progress, replace_with)
         finally:
             for w in writers.values():
                 w.close()
@@ -144,11 +164,15 @@ def prepare(
             "val_fraction": val_fraction,
             "split_by": split_by,
         }
+        if spec is not None:
+            corpus["tokenizer_from"] = str(tokenizer_from)
+            corpus["unknown_chars"] = {"count": sum(missing.values()) if missing else 0, "replaced_by": replace_with,
+                                       "most_common": (missing or Counter()).most_common(20)}
         meta = _meta(tok, store_ranks(tmp, tok.spec), writers, len(docs), corpus)
         write_meta(tmp, meta)
     return PrepareSummary(
         out, len(docs), {s: w.tokens for s, w in writers.items()}, corpus["bytes"], stats.replaced_bytes,
-        time.perf_counter() - t0, meta,
+        time.perf_counter() - t0, meta, missing,
     )
 
 
@@ -186,6 +210,41 @@ def _texts(segments: list[Segment], chunk_bytes: int, strict: bool, bar: Progres
                 bar.update(nbytes)
 
 
+def _reused_spec(source, kind: str | None, vocab_size, tokenizer_file) -> dict | None:
+    """The spec of `--tokenizer-from` (None without it), checked against the options that go with it."""
+    if source is None:
+        return None
+    if kind is not None or vocab_size is not None:
+        given = "--tokenizer" if kind is not None else "--vocab-size"
+        raise DataError(f"{given} and --tokenizer-from: the tokenizer comes from {source}; give one or the other")
+    spec = vocab.source_spec(source)
+    if tokenizer_file is not None and spec.get("kind") != "gpt2":
+        raise DataError(f"--tokenizer-file is GPT-2's ranks file; {source} has a {spec.get('kind')!r} tokenizer")
+    return spec
+
+
+def _reused_tokenizer(spec: dict, tokenizer_file: str | None):
+    try:
+        if spec.get("kind") == "gpt2":
+            return gpt2_tokenizer(tokenizer_file, file_flag=TOKENIZER_FILE_FLAG)
+        return get_tokenizer(spec)
+    except (TokenizerError, KeyError) as e:
+        raise DataError(f"--tokenizer-from: cannot build its tokenizer ({e})") from None
+
+
+def _char_counts(segments, chunk_bytes: int, strict: bool, progress) -> Counter:
+    """How often each character occurs in the corpus."""
+    bar = Progress("scan chars", sum(s.size for s in segments), enabled=progress)
+    counts = Counter()
+    try:
+        for text in _texts(segments, chunk_bytes, strict, bar):
+            counts.update(text)
+    except CorpusError as e:
+        raise DataError(str(e)) from None
+    bar.close()
+    return counts
+
+
 def _build_tokenizer(kind, segments, vocab_size, tokenizer_file, strict, chunk_bytes, progress):
     try:
         if kind == "gpt2":
@@ -194,12 +253,7 @@ def _build_tokenizer(kind, segments, vocab_size, tokenizer_file, strict, chunk_b
             except TokenizerError as e:
                 raise DataError(str(e)) from None
         if kind == "char":
-            bar = Progress("scan chars", sum(s.size for s in segments), enabled=progress)
-            chars = set()
-            for text in _texts(segments, chunk_bytes, strict, bar):
-                chars.update(text)
-            bar.close()
-            return CharTokenizer("".join(sorted(chars)))
+            return CharTokenizer("".join(sorted(_char_counts(segments, chunk_bytes, strict, progress))))
         from gpt.bpe import train_bpe
 
         train = [s for s in segments if s.split == "train"]
@@ -214,8 +268,9 @@ def _build_tokenizer(kind, segments, vocab_size, tokenizer_file, strict, chunk_b
         raise DataError(str(e)) from None
 
 
-def _encoder(tok) -> Callable[[str], np.ndarray]:
-    """text -> ids as a numpy array, fast paths first (both release the GIL for most of the work)."""
+def _encoder(tok, replace_with: str | None = None) -> Callable[[str], np.ndarray]:
+    """text -> ids as a numpy array, fast paths first (both release the GIL for most of the work); a char
+    vocabulary's unknown characters become `replace_with`'s id (else they are an error)."""
     if isinstance(tok, TiktokenTokenizer):
         return lambda text: tok.enc.encode_to_numpy(text, disallowed_special=())
     if isinstance(tok, CharTokenizer):
@@ -224,7 +279,10 @@ def _encoder(tok) -> Callable[[str], np.ndarray]:
         def encode_chars(text: str) -> np.ndarray:
             cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
             ids = np.searchsorted(codepoints, cps).astype(np.uint32)
-            if len(cps) and not np.array_equal(codepoints[np.minimum(ids, len(codepoints) - 1)], cps):
+            unknown = codepoints[np.minimum(ids, len(codepoints) - 1)] != cps
+            if replace_with is not None:
+                ids[unknown] = tok.stoi[replace_with]
+            elif unknown.any():
                 raise DataError("a file changed while it was being prepared (a character is new): run it again")
             return ids
 
@@ -260,9 +318,9 @@ class _SplitWriter:
         self.f.close()
 
 
-def _encode(segments, tok, writers, stats, workers, chunk_bytes, strict, progress) -> None:
+def _encode(segments, tok, writers, stats, workers, chunk_bytes, strict, progress, replace_with=None) -> None:
     """Encode the segments in order on `workers` threads, keeping a bounded number of chunks in flight."""
-    encode = _encoder(tok)
+    encode = _encoder(tok, replace_with)
     eot = np.array([tok.eot_token], dtype=np.int64)
     bar = Progress("encode", sum(s.size for s in segments), enabled=progress)
     in_flight: deque = deque()

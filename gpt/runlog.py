@@ -1,7 +1,9 @@
-"""Where training progress goes: the console, `log.jsonl` in the run directory, and W&B if asked.
+"""Where training progress goes: the console, `log.jsonl` in the run directory, and W&B and / or
+TensorBoard (OUT_DIR/tensorboard, `--tensorboard`) if asked.
 
-One logger object; the loop never asks "is wandb on?" (`NullTracker` stands in when it is not).
-A W&B failure (not installed, no network, bad key) prints one warning and training goes on.
+One logger object; the loop never asks "is wandb on?" (`NullTracker` stands in when no tracker is,
+`Trackers` when several are). A tracker's failure (not installed, no network, bad key) prints one
+warning and training goes on without it.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class NullTracker:
 
 
 class WandbTracker:
+    name = "Weights & Biases"
+
     def __init__(self, project: str, name: str, config: dict, mode: str, out_dir: str):
         import wandb  # lazily: only when asked for
 
@@ -62,6 +66,45 @@ class WandbTracker:
         self.run.finish()
 
 
+class TensorBoardTracker:
+    name = "TensorBoard"
+
+    def __init__(self, out_dir: str):
+        from torch.utils.tensorboard import SummaryWriter  # lazily: needs the `tensorboard` package
+
+        self.writer = SummaryWriter(log_dir=str(Path(out_dir) / "tensorboard"))
+
+    def log(self, data: dict, step: int) -> None:
+        for key, value in data.items():
+            self.writer.add_scalar(key, value, step)
+
+    def finish(self) -> None:
+        self.writer.close()
+
+
+class Trackers:
+    """Several trackers as one; one that fails is dropped with a warning."""
+
+    def __init__(self, trackers: list):
+        self.trackers = trackers
+
+    def log(self, data: dict, step: int) -> None:
+        for tracker in list(self.trackers):
+            try:
+                tracker.log(data, step)
+            except Exception as e:
+                print(f"warning: {tracker.name} logging failed, disabled ({type(e).__name__}: {e})",
+                      file=sys.stderr)
+                self.trackers.remove(tracker)
+
+    def finish(self) -> None:
+        for tracker in self.trackers:
+            try:
+                tracker.finish()
+            except Exception:
+                pass
+
+
 class RunLogger:
     """Console lines, JSONL records and the tracker, for the master process only."""
 
@@ -72,14 +115,21 @@ class RunLogger:
         self.file = open(self.path, "a", buffering=1) if enabled else None
 
     @classmethod
-    def create(cls, out_dir: str, enabled: bool, wandb_project: str, wandb_name: str, wandb_mode: str, config: dict):
-        tracker = NullTracker()
+    def create(cls, out_dir: str, enabled: bool, wandb_project: str, wandb_name: str, wandb_mode: str, config: dict,
+               tensorboard: bool = False):
+        trackers = []
         if enabled and wandb_project:
             try:
-                tracker = WandbTracker(wandb_project, wandb_name or Path(out_dir).name, config, wandb_mode, out_dir)
+                trackers.append(WandbTracker(wandb_project, wandb_name or Path(out_dir).name, config, wandb_mode, out_dir))
             except Exception as e:  # never let logging stop training
                 print(f"warning: Weights & Biases disabled ({type(e).__name__}: {str(e)[:200]})", file=sys.stderr)
-        return cls(out_dir, enabled, tracker)
+        if enabled and tensorboard:
+            try:
+                trackers.append(TensorBoardTracker(out_dir))
+            except Exception as e:
+                print(f"warning: TensorBoard disabled ({type(e).__name__}: {str(e)[:200]}; pip install -e "
+                      f"\".[tensorboard]\")", file=sys.stderr)
+        return cls(out_dir, enabled, Trackers(trackers) if trackers else None)
 
     def print(self, line: str) -> None:
         if self.enabled:
@@ -89,11 +139,7 @@ class RunLogger:
         if not self.enabled:
             return
         self.file.write(json.dumps({"kind": kind, "step": step, "time": round(time.time(), 3), **values}) + "\n")
-        try:
-            self.tracker.log({f"{kind}/{k}": v for k, v in values.items() if isinstance(v, (int, float))}, step)
-        except Exception as e:
-            print(f"warning: Weights & Biases logging failed, disabled ({type(e).__name__}: {e})", file=sys.stderr)
-            self.tracker = NullTracker()
+        self.tracker.log({f"{kind}/{k}": v for k, v in values.items() if isinstance(v, (int, float))}, step)
 
     def close(self) -> None:
         if self.file:

@@ -30,9 +30,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from gpt import checkpoint
+from gpt import checkpoint, lora, plot, preflight
 from gpt.config import ConfigError, GPTConfig, TrainConfig, flag
 from gpt.errors import UserError
+from gpt.health import HealthMonitor
 from gpt.model import GPT
 from gpt.progress import Progress, format_duration
 from gpt.rundir import RunDir
@@ -158,18 +159,20 @@ def padded_vocab(task) -> int:
     return math.ceil(task.vocab_size / 64) * 64  # a multiple of 64: faster matmuls
 
 
-def build_model(cfg: TrainConfig, task, explicit: set[str], log) -> tuple[GPT, dict]:
-    """A fresh model, or one initialised from `init_from`; returns (model, the model config used)."""
-    if not cfg.init_from:
+def build_model(cfg: TrainConfig, task, explicit: set[str], log, init_from: str = "") -> tuple[GPT, dict]:
+    """A fresh model, or one initialised from `init_from` (default: cfg.init_from); returns (model, the
+    model config used)."""
+    init_from = init_from or cfg.init_from
+    if not init_from:
         mcfg = GPTConfig(vocab_size=padded_vocab(task), **cfg.model_kwargs())
         return GPT(mcfg), mcfg.to_dict()
-    model, meta = checkpoint.load_model(cfg.init_from)
-    check_tokenizer(cfg.init_from, meta["tokenizer"], task, cfg.data)
+    model, meta = checkpoint.load_model(init_from)
+    check_tokenizer(init_from, meta["tokenizer"], task, cfg.data)
     mdict = dict(meta["model_config"], dropout=cfg.dropout)  # architecture from the checkpoint
     ignored = [f"{flag(k)} {getattr(cfg, k)}" for k in ARCHITECTURE
                if k in explicit and k != "block_size" and k in mdict and getattr(cfg, k, None) != mdict[k]]
     if ignored:
-        log(f"init_from: the architecture comes from {cfg.init_from}; ignoring {', '.join(ignored)}")
+        log(f"init_from: the architecture comes from {init_from}; ignoring {', '.join(ignored)}")
     state = model.state_dict()
     model = GPT(GPTConfig.from_dict(mdict))
     model.load_state_dict(state)
@@ -300,7 +303,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
             task.check_model(cfg)
         with run_dir.claim(resume=bool(cfg.resume), force=cfg.force):
             log = RunLogger.create(cfg.out_dir, rt.master, cfg.wandb_project, cfg.wandb_run_name, cfg.wandb_mode,
-                                   cfg.to_dict())
+                                   cfg.to_dict(), tensorboard=cfg.tensorboard)
             try:
                 return Run(cfg, explicit, rt, task, run_dir, log, t_start).loop()
             finally:
@@ -319,12 +322,19 @@ class Run:
         self.out_dir = Path(cfg.out_dir)
         torch.manual_seed(cfg.seed + rt.rank)
         log.print(f"building the model on {rt.describe()}")
-        model, self.model_config = build_model(cfg, task, explicit, log.print)
+        base = lora.run_base(cfg) if cfg.lora_rank else None  # the model LoRA adapts
+        model, self.model_config = build_model(cfg, task, {"block_size"} if cfg.resume and base else explicit,
+                                               log.print, init_from=str(base or ""))
+        self.lora_meta = lora.adapt_for_training(model, cfg, base, log.print) if base else None
         cfg.block_size = model.config.block_size
         self.model = model.to(rt.device)
         self.optimizer = make_optimizer(model, cfg, rt.device)
         self.scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.dtype == torch.float16)
-        self.step, self.best_val, self.skipped, self.saved_step = 0, float("inf"), 0, None
+        self.step, self.best_val, self.skipped, self.saved_step, self.tokens_seen = 0, float("inf"), 0, None, 0
+        self.health = HealthMonitor()
+        self.figure = plot.FigureWriter(self.out_dir, log.print, enabled=rt.master and cfg.plot)
+        if cfg.batch_size == 0:  # --batch-size auto (CUDA): sets batch_size and grad_accum
+            preflight.auto_batch_size(self.model, cfg, rt, log.print)
         if cfg.resume:
             self._resume()
         run_dir.write_config({"train": cfg.to_dict(), "model": self.model_config})
@@ -347,12 +357,14 @@ class Run:
         ckpt = checkpoint.read(cfg.resume, map_location=rt.device, names=checkpoint.LATEST)
         meta = ckpt["meta"]
         check_resume(meta, self.model_config, self.task, cfg)
-        self.model.load_state_dict(ckpt["model"])
+        lora.check_resume(meta, self.lora_meta, cfg.resume)
+        lora.load_weights(self.model, ckpt["model"], ckpt.source)  # all weights, or a LoRA run's adapters
         self.optimizer.load_state_dict(ckpt["optimizer"])
         if ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
         self.step = self.saved_step = meta["step"]
         self.best_val, self.skipped = meta.get("best_val_loss", float("inf")), meta.get("skipped_steps", 0)
+        self.tokens_seen = meta.get("tokens_seen", 0)
         if rt.world_size == meta.get("world_size", 1):  # the same processes: continue their RNG streams
             _set_rng_state(ckpt["rng"][rt.rank] if isinstance(ckpt["rng"], list) else ckpt["rng"], rt.device)
         self.log.print(f"resuming {cfg.resume} at step {self.step}")
@@ -380,9 +392,9 @@ class Run:
             model_config=self.model_config, tokenizer=self.task.tokenizer_spec, step=self.step,
             train_config=cfg.to_dict(), val_loss=val_loss, best_val_loss=self.best_val, skipped_steps=self.skipped,
             world_size=rt.world_size, sampler={"seed": cfg.seed, "mode": cfg.sampling, "next_step": self.step},
-            dataset=str(cfg.data), **self.task.checkpoint_meta,
+            dataset=str(cfg.data), tokens_seen=self.tokens_seen, lora=self.lora_meta, **self.task.checkpoint_meta,
         )
-        state = dict(model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
+        state = dict(model=lora.saved_weights(self.model), optimizer=self.optimizer.state_dict(),
                      scaler=self.scaler.state_dict() if self.scaler.is_enabled() else None, rng=rng)
         with stop.deferred():  # a second Ctrl-C waits for the write to finish
             checkpoint.save(self.out_dir / name, state, meta)
@@ -415,6 +427,7 @@ class Run:
         self.save("last.pt", val, stop)
         if improved and self.rt.master:
             checkpoint.link_or_copy(self.out_dir / "last.pt", self.out_dir / "best.pt")
+        self.figure.update()  # OUT_DIR/run.png, drawn in the background
         return losses
 
     def train_one_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
@@ -435,7 +448,8 @@ class Run:
                         f"or pass --skip-nonfinite to skip such steps")
                 self.skipped += 1
             else:
-                scaler.step(optimizer)  # the first step also allocates the optimizer's state
+                with self.health.measure_update(optimizer, enabled=self._is_log_step(self.step + 1)):
+                    scaler.step(optimizer)  # the first step also allocates the optimizer's state
                 scaler.update()
                 optimizer.zero_grad(set_to_none=True)
         self.step += 1
@@ -446,14 +460,19 @@ class Run:
         log.print(
             f"{self.model.num_params() / 1e6:.2f}M parameters | {rt.describe()} | {rt.world_size} process(es) | "
             f"global batch {self.task.describe_batch(cfg)} | steps {self.step} -> {cfg.max_iters}")
+        for line in preflight.report(self.model, cfg, rt, self.accum):
+            log.print(line)
         self.model.train()
         last_eval = {}
         t_step, recent = time.time(), collections.deque(maxlen=50)  # recent step times, for the ETA
         interval = {"steps": 0, "seconds": 0.0, "tokens": torch.zeros((), dtype=torch.long, device=rt.device)}
-        first = self.step + 1  # its log line comes at once: the first sign of life and of the speed
+        first = self.first_step = self.step + 1  # its log line comes at once: the first sign of life and speed
         with StopSignal() as stop:
             while self.step < cfg.max_iters:
                 loss, grad_norm, n_tokens, lr = self.train_one_step()
+                for warning in self.health.check(self.step, loss.item(), grad_norm.item()):
+                    log.print(f"warning: {warning}")
+                    log.record("health", self.step, warning=warning)
                 now = time.time()
                 recent.append(now - t_step)
                 interval["steps"] += 1
@@ -461,8 +480,11 @@ class Run:
                 interval["tokens"] += n_tokens
                 t_step = now
                 step_seconds = sorted(recent)[len(recent) // 2]  # median: robust to pauses
+                if self.step == first + preflight.PREFLIGHT_STEPS and self.step < cfg.max_iters:  # step 1 warms up
+                    measured = sorted(list(recent)[1:])[(len(recent) - 1) // 2]
+                    log.print(preflight.eta_line(measured, preflight.PREFLIGHT_STEPS, cfg.max_iters - self.step))
 
-                if self.step % cfg.log_interval == 0 or self.step in (cfg.max_iters, first):
+                if self._is_log_step(self.step):
                     tok_s = self._log_step(loss, grad_norm, lr, interval, step_seconds, now)
 
                 # 0 = go on, 1 = out of time (evaluate, save, stop), 2 = signalled (save, stop)
@@ -488,6 +510,9 @@ class Run:
                     break
         return self._finish(last_eval, interrupted=stop.signum is not None)
 
+    def _is_log_step(self, step: int) -> bool:
+        return step % self.cfg.log_interval == 0 or step in (self.cfg.max_iters, self.first_step)
+
     def _log_step(self, loss, grad_norm, lr, interval, step_seconds, now) -> float:
         cfg, rt = self.cfg, self.rt
         if rt.ddp:  # the global batch's mean loss and token count
@@ -495,6 +520,7 @@ class Run:
             torch.distributed.all_reduce(interval["tokens"])
         dt = interval["seconds"] / interval["steps"]
         tok_s = interval["tokens"].item() / interval["seconds"]
+        self.tokens_seen += interval["tokens"].item()
         mfu = self.flops_per_token * tok_s / (self.peak * rt.world_size) if self.peak else None  # per device
         mem = rt.peak_memory_gib()
         eta = step_seconds * (cfg.max_iters - self.step)
@@ -504,13 +530,16 @@ class Run:
         self.log.print(
             f"step {self.step:>6} | loss {loss.item():.4f} | lr {lr:.2e} | {tok_s / 1e3:,.1f}k tok/s | "
             f"{dt * 1e3:.0f} ms/step" + (f" | mfu {mfu:.1%}" if mfu is not None else "") +
-            (f" | mem {mem:.1f} GiB" if mem is not None else "") + f" | eta {format_duration(eta)}")
+            (f" | mem {mem:.1f} GiB" if mem is not None else "") + f" | eta {format_duration(eta)}"
+            + (f" | upd/w {self.health.update_ratio:.1e}" if self.health.update_ratio else ""))
         self.log.record("train", self.step, loss=loss.item(), lr=lr, grad_norm=grad_norm.item(), tokens_per_s=tok_s,
                         ms_per_step=dt * 1e3, mfu=mfu, peak_mem_gib=mem, skipped_steps=self.skipped,
-                        elapsed=now - self.t_start)
+                        elapsed=now - self.t_start, tokens=self.tokens_seen, update_ratio=self.health.update_ratio)
+        self.health.update_ratio = None
         return tok_s
 
     def _finish(self, last_eval: dict, interrupted: bool) -> dict:
+        self.figure.close()  # the final figure, with every evaluation
         elapsed = time.time() - self.t_start
         summary = dict(step=self.step, elapsed=elapsed, best_val_loss=self.best_val, skipped_steps=self.skipped,
                        peak_mem_gib=self.rt.peak_memory_gib(), interrupted=interrupted,
