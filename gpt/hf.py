@@ -18,7 +18,7 @@ Design notes
   never imports gpt.checkpoint, except the command line at the bottom, which loads `--ckpt` as
   sample.py does.
 - Only GPT-2's architecture maps: learned positions, pre-norm, no encoder, tied embeddings, GELU
-  (tanh), LayerNorm eps 1e-5. Anything else is an error naming the field, never a silent change.
+  (tanh 'gelu_new', or exact 'gelu'), LayerNorm eps 1e-5. Anything else is an error naming the field, never a silent change.
   A model without biases exports zero biases (GPT-2 always has them), which computes the same thing.
 - Tokenizer on import: the one named in `gpt_tokenizer.json` (written by `export_hf`), else GPT-2's
   BPE when the vocabulary is GPT-2's (vocab_size 50257, or a vocab.json of 50257 entries).
@@ -46,6 +46,7 @@ CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 TOKENIZER_SPEC_FILE = "gpt_tokenizer.json"
 GPT2_VOCAB = 50257
+HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}  # theirs -> ours
 SIZES = ("vocab_size", "n_embd", "n_layer", "n_head")  # and n_positions (or n_ctx)
 
 
@@ -115,8 +116,9 @@ def config_from_hf(hf: dict, source="config.json") -> dict:
     problems = []
     if get("model_type", "gpt2") != "gpt2":
         problems.append(f"model_type is {get('model_type')!r}, only 'gpt2' maps onto this model")
-    if get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
-        problems.append(f"activation_function {get('activation_function')!r} (only GELU with tanh, 'gelu_new')")
+    activation = HF_ACTIVATIONS.get(get("activation_function", "gelu_new"))
+    if activation is None:
+        problems.append(f"activation_function {get('activation_function')!r} (only GELU: 'gelu_new' or 'gelu')")
     if get("n_inner") is not None and (not isinstance(n_embd, int) or get("n_inner") != 4 * n_embd):
         problems.append(f"n_inner {get('n_inner')!r} (only 4 * n_embd)")
     if not isinstance(eps, (int, float)) or abs(eps - 1e-5) > 1e-12:
@@ -130,7 +132,7 @@ def config_from_hf(hf: dict, source="config.json") -> dict:
     if problems:
         raise HFError(f"{source}: unsupported GPT-2 config: " + "; ".join(problems))
     return dict(vocab_size=hf["vocab_size"], block_size=get("n_positions", get("n_ctx")), n_layer=hf["n_layer"],
-                n_head=hf["n_head"], n_embd=n_embd, dropout=0.0, bias=True)
+                n_head=hf["n_head"], n_embd=n_embd, dropout=0.0, bias=True, activation=activation)
 
 
 def _load_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -217,7 +219,7 @@ def config_to_hf(cfg, eot_token: int, dtype: torch.dtype = torch.float32) -> dic
         "n_layer": cfg.n_layer,
         "n_head": cfg.n_head,
         "n_inner": None,
-        "activation_function": "gelu_new",
+        "activation_function": "gelu_new" if cfg.activation == "gelu_tanh" else "gelu",
         "resid_pdrop": cfg.dropout,
         "embd_pdrop": cfg.dropout,
         "attn_pdrop": cfg.dropout,

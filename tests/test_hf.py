@@ -97,10 +97,11 @@ def load_and_generate(model, tok, prompt):
     return list(generate(model, tok, prompt, max_new_tokens=20, temperature=0, stop_at_eot=False))
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_export_loads_in_transformers_with_equal_logits(tmp_path, gpt2, bias):
+@pytest.mark.parametrize("bias, activation", [(True, "gelu_tanh"), (False, "gelu_tanh"), (False, "gelu")])
+def test_export_loads_in_transformers_with_equal_logits(tmp_path, gpt2, bias, activation):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=50304, block_size=24, n_layer=2, n_head=2, n_embd=16, bias=bias)).eval()
+    model = GPT(GPTConfig(vocab_size=50304, block_size=24, n_layer=2, n_head=2, n_embd=16, bias=bias,
+                          activation=activation)).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.3)
@@ -114,6 +115,7 @@ def test_export_loads_in_transformers_with_equal_logits(tmp_path, gpt2, bias):
     # and back: the re-imported model is the same model, with the same tokenizer
     again, tok, meta = load_checkpoint(out)
     assert tok.spec == {"kind": "gpt2"} and meta["model_config"]["vocab_size"] == 50304
+    assert meta["model_config"]["activation"] == activation
     with torch.no_grad():
         torch.testing.assert_close(again(idx)[0], model(idx)[0], atol=1e-5, rtol=1e-5)
 
