@@ -32,7 +32,7 @@ class ConfigError(UserError, ValueError):
     """Bad configuration: the message lists every problem, one per line."""
 
 
-POS_ENCODINGS = ("learned", "sinusoidal")
+POS_ENCODINGS = ("learned", "sinusoidal", "rope")
 
 
 def opt(default, help: str):
@@ -53,7 +53,7 @@ class GPTConfig:
     bias: bool = True  # biases in Linear and LayerNorm, as GPT-2
     # Seq2seq (the encoder of "Attention Is All You Need"); 0 keeps the decoder-only model.
     n_encoder_layer: int = 0
-    pos_encoding: str = "learned"  # "learned" or "sinusoidal"
+    pos_encoding: str = "learned"  # "learned", "sinusoidal" or "rope" (rotary, in attention)
     norm: str = "pre"  # "pre" (GPT-2) or "post" (the paper: LayerNorm(x + Sublayer(x)))
     label_smoothing: float = 0.0
 
@@ -116,7 +116,7 @@ class TrainConfig:
     dropout: float = opt(0.0, "dropout probability")
     bias: bool = opt(False, "biases in Linear and LayerNorm layers")
     n_encoder_layer: int = opt(0, "encoder blocks (seq2seq); 0 = decoder-only GPT")
-    pos_encoding: str = opt("learned", "position encoding: learned | sinusoidal")
+    pos_encoding: str = opt("learned", "position encoding: learned | sinusoidal | rope (rotary)")
     norm: str = opt("pre", "residual norm placement: pre | post")
     label_smoothing: float = opt(0.0, "label smoothing of the cross-entropy")
     # batch
@@ -152,7 +152,6 @@ class TrainConfig:
     device: str = opt("auto", "auto | cpu | cuda | cuda:N | mps")
     dtype: str = opt("auto", "auto (bf16/fp16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16")
     compile: bool = opt(False, "torch.compile the model (the uncompiled module is what gets saved)")
-    deterministic: bool = opt(False, "deterministic kernels: bit-identical reruns and resumes on CUDA too (a little slower)")
     threads: int = opt(0, "CPU threads for PyTorch (0 = its default)")
     peak_flops: float = opt(0.0, "device peak FLOP/s for MFU (0 = look it up / estimate)")
 
