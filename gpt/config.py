@@ -152,6 +152,11 @@ class TrainConfig:
     device: str = opt("auto", "auto | cpu | cuda | cuda:N | mps")
     dtype: str = opt("auto", "auto (bf16/fp16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16")
     compile: bool = opt(False, "torch.compile the model (the uncompiled module is what gets saved)")
+    fsdp: bool = opt(False, "torchrun: shard parameters, gradients and optimizer state over the processes (FSDP2; "
+                            "sharded checkpoints)")
+    activation_checkpointing: bool = opt(False, "recompute each block's activations in the backward pass (less "
+                                                "memory, ~1 more forward per step)")
+    deterministic: bool = opt(False, "deterministic kernels: bit-identical reruns and resumes on CUDA too (a little slower)")
     threads: int = opt(0, "CPU threads for PyTorch (0 = its default)")
     peak_flops: float = opt(0.0, "device peak FLOP/s for MFU (0 = look it up / estimate)")
 

@@ -435,6 +435,11 @@ class GPT(nn.Module):
         computed once per source and passed to `decode` as its memory at every step."""
         return [block.cross_attn.project_kv(memory) for block in self.transformer.h]
 
+    def blocks(self) -> list[Block]:
+        """Every transformer block, the encoder's first: what FSDP shards and activation checkpointing
+        recomputes one at a time (gpt/parallel.py)."""
+        return [*(self.encoder.h if self.config.n_encoder_layer else ()), *self.transformer.h]
+
     # ---- what users expect next to the model ---------------------------------------------------
 
     def num_params(self, non_embedding: bool = True) -> int:
