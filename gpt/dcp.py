@@ -60,12 +60,12 @@ class CheckpointError(checkpoint.CheckpointError):
 class _MetadataUnpickler(pickle.Unpickler):
     """DCP's `.metadata` pickle, admitting only the classes such a file holds."""
 
-    MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
     NAMES = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
-             ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"), ("collections", "OrderedDict")}
+             ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"), ("collections", "OrderedDict"),
+             ("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
 
     def find_class(self, module: str, name: str):
-        if module in self.MODULES or (module, name) in self.NAMES or (
+        if module == "torch.distributed.checkpoint.metadata" or (module, name) in self.NAMES or (
                 module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a checkpoint's .metadata")
@@ -101,8 +101,10 @@ def _aliases(model: torch.nn.Module) -> dict[str, str]:
     """Tied weights: {second name: first name} (lm_head.weight is transformer.wte.weight)."""
     first, out = {}, {}
     for name, p in model.named_parameters(remove_duplicate=False):
-        out.update({name: first[p]} if p in first else {})
-        first.setdefault(p, name)
+        if p in first:
+            out[name] = first[p]
+        else:
+            first[p] = name
     return out
 
 
@@ -151,10 +153,10 @@ def read(path: str | os.PathLike, map_location="cpu") -> dict:
     reader = _reader(path)
     try:
         metadata = reader.read_metadata()
-    except (OSError, pickle.UnpicklingError, EOFError) as e:
+    except Exception as e:  # a refused class, a truncated or foreign file: data from disk, any pickle error
         raise CheckpointError(f"{path} is not a readable DCP checkpoint: {e}") from None
-    flat = {key: torch.empty(md.size, dtype=md.properties.dtype, device=map_location) for key, md in metadata.state_dict_metadata.items()
-            if isinstance(md, TensorStorageMetadata)}
+    flat = {key: torch.empty(md.size, dtype=md.properties.dtype, device=map_location)
+            for key, md in metadata.state_dict_metadata.items() if isinstance(md, TensorStorageMetadata)}
     with _one_process():
         tdcp.load(flat, storage_reader=reader, no_dist=True)
     nested = {"model": {}, "optimizer": {}}
@@ -327,9 +329,15 @@ def convert(ckpt: str | os.PathLike, out: str | os.PathLike | None = None) -> li
         if dst.is_file() and checkpoint.read_meta(dst)["step"] > read_meta(source)["step"]:
             raise CheckpointError(f"{dst} (step {checkpoint.read_meta(dst)['step']}) is newer than {source} (step "
                                   f"{read_meta(source)['step']}): not replaced; pass --out to write elsewhere")
+    written = {}
     for source, dst in pairs:
-        whole = read(source)
-        checkpoint.save(dst, whole, json.loads(whole.pop("meta")))
+        same = next((done for src, done in written.items() if os.path.samefile(src, source)), None)
+        if same is not None:  # best.dcp and last.dcp point to one checkpoint: one conversion, linked
+            checkpoint.link_or_copy(same, dst)
+        else:
+            whole = read(source)
+            checkpoint.save(dst, whole, json.loads(whole.pop("meta")))
+        written[source] = dst
     return [dst for _, dst in pairs]
 
 

@@ -3,6 +3,7 @@
     python train.py --config shakespeare_char_cpu --data data/shakespeare_char --out-dir out/shakespeare_char
     python train.py --resume out/shakespeare_char --max-iters 5000          # continue exactly
     torchrun --nproc-per-node 2 train.py --data ... --out-dir ...            # DistributedDataParallel
+    torchrun --nproc-per-node 8 train.py ... --fsdp --activation-checkpointing  # sharded (gpt/parallel.py, gpt/dcp.py)
 
 `train(cfg)` reads as its steps: claim the run directory, open the data, build (or resume) the model,
 then loop. One step, in nanoGPT's order: the step's LR -> `grad_accum` micro-steps (forward, loss /
@@ -132,8 +133,8 @@ def explain_oom(cfg: TrainConfig, step: int, out_dir: Path, evaluating: bool = F
             what = f"training (micro-batches of {cfg.batch_size} x {cfg.block_size} tokens)"
             fix = (f"use a smaller --batch-size with more --grad-accum for the same global batch, e.g. "
                    f"--batch-size {max(1, cfg.batch_size // 2)} --grad-accum {cfg.grad_accum * 2}")
-        saved = (f"the last checkpoint in {out_dir} is intact" if any((out_dir / n).exists() for n in ("last.pt", "last.dcp"))
-                 else "nothing was saved")
+        kept = any((out_dir / name).exists() for name in ("last.pt", checkpoint.SHARDED["last.pt"]))
+        saved = f"the last checkpoint in {out_dir} is intact" if kept else "nothing was saved"
         raise TrainingError(f"CUDA out of memory at step {step} while {what}: {fix}; {saved}") from None
 
 
