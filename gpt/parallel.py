@@ -80,8 +80,10 @@ def checkpoint_activations(model: GPT) -> None:
 def _recomputed(forward, *args, **kwargs):
     if not torch.is_grad_enabled():  # evaluation: nothing to keep anyway
         return forward(*args, **kwargs)
-    # The recomputation runs in the backward pass, outside the forward's contexts: checkpoint replays
-    # autocast itself, the attention kernels the runtime chose (gpt/runtime.py) are replayed here.
+    if torch.compiler.is_compiling():  # the compiled graph fixes its kernels (and dynamo takes no context_fn)
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    # Eager, the recomputation runs in the backward pass, outside the forward's contexts: checkpoint
+    # replays autocast itself, the attention kernels the runtime chose (gpt/runtime.py) are replayed here.
     kernels = _attention_kernels()
     return checkpoint(forward, *args, use_reentrant=False, context_fn=lambda: (nullcontext(), sdpa_kernel(kernels)),
                       **kwargs)
