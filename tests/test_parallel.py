@@ -1,16 +1,17 @@
 """Beyond one process (gpt/parallel.py, gpt/dcp.py): activation checkpointing changes nothing but memory;
 FSDP under torchrun (CPU, gloo) equals one process; its sharded checkpoints resume in another number of
-processes, with or without --fsdp, bit for bit; misuse is one line."""
+processes, with or without --fsdp, losing nothing; misuse is one line."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from gpt import checkpoint, parallel
+from gpt import checkpoint, dcp, parallel
 from gpt.config import ConfigError, TrainConfig, config_from_argv
 from gpt.model import GPT, GPTConfig
 from gpt.runtime import Runtime
@@ -94,27 +95,60 @@ def test_mixed_precision_policy_matches_the_dtype():
     assert parallel.mixed_precision(torch.float32).param_dtype is None  # float32 throughout
 
 
+def state(path) -> dict:
+    """A checkpoint's model and AdamW state as one flat dict of tensors (sharded ones read whole)."""
+    ckpt = checkpoint.read(path, names=checkpoint.LATEST)
+    flat = {f"model.{k}": v for k, v in ckpt["model"].items()}
+    flat.update({f"optimizer.{i}.{k}": v for i, s in ckpt["optimizer"]["state"].items() for k, v in s.items()})
+    return flat
+
+
+def twin(run, dst):
+    """A copy of `run` whose latest checkpoint is the single file its last.dcp converts to."""
+    shutil.copytree(run, dst, symlinks=True)
+    dcp.convert(dst / "last.dcp", dst / "last.pt")
+    (dst / "last.dcp").unlink()
+    (dst / "best.dcp").unlink()
+    return dst
+
+
+def assert_same_state(a, b):
+    sa, sb = state(a), state(b)
+    assert sa.keys() == sb.keys() and [k for k in sa if not torch.equal(sa[k], sb[k])] == []
+
+
 def test_fsdp_matches_one_process_and_resumes_in_any_number_of_processes(char_data, tmp_path):
-    """FSDP + activation checkpointing in 2 processes, then its sharded checkpoints resumed 2 -> 1 -> 2
-    processes under FSDP and finally in one plain process (reading the shards whole): every loss equals
-    one uninterrupted process bit for bit (float32, no clipping: the clipped norm would be summed in
-    another order over the shards), and the sharded gradient norm equals the whole one."""
+    """FSDP + activation checkpointing in 2 processes, its sharded checkpoints resumed 2 -> 1 -> 2
+    processes under FSDP, then in one plain process (reading the shards whole).
+
+    - Every loss and gradient norm equals one uninterrupted process to rel 1e-5 (float32): the same
+      global batch, but the gradients are summed over processes in another order, so not bit for bit.
+    - Each change of process count continues bit for bit (model, AdamW moments, losses) as the same
+      processes do from the same state written as one file: resharding loses nothing. No clipping:
+      the clipped norm would be summed in another order over the shards."""
     common = [*TINY, "--data", char_data, "--grad-accum", "4", "--lr-decay-iters", "12", "--eval-interval", "3",
               "--grad-clip", "0"]
     run = tmp_path / "fsdp"
     torchrun(2, *common, "--max-iters", "3", "--out-dir", run, "--fsdp", "--activation-checkpointing")
     assert os.readlink(run / "last.dcp") == "step-000003" and sorted(p.name for p in (run / "last.dcp").iterdir()) == [
         ".metadata", "__0_0.distcp", "__1_0.distcp", "meta.json", "train.pt"]  # a shard per process
+
+    ref = twin(run, tmp_path / "ref-2to1")
     torchrun(1, "--resume", run, "--max-iters", "6")  # 2 -> 1 (still --fsdp: the run's own config)
+    train(*config_from_argv(["--resume", str(ref), "--max-iters", "6", "--no-fsdp"]))  # one process, one file
+    assert losses(run)[3:] == losses(ref)[3:] and len(losses(run)) == 6
+    assert_same_state(run, ref)
+
+    ref = twin(run, tmp_path / "ref-1to2")
     torchrun(2, "--resume", run, "--max-iters", "9")  # 1 -> 2
-    cfg, explicit = config_from_argv(["--resume", str(run), "--max-iters", "12", "--no-fsdp"])
-    train(cfg, explicit)  # the sharded checkpoint read whole by a plain process, which saves last.pt
-    cfg, explicit = config_from_argv([*map(str, common), "--max-iters", "12", "--out-dir", str(tmp_path / "one")])
-    train(cfg, explicit)
-    assert [s for s, _ in losses(run)] == list(range(1, 13))
-    assert losses(run) == losses(tmp_path / "one")
-    assert [n for _, n in losses(run, "grad_norm")] == pytest.approx([n for _, n in losses(tmp_path / "one", "grad_norm")],
-                                                                     rel=1e-5)
-    meta = checkpoint.read_meta(run, names=checkpoint.LATEST)
-    assert meta["step"] == 12 and checkpoint.resolve(run, checkpoint.LATEST).name == "last.pt"
+    torchrun(2, "--resume", ref, "--max-iters", "9")  # 2 FSDP processes, each keeping its part of the file
+    assert losses(run)[6:] == losses(ref)[6:] and len(losses(run)) == 9
+    assert_same_state(run, ref)
+
+    train(*config_from_argv(["--resume", str(run), "--max-iters", "12", "--no-fsdp"]))  # the shards read whole
+    assert checkpoint.resolve(run, checkpoint.LATEST).name == "last.pt"
     assert checkpoint.read_meta(run / "last.dcp")["world_size"] == 2
+    train(*config_from_argv([*map(str, common), "--max-iters", "12", "--out-dir", str(tmp_path / "one")]))
+    assert [s for s, _ in losses(run)] == list(range(1, 13))
+    for key in ("loss", "grad_norm"):
+        assert [x for _, x in losses(run, key)] == pytest.approx([x for _, x in losses(tmp_path / "one", key)], rel=1e-5)
