@@ -52,7 +52,8 @@ def test_attention_scores_depend_on_relative_positions_only():
     q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
 
     def score(i, j):
-        return (apply_rope(q, *rope_cos_sin(torch.tensor([i]), 16)) * apply_rope(k, *rope_cos_sin(torch.tensor([j]), 16))).sum()
+        rotated = apply_rope(q, *rope_cos_sin(torch.tensor([i]), 16)), apply_rope(k, *rope_cos_sin(torch.tensor([j]), 16))
+        return (rotated[0] * rotated[1]).sum()
 
     torch.testing.assert_close(score(9, 4), score(1009, 1004), atol=1e-5, rtol=1e-5)
     assert not torch.allclose(score(9, 4), score(9, 5))
@@ -138,3 +139,32 @@ def test_generate_runs_far_past_the_context_without_prefills(monkeypatch):
     tok = CharTokenizer.from_text("abcdefghijklmnopqrstuvwxyz .,\n!?ABCDEF")
     (text,) = complete(model, tok, "abc", max_new_tokens=100, temperature=0, stop_at_eot=False)
     assert len(text) == 100 and prefills == [1]
+
+
+def test_a_rope_model_is_not_exported_as_gpt2():
+    from gpt.hf import HFError, config_to_hf
+
+    with pytest.raises(HFError, match=r"cannot export as GPT-2: pos_encoding='rope' \(GPT-2 learns its positions\)"):
+        config_to_hf(rope_model().config, eot_token=0)
+
+
+def test_the_shipped_rope_config_trains_and_samples_past_its_context(char_data, tmp_path, monkeypatch):
+    from gpt.checkpoint import load_checkpoint
+    from gpt.config import config_from_argv
+    from gpt.trainer import train
+
+    out = tmp_path / "rope"
+    cfg, explicit = config_from_argv(["--config", "shakespeare_char_rope_cpu", "--data", str(char_data), "--out-dir",
+                                      str(out), "--n-layer", "2", "--n-embd", "64", "--block-size", "32",
+                                      "--max-iters", "60", "--lr-decay-iters", "60", "--eval-interval", "30",
+                                      "--eval-iters", "4", "--threads", "1", "--device", "cpu"])
+    assert cfg.pos_encoding == "rope"
+    summary = train(cfg, explicit)
+    assert summary["val_loss"] < 2.9  # from about ln(vocab size) = 4.2 at the start
+    model, tok, meta = load_checkpoint(out)
+    assert meta["model_config"]["pos_encoding"] == "rope" and "wpe" not in model.transformer
+    prefills = []
+    real = Decoder._prefill
+    monkeypatch.setattr(Decoder, "_prefill", lambda self: prefills.append(1) or real(self))
+    (text,) = complete(model, tok, "ROMEO:", max_new_tokens=100, temperature=0.8, seed=0, stop_at_eot=False)
+    assert len(text) == 100 and prefills == [1]  # 3 windows of 32, one prefill
