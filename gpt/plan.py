@@ -148,8 +148,8 @@ def detail(name: str, p: dict) -> str:
 
 def summary(plans: list[tuple[str, dict]]) -> str:
     """Many configs and GPU counts, one row each: the four totals and the flags to use (a Markdown table)."""
-    lines = ["| config | params | GFLOPs/token | micro-batch | GPUs | tokens/step | DDP | DDP + AC | FSDP | FSDP + AC | use |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| config | params | GFLOPs/token | micro-batch | GPUs | tokens/step | DDP | DDP + AC | FSDP | FSDP + AC "
+             "| use |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, p in plans:
         s = p["shape"]
         totals = " | ".join(f"{gib(m.total)}" + ("" if m.total <= p["budget"] else " ✗") for m in p["rows"].values())
