@@ -50,6 +50,9 @@ Footguns
 - torch.save reports a failed write as `RuntimeError: ... unexpected pos ...`; the file is written
   through `_Recorder`, which keeps the OSError behind it, so a full disk is named as such.
 - Sampling prefers best.pt (lowest val loss); resuming wants last.pt (the latest state).
+- `--fsdp` runs save sharded checkpoints instead, `last.dcp` / `best.dcp` (directories, gpt/dcp.py).
+  Everything that reads a checkpoint reads those too (one process reads all the shards); where a run
+  directory holds both kinds under one name (a run that switched), the later step wins.
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ OPTIONAL = ("train_config", "val_loss", "best_val_loss", "skipped_steps", "world
             "seq2seq", "hf_dir", "tokens_seen", "lora")
 TRAINING_ONLY = ("train_config", "optimizer", "rng", "step", "sampler")  # what --resume needs, train.py writes
 BEST_FIRST = ("best.pt", "last.pt")
+SHARDED = {"last.pt": "last.dcp", "best.pt": "best.dcp"}  # the DCP checkpoint (gpt/dcp.py) for each name
 TEMP_FILE = re.compile(r"\..+\.tmp-(\d+)")
 
 
@@ -182,13 +186,20 @@ def state_dict_mismatch(want: dict, got) -> str:
 # ---- reading ---------------------------------------------------------------------------------------
 
 
+def is_sharded(path: str | os.PathLike) -> bool:
+    """Whether `path` is a DCP checkpoint directory written by gpt/dcp.py."""
+    return (Path(path) / "meta.json").is_file() and (Path(path) / ".metadata").is_file()
+
+
 def resolve(path: str | os.PathLike, names: tuple[str, ...] = BEST_FIRST) -> Path:
-    """A checkpoint file from a file path or a run directory (the first of `names` there)."""
+    """A checkpoint (a file, or a DCP directory) from its path or a run directory (the first of `names`
+    there, or its DCP twin: the later step of the two)."""
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() and not is_sharded(path):
         for name in names:
-            if (path / name).is_file():
-                return path / name
+            found = [p for p in (path / name, path / SHARDED.get(name, name)) if p.is_file() or is_sharded(p)]
+            if found:
+                return max(found, key=lambda p: read_meta(p).get("step", 0))
         raise CheckpointError(_not_a_run(path, names))
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}")
@@ -208,6 +219,10 @@ def _not_a_run(path: Path, names: tuple[str, ...]) -> str:
 
 def _load(path: Path, map_location="cpu", mmap: bool = False) -> dict:
     """torch.load with weights_only (nothing is executed), as a dict that has a meta."""
+    if is_sharded(path):
+        from gpt import dcp
+
+        return dcp.read(path, map_location)
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except OSError as e:
@@ -237,6 +252,10 @@ def read(path: str | os.PathLike, map_location="cpu", names: tuple[str, ...] = B
 def read_meta(path: str | os.PathLike, names: tuple[str, ...] = BEST_FIRST) -> Fields:
     """Only the checked metadata (the tensors are memory-mapped, not read)."""
     path = resolve(path, names)
+    if is_sharded(path):
+        from gpt import dcp
+
+        return dcp.read_meta(path)
     return check_meta(_load(path, mmap=True)["meta"], path)
 
 
@@ -357,12 +376,16 @@ def _torch_save(payload: dict, tmp: Path) -> None:
 
 
 def remove_stale_temps(directory: Path) -> list[Path]:
-    """Remove the temporary files (`.NAME.tmp-PID`) that saves of processes no longer running left in
+    """Remove the temporary files and directories (`.NAME.tmp-PID`) that saves of processes no longer running left in
     `directory`; those of live processes are never touched. Returns what was removed."""
     removed = []
     for f in directory.iterdir():
         match = TEMP_FILE.fullmatch(f.name)
-        if match and int(match[1]) != os.getpid() and not process_alive(int(match[1])) and f.is_file():
+        if not match or int(match[1]) == os.getpid() or process_alive(int(match[1])):
+            continue
+        if f.is_symlink() or f.is_file():  # a checkpoint, or a link gpt/dcp.py was switching
             f.unlink(missing_ok=True)  # missing: another process cleaned it first
-            removed.append(f)
+        elif f.is_dir():  # a sharded checkpoint being written (gpt/dcp.py)
+            shutil.rmtree(f, ignore_errors=True)
+        removed.append(f)
     return removed

@@ -32,7 +32,7 @@ class ConfigError(UserError, ValueError):
     """Bad configuration: the message lists every problem, one per line."""
 
 
-POS_ENCODINGS = ("learned", "sinusoidal")
+POS_ENCODINGS = ("learned", "sinusoidal", "rope")
 # GELU of the MLP: "gelu_tanh" is GPT-2's tanh approximation (gelu_new); "gelu" the exact erf form, the
 # same curve to 1e-3 and about 2.5x cheaper forward + backward on CPUs (where it is ~15% of a step).
 ACTIVATIONS = ("gelu_tanh", "gelu")
@@ -59,7 +59,7 @@ class GPTConfig:
     bias: bool = True  # biases in Linear and LayerNorm, as GPT-2
     # Seq2seq (the encoder of "Attention Is All You Need"); 0 keeps the decoder-only model.
     n_encoder_layer: int = 0
-    pos_encoding: str = "learned"  # "learned" or "sinusoidal"
+    pos_encoding: str = "learned"  # "learned", "sinusoidal" or "rope" (rotary, in attention)
     norm: str = "pre"  # "pre" (GPT-2) or "post" (the paper: LayerNorm(x + Sublayer(x)))
     label_smoothing: float = 0.0
     activation: str = "gelu_tanh"  # one of ACTIVATIONS
@@ -125,7 +125,7 @@ class TrainConfig:
     dropout: float = opt(0.0, "dropout probability")
     bias: bool = opt(False, "biases in Linear and LayerNorm layers")
     n_encoder_layer: int = opt(0, "encoder blocks (seq2seq); 0 = decoder-only GPT")
-    pos_encoding: str = opt("learned", "position encoding: learned | sinusoidal")
+    pos_encoding: str = opt("learned", "position encoding: learned | sinusoidal | rope (rotary)")
     norm: str = opt("pre", "residual norm placement: pre | post")
     label_smoothing: float = opt(0.0, "label smoothing of the cross-entropy")
     activation: str = opt("gelu_tanh", "MLP activation: gelu_tanh (GPT-2) | gelu (exact erf, faster on CPU)")
@@ -174,6 +174,10 @@ class TrainConfig:
     device: str = opt("auto", "auto | cpu | cuda | cuda:N | mps")
     dtype: str = opt("auto", "auto (bf16/fp16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16")
     compile: bool = opt(False, "torch.compile the model (the uncompiled module is what gets saved)")
+    fsdp: bool = opt(False, "torchrun: shard parameters, gradients and optimizer state over the processes (FSDP2; "
+                            "sharded checkpoints)")
+    activation_checkpointing: bool = opt(False, "recompute each block's activations in the backward pass (less "
+                                                "memory, ~1 more forward per step)")
     deterministic: bool = opt(False, "deterministic kernels: bit-identical reruns and resumes on CUDA too (a little slower)")
     threads: int = opt(0, "CPU threads for PyTorch (0 = its default)")
     peak_flops: float = opt(0.0, "device peak FLOP/s for MFU (0 = look it up / estimate)")
@@ -231,6 +235,8 @@ class TrainConfig:
             out.append("--lora-rank: LoRA adapts a pretrained model: give --init-from RUN_OR_CHECKPOINT")
         if self.n_encoder_layer:
             out.append("--lora-rank: LoRA adapts decoder-only models here, not seq2seq (--n-encoder-layer)")
+        if self.fsdp:
+            out.append("--lora-rank: not with --fsdp (only the adapters train, so there is little to shard: use DDP)")
         if self.lora_alpha <= 0:
             out.append(f"--lora-alpha: must be > 0, got {self.lora_alpha}")
         if not 0 <= self.lora_dropout < 1:

@@ -25,6 +25,11 @@ Design notes
   real tokens. Every source needs at least one real token (pairs add an end token to each).
   With norm="post" the final `ln_f` of encoder and decoder match torch.nn.Transformer's final
   norms (tests/test_seq2seq_model.py checks equal outputs with copied weights).
+- `pos_encoding="rope"` (rotary embeddings, Su et al. 2021, in GPT-NeoX / LLaMA's half-split layout):
+  self-attention rotates queries and keys by their positions, so scores depend on relative
+  positions only and there is no position table. Cross-attention is not rotated (its queries and
+  keys come from different sequences). Angles are computed in float64, so positions past
+  block_size (a sliding KV cache, gpt/sampling.py) stay exact; the base is ROPE_THETA.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ import torch.nn.functional as F
 
 from gpt.config import GPTConfig  # noqa: F401 (GPTConfig is part of the model's API)
 
+ROPE_THETA = 10000.0
+
 
 class KVCache:
     """Keys and values of one attention layer for incremental decoding.
@@ -48,9 +55,14 @@ class KVCache:
     writes one step's keys/values at that position and returns the whole buffers, so every step
     has the same shapes and addresses; `GPT.hidden` masks out the keys not written yet, and the
     caller advances `pos` (see `gpt.sampling.Decoder`).
+
+    Rolling (RoPE models, `rolling=True`): keys carry their rotation, so once the cache is full a
+    one-token append overwrites the oldest slot and attention runs over every slot, in any order
+    (softmax attention does not care); `pos` keeps counting.
     """
 
-    def __init__(self, batch: int, n_head: int, max_len: int, head_dim: int, device, dtype):
+    def __init__(self, batch: int, n_head: int, max_len: int, head_dim: int, device, dtype, rolling: bool = False):
+        self.rolling = rolling
         shape = (batch, n_head, max_len, head_dim)
         # zeros, not empty: static mode attends over unwritten slots too (masked, but 0 * NaN = NaN)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
@@ -63,11 +75,17 @@ class KVCache:
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if isinstance(self.pos, torch.Tensor):  # static mode: one token at a device-side position
-            index = self.pos.view(1)
+            index = (self.pos % self.max_len).view(1)  # (a rolling cache's slot; pos itself otherwise)
             self.k.index_copy_(2, index, k)
             self.v.index_copy_(2, index, v)
             return self.k, self.v
         t = k.size(2)
+        if self.rolling and t == 1 and self.pos >= self.max_len:
+            slot = self.pos % self.max_len  # full: the oldest entry's slot
+            self.k[:, :, slot : slot + 1] = k
+            self.v[:, :, slot : slot + 1] = v
+            self.pos += 1
+            return self.k, self.v
         if self.pos + t > self.k.size(2):
             raise RuntimeError(f"KV cache overflow: {self.pos} + {t} > {self.k.size(2)}")
         self.k[:, :, self.pos : self.pos + t] = k
@@ -79,6 +97,22 @@ class KVCache:
         """Select batch rows (beam search keeps the surviving hypotheses)."""
         self.k = self.k.index_select(0, index)
         self.v = self.v.index_select(0, index)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (T, head_dim) of the rotary angles pos * ROPE_THETA^(-2i/head_dim), each frequency
+    repeated for the two halves of a head; float32, from angles computed in float64 (but on MPS)."""
+    wide = torch.float32 if positions.device.type == "mps" else torch.float64
+    inv_freq = ROPE_THETA ** (-torch.arange(0, head_dim, 2, dtype=wide, device=positions.device) / head_dim)
+    angles = positions.to(wide)[:, None] * inv_freq  # (T, hs/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (T, hs)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each pair (x[i], x[i + hs/2]) of x (B, nh, T, hs) by its position's angle."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos.to(x.dtype) + torch.cat([-x2, x1], dim=-1) * sin.to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -116,11 +150,14 @@ class Attention(nn.Module):
         mask: torch.Tensor | None = None,
         causal: bool = False,
         cache: KVCache | None = None,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         B, T, C = x.shape
         if kv is None:  # self-attention
             q, k, v = self.c_attn(x).split(C, dim=2)
             q, k, v = self._heads(q), self._heads(k), self._heads(v)
+            if rope is not None:  # (cos, sin) of these T positions; keys are cached rotated
+                q, k = apply_rope(q, *rope), apply_rope(k, *rope)
             past = 0
             if cache is not None:
                 past = cache.pos
@@ -186,8 +223,9 @@ class Block(nn.Module):
         cache: KVCache | None = None,
         memory=None,
         memory_mask: torch.Tensor | None = None,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        x = self._sublayer(x, self.ln_1, lambda h: self.attn(h, mask=mask, causal=causal, cache=cache))
+        x = self._sublayer(x, self.ln_1, lambda h: self.attn(h, mask=mask, causal=causal, cache=cache, rope=rope))
         if memory is not None:
             x = self._sublayer(x, self.ln_cross, lambda h: self.cross_attn(h, kv=memory, mask=memory_mask))
         return self._sublayer(x, self.ln_2, self.mlp)
@@ -216,8 +254,9 @@ class GPT(nn.Module):
                 ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
             )
         )
-        if config.pos_encoding == "sinusoidal":  # fixed, not learned: a buffer in place of wpe's weight
+        if config.pos_encoding != "learned":  # rope: no table; sinusoidal: a fixed buffer in place of wpe
             del self.transformer["wpe"]
+        if config.pos_encoding == "sinusoidal":
             self.register_buffer("pe", sinusoidal_positions(config.block_size, config.n_embd), persistent=False)
         if config.n_encoder_layer > 0:
             self.encoder = nn.ModuleDict(
@@ -253,18 +292,29 @@ class GPT(nn.Module):
     # ---- forward paths -------------------------------------------------------------------------
 
     def embed(self, idx: torch.Tensor, start_pos: int | torch.Tensor = 0) -> torch.Tensor:
+        """Token embeddings plus absolute positions. RoPE adds none here (attention rotates) and has no
+        table, so it has no length limit: past block_size, attention spans more than training did
+        unless a mask narrows it (the rolling sampler's cache computes a band of block_size keys)."""
         T = idx.size(1)
+        tok = self.transformer.wte(idx)  # (B, T, C)
+        if self.config.pos_encoding == "rope":
+            return self.transformer.drop(tok)
         if not isinstance(start_pos, torch.Tensor) and start_pos + T > self.config.block_size:
             raise ValueError(
                 f"sequence of length {start_pos + T} exceeds block_size {self.config.block_size}; "
                 f"crop the input to its last {self.config.block_size} tokens"
             )
-        tok = self.transformer.wte(idx)  # (B, T, C)
         pos = start_pos + torch.arange(T, device=idx.device)  # start_pos may be a device tensor
         if self.config.pos_encoding == "sinusoidal":
             tok = tok * math.sqrt(self.config.n_embd)  # the paper scales embeddings by sqrt(d_model)
             return self.transformer.drop(tok + self.pe[pos])
         return self.transformer.drop(tok + self.transformer.wpe(pos))
+
+    def rope(self, start: int | torch.Tensor, T: int, device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(cos, sin) of positions start .. start + T - 1 for rotary attention; None without rope."""
+        if self.config.pos_encoding != "rope":
+            return None
+        return rope_cos_sin(start + torch.arange(T, device=device), self.config.n_embd // self.config.n_head)
 
     def hidden(
         self,
@@ -287,10 +337,12 @@ class GPT(nn.Module):
             written = torch.arange(caches[0].max_len, device=idx.device) <= start  # (L,)
             mask = written.view(1, 1, 1, -1) if mask is None else mask & written
         x = self.embed(idx, start)
+        rope = self.rope(start, idx.size(1), idx.device)
         for i, block in enumerate(self.transformer.h):
             mem = memory[i] if isinstance(memory, list) else memory
             x = block(
-                x, mask=mask, causal=True, cache=caches[i] if caches else None, memory=mem, memory_mask=memory_mask
+                x, mask=mask, causal=True, cache=caches[i] if caches else None, memory=mem, memory_mask=memory_mask,
+                rope=rope,
             )
         return self.transformer.ln_f(x)
 
@@ -315,8 +367,9 @@ class GPT(nn.Module):
             raise ValueError("encode() needs an encoder: this model has n_encoder_layer=0 (decoder-only)")
         mask = self.key_mask(src_mask)
         x = self.embed(src)
+        rope = self.rope(0, src.size(1), src.device)
         for block in self.encoder.h:
-            x = block(x, mask=mask, causal=False)
+            x = block(x, mask=mask, causal=False, rope=rope)
         return self.encoder.ln_f(x)
 
     def decode(
@@ -373,13 +426,19 @@ class GPT(nn.Module):
         """One empty self-attention KVCache per decoder layer, on the model's device and in its dtype."""
         param = self.transformer.wte.weight
         head_dim = self.config.n_embd // self.config.n_head
+        rolling = self.config.pos_encoding == "rope"  # rotated keys: a full cache can drop its oldest entry
         return [KVCache(batch, self.config.n_head, max_len or self.config.block_size, head_dim, param.device,
-                        param.dtype) for _ in self.transformer.h]
+                        param.dtype, rolling) for _ in self.transformer.h]
 
     def cross_kv(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per decoder layer, the cross-attention keys and values of the encoder output `memory` (B, S, C):
         computed once per source and passed to `decode` as its memory at every step."""
         return [block.cross_attn.project_kv(memory) for block in self.transformer.h]
+
+    def blocks(self) -> list[Block]:
+        """Every transformer block, the encoder's first: what FSDP shards and activation checkpointing
+        recomputes one at a time (gpt/parallel.py)."""
+        return [*(self.encoder.h if self.config.n_encoder_layer else ()), *self.transformer.h]
 
     # ---- what users expect next to the model ---------------------------------------------------
 
@@ -411,5 +470,5 @@ class GPT(nn.Module):
         self.config.block_size = block_size
         if "wpe" in self.transformer:
             self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
-        else:
+        elif self.config.pos_encoding == "sinusoidal":
             self.pe = self.pe[:block_size]

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 from contextlib import contextmanager
 from pathlib import Path
 
 from gpt.errors import UserError, storage_error
 
-RUN_FILES = ("last.pt", "best.pt", "log.jsonl", "config.json")
+RUN_FILES = ("last.pt", "best.pt", "log.jsonl", "config.json", "last.dcp", "best.dcp")  # .dcp: links (gpt/dcp.py)
 
 try:
     import fcntl
@@ -40,7 +41,7 @@ class RunDir:
         self._lock = None
 
     def holds_run(self) -> bool:
-        return any((self.path / name).exists() for name in ("last.pt", "best.pt", "log.jsonl"))
+        return any((self.path / name).exists() for name in ("last.pt", "best.pt", "log.jsonl", "last.dcp"))
 
     @contextmanager
     def claim(self, resume: bool, force: bool):
@@ -58,6 +59,8 @@ class RunDir:
                         f"or pass --force to start over there (its checkpoints and log are removed)")
                 for name in RUN_FILES:
                     (self.path / name).unlink(missing_ok=True)
+                for sharded in self.path.glob("step-*"):  # the directories the .dcp links pointed to
+                    shutil.rmtree(sharded, ignore_errors=True)
             yield self
         finally:
             self._release()

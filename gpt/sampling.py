@@ -22,6 +22,13 @@ Design notes
   once every block_size - keep + 1 steps, so the amortised cost stays about one token's worth per
   step, while the model always sees at least `keep` tokens of context. keep=block_size reproduces
   nanoGPT's crop-to-the-last-block_size-tokens behaviour, at the price of a full prefill per step.
+  RoPE models (`pos_encoding="rope"`) slide without any prefill: their keys are cached already
+  rotated and attention depends on relative positions only, so the cache rolls (the new token
+  overwrites the oldest entry, see `KVCache`) at one token's cost per step. Every layer then
+  attends over the last block_size positions: sliding-window attention, as Mistral's rolling
+  cache, which equals a full forward with a banded causal mask (tested). It is not nanoGPT's crop:
+  the cached keys of the window's first tokens still carry what they saw before the window.
+  `keep` does not apply to them.
 - Only the last position goes through `lm_head` (`model.hidden` then `lm_head(h[:, -1])`); the
   model's `forward` keeps returning full logits.
 - Logits are processed in float32 whatever the model's dtype.
@@ -213,10 +220,12 @@ class Decoder:
         self.model = model
         self.block_size = cfg.block_size
         self.keep = min(keep or max(1, cfg.block_size // 2), cfg.block_size)
+        self.rolling = cfg.pos_encoding == "rope"  # the window slides in the cache (module notes)
         self.caches = model.new_caches(idx.size(0))
         self.tokens = idx
         self.start = max(0, idx.size(1) - cfg.block_size)
         self.prefills = 0
+        self.fed = 0  # tokens in the caches since the last prefill: the next token's position
         self.graph = graph
         self._static = None  # (ids, pos, logits, torch.cuda.CUDAGraph or None), made at the first step
         self.logits = self._prefill()
@@ -230,6 +239,7 @@ class Decoder:
         for cache in self.caches:
             cache.pos = 0
         self.prefills += 1
+        self.fed = self.context_len
         return self._forward(self.tokens[:, self.start :])
 
     @property
@@ -239,13 +249,16 @@ class Decoder:
     def advance(self, ids: torch.Tensor) -> None:
         """Append ids (B,) and compute the logits that follow them."""
         self.tokens = torch.cat([self.tokens, ids.view(-1, 1).to(self.tokens.device)], dim=1)
-        if self.context_len > self.block_size:  # full: keep the last `keep` tokens, rebuild the cache
+        if self.context_len > self.block_size and not self.rolling:  # full: keep the last `keep`, rebuild
             self.start = self.tokens.size(1) - self.keep
             self.logits = self._prefill()
-        elif self.graph:
+            return
+        self.start = max(self.start, self.tokens.size(1) - self.block_size)
+        if self.graph:
             self.logits = self._static_step(self.tokens[:, -1:])
         else:
             self.logits = self._forward(self.tokens[:, -1:])
+        self.fed += 1
 
     def _static_step(self, ids: torch.Tensor) -> torch.Tensor:
         """The one-token step with static shapes: replayed as a CUDA graph on CUDA, eager elsewhere."""
@@ -254,7 +267,7 @@ class Decoder:
             self._static = (torch.zeros_like(ids), torch.zeros((), dtype=torch.long, device=device), None, None)
         static_ids, pos, logits, graph = self._static
         static_ids.copy_(ids)
-        pos.fill_(self.context_len - 1)  # where the new token's key and value go
+        pos.fill_(self.fed)  # the new token's position (its key and value go to that slot, or to pos % L)
         for cache in self.caches:
             cache.pos = pos  # static mode until the next prefill resets it
         if ids.device.type != "cuda":

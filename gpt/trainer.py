@@ -3,6 +3,7 @@
     python train.py --config shakespeare_char_cpu --data data/shakespeare_char --out-dir out/shakespeare_char
     python train.py --resume out/shakespeare_char --max-iters 5000          # continue exactly
     torchrun --nproc-per-node 2 train.py --data ... --out-dir ...            # DistributedDataParallel
+    torchrun --nproc-per-node 8 train.py ... --fsdp --activation-checkpointing  # sharded (gpt/parallel.py, gpt/dcp.py)
 
 `train(cfg)` reads as its steps: claim the run directory, open the data, build (or resume) the model,
 then loop. One step, in nanoGPT's order: the step's LR -> `grad_accum` micro-steps (forward, loss /
@@ -30,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from gpt import checkpoint, lora, plot, preflight
+from gpt import checkpoint, dcp, lora, parallel, plot, preflight
 from gpt.config import ConfigError, GPTConfig, TrainConfig, flag
 from gpt.errors import UserError
 from gpt.health import HealthMonitor
@@ -83,7 +84,7 @@ def train_step(train_model, optimizer, scaler, get_batch, step: int, accum: int,
     for micro in range(accum):
         batch = get_batch(step, micro)
         last = micro == accum - 1
-        with train_model.no_sync() if rt.ddp and not last else nullcontext():
+        with parallel.micro_step(train_model, last):
             with rt.autocast():
                 _, loss = train_model(*batch)
                 loss = loss / accum
@@ -93,7 +94,7 @@ def train_step(train_model, optimizer, scaler, get_batch, step: int, accum: int,
     scaler.unscale_(optimizer)
     params = [p for g in optimizer.param_groups for p in g["params"]]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
-    return total, grad_norm, tokens
+    return total, parallel.full(grad_norm), tokens
 
 
 @torch.no_grad()
@@ -133,7 +134,8 @@ def explain_oom(cfg: TrainConfig, step: int, out_dir: Path, evaluating: bool = F
             what = f"training (micro-batches of {cfg.batch_size} x {cfg.block_size} tokens)"
             fix = (f"use a smaller --batch-size with more --grad-accum for the same global batch, e.g. "
                    f"--batch-size {max(1, cfg.batch_size // 2)} --grad-accum {cfg.grad_accum * 2}")
-        saved = f"the last checkpoint in {out_dir} is intact" if (out_dir / "last.pt").exists() else "nothing was saved"
+        kept = any((out_dir / name).exists() for name in ("last.pt", checkpoint.SHARDED["last.pt"]))
+        saved = f"the last checkpoint in {out_dir} is intact" if kept else "nothing was saved"
         raise TrainingError(f"CUDA out of memory at step {step} while {what}: {fix}; {saved}") from None
 
 
@@ -298,6 +300,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
     rt = setup(cfg.device, cfg.dtype, cfg.threads, cfg.deterministic)
     run_dir = RunDir(cfg.out_dir, rt.master)
     try:
+        parallel.check(cfg, rt)
         task = open_task(cfg.data)
         if not cfg.init_from:
             task.check_model(cfg)
@@ -328,6 +331,7 @@ class Run:
         self.lora_meta = lora.adapt_for_training(model, cfg, base, log.print) if base else None
         cfg.block_size = model.config.block_size
         self.model = model.to(rt.device)
+        self.train_model = parallel.wrap(model, cfg, rt)  # before the optimizer: FSDP swaps in sharded parameters
         self.optimizer = make_optimizer(model, cfg, rt.device)
         self.scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.dtype == torch.float16)
         self.step, self.best_val, self.skipped, self.saved_step, self.tokens_seen = 0, float("inf"), 0, None, 0
@@ -338,12 +342,6 @@ class Run:
         if cfg.resume:
             self._resume()
         run_dir.write_config({"train": cfg.to_dict(), "model": self.model_config})
-        train_model = torch.compile(model) if cfg.compile else model  # `model` stays the one saved
-        if rt.ddp:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
-            train_model = DDP(train_model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
-        self.train_model = train_model
         if cfg.grad_accum % rt.world_size:
             raise ConfigError(f"--grad-accum: {cfg.grad_accum} must be a multiple of the {rt.world_size} processes")
         self.accum = cfg.grad_accum // rt.world_size
@@ -354,12 +352,17 @@ class Run:
 
     def _resume(self) -> None:
         cfg, rt = self.cfg, self.rt
-        ckpt = checkpoint.read(cfg.resume, map_location=rt.device, names=checkpoint.LATEST)
-        meta = ckpt["meta"]
+        source = checkpoint.resolve(cfg.resume, names=checkpoint.LATEST)  # last.pt, or last.dcp (sharded)
+        meta = checkpoint.read_meta(source)
         check_resume(meta, self.model_config, self.task, cfg)
         lora.check_resume(meta, self.lora_meta, cfg.resume)
-        lora.load_weights(self.model, ckpt["model"], ckpt.source)  # all weights, or a LoRA run's adapters
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        if cfg.fsdp:  # each process reads the shards it holds (a .pt: its part of the whole)
+            ckpt = dcp.load(source, self.model, self.optimizer)
+        else:
+            ckpt = checkpoint.read(source, map_location=rt.device)
+            lora.load_weights(self.model, ckpt["model"], ckpt.source)  # all weights, or a LoRA run's adapters
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+        meta = ckpt["meta"]
         if ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
         self.step = self.saved_step = meta["step"]
@@ -376,7 +379,7 @@ class Run:
         """Write `name` atomically: weights, optimizer, scaler, RNG, and the meta that resumes them. Never
         from non-finite weights: the last good checkpoint stays."""
         rt = self.rt
-        if not all(torch.isfinite(p).all() for p in self.model.parameters()):
+        if not parallel.all_finite(self.model, rt):
             raise TrainingError(
                 f"the weights are no longer finite at step {self.step}: not saved; {self._kept()}; lower "
                 f"--learning-rate (or --grad-clip)")
@@ -385,25 +388,30 @@ class Run:
             gathered = [None] * rt.world_size
             torch.distributed.all_gather_object(gathered, rng)
             rng = gathered
-        if not rt.master:
-            return
         cfg = self.cfg
+        if not (rt.master or cfg.fsdp):
+            return
         meta = checkpoint.build_meta(
             model_config=self.model_config, tokenizer=self.task.tokenizer_spec, step=self.step,
             train_config=cfg.to_dict(), val_loss=val_loss, best_val_loss=self.best_val, skipped_steps=self.skipped,
             world_size=rt.world_size, sampler={"seed": cfg.seed, "mode": cfg.sampling, "next_step": self.step},
             dataset=str(cfg.data), tokens_seen=self.tokens_seen, lora=self.lora_meta, **self.task.checkpoint_meta,
         )
-        state = dict(model=lora.saved_weights(self.model), optimizer=self.optimizer.state_dict(),
-                     scaler=self.scaler.state_dict() if self.scaler.is_enabled() else None, rng=rng)
+        scaler = self.scaler.state_dict() if self.scaler.is_enabled() else None
         with stop.deferred():  # a second Ctrl-C waits for the write to finish
-            checkpoint.save(self.out_dir / name, state, meta)
+            if cfg.fsdp:  # every process writes its shards (gpt/dcp.py)
+                dcp.save(self.out_dir / checkpoint.SHARDED[name], self.model, self.optimizer, meta, scaler, rng)
+            else:
+                state = dict(model=lora.saved_weights(self.model), optimizer=self.optimizer.state_dict(),
+                             scaler=scaler, rng=rng)
+                checkpoint.save(self.out_dir / name, state, meta)
         self.saved_step = self.step
 
     def _kept(self) -> str:
         if self.saved_step is None:
             return "nothing was saved"
-        return f"{self.out_dir / 'last.pt'} still holds step {self.saved_step}"
+        last = checkpoint.SHARDED["last.pt"] if self.cfg.fsdp else "last.pt"
+        return f"{self.out_dir / last} still holds step {self.saved_step}"
 
     def evaluate(self, stop: StopSignal) -> dict[str, float]:
         """Losses on both splits; saves last.pt (and best.pt when val improved)."""
@@ -426,7 +434,10 @@ class Run:
         self.best_val = min(self.best_val, val)
         self.save("last.pt", val, stop)
         if improved and self.rt.master:
-            checkpoint.link_or_copy(self.out_dir / "last.pt", self.out_dir / "best.pt")
+            if self.cfg.fsdp:
+                dcp.mark_best(self.out_dir)
+            else:
+                checkpoint.link_or_copy(self.out_dir / "last.pt", self.out_dir / "best.pt")
         self.figure.update()  # OUT_DIR/run.png, drawn in the background
         return losses
 

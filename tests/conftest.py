@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,3 +35,19 @@ def one_thread():
 @pytest.fixture
 def shakespeare_text() -> str:
     return SHAKESPEARE.read_text(encoding="utf-8")
+
+
+def prepare(text_file, out, *extra):
+    """`data/prepare.py TEXT_FILE --out OUT ...`, as a user runs it."""
+    subprocess.run([sys.executable, "data/prepare.py", str(text_file), "--out", str(out), *extra],
+                   cwd=ROOT, check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def char_data(tmp_path_factory):
+    """Char-level dataset of tiny-shakespeare's first 200k characters (training tests)."""
+    d = tmp_path_factory.mktemp("data")
+    src = d / "shakespeare_head.txt"
+    src.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:200_000], encoding="utf-8")
+    return prepare(src, d / "char", "--tokenizer", "char")

@@ -56,7 +56,7 @@ def test_model_settings_are_validated_as_flags_all_at_once():
         "--block-size: must be a positive integer, got 0",
         "--n-layer: must be a positive integer, got 0",
         "--dropout: must be in [0, 1), got 1.5",
-        "--pos-encoding: must be one of 'learned', 'sinusoidal', got 'rotary'",
+        "--pos-encoding: must be one of 'learned', 'sinusoidal', 'rope', got 'rotary'",
         "--norm: must be 'pre' or 'post', got 'middle'",
     ]
     with pytest.raises(ConfigError, match=r"^--n-head: must divide n_embd \(64\), got 3$"):

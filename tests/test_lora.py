@@ -184,6 +184,7 @@ def test_base_moved_with_the_run_still_loads_and_a_missing_base_names_the_fix(ba
     (["--lora-rank", "4", "--lora-dropout", "1"], "error: --lora-dropout: must be in [0, 1), got 1.0"),
     (["--lora-targets", "wte", "--lora-alpha", "8"], "error: --lora-alpha, --lora-targets: LoRA is off (--lora-rank 0 "
                                                      "is full fine-tuning); give --lora-rank R to train adapters"),
+    (["--lora-rank", "4", "--fsdp"], "error: --lora-rank: not with --fsdp"),
     (["--lora-rank", "17"], "error: --lora-rank: 17 exceeds the smallest adapted layer's 16 features; use at most 16"),
 ])
 def test_lora_settings_are_checked_in_one_line(base, char_data, tmp_path, capsys, flags, message):  # noqa: F811

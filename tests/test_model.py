@@ -23,8 +23,9 @@ def test_logits_shape_with_and_without_targets():
     torch.testing.assert_close(logits, logits2)
 
 
-def test_causality():
-    model = tiny()
+@pytest.mark.parametrize("pos_encoding", ["learned", "sinusoidal", "rope"])
+def test_causality(pos_encoding):
+    model = tiny(pos_encoding=pos_encoding)
     idx = torch.randint(0, 97, (1, 20))
     base, _ = model(idx)
     for t in (0, 5, 18):

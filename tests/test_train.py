@@ -17,25 +17,11 @@ from gpt.rundir import RunDir, RunDirError
 from gpt.runtime import Runtime
 from gpt.trainer import StopSignal, TimeLimit, TrainingError, train, train_step
 
-from conftest import ROOT, SHAKESPEARE
+from conftest import ROOT, prepare
 
 # CPU float32 wherever the tests run (bit-identical results); tests/test_cuda.py covers CUDA
 TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--block-size", "32", "--batch-size", "4",
         "--eval-iters", "4", "--log-interval", "1", "--warmup-iters", "2", "--device", "cpu"]
-
-
-def prepare(text_file, out, *extra):
-    subprocess.run([sys.executable, "data/prepare.py", str(text_file), "--out", str(out), *extra],
-                   cwd=ROOT, check=True, capture_output=True)
-    return out
-
-
-@pytest.fixture(scope="session")
-def char_data(tmp_path_factory):
-    d = tmp_path_factory.mktemp("data")
-    src = d / "shakespeare_head.txt"
-    src.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:200_000], encoding="utf-8")
-    return prepare(src, d / "char", "--tokenizer", "char")
 
 
 def run(*argv):

@@ -1,0 +1,359 @@
+"""Sharded checkpoints (`--fsdp`) through `torch.distributed.checkpoint` (DCP), with the promises of
+gpt/checkpoint.py: atomic, nothing executed on load, exact resume, any number of processes.
+
+    python -m gpt.dcp convert --ckpt out/NAME                      # last.dcp / best.dcp -> last.pt / best.pt
+    python -m gpt.dcp convert --ckpt out/NAME/last.dcp --out model.pt
+
+In the run directory of an FSDP run:
+
+| path                  | what it is                                                                   |
+|-----------------------|------------------------------------------------------------------------------|
+| `last.dcp`, `best.dcp`| symbolic links to the latest / lowest-val-loss checkpoint directory          |
+| `step-000120/`        | one checkpoint: `.metadata` (DCP's index, rank 0), `__R_0.distcp` (process R's shards of the weights and AdamW moments: tensors only), `train.pt` (rank 0: optimizer hyper-parameters, scaler, every process's RNG state, tied-weight names), `meta.json` (the meta of gpt/checkpoint.py) |
+
+- **Sharded**: every process writes its own shards; no process gathers the model. The run directory
+  must be one every node sees (a shared file system) when the run spans machines.
+- **Atomic**: a save goes to `.step-000120.tmp-PID/` and is renamed to `step-000120/` only when every
+  shard, `train.pt` and `meta.json` are written and fsynced; then the link `last.dcp` is switched in
+  one rename. A failed or killed save never touches the checkpoint `last.dcp` points to; its
+  temporary directory is removed (or, after a kill, by the next save). Directories no link points to
+  are deleted after each switch.
+- **Any number of processes**: DCP stores each tensor's global shape and where each shard sits, so a
+  checkpoint written by N processes loads into M: each reads the pieces its own shards need (`load`).
+  The optimizer state is keyed by parameter name (DCP's `get_state_dict`), not by position.
+- **One process reads it whole** (`read`): the same dict a `.pt` checkpoint holds, so
+  `gpt.checkpoint.read` / `load_model` (sample.py, `--init-from`, the Hugging Face export, `--resume`
+  without `--fsdp`) accept a DCP checkpoint as they are, and `convert` writes it as one file.
+- **Nothing executed on load**: DCP's `.metadata` is a pickle; it is read by an unpickler that admits
+  only DCP's own metadata classes, torch sizes and dtypes. Shards and `train.pt` are read with
+  `weights_only`. Only tensors go into the shards (DCP would pickle anything else).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import sys
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from gpt import checkpoint
+from gpt.errors import StorageError, storage_error
+from gpt.fsutil import fsync_path
+
+META, TRAIN = "meta.json", "train.pt"
+
+
+class CheckpointError(checkpoint.CheckpointError):
+    """A DCP checkpoint that cannot be read or written as asked."""
+
+
+# ---- reading DCP's index without running code ----------------------------------------------------
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP's `.metadata` pickle, admitting only the classes such a file holds."""
+
+    NAMES = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+             ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"), ("collections", "OrderedDict"),
+             ("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
+
+    def find_class(self, module: str, name: str):
+        if module == "torch.distributed.checkpoint.metadata" or (module, name) in self.NAMES or (
+                module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a checkpoint's .metadata")
+
+
+def _reader(path: Path):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            with open(Path(self.path) / ".metadata", "rb") as f:
+                metadata = _MetadataUnpickler(f).load()
+            if getattr(metadata, "storage_meta", None) is not None:
+                metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(path)
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+@contextmanager
+def _one_process():
+    """DCP warns on every save and load without a process group; here that is the intent, not a slip."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
+def _aliases(model: torch.nn.Module) -> dict[str, str]:
+    """Tied weights: {second name: first name} (lm_head.weight is transformer.wte.weight)."""
+    first, out = {}, {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if p in first:
+            out[name] = first[p]
+        else:
+            first[p] = name
+    return out
+
+
+def _by_name(optimizer_state: dict, names: list[str]) -> dict:
+    """torch.optim's state dict (parameters by position) keyed by parameter names instead."""
+    return {"state": {names[i]: s for i, s in optimizer_state["state"].items()},
+            "param_groups": [dict(g, params=[names[i] for i in g["params"]]) for g in optimizer_state["param_groups"]]}
+
+
+def _by_index(optimizer_state: dict) -> dict:
+    """The reverse of `_by_name`: positions in the order the groups list the names."""
+    index = {name: i for i, name in enumerate(n for g in optimizer_state["param_groups"] for n in g["params"])}
+    return {"state": {index[n]: s for n, s in optimizer_state["state"].items()},
+            "param_groups": [dict(g, params=[index[n] for n in g["params"]]) for g in optimizer_state["param_groups"]]}
+
+
+def read_meta(path: Path) -> checkpoint.Fields:
+    """The checked meta of a DCP checkpoint directory."""
+    try:
+        text = (path / META).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path / META} cannot be read ({e})") from None
+    return checkpoint.check_meta(text, path)
+
+
+def _load_side(path: Path, map_location="cpu") -> tuple[dict, dict]:
+    """(meta, train.pt's contents) of a DCP checkpoint directory."""
+    meta = read_meta(path)
+    try:
+        train = torch.load(path / TRAIN, map_location=map_location, weights_only=True)
+    except OSError as e:
+        raise storage_error(e, "read", path / TRAIN) from None
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{path / TRAIN} holds objects other than tensors and plain data; refused") from None
+    return meta, train
+
+
+def read(path: str | os.PathLike, map_location="cpu") -> dict:
+    """A whole DCP checkpoint, read by this one process, as gpt/checkpoint.py's file format holds it:
+    `model` (state dict), `optimizer` (torch.optim's, by position), `scaler`, `rng`, `meta` (JSON text)."""
+    import torch.distributed.checkpoint as tdcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    path = Path(path)
+    meta, train = _load_side(path, map_location)
+    reader = _reader(path)
+    try:
+        metadata = reader.read_metadata()
+    except Exception as e:  # a refused class, a truncated or foreign file: data from disk, any pickle error
+        raise CheckpointError(f"{path} is not a readable DCP checkpoint: {e}") from None
+    flat = {key: torch.empty(md.size, dtype=md.properties.dtype, device=map_location)
+            for key, md in metadata.state_dict_metadata.items() if isinstance(md, TensorStorageMetadata)}
+    with _one_process():
+        tdcp.load(flat, storage_reader=reader, no_dist=True)
+    nested = {"model": {}, "optimizer": {}}
+    for key, tensor in flat.items():  # planner_data: each flat key's path in the saved nested dict
+        top, name, *rest = metadata.planner_data[key]
+        if rest:
+            nested[top].setdefault(name, {})[rest[0]] = tensor
+        else:
+            nested[top][name] = tensor
+    model = nested["model"]
+    model.update({alias: model[name] for alias, name in train["aliases"].items()})
+    optimizer = _by_index({"state": nested["optimizer"], "param_groups": train["param_groups"]})
+    return {"model": model, "optimizer": optimizer, "scaler": train["scaler"], "rng": train["rng"],
+            "meta": json.dumps(dict(meta))}
+
+
+# ---- the training state: save and load, every process taking part ---------------------------------
+
+
+def load(source: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> checkpoint.Fields:
+    """Restore `model` and `optimizer` (FSDP-sharded or whole) from a training checkpoint: a DCP
+    directory, each process reading only what its shards need, or a `.pt` file, which each process
+    reads whole and keeps its part of. Returns the checkpoint's `meta`, `rng` and `scaler`. Every
+    process calls this."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+    source = Path(source)
+    if not checkpoint.is_sharded(source):
+        ckpt = checkpoint.read(source)
+        names = {p: n for n, p in model.named_parameters()}
+        optim_state = _by_name(ckpt["optimizer"], [names[p] for g in optimizer.param_groups for p in g["params"]])
+        set_state_dict(model, optimizer, model_state_dict=ckpt["model"], optim_state_dict=optim_state,
+                       options=StateDictOptions(full_state_dict=True))
+        return ckpt
+    import torch.distributed.checkpoint as tdcp
+
+    meta, train = _load_side(source)
+    model_state, optim_state = get_state_dict(model, optimizer)  # the shapes and shards to fill
+    aliases = _aliases(model)
+    state = {"model": {k: v for k, v in model_state.items() if k not in aliases}, "optimizer": optim_state["state"]}
+    with _one_process():
+        tdcp.load(state, storage_reader=_reader(source), no_dist=not _distributed())
+    state["model"].update({alias: state["model"][name] for alias, name in aliases.items()})
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict={"state": state["optimizer"], "param_groups": train["param_groups"]})
+    return checkpoint.Fields({"meta": meta, "rng": train["rng"], "scaler": train["scaler"]}, source)
+
+
+def save(link: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta: dict,
+         scaler: dict | None, rng) -> None:
+    """Write a sharded checkpoint of `model` and `optimizer` into a new `step-NNNNNN/` beside `link`
+    (run_dir/last.dcp), then point `link` at it (see the module notes). Every process calls this;
+    `meta` (gpt.checkpoint.build_meta), `scaler` and `rng` (every process's) are written by rank 0. A
+    failure on any process is one StorageError on all of them, the previous checkpoint intact."""
+    import torch.distributed.checkpoint as tdcp
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    link = Path(link)
+    run_dir, distributed = link.parent, _distributed()
+    master = not distributed or dist.get_rank() == 0
+    names = [None, None]
+    if master:
+        checkpoint.remove_stale_temps(run_dir)
+        final = _free_name(run_dir, meta["step"])
+        names = [f".{final}.tmp-{os.getpid()}", final]
+    if distributed:
+        dist.broadcast_object_list(names, src=0)
+    tmp, final = run_dir / names[0], names[1]
+    model_state, optim_state = get_state_dict(model, optimizer)  # this process's shards (DTensors under FSDP)
+    aliases = _aliases(model)
+    state = {"model": {k: v for k, v in model_state.items() if k not in aliases}, "optimizer": optim_state["state"]}
+    error = None
+    try:
+        with _one_process():
+            tdcp.save(state, storage_writer=FileSystemWriter(tmp), no_dist=not distributed)
+    except (Exception, tdcp.CheckpointException) as e:  # CheckpointException is a BaseException
+        error = _failure(e)
+    if master and error is None:
+        try:
+            _write_side(tmp, meta, dict(param_groups=optim_state["param_groups"], aliases=aliases, scaler=scaler,
+                                        rng=rng))
+            os.rename(tmp, run_dir / final)
+            fsync_path(run_dir)
+            point(link, final)
+        except OSError as e:
+            error = e
+    if master and error is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    message = [None]
+    if error is not None:
+        kept = f"the previous {link.name} is intact" if link.exists() else "nothing was written"
+        message = [str(storage_error(error, "write checkpoint", run_dir / final, kept)) if isinstance(error, OSError)
+                   else f"could not write checkpoint {run_dir / final}: {error}; {kept}"]
+    if distributed:
+        dist.broadcast_object_list(message, src=0)  # rank 0 heard of every failure (DCP gathers them)
+    if message[0]:
+        raise StorageError(message[0])
+
+
+def _failure(e: BaseException) -> BaseException:
+    """The first underlying error of a DCP failure (an OSError where there is one)."""
+    causes = [exc for exc, _trace in getattr(e, "failures", {}).values()] or [e]
+    return next((c for c in causes if isinstance(c, OSError)), causes[0])
+
+
+def _free_name(run_dir: Path, step: int) -> str:
+    name = f"step-{step:06d}"
+    n = 0
+    while (run_dir / name).exists():  # the same step saved again (a resumed run): a new directory
+        n += 1
+        name = f"step-{step:06d}.{n}"
+    return name
+
+
+def _write_side(directory: Path, meta: dict, train: dict) -> None:
+    """train.pt, then meta.json (what marks the directory complete), each fsynced."""
+    with open(directory / TRAIN, "wb") as f:
+        torch.save(train, f)
+        f.flush()
+        os.fsync(f.fileno())
+    with open(directory / META, "w", encoding="utf-8") as f:
+        json.dump({"format": checkpoint.FORMAT_VERSION, **meta}, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_path(directory)
+
+
+def point(link: Path, target: str) -> None:
+    """Make `link` a symbolic link to `target` (a name in the same directory) in one atomic rename, then
+    delete the checkpoint directories no link points to any more."""
+    tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    os.symlink(target, tmp)  # relative: the run directory may move
+    os.replace(tmp, link)
+    fsync_path(link.parent)
+    kept = {os.readlink(link.parent / name) for name in checkpoint.SHARDED.values() if (link.parent / name).is_symlink()}
+    for d in link.parent.glob("step-*"):
+        if d.is_dir() and d.name not in kept:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def mark_best(run_dir: str | os.PathLike) -> None:
+    """best.dcp := the checkpoint last.dcp points to (no copy)."""
+    run_dir = Path(run_dir)
+    point(run_dir / checkpoint.SHARDED["best.pt"], os.readlink(run_dir / checkpoint.SHARDED["last.pt"]))
+
+
+# ---- python -m gpt.dcp convert ------------------------------------------------------------------------
+
+
+def convert(ckpt: str | os.PathLike, out: str | os.PathLike | None = None) -> list[Path]:
+    """Write DCP checkpoints as single files: with `out`, the one `ckpt` names (a checkpoint directory,
+    or a run directory's best, else last); without, a run directory's last.dcp and best.dcp become
+    last.pt and best.pt beside them. Returns the files written."""
+    ckpt = Path(ckpt)
+    if out is not None:
+        source = checkpoint.resolve(ckpt)
+        if not checkpoint.is_sharded(source):
+            raise CheckpointError(f"{source} is already a single-file checkpoint")
+        pairs = [(source, Path(out))]
+    elif checkpoint.is_sharded(ckpt):
+        raise CheckpointError(f"--out: where to write {ckpt} as one file, e.g. --out {ckpt.parent / 'model.pt'}")
+    else:
+        pairs = [(ckpt / name, ckpt / pt) for pt, name in checkpoint.SHARDED.items() if (ckpt / name).is_dir()]
+        if not pairs:
+            raise CheckpointError(f"no last.dcp or best.dcp in {ckpt}: give the run directory of a --fsdp run, or "
+                                  f"one of its checkpoint directories with --out")
+    for source, dst in pairs:  # a newer single file (the run went on without --fsdp) is never replaced
+        if dst.is_file() and checkpoint.read_meta(dst)["step"] > read_meta(source)["step"]:
+            raise CheckpointError(f"{dst} (step {checkpoint.read_meta(dst)['step']}) is newer than {source} (step "
+                                  f"{read_meta(source)['step']}): not replaced; pass --out to write elsewhere")
+    written = {}
+    for source, dst in pairs:
+        same = next((done for src, done in written.items() if os.path.samefile(src, source)), None)
+        if same is not None:  # best.dcp and last.dcp point to one checkpoint: one conversion, linked
+            checkpoint.link_or_copy(same, dst)
+        else:
+            whole = read(source)
+            checkpoint.save(dst, whole, json.loads(whole.pop("meta")))
+        written[source] = dst
+    return [dst for _, dst in pairs]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gpt.cli import ArgumentParser, run_main
+
+    parser = ArgumentParser(prog="python -m gpt.dcp", description="Sharded (FSDP) checkpoints as single files.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    conv = sub.add_parser("convert", help="write DCP checkpoints as .pt files")
+    conv.add_argument("--ckpt", required=True, help="the run directory of a --fsdp run, or one of its checkpoint "
+                                                    "directories")
+    conv.add_argument("--out", default=None, help="the .pt file to write (default, for a run directory: last.pt "
+                                                  "and best.pt beside last.dcp and best.dcp)")
+    args = parser.parse_args(argv)
+    return run_main(lambda: "\n".join(f"wrote {path}" for path in convert(args.ckpt, args.out)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""How the model being trained is laid over the processes: DDP, FSDP2 (`--fsdp`), activation checkpointing.
+
+    torchrun --nproc-per-node 8 train.py --config gpt2_124m --data ... --fsdp --activation-checkpointing
+
+    train_model = parallel.wrap(model, cfg, rt)   # before the optimizer is made: FSDP replaces the parameters
+    with parallel.micro_step(train_model, last):  # DDP syncs gradients on the last micro-step only
+
+- **DDP** (torchrun without `--fsdp`): every process holds the whole model, optimizer and gradients;
+  gradients are all-reduced.
+- **FSDP** (`--fsdp`, under torchrun): `fully_shard` on every transformer block (encoder and decoder),
+  then on the root (embeddings, final norm, tied head), as PyTorch's FSDP2 documents. Each process
+  keeps 1/N of every parameter, its gradient and its AdamW state (float32); a block's parameters are
+  all-gathered just before its forward and again before its backward, and freed after each.
+  Mixed precision matches `--dtype`: `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32)`
+  gathers bf16 copies and reduces gradients in float32 (float32 runs need no policy); autocast stays
+  on as in every other run, so norms, softmax and the loss compute in float32 either way. Gradients
+  are reduce-scattered at every micro-step: holding whole gradients until the last one would cost
+  the memory FSDP is there to save.
+- **Activation checkpointing** (`--activation-checkpointing`, with or without either): each block's
+  forward runs under `torch.utils.checkpoint` (non-reentrant), so only its input is kept and the
+  rest is recomputed in the backward pass: about one more forward per step for activation memory of
+  one block instead of all. Dropout recomputes the same masks (the RNG state is replayed). Installed
+  on each block instance (`block.forward`), so parameter names, state dicts and checkpoints do not
+  change.
+
+Footguns
+- `--fsdp` needs torchrun (one process is `--nproc-per-node 1`), and refuses float16: GradScaler's
+  overflow check would have to agree across shards. Use bf16 (`--dtype auto` picks it on any GPU that
+  has it).
+- Under FSDP the parameters and state dict entries are DTensor shards: the trainer saves through
+  gpt/dcp.py (`torch.distributed.checkpoint`), never `model.state_dict()` into one file.
+- With `--compile`, FSDP compiles each block in place (`block.compile()`) before sharding it, as
+  torchtitan does; DDP compiles the whole model as before.
+"""
+
+from __future__ import annotations
+
+import functools
+from contextlib import nullcontext
+
+import torch
+import torch.nn as nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.checkpoint import checkpoint
+
+from gpt.config import ConfigError, TrainConfig
+from gpt.model import GPT
+from gpt.runtime import Runtime
+
+
+def check(cfg: TrainConfig, rt: Runtime) -> None:
+    """What --fsdp needs from this launch, one line each; the trainer asks before touching the run directory."""
+    if not cfg.fsdp:
+        return
+    if not rt.ddp:
+        raise ConfigError("--fsdp shards the model over the processes torchrun starts: launch with `torchrun "
+                          "--nproc-per-node N train.py ... --fsdp` (N = 1 for a single process), or pass --no-fsdp")
+    if rt.device.type not in ("cuda", "cpu"):
+        raise ConfigError(f"--fsdp runs on CUDA (nccl) or CPU (gloo), not {rt.device.type}")
+    if rt.dtype == torch.float16:
+        raise ConfigError("--fsdp with float16: loss scaling is not supported with sharded gradients; use "
+                          "--dtype bfloat16 (or train without --fsdp)")
+
+
+def mixed_precision(dtype: torch.dtype):
+    """FSDP's policy for the compute dtype: gathered parameters in it, gradients reduced in float32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if dtype == torch.float32:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+
+def checkpoint_activations(model: GPT) -> None:
+    """Recompute every block's activations in the backward pass instead of keeping them."""
+    for block in model.blocks():
+        block.forward = functools.partial(_recomputed, block.forward)
+
+
+def _recomputed(forward, *args, **kwargs):
+    if not torch.is_grad_enabled():  # evaluation: nothing to keep anyway
+        return forward(*args, **kwargs)
+    if torch.compiler.is_compiling():  # the compiled graph fixes its kernels (and dynamo takes no context_fn)
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    # Eager, the recomputation runs in the backward pass, outside the forward's contexts: checkpoint
+    # replays autocast itself, the attention kernels the runtime chose (gpt/runtime.py) are replayed here.
+    kernels = _attention_kernels()
+    return checkpoint(forward, *args, use_reentrant=False, context_fn=lambda: (nullcontext(), sdpa_kernel(kernels)),
+                      **kwargs)
+
+
+def _attention_kernels() -> list:
+    """The scaled-dot-product-attention backends enabled now."""
+    flags = {SDPBackend.MATH: torch.backends.cuda.math_sdp_enabled(),
+             SDPBackend.FLASH_ATTENTION: torch.backends.cuda.flash_sdp_enabled(),
+             SDPBackend.EFFICIENT_ATTENTION: torch.backends.cuda.mem_efficient_sdp_enabled(),
+             SDPBackend.CUDNN_ATTENTION: torch.backends.cuda.cudnn_sdp_enabled()}
+    return [backend for backend, enabled in flags.items() if enabled]
+
+
+def shard(model: GPT, dtype: torch.dtype, compile: bool = False) -> None:
+    """FSDP2, in place: each block, then the root. The model's class and parameters change (DTensors).
+    Every process starts from rank 0's weights, as DDP does (each one seeded its own initialisation)."""
+    from torch.distributed.fsdp import fully_shard
+
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            torch.distributed.broadcast(t, src=0)
+    policy = mixed_precision(dtype)
+    for block in model.blocks():
+        if compile:
+            block.compile()
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+
+
+def wrap(model: GPT, cfg: TrainConfig, rt: Runtime) -> nn.Module:
+    """The module the training step calls. `model` stays the one evaluated and saved (sharded in place
+    under FSDP; the uncompiled, unwrapped module otherwise)."""
+    if cfg.activation_checkpointing:
+        checkpoint_activations(model)
+    if cfg.fsdp:
+        shard(model, rt.dtype, compile=cfg.compile)
+        return model
+    train_model = torch.compile(model) if cfg.compile else model
+    if rt.ddp:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        train_model = DDP(train_model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
+    return train_model
+
+
+def micro_step(train_model: nn.Module, last: bool):
+    """The context of one micro-step's forward and backward: DDP skips the gradient all-reduce on all
+    but the last; FSDP reduce-scatters every time (see the module notes)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return train_model.no_sync() if isinstance(train_model, DDP) and not last else nullcontext()
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor with the whole value of `t` (a DTensor's is gathered, a collective)."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def all_finite(model: nn.Module, rt: Runtime) -> bool:
+    """Whether every parameter is finite, on every process (each checks its own shards under FSDP)."""
+    from torch.distributed.tensor import DTensor
+
+    local = all(bool(torch.isfinite(p.to_local() if isinstance(p, DTensor) else p).all()) for p in model.parameters())
+    if not rt.ddp:
+        return local
+    flag = torch.tensor([float(local)], device=rt.device)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+    return bool(flag.item())

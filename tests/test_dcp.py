@@ -1,0 +1,201 @@
+"""Sharded checkpoints (gpt/dcp.py) in one process: round trips, atomic switches, failed and killed saves,
+a .metadata that would run code, reading them wherever a checkpoint is read, conversion to one file.
+Several processes: tests/test_parallel.py."""
+
+import errno
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gpt import checkpoint, dcp
+from gpt.errors import StorageError
+from gpt.model import GPT, GPTConfig
+from gpt.rundir import RunDir
+from gpt.sampling import complete
+
+
+CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.1)
+TOKENIZER = {"kind": "char", "chars": "".join(chr(97 + i % 26) for i in range(26))}
+
+
+def trained(steps=2, seed=0):
+    """A model and AdamW after a few steps (the optimizer has state), as the trainer builds them."""
+    torch.manual_seed(seed)
+    model = GPT(CFG)
+    optimizer = torch.optim.AdamW(model.param_groups(0.1), lr=1e-2, fused=True)
+    for _ in range(steps):
+        x = torch.randint(0, 64, (2, 16))
+        model(x, x)[1].backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model, optimizer
+
+
+def save(run_dir, model, optimizer, step, name="last.dcp"):
+    meta = checkpoint.build_meta(model_config=CFG.to_dict(), tokenizer=TOKENIZER, step=step, world_size=1,
+                                 train_config={"max_iters": 10})
+    rng = [{"torch": torch.get_rng_state()}]
+    dcp.save(run_dir / name, model, optimizer, meta, scaler=None, rng=rng)
+    return rng
+
+
+def assert_same(a, b):
+    """Equal nested state dicts, tensor for tensor (bitwise)."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):  # (betas come back as a list from DCP's state-dict helpers)
+        assert isinstance(b, (list, tuple)) and len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    else:
+        assert a == b
+
+
+def test_round_trip_whole_and_into_a_fresh_model(tmp_path):
+    model, optimizer = trained()
+    rng = save(tmp_path, model, optimizer, step=2)
+    assert os.readlink(tmp_path / "last.dcp") == "step-000002"
+    whole = checkpoint.read(tmp_path, names=checkpoint.LATEST)  # what --resume without --fsdp reads
+    assert_same(whole["model"], model.state_dict())  # the tied head included
+    assert_same(whole["optimizer"], optimizer.state_dict())  # torch.optim's own format
+    assert_same(whole["rng"], rng) and whole["scaler"] is None and whole["meta"]["step"] == 2
+    fresh, fresh_opt = trained(steps=0, seed=1)
+    rest = dcp.load(tmp_path / "last.dcp", fresh, fresh_opt)  # what --fsdp reads (here: whole tensors)
+    assert_same(fresh.state_dict(), model.state_dict())
+    assert_same(fresh_opt.state_dict(), optimizer.state_dict())
+    assert rest["meta"]["step"] == 2 and fresh.lm_head.weight is fresh.transformer.wte.weight
+    assert_same(rest["rng"], rng)
+
+
+def test_a_single_file_loads_into_the_sharded_path_too(tmp_path):
+    """A run that switches to --fsdp resumes its last.pt: each process keeps its part of the whole."""
+    model, optimizer = trained()
+    meta = checkpoint.build_meta(model_config=CFG.to_dict(), tokenizer=TOKENIZER, step=2)
+    checkpoint.save(tmp_path / "last.pt", {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                           "rng": [], "scaler": None}, meta)
+    fresh, fresh_opt = trained(steps=0, seed=1)
+    dcp.load(tmp_path / "last.pt", fresh, fresh_opt)
+    assert_same(fresh.state_dict(), model.state_dict())
+    assert_same(fresh_opt.state_dict(), optimizer.state_dict())
+
+
+def test_links_move_atomically_and_unreferenced_steps_go(tmp_path):
+    model, optimizer = trained()
+    save(tmp_path, model, optimizer, step=2)
+    dcp.mark_best(tmp_path)
+    save(tmp_path, model, optimizer, step=4)
+    assert os.readlink(tmp_path / "best.dcp") == "step-000002" and os.readlink(tmp_path / "last.dcp") == "step-000004"
+    save(tmp_path, model, optimizer, step=4)  # the same step again: a new directory, the old one dropped
+    assert os.readlink(tmp_path / "last.dcp") == "step-000004.1"
+    dcp.mark_best(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.dcp", "last.dcp", "step-000004.1"]
+    assert checkpoint.read_meta(tmp_path)["step"] == 4
+
+
+def test_a_failed_save_is_one_line_and_the_last_checkpoint_stays(tmp_path, monkeypatch):
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    model, optimizer = trained()
+    save(tmp_path, model, optimizer, step=2)
+
+    def full_disk(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(FileSystemWriter, "write_data", full_disk)
+    with pytest.raises(StorageError) as e:
+        save(tmp_path, model, optimizer, step=3)
+    assert str(e.value) == (f"could not write checkpoint {tmp_path / 'step-000003'}: the disk is full; free some "
+                            f"space; the previous last.dcp is intact")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.dcp", "step-000002"]  # nothing half-written left
+    assert checkpoint.read(tmp_path)["meta"]["step"] == 2
+
+
+def test_a_killed_save_never_shows_and_is_cleaned_up_later(tmp_path):
+    model, optimizer = trained()
+    save(tmp_path, model, optimizer, step=2)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(gone.stdout)  # a process that no longer runs
+    partial = tmp_path / f".step-000003.tmp-{pid}"
+    partial.mkdir()
+    (partial / "__0_0.distcp").write_bytes(b"half a shard")
+    os.symlink("step-000003", tmp_path / f".last.dcp.tmp-{pid}")  # killed between the link and its rename
+    assert checkpoint.read(tmp_path)["meta"]["step"] == 2  # readers never see it
+    save(tmp_path, model, optimizer, step=4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.dcp", "step-000004"]
+
+
+def test_a_metadata_file_that_would_run_code_is_refused(tmp_path):
+    model, optimizer = trained()
+    save(tmp_path, model, optimizer, step=2)
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned > " + str(tmp_path / "pwned"),))
+
+    (tmp_path / "last.dcp" / ".metadata").write_bytes(pickle.dumps(Evil()))
+    with pytest.raises(checkpoint.CheckpointError, match=r"not a readable DCP checkpoint: .*system is not allowed"):
+        checkpoint.read(tmp_path)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_every_reader_takes_a_sharded_run_and_convert_writes_one_file(tmp_path, capsys):
+    model, optimizer = trained()
+    save(tmp_path, model, optimizer, step=2)
+    dcp.mark_best(tmp_path)
+    loaded, tok, meta = checkpoint.load_checkpoint(tmp_path)  # sample.py, --init-from, python -m gpt.hf export
+    assert_same(loaded.state_dict(), model.eval().state_dict())
+    (text,) = complete(loaded, tok, "abc", max_new_tokens=5, temperature=0, stop_at_eot=False)
+    assert text  # five tokens of an untrained model
+    assert dcp.main(["convert", "--ckpt", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"wrote {tmp_path / 'last.pt'}", f"wrote {tmp_path / 'best.pt'}"]
+    raw = torch.load(tmp_path / "best.pt", weights_only=True)  # a plain single-file checkpoint
+    assert_same(raw["model"], model.state_dict()) and assert_same(raw["optimizer"], optimizer.state_dict())
+    assert dcp.main(["convert", "--ckpt", str(tmp_path / "last.dcp"), "--out", str(tmp_path / "m.pt")]) == 0
+    assert_same(checkpoint.read(tmp_path / "m.pt")["model"], model.state_dict())
+    assert dcp.main(["convert", "--ckpt", str(tmp_path / "last.dcp")]) == 2
+    assert capsys.readouterr().err.startswith("error: --out: where to write")
+
+
+def test_the_later_of_last_pt_and_last_dcp_is_resumed(tmp_path):
+    model, optimizer = trained()
+    save(tmp_path, model, optimizer, step=2)
+    meta = checkpoint.build_meta(model_config=CFG.to_dict(), tokenizer=TOKENIZER, step=5)
+    checkpoint.save(tmp_path / "last.pt", {"model": model.state_dict()}, meta)
+    assert checkpoint.resolve(tmp_path, checkpoint.LATEST) == tmp_path / "last.pt"
+    save(tmp_path, model, optimizer, step=7)
+    assert checkpoint.resolve(tmp_path, checkpoint.LATEST) == tmp_path / "last.dcp"
+
+
+def test_force_removes_a_sharded_run(tmp_path):
+    model, optimizer = trained()
+    save(tmp_path, model, optimizer, step=2)
+    dcp.mark_best(tmp_path)
+    (tmp_path / "log.jsonl").write_text("")
+    (tmp_path / "notes.txt").write_text("mine")
+    with RunDir(tmp_path).claim(resume=False, force=True):
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_convert_mistakes_are_one_line(tmp_path, capsys):
+    assert dcp.main(["convert", "--ckpt", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"error: no last.dcp or best.dcp in {tmp_path}: give the run directory of a " \
+                                      f"--fsdp run, or one of its checkpoint directories with --out\n"
+    model, optimizer = trained()
+    meta = checkpoint.build_meta(model_config=CFG.to_dict(), tokenizer=TOKENIZER, step=5)
+    checkpoint.save(tmp_path / "last.pt", {"model": model.state_dict()}, meta)
+    assert dcp.main(["convert", "--ckpt", str(tmp_path), "--out", str(tmp_path / "m.pt")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'last.pt'} is already a single-file checkpoint\n"
+    save(tmp_path, model, optimizer, step=2)  # an older sharded checkpoint beside the newer last.pt
+    before = (tmp_path / "last.pt").read_bytes()
+    assert dcp.main(["convert", "--ckpt", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {tmp_path / 'last.pt'} (step 5) is newer than ")
+    assert (tmp_path / "last.pt").read_bytes() == before

@@ -1,0 +1,80 @@
+"""gpt.plan: the activation formula against what autograd saves, the memory terms, the table."""
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from gpt import parallel, plan
+from gpt.config import GPTConfig, build_config
+from gpt.model import GPT
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
+
+
+def saved_bytes(model: GPT, batch: int, seq: int) -> int:
+    """Bytes of the tensors autograd keeps for the backward (each storage once), in bf16 autocast with the
+    flash kernel, as training on a GPU runs."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    x = torch.randint(0, model.config.vocab_size, (batch, seq))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            model(x, x)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    return sum(n for ptr, n in storages.items() if ptr not in params)
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+@pytest.mark.parametrize("shape", [dict(n_layer=2, n_head=4, n_embd=64, vocab_size=512),
+                                   dict(n_layer=3, n_head=6, n_embd=96, vocab_size=256)])
+def test_saved_activations_per_token_are_what_autograd_keeps(shape, checkpointed):
+    cfg = GPTConfig(block_size=32, **shape)
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    if checkpointed:
+        parallel.checkpoint_activations(model)
+    # two batch sizes: what grows with the tokens (the weights' bf16 copies do not)
+    measured = (saved_bytes(model, 4, 32) - saved_bytes(model, 2, 32)) / (2 * 32)
+    s = plan.Shape.of(cfg, batch=1, seq=1)
+    assert measured == plan.saved_activations(s, checkpointed)
+
+
+def test_shape_counts_the_parameters_of_the_real_model():
+    cfg = GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768)
+    s = plan.Shape.of(cfg, batch=1, seq=1024)
+    one_layer = GPT(GPTConfig(**{**cfg.to_dict(), "n_layer": 1}))
+    assert s.params == 124_475_904 == one_layer.num_params(non_embedding=False) + 11 * s.block_params
+    assert s.flops_per_token == 6 * s.params - 6 * 1024 * 768 + 12 * 12 * 1024 * 768  # 6N (no wpe) + attention
+
+
+def test_fsdp_divides_the_training_state_and_checkpointing_the_activations():
+    cfg = build_config(["--config", "gpt2_1558m"])
+    one, eight = (plan.plan(cfg, 50304, n, 80, 0.1)["rows"] for n in (1, 8))
+    state = lambda m: m.weights + m.gradients + m.optimizer  # noqa: E731
+    assert state(eight["FSDP"]) < 0.25 * state(eight["DDP"])
+    assert state(one["DDP"]) == 18 * plan.Shape.of(GPTConfig(vocab_size=50304, **cfg.model_kwargs()), 16, 1024).params
+    assert eight["FSDP + AC"].activations == eight["DDP + AC"].activations < 0.5 * eight["DDP"].activations
+
+
+def test_the_table_says_what_to_use(capsys):
+    assert plan.main(["--config", "gpt2_1558m", "--gpus", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "1,558M parameters, 10.28 GFLOPs per token" in out and out.rstrip().endswith("use: --fsdp")
+    assert "global batch: --grad-accum 32 (524,288 tokens per step" in out
+    assert "| DDP | " in out and "| no |" in out
+    assert plan.main([]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| gpt2_")]
+    assert len(rows) == 12 and [r.split(" | ")[4] for r in rows[:3]] == ["1", "8", "64"]
+    assert [r.split(" | ")[5] for r in rows[:3]] == ["0.5M", "0.5M", "2.0M"]  # 64 GPUs: grad_accum 16 -> 64
+    assert rows[0].endswith("| (no flag) |") and rows[-1].endswith("| --fsdp |")  # 124M on 1 GPU, 1.5B on 64
+
+
+def test_mistakes_are_one_line(capsys):
+    assert plan.main(["--gpus", "0"]) == 2
+    assert capsys.readouterr().err == "error: --gpus: must be >= 1, got 0\n"
+    assert plan.main(["--config", "nope"]) == 2
+    assert capsys.readouterr().err.startswith("error: --config: no file 'nope' and no shipped config of that name")
