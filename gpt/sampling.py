@@ -367,6 +367,18 @@ class TextStream:
         """What is held back, at the end (an incomplete trailing character is dropped)."""
         return self.stops.flush()
 
+    def piece(self, sample: int, token: int, eot: int | None, last: bool) -> "Piece":
+        """The Piece that `token`, the next id of `sample`, makes; its `finish` is set when the sample
+        ends here: at `eot` (None: never), at a stop string, or at the `last` token allowed."""
+        if token == eot:
+            return Piece(sample, self.finish(), [token], "eot")
+        text, hit = self.push(token)
+        if hit:
+            return Piece(sample, text, [token], "stop")
+        if last:
+            return Piece(sample, text + self.finish(), [token], "length")
+        return Piece(sample, text, [token])
+
 
 @dataclass
 class Piece:
@@ -389,6 +401,17 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str | Sequence[int]) -> list[int
     return ids or [tokenizer.eot_token]
 
 
+def prompt_ids(model: GPT, tokenizer: Tokenizer, prompt: str | Sequence[int]) -> list[int]:
+    """`encode_prompt`, checked: the tokenizer belongs to the model and every id is one of its ids."""
+    ids = encode_prompt(tokenizer, prompt)
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise SamplingError(f"the tokenizer has {tokenizer.vocab_size} ids but the model only "
+                            f"{model.config.vocab_size} embedding rows: they do not belong together")
+    if any(not 0 <= i < tokenizer.vocab_size for i in ids):
+        raise SamplingError(f"prompt ids must be in [0, {tokenizer.vocab_size}), the tokenizer's ids")
+    return ids
+
+
 def generate(
     model: GPT,
     tokenizer: Tokenizer,
@@ -409,12 +432,7 @@ def generate(
     if model.config.n_encoder_layer:
         raise SamplingError(f"this model has an encoder (n_encoder_layer={model.config.n_encoder_layer}): "
                             "generate continues text with decoder-only models; translate with gpt.translate")
-    ids = encode_prompt(tokenizer, prompt)
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise SamplingError(f"the tokenizer has {tokenizer.vocab_size} ids but the model only "
-                            f"{model.config.vocab_size} embedding rows: they do not belong together")
-    if any(not 0 <= i < tokenizer.vocab_size for i in ids):
-        raise SamplingError(f"prompt ids must be in [0, {tokenizer.vocab_size}), the tokenizer's ids")
+    ids = prompt_ids(model, tokenizer, prompt)
     block_size = model.config.block_size
     if len(ids) > block_size:
         warnings.warn(
@@ -448,17 +466,9 @@ def _generate(model: GPT, tokenizer: Tokenizer, ids: list[int], cfg: SampleConfi
         )
         alive = []
         for row, (sample, token) in enumerate(zip(rows, new.tolist())):
-            stream = streams[sample]
-            if token == eot:
-                yield Piece(sample, stream.finish(), [token], "eot")
-                continue
-            text, hit = stream.push(token)
-            if hit:
-                yield Piece(sample, text, [token], "stop")
-            elif step == cfg.max_new_tokens - 1:
-                yield Piece(sample, text + stream.finish(), [token], "length")
-            else:
-                yield Piece(sample, text, [token])
+            piece = streams[sample].piece(sample, token, eot, last=step == cfg.max_new_tokens - 1)
+            yield piece
+            if piece.finish is None:
                 alive.append(row)
         if not alive:
             return
