@@ -81,6 +81,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "(default: auto)")
     p.add_argument("--dtype", default="auto", help="auto (bfloat16 on a capable GPU, else float32), float32, "
                    "bfloat16, float16 (CUDA only) (default: auto)")
+    p.add_argument("--quantize", default="none", choices=["none", "int8"],
+                   help="int8: dynamic int8 Linear layers, CPU and float32 only (gpt/quantize.py) (default: none)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model's forward, instead of CUDA-graph decode steps (default: off)")
     p.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
@@ -141,6 +143,7 @@ def run(args: argparse.Namespace) -> None:
     import torch
 
     from gpt import generate, load_checkpoint
+    from gpt.quantize import quantize
     from gpt.sampling import ContextWarning, SampleConfig, SamplingError, resolve_device, resolve_dtype
 
     if args.source or args.source_file:
@@ -166,7 +169,7 @@ def run(args: argparse.Namespace) -> None:
     if model.config.n_encoder_layer:
         raise SamplingError(f"{args.ckpt} is a seq2seq (encoder-decoder) checkpoint: translate with --source TEXT "
                             f"or --source-file FILE{', not --prompt' if args.prompt is not None or args.prompt_file else ''}")
-    model.to(dtype)
+    model = quantize(model.to(dtype), args.quantize)
     if args.compile:
         model.hidden = torch.compile(model.hidden, dynamic=True)
 
@@ -209,6 +212,7 @@ def translate(args: argparse.Namespace) -> None:
     """--source / --source-file: one translated line per source on stdout, a summary on stderr."""
     from gpt import load_checkpoint
     from gpt.pairs import read_lines
+    from gpt.quantize import quantize
     from gpt.sampling import resolve_device, resolve_dtype
     from gpt.translate import TranslateConfig, TranslateError, is_seq2seq, translate_lines
 
@@ -228,7 +232,7 @@ def translate(args: argparse.Namespace) -> None:
     if not is_seq2seq(meta):
         raise TranslateError(f"--source needs a seq2seq (encoder-decoder) checkpoint; {args.ckpt} is decoder-only: "
                              f"continue text with --prompt instead")
-    model.to(dtype)
+    model = quantize(model.to(dtype), args.quantize)
     start = time.perf_counter()
     lines = translate_lines(model, tokenizer, meta, sources, cfg)
     elapsed = time.perf_counter() - start

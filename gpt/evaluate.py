@@ -85,16 +85,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, help="evaluate only the first N lines")
     p.add_argument("--output", help="write the translations here, one per line")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--quantize", default="none", choices=["none", "int8"],
+                   help="int8: dynamic int8 Linear layers, CPU only (gpt/quantize.py)")
     return p
 
 
 def run(args: argparse.Namespace) -> str:
     from gpt.checkpoint import load_checkpoint
+    from gpt.quantize import quantize
 
     sources, references = read_lines(args.source_file), read_lines(args.reference)
     if args.limit:
         sources, references = sources[: args.limit], references[: args.limit]
     model, tok, meta = load_checkpoint(args.ckpt, device=args.device)
+    model = quantize(model, args.quantize)
     bos, eos = seq2seq_ids(meta)
     check_vocab(tok, model)
     result = evaluate(model, tok, sources, references, bos, eos, args.beam_size, args.length_penalty,

@@ -1,5 +1,8 @@
 """int8 inference (gpt/quantize.py): which layers change, how close the model stays, where it runs."""
 
+import runpy
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn as nn
@@ -9,6 +12,7 @@ from gpt.batching import BatchEngine, Request
 from gpt.quantize import QuantizeError, linear_names, quantize
 from gpt.sampling import SampleConfig, complete
 
+ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -86,3 +90,42 @@ def test_mistakes():
     assert quantize(model, "none") is model and isinstance(model.lm_head, nn.Linear)
     with pytest.raises(QuantizeError, match="starts from float32 weights, not bfloat16: use --dtype float32"):
         quantize(model.to(torch.bfloat16), "int8")
+
+
+
+def test_sample_script_quantize_flag(trained_run, capsys):
+    main = runpy.run_path(str(ROOT / "sample.py"), run_name="sample_script")["main"]
+    model, tok, _ = load_checkpoint(trained_run)
+    expected = complete(quantize(model, "int8"), tok, "ROMEO:", max_new_tokens=30, temperature=0)[0]
+    assert main(["--ckpt", str(trained_run), "--prompt", "ROMEO:", "--max-new-tokens", "30", "--temperature", "0",
+                 "--quantize", "int8"]) == 0
+    assert capsys.readouterr().out == "ROMEO:" + expected + "\n"
+    assert main(["--ckpt", str(trained_run), "--quantize", "int8", "--dtype", "bfloat16"]) == 2
+    assert capsys.readouterr().err == "error: --quantize int8 starts from float32 weights, not bfloat16: use " \
+                                      "--dtype float32\n"
+
+
+def test_evaluate_quantize_flag(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("sacrebleu")
+    import gpt.quantize
+    from gpt import checkpoint
+    from gpt.evaluate import main
+    from gpt.tokenizer import CharTokenizer
+    from gpt.translate import translate
+
+    tok = CharTokenizer("abcdefgh ")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16, n_encoder_layer=1))
+    eos = tok.eot_token
+    meta = {"model_config": model.config.to_dict(), "tokenizer": tok.spec, "seq2seq": {"bos": eos, "eos": eos, "pad": eos}}
+    checkpoint.save(tmp_path / "run" / "best.pt", {"model": model.state_dict()}, meta)
+    sources = ["abc def", "gh a", "bad cafe"]
+    (tmp_path / "src").write_text("\n".join(sources) + "\n")
+    (tmp_path / "ref").write_text("\n".join(sources) + "\n")
+    modes = []
+    monkeypatch.setattr(gpt.quantize, "quantize", lambda m, mode: (modes.append(mode), quantize(m, mode))[1])
+    assert main(["--ckpt", str(tmp_path / "run"), "--source-file", str(tmp_path / "src"), "--reference",
+                 str(tmp_path / "ref"), "--device", "cpu", "--quantize", "int8", "--output", str(tmp_path / "hyp")]) == 0
+    assert modes == ["int8"] and capsys.readouterr().out.startswith("BLEU ")
+    expected = translate(quantize(model.eval(), "int8"), tok, sources, eos, eos)
+    assert (tmp_path / "hyp").read_text().splitlines() == [" ".join(t.splitlines()) for t in expected]
