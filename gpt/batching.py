@@ -24,9 +24,10 @@ Design notes
 - Leaving. A row that ends (end-of-text, a stop string, max_new_tokens) or whose request was
   cancelled leaves at the end of the step: the last active row moves into its place (one row copied
   per layer), so the active rows stay [0, n).
-- Sampling is per request, with the request's own settings and generator, over its rows in sample
-  order: the same draws `gpt.sampling.generate` makes for that seed. A request's output does not
-  depend on which other requests share the batch (up to the float rounding of batched matmuls).
+- Sampling uses each request's own settings and generator, over its rows in sample order: the same
+  draws `gpt.sampling.generate` makes for that seed, so a request's output does not depend on which
+  other requests share the batch (up to the float rounding of batched matmuls). Requests with the
+  same settings are sampled in one batched call, each row with a uniform from its request's generator.
 - The context window slides per row as in `gpt.sampling.Decoder`: a row whose context would pass
   block_size keeps its last `keep` tokens, re-prefilled alone in its own row (all but the newest
   token, which the batched step then appends).
@@ -44,7 +45,7 @@ import torch
 
 from gpt.errors import UserError
 from gpt.model import GPT, KVCache
-from gpt.sampling import Piece, SampleConfig, StopMatcher, TextStream, next_token
+from gpt.sampling import Piece, SampleConfig, StopMatcher, TextStream, draw_uniforms, next_token
 
 
 class QueueFull(UserError, RuntimeError):
@@ -134,25 +135,33 @@ class _Engine:
         self.rows: list = []  # the batch's rows (BatchEngine: row i of the caches is rows[i])
         self.waiting: deque[Request] = deque()
         self.steps = 0
+        self._queue_lock = threading.Lock()  # submit (any thread) vs. admit (the engine's thread)
 
     @property
     def busy(self) -> bool:
         return bool(self.rows or self.waiting)
 
+    def pending(self) -> int:
+        """Requests waiting for rows (cancelled ones do not count)."""
+        with self._queue_lock:
+            return sum(not r.cancelled for r in self.waiting)
+
     def submit(self, request: Request) -> None:
         """Queue a request; it joins the batch at a step where it has rows (first come, first served)."""
         if request.config.num_samples > self.max_rows:
             raise ValueError(f"{request.config.num_samples} samples do not fit a batch of {self.max_rows} rows")
-        self.waiting.append(request)
+        with self._queue_lock:
+            self.waiting.append(request)
 
     def _admit(self) -> list[Request]:
         joined = []
         free = self.max_rows - len(self.rows)
-        while self.waiting and (self.waiting[0].cancelled or self.waiting[0].config.num_samples <= free):
-            request = self.waiting.popleft()
-            if not request.cancelled:
-                joined.append(request)
-                free -= request.config.num_samples
+        with self._queue_lock:
+            while self.waiting and (self.waiting[0].cancelled or self.waiting[0].config.num_samples <= free):
+                request = self.waiting.popleft()
+                if not request.cancelled:
+                    joined.append(request)
+                    free -= request.config.num_samples
         return joined
 
 
@@ -190,8 +199,7 @@ class BatchEngine(_Engine):
         logits = torch.cat(logits)
         self.steps += 1
         finished = []
-        for request, rows in self._by_request().items():
-            new = self._sample(request, rows, logits)
+        for request, rows, new in self._sample(logits):
             for i, token in zip(rows, new.tolist()):
                 row = self.rows[i]
                 row.tokens.append(token)
@@ -208,23 +216,37 @@ class BatchEngine(_Engine):
     def _eot(self, request: Request) -> int | None:
         return self.tokenizer.eot_token if request.config.stop_at_eot else None
 
-    def _by_request(self) -> dict[Request, list[int]]:
-        """Each request's batch rows, in sample order."""
-        out: dict[Request, list[int]] = {}
-        for i in sorted(range(len(self.rows)), key=lambda i: self.rows[i].sample):
-            out.setdefault(self.rows[i].request, []).append(i)
-        return out
+    def _sample(self, logits: torch.Tensor):
+        """(request, its rows in sample order, their next ids) for every request in the batch.
 
-    def _sample(self, request: Request, rows: list[int], logits: torch.Tensor) -> torch.Tensor:
-        cfg = request.config
-        prev = None
-        if cfg.repetition_penalty != 1.0:  # the rows of a request are equally long
-            prev = torch.tensor([self.rows[i].tokens for i in rows], device=self.device)
-        return next_token(
-            logits[rows], temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-            repetition_penalty=cfg.repetition_penalty, prev_ids=prev, vocab_size=self.vocab_size,
-            generator=self.rows[rows[0]].generator,
-        )
+        Requests with the same settings are sampled in one call, each row with a uniform from its own
+        request's generator (the draws generate() makes); with a repetition penalty, one by one.
+        """
+        by_request: dict[Request, list[int]] = {}
+        for i in sorted(range(len(self.rows)), key=lambda i: self.rows[i].sample):
+            by_request.setdefault(self.rows[i].request, []).append(i)
+        groups: dict[tuple, list[Request]] = {}
+        for request in by_request:
+            c = request.config
+            key = (c.temperature, c.top_k, c.top_p) if c.repetition_penalty == 1.0 else (id(request),)
+            groups.setdefault(key, []).append(request)
+        for members in groups.values():
+            cfg = members[0].config
+            rows = [i for request in members for i in by_request[request]]
+            uniforms = prev = None
+            if cfg.temperature > 0:
+                uniforms = torch.cat([draw_uniforms(len(by_request[r]), self.rows[by_request[r][0]].generator,
+                                                    self.device) for r in members])
+            if cfg.repetition_penalty != 1.0:  # a group of one request: its rows are equally long
+                prev = torch.tensor([self.rows[i].tokens for i in rows], device=self.device)
+            new = next_token(logits[rows], temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                             repetition_penalty=cfg.repetition_penalty, prev_ids=prev, vocab_size=self.vocab_size,
+                             uniforms=uniforms)
+            start = 0
+            for request in members:
+                n = len(by_request[request])
+                yield request, by_request[request], new[start : start + n]
+                start += n
 
     def _forward(self, contexts: list[list[int]], start: int, pos: list[int]) -> torch.Tensor:
         """Next-token logits (B, V) after each context, fed right-padded to rows [start, start + B) of
@@ -348,7 +370,7 @@ class BatchWorker:
     def submit(self, requests: list[Request]) -> None:
         """Queue requests together, or none of them: QueueFull when they would pass max_waiting."""
         with self._wake:
-            waiting = sum(not r.cancelled for r in self.engine.waiting)
+            waiting = self.engine.pending()
             if waiting + len(requests) > self.max_waiting:
                 raise QueueFull(f"{waiting} requests are waiting already (at most {self.max_waiting}): "
                                 "try again later")
@@ -360,7 +382,7 @@ class BatchWorker:
     def load(self) -> dict:
         with self._wake:
             return {"rows": len(self.engine.rows), "max_rows": self.engine.max_rows,
-                    "waiting": len(self.engine.waiting), "max_waiting": self.max_waiting}
+                    "waiting": self.engine.pending(), "max_waiting": self.max_waiting}
 
     def _run(self) -> None:
         while True:

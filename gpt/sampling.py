@@ -172,14 +172,21 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 
-def sample_probs(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One draw per row of probs (B, V) by inverting the CDF with a uniform from `generator`.
+def draw_uniforms(n: int, generator: torch.Generator | None = None, device=None) -> torch.Tensor:
+    """The (n, 1) float64 uniforms `sample_probs` draws for n rows from `generator`."""
+    return torch.rand(n, 1, generator=generator, device=device, dtype=torch.float64)
+
+
+def sample_probs(probs: torch.Tensor, generator: torch.Generator | None = None,
+                 uniforms: torch.Tensor | None = None) -> torch.Tensor:
+    """One draw per row of probs (B, V) by inverting the CDF with a uniform from `generator`, or with
+    `uniforms` (B, 1) drawn by the caller (`draw_uniforms`; rows from several generators in one batch).
 
     An id of probability 0 is never drawn. (torch.multinomial draws V exponentials per row, which
     is most of a decode step's sampling time with a 50k vocabulary on CPU.)
     """
     cdf = probs.double().cumsum(dim=-1)
-    u = torch.rand(probs.size(0), 1, generator=generator, device=probs.device, dtype=torch.float64)
+    u = uniforms if uniforms is not None else draw_uniforms(probs.size(0), generator, probs.device)
     ids = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # first id whose cdf exceeds u * total
     return ids.clamp_(max=probs.size(-1) - 1).squeeze(-1)
 
@@ -194,10 +201,12 @@ def next_token(
     prev_ids: torch.Tensor | None = None,
     vocab_size: int | None = None,
     generator: torch.Generator | None = None,
+    uniforms: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Next ids (B,) from logits (B, V): only ids < vocab_size (a padded vocabulary's extra rows are
     cut off), repetition penalty on prev_ids (B, T), then greedy argmax (temperature 0) or a draw
-    from softmax(logits / temperature) restricted by top-k, then top-p.
+    from softmax(logits / temperature) restricted by top-k, then top-p, with a uniform per row from
+    `generator` or given as `uniforms` (see `sample_probs`).
 
     With top-k the draw happens among the k candidates only (the same distribution as filtering the
     whole vocabulary, at a fraction of the cost).
@@ -212,9 +221,9 @@ def next_token(
     logits = logits / temperature
     if top_k is not None and top_k < logits.size(-1):
         values, candidates = torch.topk(logits, top_k, dim=-1)  # (B, k), sorted
-        choice = sample_probs(torch.softmax(top_p_filter(values, top_p), dim=-1), generator)
+        choice = sample_probs(torch.softmax(top_p_filter(values, top_p), dim=-1), generator, uniforms)
         return candidates.gather(-1, choice[:, None]).squeeze(-1)
-    return sample_probs(torch.softmax(top_p_filter(logits, top_p), dim=-1), generator)
+    return sample_probs(torch.softmax(top_p_filter(logits, top_p), dim=-1), generator, uniforms)
 
 
 # ---- the KV-cached decode loop --------------------------------------------------------------------

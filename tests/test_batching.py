@@ -102,6 +102,20 @@ def test_requests_joining_a_running_batch_get_what_they_would_get_alone(settings
         assert r["finish"] == ["length"] * len(expected)
 
 
+def test_requests_with_different_settings_share_a_batch():
+    model, tok = random_model(), CharTokenizer(CHARS)
+    engine = BatchEngine(model, tok, max_rows=8)
+    specs = [("abc", dict(temperature=1.0, top_k=5, seed=1, num_samples=2)),  # one group: same settings ...
+             ("hello", dict(temperature=1.0, top_k=5, seed=2)),  # ... another generator
+             ("x", dict(temperature=0.7, top_p=0.9, seed=3)),
+             ("so", dict(temperature=0)),
+             ("we", dict(temperature=1.0, repetition_penalty=1.5, seed=4, num_samples=2))]
+    results = [collect(engine, tok.encode(p), max_new_tokens=25, stop_at_eot=False, **kw) for p, kw in specs]
+    run(engine)
+    for (p, kw), r in zip(specs, results):
+        assert r["text"] == complete(model, tok, p, max_new_tokens=25, stop_at_eot=False, **kw)
+
+
 def test_window_slides_per_row_like_generate():
     model, tok = random_model(block=16), CharTokenizer(CHARS)
     engine = BatchEngine(model, tok, max_rows=4)  # keep = 8, as generate's default
