@@ -216,7 +216,7 @@ def test_a_client_that_gives_up_waiting_for_a_whole_completion_frees_its_rows(se
     body = {"model": NAME, "prompt": "ROMEO:", "max_tokens": 1000, "n": 3}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(url + "/v1/completions", json=body, timeout=httpx.Timeout(30, read=0.3))
-    assert worker.load["rows"] == 3  # still decoding when the client hung up
+    assert worker.load["rows"] > 0  # still decoding when the client hung up (a sample may have ended early)
     deadline = time.monotonic() + 10
     while worker.load["rows"] and time.monotonic() < deadline:  # the server polls for the disconnect
         time.sleep(0.02)
