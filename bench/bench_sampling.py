@@ -302,11 +302,11 @@ def main() -> None:
           "ours / transformers (in context) | int8 / float32 tokens/s | int8 val loss vs float32 |",
           "|---|---|---|---|---|"]
 
-    def cell(v: dict, key: str, fmt: str) -> str:
-        return format(v[key], fmt) if key in v else "-"
+    def cell(v: dict, key: str, fmt: str, unit: str = "") -> str:
+        return format(v[key], fmt) + unit if key in v else "-"
 
-    md += [f"| {k} | {cell(v, 'cached_vs_recompute', '.1f')}x | {cell(v, 'cached_vs_hf_in_context', '.2f')}x | "
-           f"{cell(v, 'int8_vs_float32', '.2f')}x | {cell(v, 'int8_val_loss_rel_diff', '+.2%')} |"
+    md += [f"| {k} | {cell(v, 'cached_vs_recompute', '.1f', 'x')} | {cell(v, 'cached_vs_hf_in_context', '.2f', 'x')} | "
+           f"{cell(v, 'int8_vs_float32', '.2f', 'x')} | {cell(v, 'int8_val_loss_rel_diff', '+.2%')} |"
            for k, v in speedups.items()]
     losses = [r for r in results if r["run"] == "val-loss"]
     if losses:
