@@ -1,8 +1,9 @@
 """Sampling speed on CPU: our KV-cached generate vs recomputing the context (nanoGPT's sample.py) vs
 transformers' GPT2LMHeadModel.generate on the same (exported) weights.
 
-    python bench/bench_sampling.py                       # ~2-3 minutes; writes bench/results/sampling.{json,md}
+    python bench/bench_sampling.py                       # ~5 minutes; writes bench/results/sampling.{json,md}
     python bench/bench_sampling.py --threads 0 --budget 10     # torch's default thread count
+    python bench/bench_sampling.py --runs cached,int8,val-loss --out bench/results/sampling-int8   # int8 only
 
 Models (random weights: speed does not depend on them; end-of-text never stops a run, so every run
 generates exactly the tokens asked for):
@@ -22,8 +23,14 @@ top-k 200, after a short warm-up:
   seconds (at most 500 tokens) and tokens/s is measured over what it generated.
 - `cached-in-context` and `hf`: a 16-token prompt and block_size - 16 new tokens (transformers'
   GPT-2 cannot go past n_positions), ours vs `generate(do_sample=True, top_k=200, use_cache=True)`.
+- `int8`: `cached` with the Linear layers in dynamic int8 (`gpt.quantize`, what `--quantize int8`
+  does), on the same random weights.
+- `val-loss`: the same shapes trained briefly on tiny-shakespeare (bench/models.py, cached in
+  out/bench-models/; trained on first use, about 12 minutes), mean loss over up to `--val-windows`
+  evenly spaced block_size windows of the validation split, float32 and int8 on the same windows.
 Reported: time to first token (prompt prefill + first sample), tokens/s over the whole run, peak RSS
 and RSS after loading the model. The machine's load average is recorded: the CPU may be shared.
+The int8 goals: tokens/s >= 1.5x float32 (`int8` / `cached`) and val loss within 1% of float32.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # bench/models.py
 SHARED = Path(os.environ.get("GPT_SHARED_DATA", ROOT.parent / "shared" / "data"))
 if (SHARED / "gpt2.tiktoken").exists():
     os.environ.setdefault("GPT2_TIKTOKEN_FILE", str(SHARED / "gpt2.tiktoken"))
@@ -53,6 +61,9 @@ MODELS = {
     "bpe-6x384": dict(tokenizer="gpt2", n_layer=6, n_head=6, n_embd=384, block_size=256),
 }
 SAMPLES, NEW_TOKENS, SHORT_PROMPT, TOP_K = 5, 500, 16, 200
+# run -> its prompt length (None: a full block_size prompt)
+RUNS = {"cached": None, "recompute": None, "cached-in-context": SHORT_PROMPT, "hf": SHORT_PROMPT, "int8": None,
+        "val-loss": None}
 
 
 def tokenizer_and_text(name: str):
@@ -161,18 +172,49 @@ def run_hf(hf_dir, prompt, new_tokens):
     return rss_loaded, once(prompt, new_tokens)
 
 
+@torch.no_grad()
+def run_val_loss(name: str, windows: int) -> dict:
+    """Mean next-token loss of the trained model over evenly spaced val windows, float32 and int8."""
+    from models import ensure, val_tokens
+
+    from gpt import load_checkpoint
+    from gpt.quantize import quantize
+
+    model, _, _ = load_checkpoint(ensure(name))
+    block = model.config.block_size
+    ids = torch.from_numpy(val_tokens(name))
+    starts = torch.linspace(0, len(ids) - block - 1, min(windows, (len(ids) - 1) // block)).long()
+    x = torch.stack([ids[s : s + block] for s in starts])
+    y = torch.stack([ids[s + 1 : s + block + 1] for s in starts])
+
+    def loss(m) -> float:
+        return sum(m(x[i : i + 8], y[i : i + 8])[1].item() * len(x[i : i + 8]) for i in range(0, len(x), 8)) / len(x)
+
+    fp32 = loss(model)
+    int8 = loss(quantize(model, "int8"))
+    return {"val_loss_fp32": fp32, "val_loss_int8": int8, "val_loss_rel_diff": (int8 - fp32) / fp32,
+            "val_windows": len(x), "val_tokens": len(x) * block}
+
+
 def child(args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     job = json.loads(args.child)
+    if job["run"] == "val-loss":
+        print(json.dumps(dict(job, threads=torch.get_num_threads(), **run_val_loss(job["model"], args.val_windows))))
+        return
     tok, text_ids = tokenizer_and_text(job["model"])
     block = MODELS[job["model"]]["block_size"]
     if job["run"] == "hf":
         rss_loaded, (first, count, elapsed) = run_hf(job["hf_dir"], text_ids[:SHORT_PROMPT], block - SHORT_PROMPT)
     else:
         model = build(job["model"], tok)
+        if job["run"] == "int8":
+            from gpt.quantize import quantize
+
+            model = quantize(model, "int8")
         rss_loaded = rss_mb()
-        if job["run"] == "cached":
+        if job["run"] in ("cached", "int8"):
             first, count, elapsed = run_ours(model, tok, text_ids[:block], NEW_TOKENS)
         elif job["run"] == "cached-in-context":
             first, count, elapsed = run_ours(model, tok, text_ids[:SHORT_PROMPT], block - SHORT_PROMPT)
@@ -191,6 +233,8 @@ def table(results: list[dict]) -> str:
     rows = ["| model | run | prompt -> new tokens (x5 samples) | time to first token | tokens/s | peak RSS |",
             "|---|---|---|---|---|---|"]
     for r in results:
+        if r["run"] == "val-loss":
+            continue
         new = r["tokens"] // SAMPLES
         rows.append(f"| {r['model']} | {r['run']} | {r['prompt']} -> {new} | {r['ttft_ms']:.0f} ms | "
                     f"{r['tokens_per_s']:.0f} | {r['peak_rss_mb']:.0f} MB |")
@@ -203,11 +247,15 @@ def main() -> None:
                    help="torch threads, 0 for torch's default (default: 1: on a shared CPU more threads stall)")
     p.add_argument("--budget", type=float, default=15.0, help="seconds for each no-cache recompute run (default: 15)")
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
+    p.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)}")
+    p.add_argument("--val-windows", type=int, default=64, help="block_size windows of the val split for val-loss")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "sampling"), help="results path, without suffix")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         return child(args)
+
+    from models import cpu_model
 
     from gpt.hf import export_hf
 
@@ -218,35 +266,53 @@ def main() -> None:
             tok, _ = tokenizer_and_text(name)
             block = MODELS[name]["block_size"]
             hf_dir = export_hf(build(name, tok), tok, Path(tmp) / name)
-            for run, prompt in [("cached", block), ("recompute", block),
-                                ("cached-in-context", SHORT_PROMPT), ("hf", SHORT_PROMPT)]:
-                job = dict(model=name, run=run, prompt=prompt, hf_dir=str(hf_dir))
+            for run in args.runs.split(","):
+                job = dict(model=name, run=run, prompt=RUNS[run] or block, hf_dir=str(hf_dir))
                 cmd = [sys.executable, __file__, "--child", json.dumps(job), "--budget", str(args.budget),
-                       "--threads", str(args.threads)]
+                       "--threads", str(args.threads), "--val-windows", str(args.val_windows)]
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
                 result = json.loads(out.strip().splitlines()[-1])
                 result.pop("hf_dir")
+                result["load_avg"] = os.getloadavg()
                 results.append(result)
+                if run == "val-loss":
+                    print(f"{name:10s} {run:18s} float32 {result['val_loss_fp32']:.4f}  int8 "
+                          f"{result['val_loss_int8']:.4f}  ({100 * result['val_loss_rel_diff']:+.2f}%)", flush=True)
+                    continue
                 print(f"{name:10s} {run:18s} {result['tokens_per_s']:8.0f} tokens/s  "
                       f"ttft {result['ttft_ms']:6.0f} ms  peak {result['peak_rss_mb']:5.0f} MB", flush=True)
     speedups = {}
     for name in args.models.split(","):
         by = {r["run"]: r for r in results if r["model"] == name}
-        speedups[name] = {
-            "cached_vs_recompute": by["cached"]["tokens_per_s"] / by["recompute"]["tokens_per_s"],
-            "cached_vs_hf_in_context": by["cached-in-context"]["tokens_per_s"] / by["hf"]["tokens_per_s"],
-        }
+        ratios = {"cached_vs_recompute": ("cached", "recompute"), "cached_vs_hf_in_context": ("cached-in-context", "hf"),
+                  "int8_vs_float32": ("int8", "cached")}
+        speedups[name] = {k: by[a]["tokens_per_s"] / by[b]["tokens_per_s"] for k, (a, b) in ratios.items()
+                          if a in by and b in by}
+        if "val-loss" in by:
+            speedups[name]["int8_val_loss_rel_diff"] = by["val-loss"]["val_loss_rel_diff"]
     env = dict(
-        python=platform.python_version(), torch=torch.__version__, cpu=platform.processor() or platform.machine(),
-        cores=os.cpu_count(), threads=results[0]["threads"], load_avg_before=load_before,
-        load_avg_after=os.getloadavg(),
+        python=platform.python_version(), torch=torch.__version__, cpu=cpu_model(),
+        capability=torch.backends.cpu.get_cpu_capability(), cores=os.cpu_count(), threads=results[0]["threads"],
+        load_avg_before=load_before, load_avg_after=os.getloadavg(),
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(dict(env=env, results=results, speedups=speedups), indent=2) + "\n")
     md = [f"Environment: {json.dumps(env)}", "", table(results), "", "| model | cached / recompute | "
-          "ours / transformers (in context) |", "|---|---|---|"]
-    md += [f"| {k} | {v['cached_vs_recompute']:.1f}x | {v['cached_vs_hf_in_context']:.2f}x |" for k, v in speedups.items()]
+          "ours / transformers (in context) | int8 / float32 tokens/s | int8 val loss vs float32 |",
+          "|---|---|---|---|---|"]
+
+    def cell(v: dict, key: str, fmt: str, unit: str = "") -> str:
+        return format(v[key], fmt) + unit if key in v else "-"
+
+    md += [f"| {k} | {cell(v, 'cached_vs_recompute', '.1f', 'x')} | {cell(v, 'cached_vs_hf_in_context', '.2f', 'x')} | "
+           f"{cell(v, 'int8_vs_float32', '.2f', 'x')} | {cell(v, 'int8_val_loss_rel_diff', '+.2%')} |"
+           for k, v in speedups.items()]
+    losses = [r for r in results if r["run"] == "val-loss"]
+    if losses:
+        md += ["", "| model | val loss float32 | val loss int8 | difference | val tokens |", "|---|---|---|---|---|"]
+        md += [f"| {r['model']} | {r['val_loss_fp32']:.4f} | {r['val_loss_int8']:.4f} | "
+               f"{r['val_loss_rel_diff']:+.2%} | {r['val_tokens']} |" for r in losses]
     out.with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 

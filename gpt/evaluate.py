@@ -88,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", help="auto (bf16 on a capable GPU or a CPU with native bf16, else "
                    "float32), float32, bfloat16, float16 (CUDA only)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for PyTorch; 0 = its default")
+    p.add_argument("--quantize", default="none", choices=["none", "int8"],
+                   help="int8: dynamic int8 Linear layers, CPU only (gpt/quantize.py)")
     return p
 
 
@@ -107,6 +109,7 @@ def check_output(path: str) -> None:
 
 def run(args: argparse.Namespace) -> str:
     from gpt.checkpoint import load_checkpoint
+    from gpt.quantize import dtype_flag, quantize
     from gpt.runtime import setup
 
     # the ranges and the output path before anything is read; translate() checks what depends on the model
@@ -119,9 +122,9 @@ def run(args: argparse.Namespace) -> str:
     sources, references = read_lines(args.source_file), read_lines(args.reference)
     if args.limit:
         sources, references = sources[: args.limit], references[: args.limit]
-    rt = setup(args.device, args.dtype, args.threads, distributed=False)
+    rt = setup(args.device, dtype_flag(args.dtype, args.quantize), args.threads, distributed=False)
     model, tok, meta = load_checkpoint(args.ckpt, device=rt.device)
-    model.to(rt.dtype)
+    model = quantize(model.to(rt.dtype), args.quantize)
     bos, eos = seq2seq_ids(meta)
     check_vocab(tok, model)
     result = evaluate(model, tok, sources, references, bos, eos, args.beam_size, args.length_penalty,

@@ -51,10 +51,12 @@ class KVCache:
     Preallocated to `max_len`; `append` writes the new keys/values at `pos` and returns views of
     everything cached so far.
 
-    Static mode (CUDA graphs): when `pos` is a 0-dim device tensor instead of an int, `append`
-    writes one step's keys/values at that position and returns the whole buffers, so every step
-    has the same shapes and addresses; `GPT.hidden` masks out the keys not written yet, and the
-    caller advances `pos` (see `gpt.sampling.Decoder`).
+    Static mode (CUDA graphs, continuous batching): when `pos` is a device tensor instead of an int,
+    `append` writes the new keys/values at that position and returns the whole buffers, so every
+    step has the same shapes and addresses; `GPT.hidden` masks out the keys not written yet, and the
+    caller advances `pos` (see `gpt.sampling.Decoder`). A 0-dim `pos` is one position for every row
+    (one token per step); a (B,) `pos` is one position per row, so rows of different lengths decode
+    together (`gpt.batching`): row b's T new tokens go to positions pos[b] .. pos[b] + T - 1.
 
     Rolling (RoPE models, `rolling=True`): keys carry their rotation, so once the cache is full a
     one-token append overwrites the oldest slot and attention runs over every slot, in any order
@@ -74,10 +76,12 @@ class KVCache:
         return self.k.size(2)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if isinstance(self.pos, torch.Tensor):  # static mode: one token at a device-side position
-            index = (self.pos % self.max_len).view(1)  # (a rolling cache's slot; pos itself otherwise)
-            self.k.index_copy_(2, index, k)
-            self.v.index_copy_(2, index, v)
+        if isinstance(self.pos, torch.Tensor):  # static mode: at device-side position(s), per row or shared
+            B, nh, T, hs = k.shape
+            index = (self.pos.view(-1, 1) + torch.arange(T, device=k.device)) % self.max_len  # (a rolling cache's slots)
+            index = index.view(-1, 1, T, 1).expand(B, nh, T, hs)
+            self.k.scatter_(2, index, k)
+            self.v.scatter_(2, index, v)
             return self.k, self.v
         t = k.size(2)
         if self.rolling and t == 1 and self.pos >= self.max_len:
@@ -99,13 +103,20 @@ class KVCache:
         self.v = self.v.index_select(0, index)
 
 
+def positions(start: int | torch.Tensor, T: int, device) -> torch.Tensor:
+    """Absolute positions start .. start + T - 1: (T,) for an int start; (B or 1, T) for a device
+    tensor start (0-dim, or one start per row)."""
+    pos = torch.arange(T, device=device)
+    return start.view(-1, 1) + pos if isinstance(start, torch.Tensor) else start + pos
+
+
 def rope_cos_sin(positions: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin (T, head_dim) of the rotary angles pos * ROPE_THETA^(-2i/head_dim), each frequency
+    """cos and sin (..., T, head_dim) of the rotary angles pos * ROPE_THETA^(-2i/head_dim), each frequency
     repeated for the two halves of a head; float32, from angles computed in float64 (but on MPS)."""
     wide = torch.float32 if positions.device.type == "mps" else torch.float64
     inv_freq = ROPE_THETA ** (-torch.arange(0, head_dim, 2, dtype=wide, device=positions.device) / head_dim)
-    angles = positions.to(wide)[:, None] * inv_freq  # (T, hs/2)
-    angles = torch.cat([angles, angles], dim=-1)  # (T, hs)
+    angles = positions.to(wide)[..., None] * inv_freq  # (..., T, hs/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (..., T, hs)
     return angles.cos().float(), angles.sin().float()
 
 
@@ -167,7 +178,9 @@ class Attention(nn.Module):
             q = self._heads(F.linear(x, self.c_attn.weight[:C], b))
             k, v = kv if isinstance(kv, tuple) else self.project_kv(kv)
             past, causal = 0, False
-        if causal and (mask is not None or past > 0):  # (a static cache always comes with a mask)
+        if isinstance(past, torch.Tensor):  # a static cache: GPT.hidden's mask is already causal, per row
+            causal = False
+        if causal and (mask is not None or past > 0):
             # SDPA's is_causal assumes no cache and no other mask: build the mask explicitly.
             # Query i (at absolute position past + i) sees keys <= past + i; one new token sees all.
             if T > 1:
@@ -304,7 +317,7 @@ class GPT(nn.Module):
                 f"sequence of length {start_pos + T} exceeds block_size {self.config.block_size}; "
                 f"crop the input to its last {self.config.block_size} tokens"
             )
-        pos = start_pos + torch.arange(T, device=idx.device)  # start_pos may be a device tensor
+        pos = positions(start_pos, T, idx.device)
         if self.config.pos_encoding == "sinusoidal":
             tok = tok * math.sqrt(self.config.n_embd)  # the paper scales embeddings by sqrt(d_model)
             return self.transformer.drop(tok + self.pe[pos])
@@ -314,7 +327,9 @@ class GPT(nn.Module):
         """(cos, sin) of positions start .. start + T - 1 for rotary attention; None without rope."""
         if self.config.pos_encoding != "rope":
             return None
-        return rope_cos_sin(start + torch.arange(T, device=device), self.config.n_embd // self.config.n_head)
+        pos = positions(start, T, device)
+        cos, sin = rope_cos_sin(pos, self.config.n_embd // self.config.n_head)
+        return (cos, sin) if pos.dim() == 1 else (cos.unsqueeze(1), sin.unsqueeze(1))  # (B or 1, 1, T, hs)
 
     def hidden(
         self,
@@ -329,13 +344,15 @@ class GPT(nn.Module):
         With `caches` (one KVCache per layer) the tokens continue the cached sequence. With an
         encoder, `memory` is its output (or, per layer, precomputed cross-attention key/values).
         `mask` (boolean, broadcastable to (B, nh, T, T_past + T)) further restricts self-attention,
-        which is causal in any case. Static caches (a tensor `pos`, one token per row) attend over
-        their whole buffer with the positions after `pos` masked out.
+        which is causal in any case. Static caches (a tensor `pos`, shared or per row) attend over
+        their whole buffer: query t of row b sees the keys at positions <= pos[b] + t.
         """
         start = caches[0].pos if caches else 0
         if isinstance(start, torch.Tensor):
-            written = torch.arange(caches[0].max_len, device=idx.device) <= start  # (L,)
-            mask = written.view(1, 1, 1, -1) if mask is None else mask & written
+            query_pos = start.view(-1, 1) + torch.arange(idx.size(1), device=idx.device)  # (B or 1, T)
+            written = torch.arange(caches[0].max_len, device=idx.device) <= query_pos[..., None]  # (B or 1, T, L)
+            written = written.unsqueeze(1)  # (B or 1, 1, T, L)
+            mask = written if mask is None else mask & written
         x = self.embed(idx, start)
         rope = self.rope(start, idx.size(1), idx.device)
         for i, block in enumerate(self.transformer.h):

@@ -84,6 +84,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "float32), float32, bfloat16, float16 (CUDA only) (default: auto)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for PyTorch; 0 = one for small models or a "
                    "busy machine, else PyTorch's default (default: 0)")
+    p.add_argument("--quantize", default="none", choices=["none", "int8"],
+                   help="int8: dynamic int8 Linear layers, CPU and float32 only (gpt/quantize.py) (default: none)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model's forward, instead of CUDA-graph decode steps (default: off)")
     p.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
@@ -152,6 +154,7 @@ def run(args: argparse.Namespace) -> None:
     import torch
 
     from gpt import generate, load_checkpoint
+    from gpt.quantize import dtype_flag, quantize
     from gpt.runtime import decode_threads, setup
     from gpt.sampling import ContextWarning, SampleConfig, SamplingError
 
@@ -165,7 +168,7 @@ def run(args: argparse.Namespace) -> None:
         stop=tuple(map(unescape, args.stop)),
         stop_at_eot=args.stop_at_eot, seed=seed, cuda_graph=args.cuda_graph and not args.compile,
     )  # validated before anything slow happens
-    rt = setup(args.device, args.dtype, args.threads, distributed=False)
+    rt = setup(args.device, dtype_flag(args.dtype, args.quantize), args.threads, distributed=False)
     device, dtype = rt.device, rt.dtype
     prompt = args.prompt or ""
     if args.prompt_file:
@@ -181,7 +184,7 @@ def run(args: argparse.Namespace) -> None:
     if model.config.n_encoder_layer:
         raise SamplingError(f"{args.ckpt} is a seq2seq (encoder-decoder) checkpoint: translate with --source TEXT "
                             f"or --source-file FILE{', not --prompt' if args.prompt is not None or args.prompt_file else ''}")
-    model.to(dtype)
+    model = quantize(model.to(dtype), args.quantize)
     if device.type == "cpu" and not args.threads:
         torch.set_num_threads(decode_threads(model.num_params()))
     if args.compile:
@@ -226,6 +229,7 @@ def translate(args: argparse.Namespace) -> None:
     """--source / --source-file: one translated line per source on stdout, a summary on stderr."""
     from gpt import load_checkpoint
     from gpt.pairs import read_lines
+    from gpt.quantize import dtype_flag, quantize
     from gpt.runtime import setup
     from gpt.translate import TranslateConfig, TranslateError, is_seq2seq, translate_lines
 
@@ -236,7 +240,7 @@ def translate(args: argparse.Namespace) -> None:
         batch_size=_given(args.batch_size, 64),
         max_new_tokens=args.max_new_tokens, seed=seed,
     )  # validated before anything slow happens
-    rt = setup(args.device, args.dtype, args.threads, distributed=False)
+    rt = setup(args.device, dtype_flag(args.dtype, args.quantize), args.threads, distributed=False)
     device, dtype = rt.device, rt.dtype
     sources = args.source or read_lines(args.source_file)
     if not sources:
@@ -245,7 +249,7 @@ def translate(args: argparse.Namespace) -> None:
     if not is_seq2seq(meta):
         raise TranslateError(f"--source needs a seq2seq (encoder-decoder) checkpoint; {args.ckpt} is decoder-only: "
                              f"continue text with --prompt instead")
-    model.to(dtype)
+    model = quantize(model.to(dtype), args.quantize)
     start = time.perf_counter()
     lines = translate_lines(model, tokenizer, meta, sources, cfg)
     elapsed = time.perf_counter() - start

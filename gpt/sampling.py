@@ -148,14 +148,21 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 
-def sample_probs(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One draw per row of probs (B, V) by inverting the CDF with a uniform from `generator`.
+def draw_uniforms(n: int, generator: torch.Generator | None = None, device=None) -> torch.Tensor:
+    """The (n, 1) float64 uniforms `sample_probs` draws for n rows from `generator`."""
+    return torch.rand(n, 1, generator=generator, device=device, dtype=torch.float64)
+
+
+def sample_probs(probs: torch.Tensor, generator: torch.Generator | None = None,
+                 uniforms: torch.Tensor | None = None) -> torch.Tensor:
+    """One draw per row of probs (B, V) by inverting the CDF with a uniform from `generator`, or with
+    `uniforms` (B, 1) drawn by the caller (`draw_uniforms`; rows from several generators in one batch).
 
     An id of probability 0 is never drawn. (torch.multinomial draws V exponentials per row, which
     is most of a decode step's sampling time with a 50k vocabulary on CPU.)
     """
     cdf = probs.double().cumsum(dim=-1)
-    u = torch.rand(probs.size(0), 1, generator=generator, device=probs.device, dtype=torch.float64)
+    u = uniforms if uniforms is not None else draw_uniforms(probs.size(0), generator, probs.device)
     ids = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # first id whose cdf exceeds u * total
     return ids.clamp_(max=probs.size(-1) - 1).squeeze(-1)
 
@@ -170,10 +177,12 @@ def next_token(
     prev_ids: torch.Tensor | None = None,
     vocab_size: int | None = None,
     generator: torch.Generator | None = None,
+    uniforms: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Next ids (B,) from logits (B, V): only ids < vocab_size (a padded vocabulary's extra rows are
     cut off), repetition penalty on prev_ids (B, T), then greedy argmax (temperature 0) or a draw
-    from softmax(logits / temperature) restricted by top-k, then top-p.
+    from softmax(logits / temperature) restricted by top-k, then top-p, with a uniform per row from
+    `generator` or given as `uniforms` (see `sample_probs`).
 
     With top-k the draw happens among the k candidates only (the same distribution as filtering the
     whole vocabulary, at a fraction of the cost).
@@ -188,9 +197,9 @@ def next_token(
     logits = logits / temperature
     if top_k is not None and top_k < logits.size(-1):
         values, candidates = torch.topk(logits, top_k, dim=-1)  # (B, k), sorted
-        choice = sample_probs(torch.softmax(top_p_filter(values, top_p), dim=-1), generator)
+        choice = sample_probs(torch.softmax(top_p_filter(values, top_p), dim=-1), generator, uniforms)
         return candidates.gather(-1, choice[:, None]).squeeze(-1)
-    return sample_probs(torch.softmax(top_p_filter(logits, top_p), dim=-1), generator)
+    return sample_probs(torch.softmax(top_p_filter(logits, top_p), dim=-1), generator, uniforms)
 
 
 # ---- the KV-cached decode loop --------------------------------------------------------------------
@@ -349,6 +358,18 @@ class TextStream:
         """What is held back, at the end (an incomplete trailing character is dropped)."""
         return self.stops.flush()
 
+    def piece(self, sample: int, token: int, eot: int | None, last: bool) -> "Piece":
+        """The Piece that `token`, the next id of `sample`, makes; its `finish` is set when the sample
+        ends here: at `eot` (None: never), at a stop string, or at the `last` token allowed."""
+        if token == eot:
+            return Piece(sample, self.finish(), [token], "eot")
+        text, hit = self.push(token)
+        if hit:
+            return Piece(sample, text, [token], "stop")
+        if last:
+            return Piece(sample, text + self.finish(), [token], "length")
+        return Piece(sample, text, [token])
+
 
 @dataclass
 class Piece:
@@ -371,6 +392,17 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str | Sequence[int]) -> list[int
     return ids or [tokenizer.eot_token]
 
 
+def prompt_ids(model: GPT, tokenizer: Tokenizer, prompt: str | Sequence[int]) -> list[int]:
+    """`encode_prompt`, checked: the tokenizer belongs to the model and every id is one of its ids."""
+    ids = encode_prompt(tokenizer, prompt)
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise SamplingError(f"the tokenizer has {tokenizer.vocab_size} ids but the model only "
+                            f"{model.config.vocab_size} embedding rows: they do not belong together")
+    if any(not 0 <= i < tokenizer.vocab_size for i in ids):
+        raise SamplingError(f"prompt ids must be in [0, {tokenizer.vocab_size}), the tokenizer's ids")
+    return ids
+
+
 def generate(
     model: GPT,
     tokenizer: Tokenizer,
@@ -391,12 +423,7 @@ def generate(
     if model.config.n_encoder_layer:
         raise SamplingError(f"this model has an encoder (n_encoder_layer={model.config.n_encoder_layer}): "
                             "generate continues text with decoder-only models; translate with gpt.translate")
-    ids = encode_prompt(tokenizer, prompt)
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise SamplingError(f"the tokenizer has {tokenizer.vocab_size} ids but the model only "
-                            f"{model.config.vocab_size} embedding rows: they do not belong together")
-    if any(not 0 <= i < tokenizer.vocab_size for i in ids):
-        raise SamplingError(f"prompt ids must be in [0, {tokenizer.vocab_size}), the tokenizer's ids")
+    ids = prompt_ids(model, tokenizer, prompt)
     block_size = model.config.block_size
     if len(ids) > block_size:
         warnings.warn(
@@ -430,17 +457,9 @@ def _generate(model: GPT, tokenizer: Tokenizer, ids: list[int], cfg: SampleConfi
         )
         alive = []
         for row, (sample, token) in enumerate(zip(rows, new.tolist())):
-            stream = streams[sample]
-            if token == eot:
-                yield Piece(sample, stream.finish(), [token], "eot")
-                continue
-            text, hit = stream.push(token)
-            if hit:
-                yield Piece(sample, text, [token], "stop")
-            elif step == cfg.max_new_tokens - 1:
-                yield Piece(sample, text + stream.finish(), [token], "length")
-            else:
-                yield Piece(sample, text, [token])
+            piece = streams[sample].piece(sample, token, eot, last=step == cfg.max_new_tokens - 1)
+            yield piece
+            if piece.finish is None:
                 alive.append(row)
         if not alive:
             return

@@ -51,3 +51,45 @@ def char_data(tmp_path_factory):
     src = d / "shakespeare_head.txt"
     src.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:200_000], encoding="utf-8")
     return prepare(src, d / "char", "--tokenizer", "char")
+
+
+def train_char_run(out: Path, text: str, steps: int = 150, block_size: int = 64, seed: int = 0) -> dict:
+    """Train a 2-layer char model (AdamW, batch 16) on `text` for a few seconds, save it to out/best.pt.
+
+    The serving, int8 and export tests run against a trained checkpoint: random weights never say
+    anything worth stopping at.
+    """
+    from gpt import GPT, GPTConfig, checkpoint
+    from gpt.tokenizer import CharTokenizer
+
+    tok = CharTokenizer.from_text(text)
+    data = torch.tensor(tok.encode(text[:300_000]))
+    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=block_size, n_layer=2, n_head=2, n_embd=64, bias=False)
+    torch.manual_seed(seed)
+    model = GPT(cfg)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        starts = torch.randint(len(data) - block_size - 1, (16,), generator=g)
+        x = torch.stack([data[s : s + block_size] for s in starts])
+        y = torch.stack([data[s + 1 : s + block_size + 1] for s in starts])
+        _, loss = model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    meta = {"step": steps, "model_config": cfg.to_dict(), "tokenizer": tok.spec, "train_loss": loss.item()}
+    checkpoint.save(out / "best.pt", {"model": model.state_dict()}, meta)
+    return meta
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory) -> Path:
+    """A run directory (`shakespeare-char`) with a char model trained for a few seconds on one thread."""
+    out = tmp_path_factory.mktemp("trained") / "shakespeare-char"
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train_char_run(out, SHAKESPEARE.read_text(encoding="utf-8"))
+    finally:
+        torch.set_num_threads(n)
+    return out

@@ -1,0 +1,404 @@
+"""Continuous batching: many requests decoded as one batch, joining and leaving as they start and finish.
+
+    from gpt.batching import BatchEngine, BatchWorker
+    engine = BatchEngine(model, tokenizer, max_rows=32)
+    engine.submit(Request(ids, SampleConfig(num_samples=2, max_new_tokens=50, seed=1), emit=print))
+    while engine.busy:
+        engine.step()                        # or BatchWorker(engine).start(): a thread does it
+
+`BatchEngine` is the synchronous core (the tests drive it step by step); `BatchWorker` runs it on a
+thread with a bounded waiting queue, which is what `gpt.serve` uses. `Seq2seqEngine` has the same
+interface for encoder-decoder checkpoints (a prompt is a source sentence).
+
+Design notes
+- Rows. A request asks for `num_samples` rows. The KV caches are one pool of `max_rows` rows per
+  layer, allocated once (`SlotPool`); the active rows are always rows [0, n) and each step runs on
+  views of those rows (and of the positions in use), so a step costs what the active rows cost, not
+  what the pool could hold.
+- Per-row positions. Rows are at different lengths: the caches' position is a (n,) tensor
+  (`KVCache`'s per-row static mode), so each row writes its key and value at its own position,
+  attends to its own keys only and gets its own position embedding.
+- Joining. Waiting requests are admitted first-come first-served at the start of a step while rows
+  are free; their prompts are prefilled together (right-padded, one forward) into the rows after the
+  active ones, and from then on they decode with the others.
+- Leaving. A row that ends (end-of-text, a stop string, max_new_tokens) or whose request was
+  cancelled leaves at the end of the step: the last active row moves into its place (one row copied
+  per layer), so the active rows stay [0, n).
+- Sampling uses each request's own settings and generator, over its rows in sample order: the same
+  draws `gpt.sampling.generate` makes for that seed, so a request's output does not depend on which
+  other requests share the batch (up to the float rounding of batched matmuls). Requests with the
+  same settings are sampled in one batched call, each row with a uniform from its request's generator.
+- The context window slides per row as in `gpt.sampling.Decoder`: a row whose context would pass
+  block_size keeps its last `keep` tokens, re-prefilled alone in its own row (all but the newest
+  token, which the batched step then appends).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from gpt.errors import UserError
+from gpt.model import GPT, KVCache
+from gpt.sampling import Piece, SampleConfig, StopMatcher, TextStream, draw_uniforms, next_token
+
+
+class QueueFull(UserError, RuntimeError):
+    """Too many requests waiting already: try again later (the server answers 429)."""
+
+
+@dataclass(eq=False)  # compared and hashed by identity
+class Request:
+    """One prompt's decoding: `ids` (the prompt, at least one id), settings, and where pieces go.
+
+    `emit` is called (on the engine's thread) with each `Piece` as it is made, every sample ending
+    with one whose `finish` is set; or with an exception if decoding failed. `cancel()` (from any
+    thread) makes the engine drop the request at its next step and free its rows.
+    """
+
+    ids: list[int]
+    config: SampleConfig
+    emit: Callable[[Piece | Exception], None]
+    cancelled: bool = False
+    finished: int = 0  # samples that have ended
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    @property
+    def done(self) -> bool:
+        return self.cancelled or self.finished == self.config.num_samples
+
+
+def request_generator(config: SampleConfig, device) -> torch.Generator:
+    """The request's random stream: from its seed, or from a fresh one."""
+    seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+class SlotPool:
+    """Every decoder layer's KV cache for `rows` rows of block_size positions, allocated once.
+
+    `caches(start, stop, length, pos)` are KVCaches over rows [start, stop) and positions
+    [0, length) of the pool (views: what the model writes lands in the pool), in per-row static mode
+    at positions `pos` (a (stop - start,) tensor). `move(src, dst)` copies one row over another.
+    """
+
+    def __init__(self, model: GPT, rows: int):
+        self.layers = model.new_caches(rows)
+        self.rows = rows
+
+    def caches(self, start: int, stop: int, length: int, pos: torch.Tensor) -> list[KVCache]:
+        return [_RowsView(layer, start, stop, length, pos) for layer in self.layers]
+
+    def move(self, src: int, dst: int) -> None:
+        for layer in self.layers:
+            layer.k[dst] = layer.k[src]
+            layer.v[dst] = layer.v[src]
+
+
+class _RowsView(KVCache):
+    """A KVCache over a block of a pool cache's rows and leading positions (views, no copy)."""
+
+    def __init__(self, pool: KVCache, start: int, stop: int, length: int, pos: torch.Tensor):  # no allocation
+        self.k = pool.k[start:stop, :, :length]
+        self.v = pool.v[start:stop, :, :length]
+        self.pos = pos
+
+
+@dataclass
+class _Row:
+    request: Request
+    sample: int
+    tokens: list[int]  # the whole history: prompt, then every generated token
+    stream: TextStream
+    written: int = 0  # context tokens in the cache (the newest token is written by the next step)
+    generated: int = 0
+    start: int = 0  # the model sees tokens[start:]
+    generator: torch.Generator | None = field(default=None, repr=False)
+
+
+class _Engine:
+    """What both engines share: the model, the waiting queue and the rows in use."""
+
+    def __init__(self, model: GPT, tokenizer, max_rows: int):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.block_size = model.config.block_size
+        self.max_rows = max_rows
+        self.rows: list = []  # the batch's rows (BatchEngine: row i of the caches is rows[i])
+        self.waiting: deque[Request] = deque()
+        self.steps = 0
+        self._queue_lock = threading.Lock()  # submit (any thread) vs. admit (the engine's thread)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.rows or self.waiting)
+
+    def pending(self) -> int:
+        """Requests waiting for rows (cancelled ones do not count)."""
+        with self._queue_lock:
+            return sum(not r.cancelled for r in self.waiting)
+
+    def submit(self, request: Request) -> None:
+        """Queue a request; it joins the batch at a step where it has rows (first come, first served)."""
+        if request.config.num_samples > self.max_rows:
+            raise ValueError(f"{request.config.num_samples} samples do not fit a batch of {self.max_rows} rows")
+        with self._queue_lock:
+            self.waiting.append(request)
+
+    def _admit(self) -> list[Request]:
+        joined = []
+        free = self.max_rows - len(self.rows)
+        with self._queue_lock:
+            while self.waiting and (self.waiting[0].cancelled or self.waiting[0].config.num_samples <= free):
+                request = self.waiting.popleft()
+                if not request.cancelled:
+                    joined.append(request)
+                    free -= request.config.num_samples
+        return joined
+
+
+class BatchEngine(_Engine):
+    """Decodes every active request one token per `step()`; see the module notes."""
+
+    def __init__(self, model: GPT, tokenizer, max_rows: int = 32, keep: int | None = None):
+        if model.config.n_encoder_layer:
+            raise ValueError("BatchEngine runs decoder-only models; encoder-decoder ones use Seq2seqEngine")
+        super().__init__(model, tokenizer, max_rows)
+        self.keep = min(keep or max(1, self.block_size // 2), self.block_size)
+        self.pool = SlotPool(model, max_rows)
+        self.rows: list[_Row] = []
+        vocab = model.config.vocab_size
+        self.vocab_size = tokenizer.vocab_size if tokenizer.vocab_size < vocab else None
+
+    def submit(self, request: Request) -> None:
+        if not request.ids:
+            raise ValueError("a request needs at least one prompt id")
+        super().submit(request)
+
+    # ---- one step ------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Admit waiting requests, advance every row by one token, hand out the pieces."""
+        self._leave([i for i, row in enumerate(self.rows) if row.request.cancelled])
+        n_old = len(self.rows)
+        logits = [self._decode_step()] if n_old else []
+        joined = self._admit()
+        if joined:
+            logits.append(self._prefill(n_old, joined))
+        if not logits:
+            return
+        logits = torch.cat(logits)
+        self.steps += 1
+        finished = []
+        for request, rows, new in self._sample(logits):
+            for i, token in zip(rows, new.tolist()):
+                row = self.rows[i]
+                row.tokens.append(token)
+                row.generated += 1
+                piece = row.stream.piece(row.sample, token, self._eot(request),
+                                         last=row.generated == request.config.max_new_tokens)
+                if piece.finish is not None:
+                    request.finished += 1
+                    finished.append(i)
+                if not request.cancelled:
+                    request.emit(piece)
+        self._leave(finished)
+
+    def _eot(self, request: Request) -> int | None:
+        return self.tokenizer.eot_token if request.config.stop_at_eot else None
+
+    def _sample(self, logits: torch.Tensor):
+        """(request, its rows in sample order, their next ids) for every request in the batch.
+
+        Requests with the same settings are sampled in one call, each row with a uniform from its own
+        request's generator (the draws generate() makes); with a repetition penalty, one by one.
+        """
+        by_request: dict[Request, list[int]] = {}
+        for i in sorted(range(len(self.rows)), key=lambda i: self.rows[i].sample):
+            by_request.setdefault(self.rows[i].request, []).append(i)
+        groups: dict[tuple, list[Request]] = {}
+        for request in by_request:
+            c = request.config
+            key = (c.temperature, c.top_k, c.top_p) if c.repetition_penalty == 1.0 else (id(request),)
+            groups.setdefault(key, []).append(request)
+        for members in groups.values():
+            cfg = members[0].config
+            rows = [i for request in members for i in by_request[request]]
+            uniforms = prev = None
+            if cfg.temperature > 0:
+                uniforms = torch.cat([draw_uniforms(len(by_request[r]), self.rows[by_request[r][0]].generator,
+                                                    self.device) for r in members])
+            if cfg.repetition_penalty != 1.0:  # a group of one request: its rows are equally long
+                prev = torch.tensor([self.rows[i].tokens for i in rows], device=self.device)
+            new = next_token(logits[rows], temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                             repetition_penalty=cfg.repetition_penalty, prev_ids=prev, vocab_size=self.vocab_size,
+                             uniforms=uniforms)
+            start = 0
+            for request in members:
+                n = len(by_request[request])
+                yield request, by_request[request], new[start : start + n]
+                start += n
+
+    def _forward(self, contexts: list[list[int]], start: int, pos: list[int]) -> torch.Tensor:
+        """Next-token logits (B, V) after each context, fed right-padded to rows [start, start + B) of
+        the pool at positions `pos` (each row's context goes to pos[b] ...)."""
+        T = max(len(c) for c in contexts)
+        pad = self.tokenizer.eot_token
+        idx = torch.tensor([c + [pad] * (T - len(c)) for c in contexts], device=self.device)  # (B, T)
+        caches = self.pool.caches(start, start + len(contexts), max(pos) + T, torch.tensor(pos, device=self.device))
+        h = self.model.hidden(idx, caches)  # (B, T, C)
+        last = torch.tensor([len(c) - 1 for c in contexts], device=self.device)
+        return self.model.lm_head(h[torch.arange(len(contexts), device=self.device), last]).float()  # (B, V)
+
+    def _decode_step(self) -> torch.Tensor:
+        """The newest token of every active row, appended at the row's own position."""
+        for i, row in enumerate(self.rows):
+            if row.written == self.block_size:  # full: slide the window (see the module notes)
+                row.start = len(row.tokens) - self.keep
+                row.written = self.keep - 1
+                if row.written:  # refill row i's cache; these logits are not needed
+                    self._forward([row.tokens[row.start : -1]], i, [0])
+        logits = self._forward([row.tokens[-1:] for row in self.rows], 0, [row.written for row in self.rows])
+        for row in self.rows:
+            row.written += 1
+        return logits
+
+    def _prefill(self, first: int, requests: list[Request]) -> torch.Tensor:
+        """Prompts of joining requests into rows [first, ...), in one forward; their next-token logits."""
+        for request in requests:
+            generator = request_generator(request.config, self.device)
+            start = max(0, len(request.ids) - self.block_size)
+            for sample in range(request.config.num_samples):
+                stream = TextStream(self.tokenizer, request.config.stop)
+                self.rows.append(_Row(request, sample, list(request.ids), stream, written=len(request.ids) - start,
+                                      start=start, generator=generator))
+        joined = self.rows[first:]
+        return self._forward([row.tokens[row.start :] for row in joined], first, [0] * len(joined))
+
+    def _leave(self, rows: list[int]) -> None:
+        """Remove batch rows; the last active rows move into the holes."""
+        for i in sorted(rows, reverse=True):
+            last = len(self.rows) - 1
+            if i != last:
+                self.pool.move(last, i)
+                self.rows[i] = self.rows[last]
+            self.rows.pop()
+
+
+class Seq2seqEngine(_Engine):
+    """Translation requests for an encoder-decoder checkpoint, with BatchEngine's interface.
+
+    Each step takes the waiting requests (up to `max_rows` rows): those that decode greedily are
+    translated as one batch (`gpt.translate.generate`), each sampling one alone with its own
+    generator. A translation is one piece: the whole text, cut at the first stop string. A prompt's
+    `ids` are the source sentence (may be empty); `meta` is the checkpoint's.
+    """
+
+    def __init__(self, model: GPT, tokenizer, meta: dict, max_rows: int = 32):
+        from gpt.translate import check_vocab, seq2seq_ids
+
+        super().__init__(model, tokenizer, max_rows)
+        self.bos, self.eos = seq2seq_ids(meta)
+        check_vocab(tokenizer, model)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        requests = self._admit()
+        greedy = [r for r in requests if r.config.temperature == 0]
+        groups = ([greedy] if greedy else []) + [[r] for r in requests if r.config.temperature > 0]
+        for group in groups:
+            self._translate(group)
+        self.steps += bool(requests)
+
+    def _translate(self, group: list[Request]) -> None:
+        from gpt.translate import generate as translate_ids
+
+        sources = [r.ids[: self.block_size - 1] + [self.eos] for r in group for _ in range(r.config.num_samples)]
+        S = max(len(s) for s in sources)
+        src = torch.tensor([s + [self.eos] * (S - len(s)) for s in sources], device=self.device)
+        mask = torch.tensor([[j < len(s) for j in range(S)] for s in sources], device=self.device)
+        cfg = group[0].config  # a sampling group is one request; a greedy one ignores the settings below
+        n_new = min(max(r.config.max_new_tokens for r in group), self.block_size)
+        generator = request_generator(cfg, self.device) if cfg.temperature > 0 else None
+        hyps = iter(translate_ids(self.model, src, mask, self.bos, self.eos, n_new, cfg.temperature, cfg.top_k,
+                                  generator, self.tokenizer.vocab_size, top_p=cfg.top_p))
+        for request in group:
+            limit = min(request.config.max_new_tokens, n_new)
+            for sample in range(request.config.num_samples):
+                ids = next(hyps)[:limit]  # greedy rows do not depend on the others: a shorter limit is a cut
+                stops = StopMatcher(request.config.stop)
+                text, hit = stops.push(self.tokenizer.decode(ids))
+                finish = "stop" if hit else ("length" if len(ids) == limit else "eot")
+                request.finished += 1
+                if not request.cancelled:
+                    request.emit(Piece(sample, text + stops.flush(), ids, finish))
+
+
+class BatchWorker:
+    """Runs an engine on a daemon thread: `submit` from any thread, at most `max_waiting` waiting.
+
+    The thread sleeps while there is nothing to do. An exception inside a step (a bug, or running
+    out of memory) is handed to every request then in the engine, which goes on with new ones.
+    """
+
+    def __init__(self, engine: BatchEngine | Seq2seqEngine, max_waiting: int = 64):
+        self.engine = engine
+        self.max_waiting = max_waiting
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="gpt-batch", daemon=True)
+
+    def start(self) -> "BatchWorker":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join()
+
+    def submit(self, requests: list[Request]) -> None:
+        """Queue requests together, or none of them: QueueFull when they would pass max_waiting."""
+        with self._wake:
+            waiting = self.engine.pending()
+            if waiting + len(requests) > self.max_waiting:
+                raise QueueFull(f"{waiting} requests are waiting already (at most {self.max_waiting}): "
+                                "try again later")
+            for request in requests:
+                self.engine.submit(request)
+            self._wake.notify()
+
+    @property
+    def load(self) -> dict:
+        with self._wake:
+            return {"rows": len(self.engine.rows), "max_rows": self.engine.max_rows,
+                    "waiting": self.engine.pending(), "max_waiting": self.max_waiting}
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self.engine.busy and not self._stopping:
+                    self._wake.wait()
+                if self._stopping:
+                    return
+            try:
+                self.engine.step()  # submit only appends to the waiting queue: no lock needed here
+            except Exception as e:  # noqa: BLE001 - the requests in the batch get the error, the rest go on
+                self._fail(e)
+
+    def _fail(self, error: Exception) -> None:
+        requests = {row.request for row in self.engine.rows}
+        self.engine.rows.clear()
+        for request in requests:
+            request.cancel()
+            request.emit(error)

@@ -1,0 +1,175 @@
+"""Export a checkpoint's model to ONNX (for onnxruntime and friends) or to a torch.export program (.pt2).
+
+    python -m gpt.export --ckpt out/shakespeare-char --format onnx --out export/shakespeare-char
+    python -m gpt.export --ckpt out/shakespeare-char --format pt2 --out export/shakespeare-char
+
+What the exported graph covers: the decoder-only model's whole forward pass,
+
+    idx     int64   (batch, seq)              token ids, 1 <= seq <= block_size
+    logits  float32 (batch, seq, vocab_size)  next-token logits at every position
+
+with batch and seq dynamic. There is no KV cache (each call recomputes its whole window: fine for
+scoring text, quadratic for long generations), no sampling (take `logits[:, -1]` and draw) and no
+tokenizer (`gpt_export.json` beside the model holds our tokenizer spec, block_size, vocab_size and
+end-of-text id; `gpt.tokenizer.get_tokenizer(spec)` rebuilds it). Positions are learned and
+absolute, so a longer window must be cropped to its last block_size tokens by the caller.
+Encoder-decoder checkpoints are not exported.
+
+ONNX goes through `torch.onnx.export(..., dynamo=True)` (torch.export, then onnxscript's
+translation; needs `pip install -e ".[export]"`) and writes the weights beside the graph
+(`model.onnx.data`: keep the two files together); the .pt2 file is `torch.export.save` of the same
+program, loaded with `torch.export.load(path).module()`. After writing, the command runs the
+exported model (onnxruntime for ONNX) on a batch and reports its largest difference from PyTorch's
+logits. Mistakes are one `error: ...` line, exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn as nn
+
+from gpt.errors import UserError
+
+FORMATS = {"onnx": "model.onnx", "pt2": "model.pt2"}
+META_FILE = "gpt_export.json"
+
+
+class ExportError(UserError, ValueError):
+    """A checkpoint or an output directory that cannot be exported to (the message says what to do)."""
+
+
+class Logits(nn.Module):
+    """The graph that is exported: ids (B, T) -> logits (B, T, V) (`GPT.forward` without the loss)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.model(idx)[0]
+
+
+def dynamic_shapes(block_size: int) -> dict:
+    return {"idx": {0: torch.export.Dim("batch", min=1), 1: torch.export.Dim("seq", min=1, max=block_size)}}
+
+
+@contextlib.contextmanager
+def quiet_exporter():
+    """While exporting only: torch.onnx's notes that torchvision is absent and a FutureWarning from inside
+    torch's pytree code say nothing about the user's model."""
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration.level
+    registration.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec")
+            yield
+    finally:
+        registration.setLevel(level)
+
+
+def export(model, tokenizer, out_dir: str | Path, fmt: str, force: bool = False) -> Path:
+    """Write the model (float32, CPU) as `fmt` ("onnx" or "pt2") to out_dir, with gpt_export.json; its path."""
+    if fmt not in FORMATS:
+        raise ExportError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if model.config.n_encoder_layer:
+        raise ExportError("this checkpoint is an encoder-decoder (seq2seq) model: export covers decoder-only models")
+    out_dir = Path(out_dir)
+    path = out_dir / FORMATS[fmt]
+    if path.exists() and not force:
+        raise ExportError(f"{path} exists already: choose another --out, or --force to replace it")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    block = model.config.block_size
+    graph = Logits(model.float().cpu()).eval()
+    example = torch.zeros(2, min(8, block), dtype=torch.long)
+    if fmt == "onnx":
+        try:
+            import onnxscript  # noqa: F401  (torch.onnx's dynamo exporter needs it)
+        except ImportError:
+            raise ExportError('ONNX export needs onnx and onnxscript: pip install -e ".[export]"') from None
+        with quiet_exporter():
+            torch.onnx.export(graph, (example,), str(path), dynamo=True, input_names=["idx"], output_names=["logits"],
+                              dynamic_shapes=dynamic_shapes(block), verbose=False)
+    else:
+        program = torch.export.export(graph, (example,), dynamic_shapes=dynamic_shapes(block))
+        torch.export.save(program, str(path))
+    meta = {
+        "format": fmt, "file": path.name, "block_size": block, "vocab_size": model.config.vocab_size,
+        "inputs": {"idx": f"int64 (batch, seq), 1 <= seq <= {block}"},
+        "outputs": {"logits": f"float32 (batch, seq, {model.config.vocab_size})"},
+        "tokenizer": tokenizer.spec, "eot_token": tokenizer.eot_token, "model_config": model.config.to_dict(),
+    }
+    (out_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def run_exported(path: str | Path, idx: torch.Tensor) -> torch.Tensor:
+    """Logits of an exported model for ids `idx` (onnxruntime for .onnx, torch.export.load for .pt2)."""
+    path = Path(path)
+    if path.suffix == ".onnx":
+        try:
+            import onnxruntime
+        except ImportError:
+            raise ExportError('running an ONNX model needs onnxruntime: pip install -e ".[export]"') from None
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return torch.from_numpy(session.run(["logits"], {"idx": idx.numpy()})[0])
+    with torch.no_grad():
+        return torch.export.load(str(path)).module()(idx)
+
+
+def parity(model, path: str | Path, batch: int = 3, seq: int | None = None, seed: int = 0) -> float:
+    """The largest |exported logits - PyTorch's| on random ids of shape (batch, seq)."""
+    seq = seq or min(17, model.config.block_size)
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, model.config.vocab_size, (batch, seq), generator=g)
+    with torch.no_grad():
+        expected = model(idx)[0]
+    return (run_exported(path, idx) - expected).abs().max().item()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m gpt.export", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                description="Export a decoder-only checkpoint's logits graph (dynamic batch and "
+                                "sequence length, no KV cache) to ONNX or torch.export's .pt2.")
+    p.add_argument("--ckpt", required=True, help="run directory (best.pt, else last.pt), checkpoint file or HF GPT-2 dir")
+    p.add_argument("--format", required=True, choices=list(FORMATS), help="onnx (onnxruntime) or pt2 (torch.export)")
+    p.add_argument("--out", required=True, help="directory to write model.onnx / model.pt2 and gpt_export.json to")
+    p.add_argument("--force", action="store_true", help="replace an exported model already in --out")
+    p.add_argument("--no-check", dest="check", action="store_false",
+                   help="skip running the exported model against PyTorch after writing it")
+    return p
+
+
+def run(args: argparse.Namespace) -> str:
+    from gpt.checkpoint import load_checkpoint
+
+    model, tokenizer, _ = load_checkpoint(args.ckpt, device="cpu")
+    start = time.perf_counter()
+    path = export(model, tokenizer, args.out, args.format, args.force)
+    line = (f"exported {args.ckpt} ({model.num_params() / 1e6:.2f}M parameters) to {path} in "
+            f"{time.perf_counter() - start:.1f} s: idx int64 (batch, seq <= {model.config.block_size}) -> logits "
+            f"float32 (batch, seq, {model.config.vocab_size}), no KV cache")
+    if args.check:
+        line += f"; max |logits - PyTorch's| = {parity(model, path):.1e} at batch 3"
+    return line
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from gpt.cli import run_main
+
+    args = build_parser().parse_args(argv)
+    return run_main(lambda: run(args), interrupted=f"{args.out} may hold a partial export")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

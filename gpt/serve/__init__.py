@@ -1,0 +1,20 @@
+"""An OpenAI-compatible completions server with a web playground, for any gpt checkpoint.
+
+    python -m gpt.serve --ckpt out/shakespeare-char                  # http://127.0.0.1:8000, playground at /
+    python -m gpt.serve --ckpt out/shakespeare-char --quantize int8 --port 0 --api-key "$KEY"
+
+    from openai import OpenAI
+    client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
+    client.completions.create(model="shakespeare-char", prompt="ROMEO:", max_tokens=100, stream=True)
+
+Modules: `api` (the API's request and response shapes, OpenAI's error shape), `app` (the FastAPI
+routes over a `gpt.batching` engine thread), `__main__` (the command line), `playground.html`.
+FastAPI and uvicorn are the `serve` extra (`pip install -e ".[serve]"`); importing this package does
+not import them.
+"""
+
+from gpt.errors import UserError
+
+
+class ServeError(UserError, ValueError):
+    """Server settings that cannot work, or a missing dependency (the message says what to do)."""

@@ -1,0 +1,169 @@
+"""The OpenAI completions API's shapes: the request (validated), responses, stream chunks and errors.
+
+Shapes follow OpenAI's `POST /v1/completions` as the official `openai` client reads them
+(`openai.types.Completion`): `{"id", "object": "text_completion", "created", "model",
+"system_fingerprint", "choices": [{"text", "index", "logprobs", "finish_reason"}], "usage"}`; a
+stream sends the same object per chunk with the new text, then `data: [DONE]`. Errors are
+`{"error": {"message", "type", "param", "code"}}` with a 4xx status for every mistake a client can
+make.
+
+Supported: prompt (text, texts, token ids, lists of token ids), max_tokens, temperature, top_p, n,
+stop, seed, stream, stream_options.include_usage, echo, user; extensions top_k and
+repetition_penalty (the openai client sends them with `extra_body`). Asked for with other than their
+neutral value, logprobs, best_of, suffix, logit_bias and the presence / frequency penalties are a
+400 that says so; unknown fields are a 400 that names them.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+STRICT = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(BaseModel):
+    model_config = STRICT
+    include_usage: bool = False
+
+
+class CompletionRequest(BaseModel):
+    """The body of `POST /v1/completions` (field bounds that depend on the server are checked in app.py)."""
+
+    model_config = STRICT
+
+    model: str
+    prompt: Union[str, list[str], list[int], list[list[int]]] = ""  # "" starts from end-of-text
+    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default
+    temperature: float | None = Field(1.0, ge=0.0, le=2.0)
+    top_p: float | None = Field(1.0, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=1)  # extension (vLLM's name): None keeps every token
+    repetition_penalty: float | None = Field(None, gt=0.0)  # extension: CTRL's penalty, 1 is off
+    n: int | None = Field(1, ge=1)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    stop: Union[str, list[str], None] = None
+    seed: int | None = None
+    echo: bool | None = False
+    user: str | None = None
+    # accepted at their neutral value only
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+    logit_bias: dict[str, float] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v):
+        stops = [v] if isinstance(v, str) else (v or [])
+        if len(stops) > 4:
+            raise ValueError(f"at most 4 stop sequences, got {len(stops)}")
+        if any(not s for s in stops):
+            raise ValueError("stop sequences must be non-empty")
+        return stops
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v):
+        if isinstance(v, list) and not v:
+            raise ValueError("prompt must not be an empty list")
+        if isinstance(v, list) and isinstance(v[0], list) and any(not p for p in v):
+            raise ValueError("prompt must not hold an empty list of token ids")
+        return v
+
+    def unsupported(self) -> str | None:
+        """The first field asked for with a value this server does not implement, if any."""
+        neutral = {"logprobs": (None, 0), "suffix": (None, ""), "logit_bias": (None, {}),
+                   "presence_penalty": (None, 0.0), "frequency_penalty": (None, 0.0)}
+        for name, values in neutral.items():
+            if getattr(self, name) not in values:
+                return name
+        if self.best_of not in (None, self.n):
+            return "best_of"
+        return None
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts, each a text or a list of token ids."""
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if isinstance(self.prompt[0], int):
+            return [self.prompt]
+        return list(self.prompt)
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's shape: status, message, type, param, code."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def validation_error(e: ValidationError) -> APIError:
+    """A pydantic error as OpenAI's 400, naming the first offending field."""
+    err = e.errors()[0]
+    loc = [str(p) for p in err["loc"]]
+    param = loc[0] if loc else None
+    if err["type"] == "json_invalid":
+        return APIError(400, "We could not parse the JSON body of your request: it is not valid JSON "
+                        f"({err['msg']}).", code="invalid_json")
+    if err["type"] == "model_type":
+        return APIError(400, "The request body must be a JSON object.", code="invalid_json")
+    if err["type"] == "extra_forbidden":
+        return APIError(400, f"Unrecognized request argument supplied: {'.'.join(loc)}", param=param)
+    if err["type"] == "missing":
+        return APIError(400, f"Missing required parameter: '{'.'.join(loc)}'.", param=param)
+    value = err.get("input")
+    shown = repr(value) if not isinstance(value, (dict, list)) or len(str(value)) < 80 else type(value).__name__
+    return APIError(400, f"Invalid value for '{param}': {shown} ({err['msg'].lower()}).", param=param,
+                    code="invalid_value")
+
+
+FINISH = {"eot": "stop", "stop": "stop", "length": "length"}  # Piece.finish -> OpenAI's finish_reason
+
+
+class Completion:
+    """One response's identity; builds the response body and the stream chunks."""
+
+    def __init__(self, model: str, fingerprint: str):
+        self.id = f"cmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = model
+        self.fingerprint = fingerprint
+
+    def _head(self) -> dict:
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint}
+
+    def body(self, texts: list[str], finishes: list[str], prompt_tokens: int, completion_tokens: int) -> dict:
+        choices = [choice(i, text, finish) for i, (text, finish) in enumerate(zip(texts, finishes))]
+        return {**self._head(), "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
+
+    def chunk(self, index: int, text: str, finish: str | None) -> dict:
+        return {**self._head(), "choices": [choice(index, text, finish)]}
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
+        return {**self._head(), "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def choice(index: int, text: str, finish: str | None) -> dict:
+    return {"text": text, "index": index, "logprobs": None, "finish_reason": FINISH[finish] if finish else None}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def model_card(name: str, created: int) -> dict:
+    return {"id": name, "object": "model", "created": created, "owned_by": "gpt"}
+

@@ -1,0 +1,361 @@
+"""The HTTP server: FastAPI routes over a `gpt.batching` engine running on its own thread.
+
+    app = create_app(model, tokenizer, meta, ServeConfig(model_name="shakespeare-char"))
+    uvicorn.run(app, host="127.0.0.1", port=8000)     # what `python -m gpt.serve` does
+
+Routes: `POST /v1/completions` (OpenAI's completions API, streamed as server-sent events with
+`"stream": true`), `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`, and the playground page
+at `/` (`playground.html`). With an API key, `/v1/*` needs `Authorization: Bearer KEY`.
+
+How a request flows: the body is read up to `max_body_bytes`, validated (`api.CompletionRequest`),
+checked against the server's limits and the model, and encoded; each prompt becomes one engine
+`Request` with `n` samples, all queued together or answered 429 when the waiting queue is full. The
+engine's thread hands pieces to the request's asyncio queue (`call_soon_threadsafe`); the handler
+turns them into the response or stream chunks. When the client goes away (a stream is cancelled by
+Starlette; a plain request polls for the disconnect) the requests are cancelled and their rows freed
+at the engine's next step.
+
+Every client mistake is a 4xx in OpenAI's error shape (`api.APIError`); anything else that goes
+wrong is a 500 in the same shape, logged with its traceback, and the server goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from importlib import resources
+
+import uvicorn
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gpt.batching import BatchEngine, BatchWorker, QueueFull, Request, Seq2seqEngine
+from gpt.errors import UserError
+from gpt.sampling import SampleConfig, prompt_ids
+from gpt.serve import ServeError
+from gpt.serve.api import APIError, Completion, CompletionRequest, model_card, validation_error
+
+log = logging.getLogger("gpt.serve")
+
+
+@dataclass
+class ServeConfig:
+    """The server's settings (`python -m gpt.serve` flags are the field names with dashes)."""
+
+    model_name: str
+    api_key: str | None = None  # None: no authentication
+    max_batch: int = 32  # rows (samples) decoded together
+    max_queue: int = 64  # requests waiting for rows; beyond that, 429
+    max_tokens: int = 1024  # the largest max_tokens a request may ask for
+    max_prompt_tokens: int | None = None  # None: the model's block_size
+    max_body_bytes: int = 1 << 20
+    fingerprint: str = ""  # system_fingerprint: what the backend runs (device, dtype, quantisation)
+
+    def __post_init__(self):
+        problems = [f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(self, name)!r}"
+                    for name in ("max_batch", "max_queue", "max_tokens", "max_body_bytes")
+                    if not isinstance(getattr(self, name), int) or getattr(self, name) < 1]
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            problems.append(f"--max-prompt-tokens must be an integer >= 1, got {self.max_prompt_tokens!r}")
+        if not self.model_name:
+            problems.append("--model-name must not be empty")
+        if problems:
+            raise ServeError("invalid server settings: " + "; ".join(problems))
+
+
+def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
+    """The ASGI app serving `model`; its engine thread starts and stops with the app (lifespan)."""
+    seq2seq = model.config.n_encoder_layer > 0
+    engine = (Seq2seqEngine(model, tokenizer, meta, config.max_batch) if seq2seq
+              else BatchEngine(model, tokenizer, config.max_batch))
+    worker = BatchWorker(engine, config.max_queue)
+    block_size = model.config.block_size
+    max_prompt = min(config.max_prompt_tokens or block_size, block_size)
+    created = int(time.time())
+
+    async def lifespan(app):
+        worker.start()
+        yield
+        worker.stop()
+
+    app = FastAPI(title="gpt.serve", description="OpenAI-compatible completions for a gpt checkpoint",
+                  lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app.state.worker = worker
+
+    @app.exception_handler(APIError)
+    async def _api_error(request, e: APIError):
+        headers = {"Retry-After": "1"} if e.status == 429 else None
+        return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request, e: StarletteHTTPException):
+        message = {404: f"Unknown request URL: {request.method} {request.url.path}.",
+                   405: f"Method {request.method} is not allowed for {request.url.path}."}.get(e.status_code, e.detail)
+        code = {404: "unknown_url", 405: "method_not_allowed"}.get(e.status_code)
+        return JSONResponse(APIError(e.status_code, message, code=code).body(), status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def _bug(request, e: Exception):
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        body = APIError(500, f"The server had an error while processing your request ({type(e).__name__}).",
+                        type="server_error").body()
+        return JSONResponse(body, status_code=500)
+
+    def authorize(request: HTTPRequest) -> None:
+        if config.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, key = given.partition(" ")
+        if scheme.lower() != "bearer" or not key:
+            raise APIError(401, "You didn't provide an API key: send it as 'Authorization: Bearer KEY'.",
+                           code="invalid_api_key")
+        if not hmac.compare_digest(key.strip().encode(), config.api_key.encode()):
+            raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def playground():
+        return (resources.files("gpt.serve") / "playground.html").read_text(encoding="utf-8")
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": config.model_name, **worker.load}
+
+    @app.get("/v1/models")
+    async def models(request: HTTPRequest):
+        authorize(request)
+        return {"object": "list", "data": [model_card(config.model_name, created)]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model_info(name: str, request: HTTPRequest):
+        authorize(request)
+        if name != config.model_name:
+            raise APIError(404, f"The model '{name}' does not exist; this server serves '{config.model_name}'.",
+                           param="model", code="model_not_found")
+        return model_card(config.model_name, created)
+
+    @app.post("/v1/completions", openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": CompletionRequest.model_json_schema()}}}})
+    async def completions(request: HTTPRequest):
+        authorize(request)
+        body = await read_body(request, config.max_body_bytes)
+        try:
+            req = CompletionRequest.model_validate_json(body)
+        except ValidationError as e:
+            raise validation_error(e) from None
+        sample, prompts = check(req)
+        completion = Completion(config.model_name, config.fingerprint)
+        queue: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        requests = [Request(ids, sample, emit_to(loop, queue, i * sample.num_samples))
+                    for i, ids in enumerate(prompts)]
+        try:
+            worker.submit(requests)
+        except QueueFull as e:
+            raise APIError(429, f"The server is busy: {e}.", type="requests", code="rate_limit_exceeded") from None
+        total = len(requests) * sample.num_samples
+        echoes = [tokenizer.decode(ids) if req.echo else "" for ids in prompts]
+        prompt_tokens = sum(len(ids) for ids in prompts)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            events = stream(completion, queue, requests, total, echoes, prompt_tokens, include_usage)
+            return StreamingResponse(events, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await respond(request, completion, queue, requests, total, echoes, prompt_tokens)
+
+    def check(req: CompletionRequest) -> tuple[SampleConfig, list[list[int]]]:
+        """The request's sampling settings and prompt ids, or the 4xx that says what is wrong."""
+        unsupported = req.unsupported()
+        if unsupported:
+            raise APIError(400, f"'{unsupported}' is not supported by this server; leave it out.", param=unsupported,
+                           code="unsupported_parameter")
+        if req.model != config.model_name:
+            raise APIError(404, f"The model '{req.model}' does not exist; this server serves '{config.model_name}'.",
+                           param="model", code="model_not_found")
+        max_tokens = 16 if req.max_tokens is None else req.max_tokens
+        if max_tokens > config.max_tokens:
+            raise APIError(400, f"max_tokens is {max_tokens}, more than this server allows ({config.max_tokens}).",
+                           param="max_tokens", code="invalid_value")
+        n, texts = req.n or 1, req.prompts()
+        if n * len(texts) > config.max_batch:
+            raise APIError(400, f"n x prompts is {n} x {len(texts)} = {n * len(texts)} completions, more than this "
+                           f"server decodes together ({config.max_batch}).", param="n", code="invalid_value")
+        sample = SampleConfig(
+            num_samples=n, max_new_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
+            top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p,
+            repetition_penalty=req.repetition_penalty or 1.0, stop=tuple(req.stop or ()), seed=req.seed,
+        )
+        prompts = []
+        for text in texts:
+            try:
+                ids = (tokenizer.encode(text) if isinstance(text, str) else list(text)) if seq2seq else \
+                    prompt_ids(model, tokenizer, text)
+            except UserError as e:
+                raise APIError(400, f"Invalid prompt: {e}.", param="prompt", code="invalid_prompt") from None
+            if any(not 0 <= i < tokenizer.vocab_size for i in ids):
+                raise APIError(400, f"Invalid prompt: token ids must be in [0, {tokenizer.vocab_size}).",
+                               param="prompt", code="invalid_prompt")
+            if len(ids) > max_prompt:
+                raise APIError(400, f"The prompt has {len(ids)} tokens, more than this server's limit of {max_prompt} "
+                               f"(the model's context is {block_size} tokens): shorten it.", param="prompt",
+                               code="context_length_exceeded")
+            prompts.append(ids)
+        return sample, prompts
+
+    return app
+
+
+async def read_body(request: HTTPRequest, limit: int) -> bytes:
+    """The request body, or a 413 as soon as it is known to be longer than `limit` bytes."""
+    too_long = APIError(413, f"The request body is larger than this server's limit of {limit} bytes.",
+                        code="request_too_large")
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise too_long
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_long
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def emit_to(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, first_index: int):
+    """An engine `emit` (called on the engine's thread) that puts (choice index, piece) on `queue`."""
+
+    def emit(item) -> None:
+        index = first_index + getattr(item, "sample", 0)
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, (index, item))
+        except RuntimeError:  # the event loop is closed: the server is going down
+            pass
+
+    return emit
+
+
+async def pieces(queue: asyncio.Queue, total: int):
+    """(choice index, Piece) until every choice has finished; a failed step is a 500."""
+    finished = 0
+    while finished < total:
+        index, item = await queue.get()
+        if isinstance(item, Exception):
+            log.error("decoding failed: %r", item)
+            raise APIError(500, f"Decoding failed on the server ({type(item).__name__}).", type="server_error")
+        finished += item.finish is not None
+        yield index, item
+
+
+def sse(data: dict | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+async def stream(completion: Completion, queue, requests: list[Request], total: int, echoes: list[str],
+                 prompt_tokens: int, include_usage: bool):
+    """The server-sent events of a streamed completion; cancelled by Starlette if the client leaves."""
+    n = total // len(requests)
+    generated = 0
+    try:
+        for index in range(total):
+            if echoes[index // n]:
+                yield sse(completion.chunk(index, echoes[index // n], None))
+        try:
+            async for index, piece in pieces(queue, total):
+                generated += len(piece.ids)
+                if piece.text or piece.finish:
+                    yield sse(completion.chunk(index, piece.text, piece.finish))
+        except APIError as e:
+            yield sse(e.body())
+            return
+        if include_usage:
+            yield sse(completion.usage_chunk(prompt_tokens, generated))
+        yield sse("[DONE]")
+    finally:
+        for request in requests:  # a no-op for finished requests; frees the rows of a client that left
+            request.cancel()
+
+
+async def respond(http: HTTPRequest, completion: Completion, queue, requests: list[Request], total: int,
+                  echoes: list[str], prompt_tokens: int):
+    """The whole completion as one JSON body; gives up (and frees the rows) if the client disconnects."""
+    n = total // len(requests)
+    texts = [echoes[i // n] for i in range(total)]
+    finishes: list[str] = [""] * total
+    generated = 0
+    waiting = asyncio.ensure_future(_disconnected(http))
+    try:
+        it = pieces(queue, total)
+        while True:
+            nxt = asyncio.ensure_future(anext(it, None))
+            done, _ = await asyncio.wait({nxt, waiting}, return_when=asyncio.FIRST_COMPLETED)
+            if nxt not in done:  # the client is gone
+                nxt.cancel()
+                return JSONResponse({}, status_code=499)
+            item = nxt.result()
+            if item is None:
+                break
+            index, piece = item
+            texts[index] += piece.text
+            generated += len(piece.ids)
+            finishes[index] = piece.finish or finishes[index]
+    finally:
+        waiting.cancel()
+        for request in requests:
+            request.cancel()
+    return completion.body(texts, finishes, prompt_tokens, generated)
+
+
+async def _disconnected(http: HTTPRequest) -> None:
+    while not await http.is_disconnected():
+        await asyncio.sleep(0.25)
+
+
+def fingerprint(*parts) -> str:
+    """A short stable id of what the backend runs, for `system_fingerprint`."""
+    return "fp_" + hashlib.sha256(repr(parts).encode()).hexdigest()[:12]
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on (host, port); a port in use or a bad address is a one-line error."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)  # connections wait in the backlog until uvicorn accepts them
+    except OSError as e:
+        sock.close()
+        raise ServeError(f"cannot listen on {host}:{port}: {e.strerror or e}; choose another --port or --host") from None
+    return sock
+
+
+@contextlib.contextmanager
+def running(app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
+    """Serve `app` with uvicorn on a thread of this process (tests, notebooks); yields the base URL.
+
+        with running(create_app(model, tok, meta, ServeConfig(model_name="m"))) as url:
+            OpenAI(base_url=url + "/v1", api_key="unused").completions.create(model="m", prompt="Hi")
+    """
+    sock = listen(host, port)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="gpt-serve", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise ServeError(f"the server on {host}:{sock.getsockname()[1]} did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -1,0 +1,131 @@
+"""int8 inference (gpt/quantize.py): which layers change, how close the model stays, where it runs."""
+
+import runpy
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from gpt import GPT, GPTConfig, load_checkpoint
+from gpt.batching import BatchEngine, Request
+from gpt.quantize import QuantizeError, linear_names, quantize
+from gpt.sampling import SampleConfig, complete
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def val_loss(model, ids: torch.Tensor, block: int) -> float:
+    """Mean next-token loss over consecutive windows of `ids`."""
+    n = (len(ids) - 1) // block
+    x = ids[: n * block].view(n, block)
+    y = ids[1 : n * block + 1].view(n, block)
+    with torch.no_grad():
+        return model(x, y)[1].item()
+
+
+def test_int8_changes_every_linear_layer_and_keeps_the_trained_model_within_one_percent(trained_run,
+                                                                                          shakespeare_text):
+    model, tok, _ = load_checkpoint(trained_run)
+    reference, _, _ = load_checkpoint(trained_run)
+    names = linear_names(model)
+    assert len(names) == 2 * 4 + 1  # per block c_attn, attn.c_proj, c_fc, mlp.c_proj; and lm_head
+    quantize(model, "int8")
+    modules = dict(model.named_modules())
+    assert all(type(modules[n]).__name__ == "Linear" and "quantized" in type(modules[n]).__module__ for n in names)
+    assert isinstance(model.transformer.wte, nn.Embedding) and model.transformer.wte.weight.dtype == torch.float32
+    held_out = torch.tensor(tok.encode(shakespeare_text[-20_000:]))
+    fp32, int8 = val_loss(reference, held_out, 64), val_loss(model, held_out, 64)
+    assert abs(int8 - fp32) / fp32 < 0.01, (fp32, int8)
+    assert int8 != fp32  # the weights did change
+
+
+def test_int8_models_generate_and_batch(trained_run):
+    model, tok, _ = load_checkpoint(trained_run)
+    quantize(model, "int8")
+    text = complete(model, tok, "ROMEO:", max_new_tokens=30, temperature=0)[0]
+    assert len(text) == 30
+    engine = BatchEngine(model, tok, max_rows=4)  # per-row positions, views of the cache pool
+    out = []
+    engine.submit(Request(tok.encode("ROMEO:"), SampleConfig(max_new_tokens=30, temperature=0),
+                          lambda p: out.append(p.text)))
+    while engine.busy:
+        engine.step()
+    assert "".join(out) == text
+
+
+def test_seq2seq_models_keep_cross_attention_in_float():
+    from gpt.translate import translate
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=32, n_encoder_layer=2)).eval()
+    src = torch.randint(0, 39, (2, 7))
+    mask = torch.ones_like(src, dtype=torch.bool)
+    tgt = torch.randint(0, 39, (2, 5))
+    ref = model(tgt, src=src, src_mask=mask)[0]
+    quantize(model, "int8")
+    assert isinstance(model.transformer.h[0].cross_attn.c_attn, nn.Linear)  # slices its weight: kept
+    assert not isinstance(model.transformer.h[0].attn.c_attn, nn.Linear)
+    assert not isinstance(model.encoder.h[0].mlp.c_fc, nn.Linear)
+    out = model(tgt, src=src, src_mask=mask)[0]
+    assert (out - ref).abs().max() < 0.05 * ref.abs().max()
+
+    class Tok:
+        vocab_size, eot_token = 40, 39
+
+        def encode_batch(self, texts):
+            return [[ord(c) % 39 for c in t] for t in texts]
+
+        def decode(self, ids):
+            return ",".join(map(str, ids))
+
+    assert len(translate(model, Tok(), ["abc", "de"], 39, 39, max_new_tokens=5)) == 2
+
+
+def test_mistakes():
+    model = GPT(GPTConfig(vocab_size=10, block_size=8, n_layer=1, n_head=1, n_embd=8))
+    with pytest.raises(QuantizeError, match="--quantize 'int4' is not one of none, int8"):
+        quantize(model, "int4")
+    assert quantize(model, "none") is model and isinstance(model.lm_head, nn.Linear)
+    with pytest.raises(QuantizeError, match="starts from float32 weights, not bfloat16: use --dtype float32"):
+        quantize(model.to(torch.bfloat16), "int8")
+
+
+
+def test_sample_script_quantize_flag(trained_run, capsys):
+    main = runpy.run_path(str(ROOT / "sample.py"), run_name="sample_script")["main"]
+    model, tok, _ = load_checkpoint(trained_run)
+    expected = complete(quantize(model, "int8"), tok, "ROMEO:", max_new_tokens=30, temperature=0)[0]
+    assert main(["--ckpt", str(trained_run), "--prompt", "ROMEO:", "--max-new-tokens", "30", "--temperature", "0",
+                 "--quantize", "int8"]) == 0
+    assert capsys.readouterr().out == "ROMEO:" + expected + "\n"
+    assert main(["--ckpt", str(trained_run), "--quantize", "int8", "--dtype", "bfloat16"]) == 2
+    assert capsys.readouterr().err == "error: --quantize int8 starts from float32 weights, not bfloat16: use " \
+                                      "--dtype float32\n"
+
+
+def test_evaluate_quantize_flag(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("sacrebleu")
+    import gpt.quantize
+    from gpt import checkpoint
+    from gpt.evaluate import main
+    from gpt.tokenizer import CharTokenizer
+    from gpt.translate import translate
+
+    tok = CharTokenizer("abcdefgh ")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16, n_encoder_layer=1))
+    eos = tok.eot_token
+    meta = {"model_config": model.config.to_dict(), "tokenizer": tok.spec, "seq2seq": {"bos": eos, "eos": eos, "pad": eos}}
+    checkpoint.save(tmp_path / "run" / "best.pt", {"model": model.state_dict()}, meta)
+    sources = ["abc def", "gh a", "bad cafe"]
+    (tmp_path / "src").write_text("\n".join(sources) + "\n")
+    (tmp_path / "ref").write_text("\n".join(sources) + "\n")
+    modes = []
+    monkeypatch.setattr(gpt.quantize, "quantize", lambda m, mode: (modes.append(mode), quantize(m, mode))[1])
+    assert main(["--ckpt", str(tmp_path / "run"), "--source-file", str(tmp_path / "src"), "--reference",
+                 str(tmp_path / "ref"), "--device", "cpu", "--quantize", "int8", "--output", str(tmp_path / "hyp")]) == 0
+    assert modes == ["int8"] and capsys.readouterr().out.startswith("BLEU ")
+    expected = translate(quantize(model.eval(), "int8"), tok, sources, eos, eos)
+    assert (tmp_path / "hyp").read_text().splitlines() == [" ".join(t.splitlines()) for t in expected]

@@ -1,0 +1,332 @@
+"""gpt.serve against the official `openai` client, on loopback, with a trained checkpoint.
+
+A server runs on a thread of the test process (uvicorn on a free port); a few tests start the
+`python -m gpt.serve` command itself.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi", reason="the serve extra is not installed: pip install -e '.[serve]'")
+openai = pytest.importorskip("openai", reason="the dev extra is not installed: pip install -e '.[dev]'")
+import httpx  # noqa: E402  (installed with openai)
+
+from gpt import GPT, GPTConfig, checkpoint, load_checkpoint  # noqa: E402
+from gpt.sampling import complete  # noqa: E402
+from gpt.serve.app import ServeConfig, create_app, running  # noqa: E402
+from gpt.tokenizer import CharTokenizer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "shakespeare-char"
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def loaded(trained_run):
+    return load_checkpoint(trained_run)
+
+
+@pytest.fixture(scope="module")
+def server(loaded):
+    model, tok, meta = loaded
+    app = create_app(model, tok, meta, ServeConfig(model_name=NAME, max_batch=8, max_tokens=1000, max_body_bytes=4096))
+    with running(app) as url:
+        yield url, app
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def reference(loaded, prompt, **settings):
+    """What the library itself generates for these settings (top-k off: the API's default)."""
+    model, tok, _ = loaded
+    return complete(model, tok, prompt, **{"top_k": None, **settings})
+
+
+def test_completion_matches_the_library_and_reports_usage(client, loaded):
+    r = client.completions.create(model=NAME, prompt="ROMEO:", max_tokens=40, temperature=0)
+    assert r.object == "text_completion" and r.model == NAME and r.id.startswith("cmpl-")
+    assert [c.index for c in r.choices] == [0] and r.choices[0].finish_reason == "length"
+    assert r.choices[0].text == reference(loaded, "ROMEO:", max_new_tokens=40, temperature=0)[0]
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (6, 40, 46)
+
+
+def test_streaming_sends_the_same_text_in_chunks_then_usage(client, loaded):
+    stream = client.completions.create(model=NAME, prompt="ROMEO:", max_tokens=30, temperature=0, stream=True,
+                                       stream_options={"include_usage": True})
+    chunks = list(stream)
+    texts = [c.choices[0].text for c in chunks if c.choices]
+    assert len(texts) > 10  # token by token, not one block
+    assert "".join(texts) == reference(loaded, "ROMEO:", max_new_tokens=30, temperature=0)[0]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 30
+
+
+def test_stop_strings_end_the_text_before_them(client, loaded):
+    full = reference(loaded, "JULIET:", max_new_tokens=60, temperature=0)[0]
+    stop = full[8:10]  # two characters the greedy text is known to contain
+    r = client.completions.create(model=NAME, prompt="JULIET:", max_tokens=60, temperature=0, stop=[stop, "zzz"])
+    assert r.choices[0].text == full[: full.index(stop)] and r.choices[0].finish_reason == "stop"
+    stream = client.completions.create(model=NAME, prompt="JULIET:", max_tokens=60, temperature=0, stop=stop,
+                                       stream=True)
+    chunks = [c.choices[0] for c in stream]
+    assert "".join(c.text for c in chunks) == full[: full.index(stop)] and chunks[-1].finish_reason == "stop"
+
+
+def test_n_samples_with_a_seed_are_different_and_reproducible(client, loaded):
+    kw = dict(model=NAME, prompt="KING:", max_tokens=25, temperature=1.0, n=3, seed=1234)
+    first, again = client.completions.create(**kw), client.completions.create(**kw)
+    texts = [c.text for c in first.choices]
+    assert [c.index for c in first.choices] == [0, 1, 2] and len(set(texts)) == 3
+    assert [c.text for c in again.choices] == texts
+    assert texts == reference(loaded, "KING:", max_new_tokens=25, temperature=1.0, num_samples=3, seed=1234)
+    other = client.completions.create(**{**kw, "seed": 99})
+    assert [c.text for c in other.choices] != texts
+    assert first.usage.completion_tokens == 75
+
+
+def test_several_prompts_token_ids_echo_and_extensions(client, loaded):
+    model, tok, _ = loaded
+    r = client.completions.create(model=NAME, prompt=["ab", "cd"], n=2, max_tokens=5, temperature=0)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3] and r.choices[0].text == r.choices[1].text
+    ids = tok.encode("To be")
+    by_ids = client.completions.create(model=NAME, prompt=ids, max_tokens=12, temperature=0, echo=True)
+    by_text = client.completions.create(model=NAME, prompt="To be", max_tokens=12, temperature=0)
+    assert by_ids.choices[0].text == "To be" + by_text.choices[0].text
+    topk = client.completions.create(model=NAME, prompt="To be", max_tokens=12, temperature=1, seed=5,
+                                     extra_body={"top_k": 1, "repetition_penalty": 1.0})
+    assert topk.choices[0].text == by_text.choices[0].text  # top-1 sampling is greedy
+
+
+def test_concurrent_requests_are_decoded_together(server, client, loaded):
+    engine = server[1].state.worker.engine
+    prompts = ["ROMEO:", "First Citizen:\nBefore we", "O", "KING HENRY:"]
+    results = {}
+
+    def ask(p):
+        results[p] = client.completions.create(model=NAME, prompt=p, max_tokens=40, temperature=0).choices[0].text
+
+    before = engine.steps
+    threads = [threading.Thread(target=ask, args=(p,)) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    steps = engine.steps - before
+    assert steps < 2 * 40, f"{steps} decode steps for 4 x 40 tokens: the requests were not batched"
+    for p in prompts:
+        assert results[p] == reference(loaded, p, max_new_tokens=40, temperature=0)[0]
+
+
+def test_models_and_health(client, server):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [NAME] and client.models.retrieve(NAME).id == NAME
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+    health = httpx.get(server[0] + "/health").json()
+    assert health["status"] == "ok" and health["model"] == NAME and health["max_rows"] == 8
+
+
+@pytest.mark.parametrize("kwargs,error,param,words", [
+    (dict(model="gpt-4"), openai.NotFoundError, "model", "does not exist"),
+    (dict(temperature=5), openai.BadRequestError, "temperature", "less than or equal to 2"),
+    (dict(top_p=0), openai.BadRequestError, "top_p", "greater than 0"),
+    (dict(n=0), openai.BadRequestError, "n", "greater than or equal to 1"),
+    (dict(n=9), openai.BadRequestError, "n", "more than this server decodes together (8)"),
+    (dict(max_tokens=0), openai.BadRequestError, "max_tokens", "greater than or equal to 1"),
+    (dict(max_tokens=1001), openai.BadRequestError, "max_tokens", "more than this server allows (1000)"),
+    (dict(stop=["a", "b", "c", "d", "e"]), openai.BadRequestError, "stop", "at most 4"),
+    (dict(prompt="x" * 65), openai.BadRequestError, "prompt", "65 tokens, more than this server's limit of 64"),
+    (dict(prompt="naïve €"), openai.BadRequestError, "prompt", "not in the char vocabulary"),
+    (dict(prompt=[0, 10_000]), openai.BadRequestError, "prompt", "ids must be in [0, 66)"),
+    (dict(prompt=[]), openai.BadRequestError, "prompt", "must not be an empty list"),
+    (dict(logprobs=2), openai.BadRequestError, "logprobs", "not supported"),
+    (dict(presence_penalty=0.5), openai.BadRequestError, "presence_penalty", "not supported"),
+    (dict(extra_body={"temprature": 0.5}), openai.BadRequestError, "temprature", "Unrecognized request argument"),
+    (dict(extra_body={"max_tokens": "ten"}), openai.BadRequestError, "max_tokens", "valid integer"),
+    (dict(extra_body={"seed": 1.5}), openai.BadRequestError, "seed", "valid integer"),
+    (dict(extra_body={"stream": "yes"}), openai.BadRequestError, "stream", "valid boolean"),
+])
+def test_bad_requests_are_openai_errors(client, kwargs, error, param, words):
+    settings = {"model": NAME, "prompt": "ROMEO:", "max_tokens": 5, **kwargs}
+    with pytest.raises(error) as e:
+        client.completions.create(**settings)
+    assert e.value.param == param and words in e.value.message, e.value.message
+    assert e.value.type == "invalid_request_error"
+
+
+@pytest.mark.parametrize("body,status,words", [
+    (b'{"model": "shakespeare-char", "prompt": ', 400, "not valid JSON"),
+    (b"[1, 2]", 400, "must be a JSON object"),
+    (b'"hello"', 400, "must be a JSON object"),
+    (b"", 400, "not valid JSON"),
+    (b'{"prompt": "hi"}', 400, "Missing required parameter: 'model'"),
+    (b'{"model": "shakespeare-char", "prompt": [[1], []]}', 400, "empty list of token ids"),
+    (b'{"model": "shakespeare-char", "prompt": [1, "a"]}', 400, "Invalid value for 'prompt'"),
+    (b'{"model": "shakespeare-char", "prompt": "' + b"a" * 5000 + b'"}', 413, "larger than this server's limit"),
+])
+def test_malformed_bodies_are_4xx_and_the_server_lives_on(server, body, status, words):
+    url = server[0]
+    r = httpx.post(url + "/v1/completions", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == status
+    error = r.json()["error"]
+    assert words in error["message"] and set(error) == {"message", "type", "param", "code"}
+    assert httpx.get(url + "/health").status_code == 200
+
+
+def test_unknown_urls_and_methods_are_openai_errors(server):
+    url = server[0]
+    r = httpx.get(url + "/v1/chat/nothing")
+    assert r.status_code == 404 and "Unknown request URL" in r.json()["error"]["message"]
+    r = httpx.get(url + "/v1/completions")
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_rows(server):
+    url, app = server
+    worker = app.state.worker
+    body = {"model": NAME, "prompt": "ROMEO:", "max_tokens": 1000, "n": 2, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        assert json.loads(first[6:])["choices"]
+        assert worker.load["rows"] == 2
+    deadline = time.monotonic() + 10  # closed after one chunk: the engine drops the rows at its next step
+    while worker.load["rows"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert worker.load["rows"] == 0
+    steps = worker.engine.steps
+    time.sleep(0.3)
+    assert worker.engine.steps == steps  # nothing left to decode
+
+
+def test_a_client_that_gives_up_waiting_for_a_whole_completion_frees_its_rows(server):
+    url, app = server
+    worker = app.state.worker
+    body = {"model": NAME, "prompt": "ROMEO:", "max_tokens": 1000, "n": 3}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url + "/v1/completions", json=body, timeout=httpx.Timeout(30, read=0.3))
+    assert worker.load["rows"] > 0  # still decoding when the client hung up (a sample may have ended early)
+    deadline = time.monotonic() + 10
+    while worker.load["rows"] and time.monotonic() < deadline:  # the server polls for the disconnect
+        time.sleep(0.02)
+    assert worker.load["rows"] == 0
+
+
+def test_a_full_queue_answers_429_and_the_server_goes_on(loaded):
+    model, tok, meta = loaded
+    app = create_app(model, tok, meta, ServeConfig(model_name=NAME, max_batch=1, max_queue=1, max_tokens=1000))
+    with running(app) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        body = {"model": NAME, "prompt": "A", "max_tokens": 1000, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as busy:
+            busy_lines = busy.iter_lines()  # (kept: a dropped iterator closes the connection)
+            next(busy_lines)  # decoding: the only row is taken
+            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as waiting:
+                assert waiting.status_code == 200  # queued (its headers come at once)
+                with pytest.raises(openai.RateLimitError) as e:
+                    client.completions.create(model=NAME, prompt="B", max_tokens=2)
+                assert e.value.code == "rate_limit_exceeded" and "waiting" in e.value.message
+                assert e.value.response.headers["retry-after"] == "1"
+        load = app.state.worker.load
+        deadline = time.monotonic() + 10
+        while (load["rows"] or load["waiting"]) and time.monotonic() < deadline:  # the server sees both leave
+            time.sleep(0.02)
+            load = app.state.worker.load
+        r = client.completions.create(model=NAME, prompt="C", max_tokens=3)  # room again
+        assert r.usage.completion_tokens == 3
+
+
+def test_api_key(loaded):
+    model, tok, meta = loaded
+    app = create_app(model, tok, meta, ServeConfig(model_name=NAME, api_key="s3cret"))
+    with running(app) as url:
+        good = openai.OpenAI(base_url=url + "/v1", api_key="s3cret", max_retries=0)
+        assert good.completions.create(model=NAME, prompt="A", max_tokens=2).usage.completion_tokens == 2
+        with pytest.raises(openai.AuthenticationError) as e:
+            openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
+        assert e.value.code == "invalid_api_key"
+        r = httpx.post(url + "/v1/completions", json={"model": NAME})
+        assert r.status_code == 401 and "didn't provide an API key" in r.json()["error"]["message"]
+        assert httpx.get(url + "/health").status_code == 200 and httpx.get(url + "/").status_code == 200
+
+
+def test_seq2seq_checkpoints_translate_through_the_same_endpoint():
+    from gpt.translate import translate
+
+    tok = CharTokenizer("\n !,.?abcdefghijklmnopqrstuvwxyz")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=2, n_head=2, n_embd=32,
+                          n_encoder_layer=2)).eval()
+    eos = tok.eot_token
+    meta = {"model_config": model.config.to_dict(), "tokenizer": tok.spec, "seq2seq": {"bos": eos, "eos": eos, "pad": eos}}
+    with running(create_app(model, tok, meta, ServeConfig(model_name="de-en"))) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        r = client.completions.create(model="de-en", prompt=["ein mann", "eine frau"], max_tokens=20, temperature=0)
+        expected = translate(model, tok, ["ein mann", "eine frau"], eos, eos, max_new_tokens=20)
+        assert [c.text for c in r.choices] == expected
+        chunks = list(client.completions.create(model="de-en", prompt="ein mann", max_tokens=20, temperature=0,
+                                                stream=True))
+        assert "".join(c.choices[0].text for c in chunks) == expected[0]
+
+
+def test_the_command_serves_on_a_free_port(trained_run, capsys):
+    cmd = [sys.executable, "-m", "gpt.serve", "--ckpt", str(trained_run), "--port", "0", "--threads", "1",
+           "--quantize", "int8"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        assert line.startswith("serving shakespeare-char at http://127.0.0.1:") and "int8" in line, line
+        url = line.split(" at ")[1].split("/ ")[0]
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        r = client.completions.create(model=NAME, prompt="A", max_tokens=3)
+        assert r.usage.completion_tokens == 3 and r.system_fingerprint.startswith("fp_")
+        port = int(url.rsplit(":", 1)[1])
+        assert serve_main("--ckpt", trained_run, "--port", port) == 2  # the port is taken
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: cannot listen on 127.0.0.1:{port}:") and err.count("\n") == 1, err
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def serve_main(*args):
+    from gpt.serve.__main__ import main
+
+    return main([str(a) for a in args])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--max-batch", 0], "error: invalid server settings: --max-batch must be an integer >= 1, got 0"),
+    (["--max-queue", -1, "--max-tokens", 0], "error: invalid server settings: --max-queue must be an integer >= 1, "
+     "got -1; --max-tokens must be an integer >= 1, got 0"),
+    (["--quantize", "int8", "--dtype", "bfloat16"], "error: --quantize int8 starts from float32 weights, not bfloat16"),
+    (["--device", "cuda:7"], "error: --device cuda:7: CUDA is not available here"),
+])
+def test_command_mistakes_are_one_line(trained_run, capsys, args, message):
+    if "cuda" in str(args) and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    assert serve_main("--ckpt", trained_run, *args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_command_without_a_checkpoint(tmp_path, capsys):
+    assert serve_main("--ckpt", tmp_path / "nope") == 2
+    assert capsys.readouterr().err == f"error: no checkpoint at {tmp_path / 'nope'}\n"
+
+
+def test_checkpoint_fixture_is_trained(trained_run):
+    meta = checkpoint.read_meta(trained_run)
+    assert meta["train_loss"] < 3.0  # well below log(66) = 4.19: the model has learned something
