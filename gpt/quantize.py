@@ -44,8 +44,11 @@ class QuantizeError(UserError, ValueError):
 
 def dtype_flag(dtype: str, mode: str) -> str:
     """The --dtype to run at: int8 starts from float32 weights, so `auto` means float32 with --quantize int8
-    (also on a CPU with native bf16, where auto would otherwise pick bf16)."""
-    return "float32" if mode == "int8" and dtype == "auto" else dtype
+    (also on a CPU with native bf16, where auto would otherwise pick bf16); any other is refused before
+    anything is loaded."""
+    if mode == "int8" and dtype not in ("auto", "float32"):
+        raise QuantizeError(f"--quantize int8 starts from float32 weights, not {dtype}: use --dtype float32")
+    return "float32" if mode == "int8" else dtype
 
 
 def linear_names(model: GPT) -> set[str]:

@@ -312,7 +312,7 @@ def serve_main(*args):
     (["--max-queue", -1, "--max-tokens", 0], "error: invalid server settings: --max-queue must be an integer >= 1, "
      "got -1; --max-tokens must be an integer >= 1, got 0"),
     (["--quantize", "int8", "--dtype", "bfloat16"], "error: --quantize int8 starts from float32 weights, not bfloat16"),
-    (["--device", "cuda:7"], "error: --device cuda:7: CUDA is not available here"),
+    (["--device", "cuda:7"], "error: --device cuda:7: CUDA is not available on this machine"),
 ])
 def test_command_mistakes_are_one_line(trained_run, capsys, args, message):
     if "cuda" in str(args) and torch.cuda.is_available():
