@@ -63,7 +63,8 @@ MODELS = {
 SAMPLES, NEW_TOKENS, SHORT_PROMPT, TOP_K = 5, 500, 16, 200
 # run -> its prompt length (None: a full block_size prompt)
 RUNS = {"cached": None, "recompute": None, "cached-in-context": SHORT_PROMPT, "hf": SHORT_PROMPT, "int8": None,
-        "val-loss": None}
+        "val-loss": None, "scripts": None}
+SCRIPT_SHORT = 20  # scripts: new tokens of the short run whose time (start-up, loading) is subtracted
 
 
 def tokenizer_and_text(name: str):
@@ -226,6 +227,70 @@ def child(args) -> None:
     )))
 
 
+# ---- sample.py against nanoGPT's own sample.py (parent) ------------------------------------------
+
+
+def scripts(name: str, tmp: Path, repeats: int = 2) -> dict:
+    """Our sample.py and nanoGPT's own sample.py (a scratch copy of ../shared/baselines/nanoGPT), each
+    run as a user runs it (default threads, float32, no compile) on the same weights and the same
+    block_size-character prompt: SAMPLES samples of NEW_TOKENS and of SCRIPT_SHORT new tokens, temperature
+    1, top-k 200. Tokens/s = SAMPLES * (NEW_TOKENS - SCRIPT_SHORT) / (difference of the wall times), so
+    start-up and loading cancel out; best of `repeats`. Char models only (nanoGPT's sample.py downloads
+    GPT-2's BPE for other checkpoints)."""
+    import pickle
+
+    from harness import nanogpt_copy
+
+    from gpt import checkpoint
+
+    tok, text_ids = tokenizer_and_text(name)
+    model, block = build(name, tok), MODELS[name]["block_size"]
+    cfg = model.config
+    work = tmp / f"scripts-{name}"
+    prompt = work / "prompt.txt"
+    work.mkdir()
+    prompt.write_text(tok.decode(text_ids[:block]), encoding="utf-8")
+    ours = work / "ours"  # our checkpoint
+    checkpoint.save(ours / "best.pt", {"model": model.state_dict()},
+                    {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec})
+    nano = nanogpt_copy(tmp)  # its checkpoint: the same tensors under the same names, its meta.pkl for chars
+    dataset = f"bench_{name}"
+    (nano / "data" / dataset).mkdir(exist_ok=True)
+    itos = dict(enumerate(tok.chars + "\n"))  # the end-of-text id (never in the prompt) decodes as a newline
+    with open(nano / "data" / dataset / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": cfg.vocab_size, "itos": itos, "stoi": tok.stoi}, f)
+    model_args = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size,
+                      bias=cfg.bias, vocab_size=cfg.vocab_size, dropout=0.0)
+    (work / "nano").mkdir()
+    torch.save({"model": model.state_dict(), "model_args": model_args, "config": {"dataset": dataset}},
+               work / "nano" / "ckpt.pt")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+
+    def command(which: str, n: int) -> tuple[list, Path]:
+        if which == "ours":
+            return [sys.executable, ROOT / "sample.py", "--ckpt", ours, "--prompt-file", prompt, "--device", "cpu",
+                    "--dtype", "float32", "--num-samples", SAMPLES, "--max-new-tokens", n, "--temperature", 1,
+                    "--top-k", TOP_K, "--seed", 0, "--no-stop-at-eot"], ROOT
+        return [sys.executable, "sample.py", f"--out_dir={work / 'nano'}", f"--start=FILE:{prompt}", "--device=cpu",
+                "--dtype=float32", "--compile=False", f"--num_samples={SAMPLES}", f"--max_new_tokens={n}",
+                "--temperature=1.0", f"--top_k={TOP_K}"], nano
+
+    def seconds(which: str, n: int) -> float:
+        cmd, cwd = command(which, n)
+        t0 = time.perf_counter()
+        subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, check=True, capture_output=True)
+        return time.perf_counter() - t0
+
+    result = {}
+    for which in ("ours", "nanogpt"):
+        runs = [(seconds(which, SCRIPT_SHORT), seconds(which, NEW_TOKENS)) for _ in range(repeats)]
+        short, full = min(r[0] for r in runs), min(r[1] for r in runs)
+        result[which] = {"seconds_short": round(short, 2), "seconds_full": round(full, 2),
+                         "tokens_per_s": round(SAMPLES * (NEW_TOKENS - SCRIPT_SHORT) / (full - short), 1)}
+    result["ours_vs_nanogpt"] = round(result["ours"]["tokens_per_s"] / result["nanogpt"]["tokens_per_s"], 2)
+    return result
+
+
 # ---- the whole benchmark (parent) ----------------------------------------------------------------
 
 
@@ -255,18 +320,24 @@ def main() -> None:
     if args.child:
         return child(args)
 
-    from models import cpu_model
-
     from gpt.hf import export_hf
+    from gpt.runtime import cpu_name
 
     load_before = os.getloadavg()
-    results = []
+    results, scripts_result = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             tok, _ = tokenizer_and_text(name)
             block = MODELS[name]["block_size"]
             hf_dir = export_hf(build(name, tok), tok, Path(tmp) / name)
             for run in args.runs.split(","):
+                if run == "scripts":
+                    if MODELS[name]["tokenizer"] == "char":
+                        scripts_result[name] = dict(scripts(name, Path(tmp)), load_avg=os.getloadavg())
+                        print(f"{name:10s} sample.py {scripts_result[name]['ours']['tokens_per_s']:.0f} tokens/s, "
+                              f"nanoGPT's sample.py {scripts_result[name]['nanogpt']['tokens_per_s']:.0f} tokens/s",
+                              flush=True)
+                    continue
                 job = dict(model=name, run=run, prompt=RUNS[run] or block, hf_dir=str(hf_dir))
                 cmd = [sys.executable, __file__, "--child", json.dumps(job), "--budget", str(args.budget),
                        "--threads", str(args.threads), "--val-windows", str(args.val_windows)]
@@ -291,13 +362,13 @@ def main() -> None:
         if "val-loss" in by:
             speedups[name]["int8_val_loss_rel_diff"] = by["val-loss"]["val_loss_rel_diff"]
     env = dict(
-        python=platform.python_version(), torch=torch.__version__, cpu=cpu_model(),
-        capability=torch.backends.cpu.get_cpu_capability(), cores=os.cpu_count(), threads=results[0]["threads"],
+        python=platform.python_version(), torch=torch.__version__, cpu=cpu_name(),
+        capability=torch.backends.cpu.get_cpu_capability(), cores=os.cpu_count(), threads=args.threads,
         load_avg_before=load_before, load_avg_after=os.getloadavg(),
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(dict(env=env, results=results, speedups=speedups), indent=2) + "\n")
+    out.with_suffix(".json").write_text(json.dumps(dict(env=env, results=results, speedups=speedups, scripts=scripts_result), indent=2) + "\n")
     md = [f"Environment: {json.dumps(env)}", "", table(results), "", "| model | cached / recompute | "
           "ours / transformers (in context) | int8 / float32 tokens/s | int8 val loss vs float32 |",
           "|---|---|---|---|---|"]
@@ -313,6 +384,11 @@ def main() -> None:
         md += ["", "| model | val loss float32 | val loss int8 | difference | val tokens |", "|---|---|---|---|---|"]
         md += [f"| {r['model']} | {r['val_loss_fp32']:.4f} | {r['val_loss_int8']:.4f} | "
                f"{r['val_loss_rel_diff']:+.2%} | {r['val_tokens']} |" for r in losses]
+    if scripts_result:
+        md += ["", f"sample.py against nanoGPT's sample.py (default threads, {SAMPLES} samples x {NEW_TOKENS} new tokens, "
+               f"start-up subtracted):", "", "| model | ours tokens/s | nanoGPT tokens/s | ours / nanoGPT |", "|---|---|---|---|"]
+        md += [f"| {k} | {v['ours']['tokens_per_s']:.0f} | {v['nanogpt']['tokens_per_s']:.0f} | {v['ours_vs_nanogpt']:.1f}x |"
+               for k, v in scripts_result.items()]
     out.with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 

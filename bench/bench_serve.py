@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import subprocess
 import sys
@@ -31,14 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from models import ENV, cpu_model, ensure, val_tokens  # noqa: E402
-
-
-def cpu_info() -> dict:
-    import torch
-
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "capability": torch.backends.cpu.get_cpu_capability(),
-            "torch": torch.__version__, "python": platform.python_version()}
+from harness import machine  # noqa: E402
+from models import ENV, ensure, val_tokens  # noqa: E402
 
 
 def start_server(run_dir: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
@@ -139,7 +132,7 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve"), help="results path, without suffix")
     args = p.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
-    env = cpu_info()
+    env = machine()
     env["load_avg_start"] = os.getloadavg()
     print(f"CPU: {env['cpu']} ({env['cores']} cores, {env['capability']}), torch {env['torch']}", flush=True)
     results = []

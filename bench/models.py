@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -41,15 +40,6 @@ MODELS = {
 if (SHARED / "gpt2.tiktoken").exists():  # offline: GPT-2's BPE ranks for this process and its children
     os.environ.setdefault("GPT2_TIKTOKEN_FILE", str(SHARED / "gpt2.tiktoken"))
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
-
-
-def cpu_model() -> str:
-    """lscpu's model name (platform.processor() is often just the architecture)."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 def dataset(kind: str) -> Path:
