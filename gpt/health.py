@@ -7,7 +7,8 @@
     health.update_ratio        # ||W_after - W_before|| / ||W_before|| over the trained weights
 
 Rules (each compares a step with the median of the `window` steps before it, so one slow drift is
-never flagged, and nothing is flagged before `min_history` steps exist):
+never flagged, and nothing is flagged before `min_history` steps exist; the trainer sets it to the
+warmup's length, whose first steps swing widely in a healthy run):
 - loss spike: loss > median + max(`spike_mads` * 1.4826 * MAD, `spike_floor`) nats. The MAD (median
   absolute deviation) scales with how noisy this run's loss is; the floor keeps an almost constant
   loss from flagging tiny bumps.

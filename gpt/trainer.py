@@ -335,7 +335,7 @@ class Run:
         self.optimizer = make_optimizer(model, cfg, rt.device)
         self.scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.dtype == torch.float16)
         self.step, self.best_val, self.skipped, self.saved_step, self.tokens_seen = 0, float("inf"), 0, None, 0
-        self.health = HealthMonitor()
+        self.health = HealthMonitor(min_history=max(10, cfg.warmup_iters))  # not judged during warmup
         self.figure = plot.FigureWriter(self.out_dir, log.print, enabled=rt.master and cfg.plot)
         if cfg.batch_size == 0:  # --batch-size auto (CUDA): sets batch_size and grad_accum
             preflight.auto_batch_size(self.model, cfg, rt, log.print)

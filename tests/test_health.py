@@ -90,6 +90,12 @@ def test_the_trainer_warns_on_a_spike_and_logs_the_update_ratio(base, char_data,
     assert lines[2].startswith("preflight: estimated memory per process weights ")
     assert lines[3].startswith("preflight: measured ") and "over 5 steps: the remaining 10 steps take about" in lines[3]
 
+    # the same spike inside a 20-step warmup (whose first steps swing widely in healthy runs) is not judged
+    calls["n"] = 0
+    run("--data", char_data, "--out-dir", tmp_path / "warm", "--init-from", base, *TRAIN, "--max-iters", "16",
+        "--eval-interval", "100", "--eval-iters", "1", "--warmup-iters", "20", "--no-plot")
+    assert "warning:" not in capsys.readouterr().out
+
 
 # ---- preflight: the memory estimate and --batch-size auto -------------------------------------------
 
