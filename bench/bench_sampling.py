@@ -28,6 +28,8 @@ top-k 200, after a short warm-up:
 - `val-loss`: the same shapes trained briefly on tiny-shakespeare (bench/models.py, cached in
   out/bench-models/; trained on first use, about 12 minutes), mean loss over up to `--val-windows`
   evenly spaced block_size windows of the validation split, float32 and int8 on the same windows.
+- `scripts` (char-cpu): our sample.py against nanoGPT's own sample.py, each run as a user runs it, on
+  the same weights and prompt (see `scripts()`).
 Reported: time to first token (prompt prefill + first sample), tokens/s over the whole run, peak RSS
 and RSS after loading the model. The machine's load average is recorded: the CPU may be shared.
 The int8 goals: tokens/s >= 1.5x float32 (`int8` / `cached`) and val loss within 1% of float32.
@@ -65,6 +67,7 @@ SAMPLES, NEW_TOKENS, SHORT_PROMPT, TOP_K = 5, 500, 16, 200
 RUNS = {"cached": None, "recompute": None, "cached-in-context": SHORT_PROMPT, "hf": SHORT_PROMPT, "int8": None,
         "val-loss": None, "scripts": None}
 SCRIPT_SHORT = 20  # scripts: new tokens of the short run whose time (start-up, loading) is subtracted
+SCRIPT_TOKENS = {"char-cpu": 1500}  # scripts: the models compared and the new tokens of the long run
 
 
 def tokenizer_and_text(name: str):
@@ -230,13 +233,15 @@ def child(args) -> None:
 # ---- sample.py against nanoGPT's own sample.py (parent) ------------------------------------------
 
 
-def scripts(name: str, tmp: Path, repeats: int = 2) -> dict:
+def scripts(name: str, tmp: Path, repeats: int = 3) -> dict:
     """Our sample.py and nanoGPT's own sample.py (a scratch copy of ../shared/baselines/nanoGPT), each
     run as a user runs it (default threads, float32, no compile) on the same weights and the same
-    block_size-character prompt: SAMPLES samples of NEW_TOKENS and of SCRIPT_SHORT new tokens, temperature
-    1, top-k 200. Tokens/s = SAMPLES * (NEW_TOKENS - SCRIPT_SHORT) / (difference of the wall times), so
-    start-up and loading cancel out; best of `repeats`. Char models only (nanoGPT's sample.py downloads
-    GPT-2's BPE for other checkpoints)."""
+    block_size-character prompt: SAMPLES samples of SCRIPT_TOKENS[name] and of SCRIPT_SHORT new tokens,
+    temperature 1, top-k 200. Tokens/s = SAMPLES * (difference in new tokens) / (difference of the wall
+    times), so start-up and loading cancel out; each time the best of `repeats`. nanoGPT's sample.py
+    draws its samples one after another at batch 1 (ours: as one batch), recomputing the whole context
+    per token. The char-cpu model only: nanoGPT's sample.py downloads GPT-2's BPE for other checkpoints,
+    and on the 6x384 models it runs at a few tokens/s."""
     import pickle
 
     from harness import nanogpt_copy
@@ -282,11 +287,13 @@ def scripts(name: str, tmp: Path, repeats: int = 2) -> dict:
         return time.perf_counter() - t0
 
     result = {}
+    n = SCRIPT_TOKENS[name]
     for which in ("ours", "nanogpt"):
-        runs = [(seconds(which, SCRIPT_SHORT), seconds(which, NEW_TOKENS)) for _ in range(repeats)]
+        runs = [(seconds(which, SCRIPT_SHORT), seconds(which, n)) for _ in range(repeats)]
         short, full = min(r[0] for r in runs), min(r[1] for r in runs)
         result[which] = {"seconds_short": round(short, 2), "seconds_full": round(full, 2),
-                         "tokens_per_s": round(SAMPLES * (NEW_TOKENS - SCRIPT_SHORT) / (full - short), 1)}
+                         "tokens_per_s": round(SAMPLES * (n - SCRIPT_SHORT) / (full - short), 1)}
+    result["new_tokens"] = n
     result["ours_vs_nanogpt"] = round(result["ours"]["tokens_per_s"] / result["nanogpt"]["tokens_per_s"], 2)
     return result
 
@@ -332,7 +339,7 @@ def main() -> None:
             hf_dir = export_hf(build(name, tok), tok, Path(tmp) / name)
             for run in args.runs.split(","):
                 if run == "scripts":
-                    if MODELS[name]["tokenizer"] == "char":
+                    if name in SCRIPT_TOKENS:
                         scripts_result[name] = dict(scripts(name, Path(tmp)), load_avg=os.getloadavg())
                         print(f"{name:10s} sample.py {scripts_result[name]['ours']['tokens_per_s']:.0f} tokens/s, "
                               f"nanoGPT's sample.py {scripts_result[name]['nanogpt']['tokens_per_s']:.0f} tokens/s",
@@ -385,8 +392,7 @@ def main() -> None:
         md += [f"| {r['model']} | {r['val_loss_fp32']:.4f} | {r['val_loss_int8']:.4f} | "
                f"{r['val_loss_rel_diff']:+.2%} | {r['val_tokens']} |" for r in losses]
     if scripts_result:
-        md += ["", f"sample.py against nanoGPT's sample.py (default threads, {SAMPLES} samples x {NEW_TOKENS} new tokens, "
-               f"start-up subtracted):", "", "| model | ours tokens/s | nanoGPT tokens/s | ours / nanoGPT |", "|---|---|---|---|"]
+        md += ["", f"sample.py against nanoGPT's sample.py (default threads, {SAMPLES} samples, start-up subtracted):", "", "| model | ours tokens/s | nanoGPT tokens/s | ours / nanoGPT |", "|---|---|---|---|"]
         md += [f"| {k} | {v['ours']['tokens_per_s']:.0f} | {v['nanogpt']['tokens_per_s']:.0f} | {v['ours_vs_nanogpt']:.1f}x |"
                for k, v in scripts_result.items()]
     out.with_suffix(".md").write_text("\n".join(md) + "\n")

@@ -110,14 +110,26 @@ def nanogpt_time_to_target(nano: Path, tmp: Path) -> dict:
     }
 
 
-def speedrun(data: dict, tmp: Path) -> dict:
-    ours = time_to_target(data["char"], tmp / "speedrun", ["--config", "shakespeare_char_cpu"])
-    nano = nanogpt_time_to_target(harness.nanogpt_copy(tmp), tmp)
-    theirs = nano["seconds_to_target"] or nano["seconds_to_last_eval"]  # it may never reach the target
+def speedrun(data: dict, tmp: Path, repeats: int = 2) -> dict:
+    """Ours and nanoGPT's, interleaved `repeats` times (this VM's speed drifts by +-15% within minutes);
+    the speed-up compares the medians."""
+    nano_dir = harness.nanogpt_copy(tmp)
+    ours, nano = [], []
+    for i in range(repeats):
+        ours.append(time_to_target(data["char"], tmp / f"speedrun{i}", ["--config", "shakespeare_char_cpu"]))
+        (tmp / f"nano{i}").mkdir()
+        nano.append(nanogpt_time_to_target(nano_dir, tmp / f"nano{i}"))
+
+    def median(runs, key):
+        values = [r[key] for r in runs if r[key] is not None]
+        return statistics.median(values) if len(values) == len(runs) else None
+
+    theirs = median(nano, "seconds_to_target") or median(nano, "seconds_to_last_eval")  # it may never reach it
+    mine = median(ours, "seconds_to_target")
     return {
-        "shipped_config": ours, "nanogpt": nano,
-        "speedup_vs_nanogpt": round(theirs / ours["seconds_to_target"], 2) if ours["seconds_to_target"] else None,
-        "nanogpt_reached_target": nano["seconds_to_target"] is not None,
+        "shipped_config": ours, "nanogpt": nano, "ours_median_seconds": mine, "nanogpt_median_seconds": theirs,
+        "speedup_vs_nanogpt": round(theirs / mine, 2) if mine else None,
+        "nanogpt_reached_target": all(r["seconds_to_target"] is not None for r in nano),
     }
 
 

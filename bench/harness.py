@@ -38,7 +38,7 @@ def machine() -> dict:
 def launch(cmd: list, cwd: Path, log_path: Path, timeout: float, stop_when=None, env=None, on_start=None) -> dict:
     """Run a command; every output line is kept with its time since launch. `stop_when(line)` ends the
     run early (SIGTERM to its process group). Returns lines, return code, seconds, t0 (epoch)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+    env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     t0 = time.time()
     lines, stopped = [], False
     with open(log_path, "w") as f:
