@@ -5,7 +5,7 @@
 
 | name      | tokenizer            | layers x heads x embd | block | training (float32, AdamW)                      |
 |-----------|----------------------|-----------------------|-------|------------------------------------------------|
-| char-cpu  | characters (66 ids)  | 4 x 4 x 128           | 64    | the shipped shakespeare_char_cpu config, 800 steps of 24 x 64 |
+| char-cpu  | characters (66 ids)  | 4 x 4 x 128           | 64    | 800 steps of 24 x 64, lr 5e-3, tanh GELU (the main job's earlier recipe) |
 | char-gpu  | characters (66 ids)  | 6 x 6 x 384           | 256   | 80 steps of 8 x 256 tokens, lr 1e-3           |
 | bpe-6x384 | GPT-2 BPE (50304 rows) | 6 x 6 x 384         | 256   | 80 steps of 8 x 256 tokens, lr 1e-3           |
 
@@ -33,7 +33,9 @@ SIX_384 = ["--n-layer", "6", "--n-head", "6", "--n-embd", "384", "--block-size",
            "--max-iters", "80", "--learning-rate", "1e-3", "--min-lr", "1e-4", "--warmup-iters", "10",
            "--eval-interval", "80", "--eval-iters", "4", "--log-interval", "10"]
 MODELS = {
-    "char-cpu": ("char", ["--config", "shakespeare_char_cpu", "--eval-iters", "20"]),
+    "char-cpu": ("char", ["--config", "shakespeare_char_cpu", "--n-layer", "4", "--activation", "gelu_tanh",
+                          "--batch-size", "24", "--max-iters", "800", "--lr-decay-iters", "800", "--learning-rate",
+                          "5e-3", "--min-lr", "5e-4", "--eval-interval", "400", "--eval-train"]),
     "char-gpu": ("char", SIX_384),
     "bpe-6x384": ("gpt2", SIX_384),
 }
