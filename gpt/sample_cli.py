@@ -184,9 +184,10 @@ def run(args: argparse.Namespace) -> None:
     if model.config.n_encoder_layer:
         raise SamplingError(f"{args.ckpt} is a seq2seq (encoder-decoder) checkpoint: translate with --source TEXT "
                             f"or --source-file FILE{', not --prompt' if args.prompt is not None or args.prompt_file else ''}")
-    model = quantize(model.to(dtype), args.quantize)
+    model.to(dtype)
     if device.type == "cpu" and not args.threads:
-        torch.set_num_threads(decode_threads(model.num_params()))
+        torch.set_num_threads(decode_threads(model.num_params()))  # (int8 layers hold no parameters)
+    model = quantize(model, args.quantize)
     if args.compile:
         model.hidden = torch.compile(model.hidden, dynamic=True)
 
