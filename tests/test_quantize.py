@@ -129,3 +129,13 @@ def test_evaluate_quantize_flag(tmp_path, capsys, monkeypatch):
     assert modes == ["int8"] and capsys.readouterr().out.startswith("BLEU ")
     expected = translate(quantize(model.eval(), "int8"), tok, sources, eos, eos)
     assert (tmp_path / "hyp").read_text().splitlines() == [" ".join(t.splitlines()) for t in expected]
+
+
+def test_int8_runs_from_float32_whatever_auto_would_pick():
+    from gpt.quantize import QuantizeError, dtype_flag
+
+    assert dtype_flag("auto", "int8") == "float32"  # also where auto means bf16 (a CPU with native bf16)
+    assert dtype_flag("float32", "int8") == "float32"
+    assert dtype_flag("auto", "none") == "auto" and dtype_flag("bfloat16", "none") == "bfloat16"
+    with pytest.raises(QuantizeError, match="^--quantize int8 starts from float32 weights, not bfloat16"):
+        dtype_flag("bfloat16", "int8")
