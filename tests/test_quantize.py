@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from gpt import GPT, GPTConfig, load_checkpoint
 from gpt.batching import BatchEngine, Request
-from gpt.quantize import QuantizeError, linear_names, quantize
+from gpt.quantize import QuantizeError, dtype_flag, linear_names, quantize
 from gpt.sampling import SampleConfig, complete
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,8 +132,6 @@ def test_evaluate_quantize_flag(tmp_path, capsys, monkeypatch):
 
 
 def test_int8_runs_from_float32_whatever_auto_would_pick():
-    from gpt.quantize import QuantizeError, dtype_flag
-
     assert dtype_flag("auto", "int8") == "float32"  # also where auto means bf16 (a CPU with native bf16)
     assert dtype_flag("float32", "int8") == "float32"
     assert dtype_flag("auto", "none") == "auto" and dtype_flag("bfloat16", "none") == "bfloat16"
