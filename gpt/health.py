@@ -32,6 +32,8 @@ from contextlib import contextmanager
 
 import torch
 
+from gpt.parallel import full
+
 
 class HealthMonitor:
     def __init__(self, window: int = 50, min_history: int = 10, spike_mads: float = 6.0, spike_floor: float = 0.25,
@@ -77,7 +79,11 @@ class HealthMonitor:
         params = [p for g in optimizer.param_groups for p in g["params"]]
         before = [p.detach().clone() for p in params]
         yield
-        with torch.no_grad():
-            change = sum(float((p.float() - b.float()).pow(2).sum()) for p, b in zip(params, before))
-            size = sum(float(b.float().pow(2).sum()) for b in before)
-        self.update_ratio = math.sqrt(change / size) if size > 0 else None
+        def norm(tensors) -> torch.Tensor:  # of all of them together; FSDP shards' norms are gathered
+            return torch.stack([full(t.float().norm()) for t in tensors]).norm()
+
+        with torch.no_grad():  # one host sync (a collective per tensor under FSDP)
+            size = norm(before)
+            torch._foreach_sub_(before, params)  # the update, in place of the copies
+            change, size = torch.stack([norm(before), size]).tolist()
+        self.update_ratio = change / size if size > 0 else None

@@ -335,6 +335,7 @@ class Run:
         self.optimizer = make_optimizer(model, cfg, rt.device)
         self.scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.dtype == torch.float16)
         self.step, self.best_val, self.skipped, self.saved_step, self.tokens_seen = 0, float("inf"), 0, None, 0
+        self.pending_tokens = torch.zeros((), dtype=torch.long, device=rt.device)
         self.health = HealthMonitor(min_history=max(10, cfg.warmup_iters))  # not judged during warmup
         self.figure = plot.FigureWriter(self.out_dir, log.print, enabled=rt.master and cfg.plot)
         if cfg.batch_size == 0:  # --batch-size auto (CUDA): sets batch_size and grad_accum
@@ -383,6 +384,7 @@ class Run:
             raise TrainingError(
                 f"the weights are no longer finite at step {self.step}: not saved; {self._kept()}; lower "
                 f"--learning-rate (or --grad-clip)")
+        self._count_tokens()  # (those of steps since the last log step, which a resume would lose)
         rng = _rng_state(rt.device)
         if rt.ddp:  # every rank's dropout stream, so a same-size resume continues them all
             gathered = [None] * rt.world_size
@@ -441,7 +443,9 @@ class Run:
         self.figure.update()  # OUT_DIR/run.png, drawn in the background
         return losses
 
-    def train_one_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    def train_one_step(self) -> tuple[torch.Tensor, torch.Tensor, float, float, float]:
+        """One optimizer step: (loss, gradient norm) as tensors for logging, and as floats (one host sync),
+        and the LR."""
         cfg, optimizer, scaler = self.cfg, self.optimizer, self.scaler
         lr = lr_at(self.step, cfg)
         for group in optimizer.param_groups:
@@ -449,12 +453,13 @@ class Run:
         with explain_oom(cfg, self.step + 1, self.out_dir):
             loss, grad_norm, n_tokens = train_step(self.train_model, optimizer, scaler, self.task.train_batch,
                                                    self.step, self.accum, self.rt, cfg.grad_clip)
-            finite = torch.isfinite(loss) & (torch.isfinite(grad_norm) | scaler.is_enabled())
-            if not finite:
+            self.pending_tokens += n_tokens  # (a device tensor: counted at log steps and saves)
+            loss_f, norm_f = torch.stack([loss.detach().float(), grad_norm.float()]).tolist()  # the step's one sync
+            if not (math.isfinite(loss_f) and (math.isfinite(norm_f) or scaler.is_enabled())):
                 optimizer.zero_grad(set_to_none=True)
                 if not cfg.skip_nonfinite:
                     raise TrainingError(
-                        f"non-finite loss ({loss.item():.4g}) or gradient norm ({grad_norm.item():.4g}) at step "
+                        f"non-finite loss ({loss_f:.4g}) or gradient norm ({norm_f:.4g}) at step "
                         f"{self.step}; stopped before the optimizer step; {self._kept()}: lower --learning-rate, "
                         f"or pass --skip-nonfinite to skip such steps")
                 self.skipped += 1
@@ -464,7 +469,7 @@ class Run:
                 scaler.update()
                 optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        return loss, grad_norm, n_tokens, lr
+        return loss, grad_norm, loss_f, norm_f, lr
 
     def loop(self) -> dict:
         cfg, rt, log = self.cfg, self.rt, self.log
@@ -476,19 +481,18 @@ class Run:
         self.model.train()
         last_eval = {}
         t_step, recent = time.time(), collections.deque(maxlen=50)  # recent step times, for the ETA
-        interval = {"steps": 0, "seconds": 0.0, "tokens": torch.zeros((), dtype=torch.long, device=rt.device)}
+        interval = {"steps": 0, "seconds": 0.0, "tokens": 0}
         first = self.first_step = self.step + 1  # its log line comes at once: the first sign of life and speed
         with StopSignal() as stop:
             while self.step < cfg.max_iters:
-                loss, grad_norm, n_tokens, lr = self.train_one_step()
-                for warning in self.health.check(self.step, loss.item(), grad_norm.item()):
+                loss, grad_norm, loss_f, norm_f, lr = self.train_one_step()
+                for warning in self.health.check(self.step, loss_f, norm_f):
                     log.print(f"warning: {warning}")
                     log.record("health", self.step, warning=warning)
                 now = time.time()
                 recent.append(now - t_step)
                 interval["steps"] += 1
                 interval["seconds"] += now - t_step
-                interval["tokens"] += n_tokens
                 t_step = now
                 step_seconds = sorted(recent)[len(recent) // 2]  # median: robust to pauses
                 if self.step == first + preflight.PREFLIGHT_STEPS and self.step < cfg.max_iters:  # step 1 warms up
@@ -524,26 +528,37 @@ class Run:
     def _is_log_step(self, step: int) -> bool:
         return step % self.cfg.log_interval == 0 or step in (self.cfg.max_iters, self.first_step)
 
+    def _count_tokens(self) -> int:
+        """Add the target tokens trained on since the last count (over all processes: a collective under
+        DDP, so every rank calls it at the same step) to `tokens_seen`; returns them."""
+        tokens = self.pending_tokens
+        if self.rt.ddp:
+            torch.distributed.all_reduce(tokens)
+        n = int(tokens.item())
+        self.tokens_seen += n
+        self.pending_tokens = torch.zeros_like(tokens)
+        return n
+
     def _log_step(self, loss, grad_norm, lr, interval, step_seconds, now) -> float:
         cfg, rt = self.cfg, self.rt
-        if rt.ddp:  # the global batch's mean loss and token count
+        if rt.ddp:  # the global batch's mean loss
             torch.distributed.all_reduce(loss, op=torch.distributed.ReduceOp.AVG)
-            torch.distributed.all_reduce(interval["tokens"])
+        interval["tokens"] += self._count_tokens()
         dt = interval["seconds"] / interval["steps"]
-        tok_s = interval["tokens"].item() / interval["seconds"]
-        self.tokens_seen += interval["tokens"].item()
+        tok_s = interval["tokens"] / interval["seconds"]
         mfu = self.flops_per_token * tok_s / (self.peak * rt.world_size) if self.peak else None  # per device
         mem = rt.peak_memory_gib()
         eta = step_seconds * (cfg.max_iters - self.step)
         if self.limit.end:
             eta = min(eta, self.limit.end - now)
-        interval.update(steps=0, seconds=0.0, tokens=torch.zeros_like(interval["tokens"]))
+        interval.update(steps=0, seconds=0.0, tokens=0)
+        loss, grad_norm = loss.item(), grad_norm.item()
         self.log.print(
-            f"step {self.step:>6} | loss {loss.item():.4f} | lr {lr:.2e} | {tok_s / 1e3:,.1f}k tok/s | "
+            f"step {self.step:>6} | loss {loss:.4f} | lr {lr:.2e} | {tok_s / 1e3:,.1f}k tok/s | "
             f"{dt * 1e3:.0f} ms/step" + (f" | mfu {mfu:.1%}" if mfu is not None else "") +
             (f" | mem {mem:.1f} GiB" if mem is not None else "") + f" | eta {format_duration(eta)}"
             + (f" | upd/w {self.health.update_ratio:.1e}" if self.health.update_ratio else ""))
-        self.log.record("train", self.step, loss=loss.item(), lr=lr, grad_norm=grad_norm.item(), tokens_per_s=tok_s,
+        self.log.record("train", self.step, loss=loss, lr=lr, grad_norm=grad_norm, tokens_per_s=tok_s,
                         ms_per_step=dt * 1e3, mfu=mfu, peak_mem_gib=mem, skipped_steps=self.skipped,
                         elapsed=now - self.t_start, tokens=self.tokens_seen, update_ratio=self.health.update_ratio)
         self.health.update_ratio = None

@@ -415,3 +415,15 @@ def test_evaluating_val_only(char_data, tmp_path):
     (evaluation,) = records(out, "eval")
     assert evaluation["train_loss"] is None and evaluation["val_loss"] == summary["val_loss"]
     assert "train_loss" not in summary
+
+
+def test_tokens_seen_is_counted_at_saves_between_log_steps(char_data, tmp_path):
+    out = tmp_path / "run"  # stops at its first evaluation, step 3; log lines only at step 1
+    run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "6", "--eval-interval", "3",
+        "--log-interval", "100", "--target-val-loss", "100", "--no-plot")
+    per_step = 4 * 32  # batch x block, every target counts
+    meta = checkpoint.read(out / "last.pt")["meta"]
+    assert (meta["step"], meta["tokens_seen"]) == (3, 3 * per_step)
+    run("--resume", out, "--max-iters", "5", "--eval-interval", "3", "--log-interval", "100", "--target-val-loss", "0")
+    assert checkpoint.read(out / "last.pt")["meta"]["tokens_seen"] == 5 * per_step
+    assert records(out, "train")[-1]["tokens"] == 5 * per_step
