@@ -65,14 +65,9 @@ class Request:
     config: SampleConfig
     emit: Callable[[Piece | Exception], None]
     cancelled: bool = False
-    finished: int = 0  # samples that have ended
 
     def cancel(self) -> None:
         self.cancelled = True
-
-    @property
-    def done(self) -> bool:
-        return self.cancelled or self.finished == self.config.num_samples
 
 
 def request_generator(config: SampleConfig, device) -> torch.Generator:
@@ -207,7 +202,6 @@ class BatchEngine(_Engine):
                 piece = row.stream.piece(row.sample, token, self._eot(request),
                                          last=row.generated == request.config.max_new_tokens)
                 if piece.finish is not None:
-                    request.finished += 1
                     finished.append(i)
                 if not request.cancelled:
                     request.emit(piece)
@@ -338,7 +332,6 @@ class Seq2seqEngine(_Engine):
                 stops = StopMatcher(request.config.stop)
                 text, hit = stops.push(self.tokenizer.decode(ids))
                 finish = "stop" if hit else ("length" if len(ids) == limit else "eot")
-                request.finished += 1
                 if not request.cancelled:
                     request.emit(Piece(sample, text + stops.flush(), ids, finish))
 

@@ -38,6 +38,7 @@ from typing import Sequence
 import torch
 import torch.nn as nn
 
+from gpt.cli import ArgumentParser, run_main
 from gpt.errors import UserError
 
 FORMATS = {"onnx": "model.onnx", "pt2": "model.pt2"}
@@ -138,7 +139,7 @@ def parity(model, path: str | Path, batch: int = 3, seq: int | None = None, seed
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m gpt.export", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    p = ArgumentParser(prog="python -m gpt.export", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                 description="Export a decoder-only checkpoint's logits graph (dynamic batch and "
                                 "sequence length, no KV cache) to ONNX or torch.export's .pt2.")
     p.add_argument("--ckpt", required=True, help="run directory (best.pt, else last.pt), checkpoint file or HF GPT-2 dir")
@@ -165,8 +166,6 @@ def run(args: argparse.Namespace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from gpt.cli import run_main
-
     args = build_parser().parse_args(argv)
     return run_main(lambda: run(args), interrupted=f"{args.out} may hold a partial export")
 

@@ -185,6 +185,8 @@ def setup(device: str = "auto", dtype: str = "auto", threads: int = 0, determini
           distributed: bool | None = None) -> Runtime:
     """Resolve and apply device, precision and threads; join the torchrun process group if launched by it
     (`distributed=None`: whenever torchrun's WORLD_SIZE is set)."""
+    if threads < 0:
+        raise DeviceError(f"--threads must be >= 0 (0: the default), got {threads}")
     ddp = "WORLD_SIZE" in os.environ if distributed is None else distributed
     world_size = int(os.environ.get("WORLD_SIZE", "1")) if ddp else 1
     rank = int(os.environ.get("RANK", "0")) if ddp else 0

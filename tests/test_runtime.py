@@ -9,7 +9,7 @@ import torch
 
 from conftest import ROOT
 from gpt import runtime
-from gpt.runtime import DeviceError, SlowPrecisionWarning, resolve_dtype
+from gpt.runtime import DeviceError, SlowPrecisionWarning, resolve_dtype, setup
 
 CPU = torch.device("cpu")
 
@@ -79,3 +79,8 @@ def test_the_run_header_says_the_precision_and_why_and_bf16_trains_on_cpu(tmp_pa
     assert "cpu bfloat16 (asked for)" in res.stdout and "done: 3 steps" in res.stdout
     warned = "warning: --dtype bfloat16 on a CPU without native bf16" in res.stderr
     assert warned != runtime.cpu_has_native_bf16()
+
+
+def test_negative_threads_are_refused_for_every_command():  # train, sample, evaluate and serve share setup()
+    with pytest.raises(DeviceError, match=r"^--threads must be >= 0 \(0: the default\), got -1$"):
+        setup("cpu", "float32", threads=-1, distributed=False)

@@ -17,11 +17,12 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from gpt.cli import ArgumentParser, run_main
 from gpt.serve import ServeError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m gpt.serve", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    p = ArgumentParser(prog="python -m gpt.serve", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                 description="Serve a gpt checkpoint over OpenAI's completions API, with a web "
                                 "playground at /.")
     p.add_argument("--ckpt", required=True, help="run directory (best.pt, else last.pt), checkpoint file or HF GPT-2 dir")
@@ -69,8 +70,6 @@ def run(args: argparse.Namespace) -> None:
     config = ServeConfig(model_name=name, api_key=args.api_key, max_batch=args.max_batch, max_queue=args.max_queue,
                          max_tokens=args.max_tokens, max_prompt_tokens=args.max_prompt_tokens,
                          max_body_bytes=args.max_body_bytes)  # checked before anything slow
-    if args.threads < 0:
-        raise ServeError(f"--threads must be >= 0 (0: torch's default), got {args.threads}")
     rt = setup(args.device, dtype_flag(args.dtype, args.quantize), args.threads, distributed=False)
     device, dtype = rt.device, rt.dtype
     model, tokenizer, meta = load_checkpoint(args.ckpt, device=device)
@@ -92,8 +91,6 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from gpt.cli import run_main
-
     args = build_parser().parse_args(argv)
     return run_main(lambda: run(args), interrupted="the server stopped")
 

@@ -122,9 +122,11 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
         if not hmac.compare_digest(key.strip().encode(), config.api_key.encode()):
             raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
 
+    page = (resources.files("gpt.serve") / "playground.html").read_text(encoding="utf-8")
+
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def playground():
-        return (resources.files("gpt.serve") / "playground.html").read_text(encoding="utf-8")
+        return page
 
     @app.get("/health")
     async def health():
