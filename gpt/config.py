@@ -172,7 +172,7 @@ class TrainConfig:
     # system
     seed: int = opt(1337, "seed for initialisation, dropout and data order")
     device: str = opt("auto", "auto | cpu | cuda | cuda:N | mps")
-    dtype: str = opt("auto", "auto (bf16/fp16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16")
+    dtype: str = opt("auto", "auto (bf16, else fp16, on CUDA; on CPU bf16 only where native, else float32) | float32 | bfloat16 | float16")
     compile: bool = opt(False, "torch.compile the model (the uncompiled module is what gets saved)")
     fsdp: bool = opt(False, "torchrun: shard parameters, gradients and optimizer state over the processes (FSDP2; "
                             "sharded checkpoints)")
