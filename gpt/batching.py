@@ -30,7 +30,9 @@ Design notes
   same settings are sampled in one batched call, each row with a uniform from its request's generator.
 - The context window slides per row as in `gpt.sampling.Decoder`: a row whose context would pass
   block_size keeps its last `keep` tokens, re-prefilled alone in its own row (all but the newest
-  token, which the batched step then appends).
+  token, which the batched step then appends). RoPE rows never re-prefill: their keys carry their
+  rotation, so a full row writes each new key over its oldest (slot pos % block_size), as the
+  sampler's rolling cache does.
 """
 
 from __future__ import annotations
@@ -168,6 +170,7 @@ class BatchEngine(_Engine):
             raise ValueError("BatchEngine runs decoder-only models; encoder-decoder ones use Seq2seqEngine")
         super().__init__(model, tokenizer, max_rows)
         self.keep = min(keep or max(1, self.block_size // 2), self.block_size)
+        self.rolling = model.config.pos_encoding == "rope"  # full rows overwrite their oldest slot, no re-prefill
         self.pool = SlotPool(model, max_rows)
         self.rows: list[_Row] = []
         vocab = model.config.vocab_size
@@ -248,7 +251,8 @@ class BatchEngine(_Engine):
         T = max(len(c) for c in contexts)
         pad = self.tokenizer.eot_token
         idx = torch.tensor([c + [pad] * (T - len(c)) for c in contexts], device=self.device)  # (B, T)
-        caches = self.pool.caches(start, start + len(contexts), max(pos) + T, torch.tensor(pos, device=self.device))
+        length = min(max(pos) + T, self.block_size)  # (a rolling row past block_size writes at pos % block_size)
+        caches = self.pool.caches(start, start + len(contexts), length, torch.tensor(pos, device=self.device))
         h = self.model.hidden(idx, caches)  # (B, T, C)
         last = torch.tensor([len(c) - 1 for c in contexts], device=self.device)
         return self.model.lm_head(h[torch.arange(len(contexts), device=self.device), last]).float()  # (B, V)
@@ -256,7 +260,7 @@ class BatchEngine(_Engine):
     def _decode_step(self) -> torch.Tensor:
         """The newest token of every active row, appended at the row's own position."""
         for i, row in enumerate(self.rows):
-            if row.written == self.block_size:  # full: slide the window (see the module notes)
+            if row.written == self.block_size and not self.rolling:  # full: slide the window (module notes)
                 row.start = len(row.tokens) - self.keep
                 row.written = self.keep - 1
                 if row.written:  # refill row i's cache; these logits are not needed

@@ -116,15 +116,18 @@ def test_requests_with_different_settings_share_a_batch():
         assert r["text"] == complete(model, tok, p, max_new_tokens=25, stop_at_eot=False, **kw)
 
 
-def test_window_slides_per_row_like_generate():
-    model, tok = random_model(block=16), CharTokenizer(CHARS)
+@pytest.mark.parametrize("pos_encoding", ["learned", "rope"])  # rope: the cache rolls, no re-prefill
+def test_window_slides_per_row_like_generate(pos_encoding):
+    model, tok = random_model(block=16, pos_encoding=pos_encoding), CharTokenizer(CHARS)
     engine = BatchEngine(model, tok, max_rows=4)  # keep = 8, as generate's default
-    long = collect(engine, tok.encode("hello there"), max_new_tokens=45, temperature=0, stop_at_eot=False)
+    # sampled, not greedy: this random model's greedy text is one repeated character whatever the context
+    settings = dict(temperature=1.0, top_k=None, stop_at_eot=False, seed=3)
+    long = collect(engine, tok.encode("hello there"), max_new_tokens=45, **settings)
     engine.step()
-    short = collect(engine, tok.encode("x"), max_new_tokens=30, temperature=0, stop_at_eot=False)
+    short = collect(engine, tok.encode("x"), max_new_tokens=30, **settings)
     run(engine)
-    assert long["text"] == complete(model, tok, "hello there", max_new_tokens=45, temperature=0, stop_at_eot=False)
-    assert short["text"] == complete(model, tok, "x", max_new_tokens=30, temperature=0, stop_at_eot=False)
+    assert long["text"] == complete(model, tok, "hello there", max_new_tokens=45, **settings)
+    assert short["text"] == complete(model, tok, "x", max_new_tokens=30, **settings)
 
 
 def test_stop_strings_and_end_of_text_end_a_sample_and_free_its_row():
