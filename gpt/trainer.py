@@ -41,6 +41,7 @@ from gpt.rundir import RunDir
 from gpt.runlog import RunLogger, peak_flops
 from gpt.runtime import Runtime, setup
 from gpt.schedule import get_lr
+from gpt.stopping import StopSignal, TimeLimit
 
 ARCHITECTURE = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "n_encoder_layer", "pos_encoding",
                 "norm")  # what a resumed run cannot change (dropout and label smoothing it can)
@@ -226,65 +227,6 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["torch"].cpu())
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"].cpu(), device)
-
-
-# ---- stopping: signals and the time limit ----------------------------------------------------------
-
-
-class StopSignal:
-    """SIGINT/SIGTERM set a flag; the loop finishes its step, saves and exits. A second SIGINT aborts,
-    except while a checkpoint is being written (`deferred()`): then it aborts right after the write."""
-
-    def __init__(self):
-        self.signum = None
-        self._old = {}
-        self._deferring = False
-        self._abort = False
-
-    def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        if self.signum is not None and signum == signal.SIGINT:
-            if self._deferring:
-                self._abort = True
-                return
-            raise KeyboardInterrupt
-        self.signum = signum
-
-    @contextmanager
-    def deferred(self):
-        self._deferring = True
-        try:
-            yield
-        finally:
-            self._deferring = False
-        if self._abort:
-            raise KeyboardInterrupt
-
-    def __exit__(self, *exc):
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
-
-
-class TimeLimit:
-    """--max-minutes, evaluation included: the run stops (evaluates, saves) early enough that the final
-    evaluation ends before the limit. The evaluation's cost is the last one measured or, before the
-    first, estimated from the training throughput (a forward pass costs about a third of a step)."""
-
-    def __init__(self, minutes: float, t_start: float, eval_tokens: int):
-        self.end = t_start + 60 * minutes if minutes else None
-        self.eval_seconds = None
-        self.eval_tokens = eval_tokens
-
-    def out_of_time(self, now: float, step_seconds: float, tokens_per_s: float, eval_due: bool = False) -> bool:
-        """Whether to stop now: another step, the evaluation due now (if any) and the final one would not fit."""
-        if self.end is None:
-            return False
-        evaluation = self.eval_seconds if self.eval_seconds is not None else self.eval_tokens / max(tokens_per_s, 1) / 2
-        return now + step_seconds + evaluation * (2 if eval_due else 1) >= self.end
 
 
 # ---- the run -------------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ from gpt.model import GPT, GPTConfig
 from gpt.config import ConfigError, config_from_argv
 from gpt.rundir import RunDir, RunDirError
 from gpt.runtime import Runtime
-from gpt.trainer import StopSignal, TimeLimit, TrainingError, train, train_step
+from gpt.stopping import StopSignal, TimeLimit
+from gpt.trainer import TrainingError, train, train_step
 
 from conftest import ROOT, prepare
 
