@@ -145,7 +145,11 @@ class TrainConfig:
     warmup_iters: int = opt(100, "linear warmup steps")
     lr_decay_iters: int = opt(0, "steps over which the LR decays (0 = max_iters)")
     decay_fraction: float = opt(0.2, "wsd: fraction of lr_decay_iters spent decaying")
-    weight_decay: float = opt(0.1, "AdamW weight decay (matrices only)")
+    optimizer: str = opt("adamw", "adamw | muon (Muon for the blocks' weight matrices, AdamW for embeddings and norms; "
+                                  "gpt/muon.py)")
+    muon_lr: float = opt(0.05, "--optimizer muon: peak LR of the blocks' weight matrices (the schedule of "
+                               "--learning-rate, scaled)")
+    weight_decay: float = opt(0.1, "decoupled weight decay (matrices only)")
     beta1: float = opt(0.9, "AdamW beta1")
     beta2: float = opt(0.99, "AdamW beta2")
     grad_clip: float = opt(1.0, "clip the gradient norm to this (0 = off)")
@@ -193,6 +197,7 @@ class TrainConfig:
         choices = {
             "sampling": ("random", "epoch"),
             "lr_schedule": ("cosine", "constant", "wsd", "noam"),
+            "optimizer": ("adamw", "muon"),
             "dtype": ("auto", "float32", "bfloat16", "float16"),
             "wandb_mode": ("", "online", "offline", "disabled"),
         }
@@ -212,6 +217,11 @@ class TrainConfig:
             out.append(f"--learning-rate: must be > 0, got {self.learning_rate}")
         if not 0 <= self.min_lr <= self.learning_rate:
             out.append(f"--min-lr: must be in [0, --learning-rate={self.learning_rate}], got {self.min_lr}")
+        if self.muon_lr <= 0:
+            out.append(f"--muon-lr: must be > 0, got {self.muon_lr}")
+        if self.optimizer == "muon" and self.fsdp:
+            out.append("--optimizer muon: not with --fsdp (Muon orthogonalises whole matrices, FSDP shards them): "
+                       "use DDP (torchrun without --fsdp) or --optimizer adamw")
         if not 0 < self.decay_fraction <= 1:
             out.append(f"--decay-fraction: must be in (0, 1], got {self.decay_fraction}")
         if self.resume and self.init_from:

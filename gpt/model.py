@@ -472,13 +472,17 @@ class GPT(nn.Module):
         L = self.config.n_layer + self.config.n_encoder_layer
         return 6 * self.num_params() + 12 * L * T * self.config.n_embd
 
-    def param_groups(self, weight_decay: float) -> list[dict]:
-        """Weight decay on matrices (Linear weights, embeddings); none on biases and LayerNorms."""
+    def param_groups(self, weight_decay: float, muon: bool = False) -> list[dict]:
+        """Weight decay on matrices (Linear weights, embeddings); none on biases and LayerNorms. With `muon`,
+        the blocks' trained Linear weights come first, in a group marked "muon" (gpt/muon.py)."""
         params = [p for p in self.parameters() if p.requires_grad]
-        return [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        hidden = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear) and m is not self.lm_head} if muon else set()
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2 and id(p) not in hidden], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
+        matrices = [p for p in params if id(p) in hidden]
+        return ([{"params": matrices, "weight_decay": weight_decay, "muon": True}] if matrices else []) + groups
 
     def crop_block_size(self, block_size: int) -> None:
         """Shrink the context (fine-tuning at a shorter block): position embeddings are cropped."""

@@ -36,6 +36,7 @@ from gpt.config import ConfigError, GPTConfig, TrainConfig, flag
 from gpt.errors import UserError
 from gpt.health import HealthMonitor
 from gpt.model import GPT
+from gpt.muon import Muon, ns_dtype_for
 from gpt.progress import Progress, format_duration
 from gpt.rundir import RunDir
 from gpt.runlog import RunLogger, peak_flops
@@ -54,9 +55,12 @@ class TrainingError(UserError, RuntimeError):
 # ---- the pieces of a step ----------------------------------------------------------------------------
 
 
-def make_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW, weight decay on matrices only; the fused kernel where this PyTorch has one."""
+def make_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW (the fused kernel where this PyTorch has one), or Muon + AdamW (gpt/muon.py); weight decay on
+    matrices only."""
     kwargs = dict(lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2))
+    if cfg.optimizer == "muon":
+        return Muon(model.param_groups(cfg.weight_decay, muon=True), ns_dtype=ns_dtype_for(device), **kwargs)
     try:
         return torch.optim.AdamW(model.param_groups(cfg.weight_decay), fused=True, **kwargs)
     except (RuntimeError, TypeError):
@@ -197,6 +201,10 @@ def check_resume(meta: dict, model_config: dict, task, cfg: TrainConfig) -> None
     if changed:
         raise ConfigError(f"--resume {cfg.resume}: the architecture of a run cannot change: {', '.join(changed)}; "
                           f"start a new run, or fine-tune it with --init-from {cfg.resume}")
+    optimizer = meta["train_config"].get("optimizer", "adamw")
+    if cfg.optimizer != optimizer:
+        raise ConfigError(f"--resume {cfg.resume}: the run was trained with --optimizer {optimizer}, not "
+                          f"{cfg.optimizer}; resume it with --optimizer {optimizer}, or fine-tune it with --init-from")
 
 
 def schedule_change(saved: dict, cfg: TrainConfig, step: int) -> str | None:
@@ -391,7 +399,7 @@ class Run:
         cfg, optimizer, scaler = self.cfg, self.optimizer, self.scaler
         lr = lr_at(self.step, cfg)
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * cfg.muon_lr / cfg.learning_rate if group.get("muon") else lr
         with explain_oom(cfg, self.step + 1, self.out_dir):
             loss, grad_norm, n_tokens = train_step(self.train_model, optimizer, scaler, self.task.train_batch,
                                                    self.step, self.accum, self.rt, cfg.grad_clip)

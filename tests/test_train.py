@@ -54,9 +54,10 @@ def test_end_to_end_loss_falls_and_checkpoints_load(char_data, tmp_path):
     assert config["train"]["max_iters"] == 60 and config["model"]["n_embd"] == 32
 
 
-def test_exact_resume_bit_identical(char_data, tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_exact_resume_bit_identical(char_data, tmp_path, optimizer):
     common = ["--data", char_data, *TINY, "--dropout", "0.1", "--grad-accum", "2", "--lr-decay-iters", "12",
-              "--eval-interval", "6"]
+              "--eval-interval", "6", "--optimizer", optimizer]
     run(*common, "--out-dir", tmp_path / "full", "--max-iters", "12")
     run(*common, "--out-dir", tmp_path / "first", "--max-iters", "6")
     (tmp_path / "first").rename(tmp_path / "split")  # a run directory that moved resumes where it is now
@@ -198,6 +199,8 @@ def test_resume_refuses_another_tokenizer_or_architecture(char_data, tmp_path):
         run("--resume", out, "--n-embd", "64", "--max-iters", "4")
     with pytest.raises(ConfigError, match=r"--n-layer 3 \(the run has 2\)"):
         run("--resume", out, "--n-layer", "3", "--max-iters", "4")
+    with pytest.raises(ConfigError, match=r"trained with --optimizer adamw, not muon"):
+        run("--resume", out, "--optimizer", "muon", "--max-iters", "4")
     assert [(out / name).read_bytes() for name in ("last.pt", "config.json")] == before
     assert run("--resume", out, "--dropout", "0.1", "--max-iters", "3")["step"] == 3  # dropout may change
 
