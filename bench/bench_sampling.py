@@ -53,9 +53,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))  # bench/models.py
-SHARED = Path(os.environ.get("GPT_SHARED_DATA", ROOT.parent / "shared" / "data"))
-if (SHARED / "gpt2.tiktoken").exists():
-    os.environ.setdefault("GPT2_TIKTOKEN_FILE", str(SHARED / "gpt2.tiktoken"))
+import harness  # noqa: E402
+
+SHARED = harness.SHARED_DATA
 
 MODELS = {
     "char-cpu": dict(tokenizer="char", n_layer=4, n_head=4, n_embd=128, block_size=64),

@@ -38,7 +38,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-SHARED = Path(os.environ.get("GPT_SHARED_DATA", ROOT.parent / "shared" / "data"))
+import harness  # noqa: E402 (bench/ is on sys.path when run as a script)
+
+SHARED = harness.SHARED_DATA
 MULTI30K = SHARED / "multi30k"
 TEST = "test_2016_flickr"
 GRACE_S = 300  # past the budget before the trainer is sent SIGTERM

@@ -38,7 +38,7 @@ import harness  # noqa: E402 (bench/ is on sys.path when run as a script)
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from gpt.runtime import cpu_description  # noqa: E402
-SHARED = Path(os.environ.get("GPT_SHARED_DATA", ROOT.parent / "shared" / "data"))
+SHARED = harness.SHARED_DATA
 RESULTS = ROOT / "bench" / "results" / "train.json"
 NANOGPT_CPU = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
                "--log_interval=1", "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4",
@@ -46,7 +46,7 @@ NANOGPT_CPU = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=Fa
 TARGET = 1.88
 
 
-ENV = dict(os.environ, GPT2_TIKTOKEN_FILE=str(SHARED / "gpt2.tiktoken"))  # offline GPT-2 BPE
+ENV = dict(os.environ)  # (GPT2_TIKTOKEN_FILE set by harness where the shared copy exists)
 
 
 def sh(*cmd):

@@ -1,7 +1,7 @@
 """What every benchmark needs: the machine it ran on, timestamped child processes, nanoGPT's own code
 copied to a scratch directory (never imported, never copied into the project).
 
-    from harness import machine, launch, nanogpt_copy
+    from harness import machine, launch, nanogpt_copy, SHARED_DATA   # ../shared/data, or $GPT_SHARED_DATA
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("GPT_SHARED", ROOT.parent / "shared"))
+SHARED_DATA = Path(os.environ.get("GPT_SHARED_DATA", ROOT.parent / "shared" / "data"))  # as tests/conftest.py
+if (SHARED_DATA / "gpt2.tiktoken").exists():  # offline: GPT-2's BPE ranks for this process and its children
+    os.environ.setdefault("GPT2_TIKTOKEN_FILE", str(SHARED_DATA / "gpt2.tiktoken"))
 
 
 def machine() -> dict:
@@ -72,7 +74,7 @@ def tail(run: dict, n: int = 15) -> str:
     return "\n".join(line for _, line in run["lines"][-n:])
 
 
-def nanogpt_copy(work: Path, shared: Path = SHARED) -> Path:
+def nanogpt_copy(work: Path, shared: Path = SHARED_DATA.parent) -> Path:
     """A scratch copy of nanoGPT (`<shared>/baselines/nanoGPT`) with its shakespeare_char dataset prepared
     offline by its own prepare.py from the shared tiny-shakespeare (its README's recipe, minus the
     download)."""

@@ -26,21 +26,21 @@ from pathlib import Path
 
 import numpy as np
 
+import harness  # noqa: E402 (bench/ is on sys.path: these are run as scripts)
+
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("GPT_SHARED_DATA", ROOT.parent / "shared" / "data"))
+SHARED = harness.SHARED_DATA  # (harness also points GPT2_TIKTOKEN_FILE at it, offline)
 CACHE = ROOT / "out" / "bench-models"
 SIX_384 = ["--n-layer", "6", "--n-head", "6", "--n-embd", "384", "--block-size", "256", "--batch-size", "8",
            "--max-iters", "80", "--learning-rate", "1e-3", "--min-lr", "1e-4", "--warmup-iters", "10",
            "--eval-interval", "80", "--eval-iters", "4", "--log-interval", "10"]
 MODELS = {
-    "char-cpu": ("char", ["--config", "shakespeare_char_cpu", "--n-layer", "4", "--activation", "gelu_tanh",
+    "char-cpu": ("char", ["--config", "shakespeare_char_cpu", "--optimizer", "adamw", "--n-layer", "4", "--activation", "gelu_tanh",
                           "--batch-size", "24", "--max-iters", "800", "--lr-decay-iters", "800", "--learning-rate",
                           "5e-3", "--min-lr", "5e-4", "--eval-interval", "400", "--eval-train"]),
     "char-gpu": ("char", SIX_384),
     "bpe-6x384": ("gpt2", SIX_384),
 }
-if (SHARED / "gpt2.tiktoken").exists():  # offline: GPT-2's BPE ranks for this process and its children
-    os.environ.setdefault("GPT2_TIKTOKEN_FILE", str(SHARED / "gpt2.tiktoken"))
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 

@@ -70,6 +70,12 @@ def mode_error(args: argparse.Namespace) -> str | None:
     if given:
         return f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for " + (
             "INPUT text datasets, not --pairs" if args.pairs else "--pairs datasets, not INPUT text")
+    unknown = [flag for flag, value in (("--unknown", args.unknown), ("--replacement", args.replacement)) if value is not None]
+    if unknown and not args.pairs and not args.tokenizer_from:  # they would be ignored
+        return (f"{', '.join(unknown)}: only with --tokenizer-from (the characters a reused char vocabulary lacks); "
+                f"a new vocabulary (--tokenizer) holds every character of its INPUT")
+    if args.replacement is not None and args.unknown != "replace":
+        return "--replacement: only with --unknown replace (the default refuses unknown characters)"
     return None
 
 

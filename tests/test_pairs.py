@@ -304,6 +304,10 @@ def test_data_prepare_pairs_cli_errors_are_one_line(toy, tmp_path):
     ([], "nothing to prepare: give INPUT files and directories, or --pairs SRC TGT for translation pairs"),
     (["--pairs", "s", "t", "--block-size", "64"], "--block-size is for INPUT text datasets, not --pairs"),
     (["corpus.txt", "--max-len", "64", "--truncate"], "--max-len, --truncate are for --pairs datasets, not INPUT text"),
+    (["corpus.txt", "--unknown", "replace"], "--unknown: only with --tokenizer-from (the characters a reused char "
+                                             "vocabulary lacks); a new vocabulary (--tokenizer) holds every character of its INPUT"),
+    (["corpus.txt", "--tokenizer-from", "run", "--replacement", "_"], "--replacement: only with --unknown replace "
+                                                                       "(the default refuses unknown characters)"),
 ])
 def test_data_prepare_rejects_mixed_modes(tmp_path, capsys, args, message):
     import runpy
