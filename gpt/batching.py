@@ -37,7 +37,6 @@ Design notes
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -47,7 +46,7 @@ import torch
 
 from gpt.errors import UserError
 from gpt.model import GPT, KVCache
-from gpt.sampling import Piece, SampleConfig, StopMatcher, TextStream, draw_uniforms, next_token
+from gpt.sampling import Piece, SampleConfig, StopMatcher, TextStream, draw_uniforms, next_token, seeded_generator
 
 
 class QueueFull(UserError, RuntimeError):
@@ -70,12 +69,6 @@ class Request:
 
     def cancel(self) -> None:
         self.cancelled = True
-
-
-def request_generator(config: SampleConfig, device) -> torch.Generator:
-    """The request's random stream: from its seed, or from a fresh one."""
-    seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
-    return torch.Generator(device=device).manual_seed(seed)
 
 
 class SlotPool:
@@ -273,7 +266,7 @@ class BatchEngine(_Engine):
     def _prefill(self, first: int, requests: list[Request]) -> torch.Tensor:
         """Prompts of joining requests into rows [first, ...), in one forward; their next-token logits."""
         for request in requests:
-            generator = request_generator(request.config, self.device)
+            generator = seeded_generator(request.config.seed, self.device)
             start = max(0, len(request.ids) - self.block_size)
             for sample in range(request.config.num_samples):
                 stream = TextStream(self.tokenizer, request.config.stop)
@@ -326,7 +319,7 @@ class Seq2seqEngine(_Engine):
         mask = torch.tensor([[j < len(s) for j in range(S)] for s in sources], device=self.device)
         cfg = group[0].config  # a sampling group is one request; a greedy one ignores the settings below
         n_new = min(max(r.config.max_new_tokens for r in group), self.block_size)
-        generator = request_generator(cfg, self.device) if cfg.temperature > 0 else None
+        generator = seeded_generator(cfg.seed, self.device) if cfg.temperature > 0 else None
         hyps = iter(translate_ids(self.model, src, mask, self.bos, self.eos, n_new, cfg.temperature, cfg.top_k,
                                   generator, self.tokenizer.vocab_size, top_p=cfg.top_p))
         for request in group:

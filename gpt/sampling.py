@@ -434,10 +434,16 @@ def generate(
         )
     device = next(model.parameters()).device
     if generator is None:
-        seed = cfg.seed if cfg.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
-        generator = torch.Generator(device=device).manual_seed(seed)
+        generator = seeded_generator(cfg.seed, device)
     model.eval()
     return _generate(model, tokenizer, ids, cfg, generator)
+
+
+def seeded_generator(seed: int | None, device) -> torch.Generator:
+    """The random stream of one request: from `seed`, or from a fresh seed when it is None."""
+    if seed is None:
+        seed = int.from_bytes(os.urandom(8), "little") >> 1
+    return torch.Generator(device=device).manual_seed(seed)
 
 
 @torch.no_grad()

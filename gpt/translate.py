@@ -32,7 +32,6 @@ tokenizer's vocab_size (a padded embedding's extra rows) are never chosen.
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from dataclasses import dataclass
 
@@ -41,7 +40,7 @@ import torch.nn.functional as F
 
 from gpt.errors import UserError
 from gpt.model import GPT
-from gpt.sampling import next_token
+from gpt.sampling import next_token, seeded_generator
 
 
 class TranslateError(UserError, ValueError):
@@ -356,8 +355,7 @@ def translate_lines(model: GPT, tok, meta: dict, texts: list[str], config: Trans
     check_vocab(tok, model)
     generator = None
     if cfg.sampling:
-        seed = cfg.seed if cfg.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
-        generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+        generator = seeded_generator(cfg.seed, next(model.parameters()).device)
     out = translate(
         model, tok, texts, bos, eos, beam_size=cfg.beam_size, alpha=cfg.length_penalty,
         temperature=cfg.temperature if cfg.beam_size == 1 else 0.0, top_k=cfg.top_k, top_p=cfg.top_p,
