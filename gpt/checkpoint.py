@@ -57,7 +57,6 @@ Footguns
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
@@ -71,7 +70,7 @@ import torch
 
 from gpt import hf
 from gpt.dataformat import is_dataset
-from gpt.fsutil import fsync_path, process_alive
+from gpt.fsutil import fsync_path, process_alive, replacing
 from gpt.errors import UserError, storage_error
 from gpt.model import GPT, GPTConfig
 
@@ -319,19 +318,13 @@ def link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
 def _replace(path: Path, write: Callable[[Path], None]) -> None:
     """`write` a temporary file beside `path`, then rename it over `path`: readers see the old file or the
     new one, never half of one. An OSError on the way is one line saying the old file is intact."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     existed = path.exists()
     try:
         _make_dir(path.parent)
         remove_stale_temps(path.parent)
-        tmp.unlink(missing_ok=True)
-        write(tmp)
-        os.replace(tmp, path)  # atomic on POSIX
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        if not isinstance(e, OSError):
-            raise
+        with replacing(path) as tmp:
+            write(tmp)
+    except OSError as e:
         kept = f"the previous {path.name} is intact" if existed else "nothing was written"
         raise storage_error(e, "write checkpoint", path, kept) from None
     fsync_path(path.parent)  # make the rename itself durable

@@ -45,7 +45,7 @@ import torch.distributed as dist
 
 from gpt import checkpoint
 from gpt.errors import StorageError, storage_error
-from gpt.fsutil import fsync_path
+from gpt.fsutil import fsync_path, replacing, temp_name
 
 META, TRAIN = "meta.json", "train.pt"
 
@@ -222,7 +222,7 @@ def save(link: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim
     if master:
         checkpoint.remove_stale_temps(run_dir)
         final = _free_name(run_dir, meta["step"])
-        names = [f".{final}.tmp-{os.getpid()}", final]
+        names = [temp_name(run_dir / final).name, final]
     if distributed:
         dist.broadcast_object_list(names, src=0)
     tmp, final = run_dir / names[0], names[1]
@@ -288,10 +288,8 @@ def _write_side(directory: Path, meta: dict, train: dict) -> None:
 def point(link: Path, target: str) -> None:
     """Make `link` a symbolic link to `target` (a name in the same directory) in one atomic rename, then
     delete the checkpoint directories no link points to any more."""
-    tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    os.symlink(target, tmp)  # relative: the run directory may move
-    os.replace(tmp, link)
+    with replacing(link) as tmp:
+        os.symlink(target, tmp)  # relative: the run directory may move
     fsync_path(link.parent)
     kept = {os.readlink(link.parent / name) for name in checkpoint.SHARDED.values() if (link.parent / name).is_symlink()}
     for d in link.parent.glob("step-*"):

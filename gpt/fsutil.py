@@ -4,7 +4,9 @@ dead writer's temporary files from a live one's."""
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 
 def process_alive(pid: int) -> bool:
@@ -18,6 +20,25 @@ def process_alive(pid: int) -> bool:
     except OverflowError:  # larger than any pid
         return False
     return True
+
+
+def temp_name(path: Path) -> Path:
+    """`.NAME.tmp-PID` beside `path`: what a writer fills before renaming it over `path` (the PID tells a dead
+    writer's leftovers from a live one's: gpt/checkpoint.py `remove_stale_temps`)."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+@contextmanager
+def replacing(path: str | os.PathLike) -> Iterator[Path]:
+    """Yields a temporary path beside `path` to write; when the block ends without an error it is renamed
+    over `path` (atomic on POSIX: readers see the old file or the new one, never half of one), else removed."""
+    tmp = temp_name(Path(path))
+    tmp.unlink(missing_ok=True)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # (nothing left there after the rename)
 
 
 def fsync_path(path: str | os.PathLike) -> None:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from gpt.errors import UserError, storage_error
+from gpt.fsutil import replacing
 
 FIGURE_NAME = "run.png"
 
@@ -150,13 +151,11 @@ def save_figure(fig, out: str | os.PathLike) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         FigureCanvasAgg(fig)
-        fig.savefig(tmp, format="png", dpi=90)
-        os.replace(tmp, out)
+        with replacing(out) as tmp:
+            fig.savefig(tmp, format="png", dpi=90)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise storage_error(e, "write", out) from None
     return out
 

@@ -42,6 +42,7 @@ import numpy as np
 
 from gpt.corpus import CorpusError, ReadStats, Segment, find_documents, plan_split, read_chunks
 from gpt.dataformat import SPLITS, TOKENIZERS, DataError, dtype_for_vocab, new_meta, staged, store_ranks, write_meta
+from gpt.fsutil import replacing
 from gpt.progress import Progress
 from gpt.tokenizer import CharTokenizer, TiktokenTokenizer, TokenizerError, get_tokenizer, gpt2_tokenizer
 from gpt import vocab
@@ -360,13 +361,9 @@ def fetch(url: str, dest: Path, timeout: float = 30) -> Path:
     dest = Path(dest)
     if dest.is_file():
         return dest
-    tmp = dest.with_name(f".{dest.name}.download-{os.getpid()}")
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response, open(tmp, "wb") as f:
+        with replacing(dest) as tmp, urllib.request.urlopen(url, timeout=timeout) as response, open(tmp, "wb") as f:
             shutil.copyfileobj(response, f)
-        os.replace(tmp, dest)
     except OSError as e:
         raise DataError(f"cannot download {url} ({e}): if offline, pass --input FILE with a local copy") from None
-    finally:
-        tmp.unlink(missing_ok=True)
     return dest
