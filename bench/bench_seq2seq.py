@@ -37,8 +37,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+sys.path.insert(0, str(ROOT / "bench"))  # harness.py, also when this file is loaded by path (tests)
 
-import harness  # noqa: E402 (bench/ is on sys.path when run as a script)
+import harness  # noqa: E402
 
 SHARED = harness.SHARED_DATA
 MULTI30K = SHARED / "multi30k"

@@ -342,9 +342,10 @@ def test_wandb_failure_never_stops_training(char_data, tmp_path, monkeypatch, ca
     assert "warning: Weights & Biases disabled (RuntimeError: wandb is down)" in capsys.readouterr().err
 
 
-def test_ddp_two_processes_match_one_and_resume_in_one(char_data, tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_ddp_two_processes_match_one_and_resume_in_one(char_data, tmp_path, optimizer):
     common = [*TINY, "--data", str(char_data), "--grad-accum", "4", "--lr-decay-iters", "6", "--eval-interval", "3",
-              "--device", "cpu", "--threads", "1"]
+              "--device", "cpu", "--threads", "1", "--optimizer", optimizer]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           "train.py", *common, "--max-iters", "3", "--out-dir", str(tmp_path / "ddp")],  # a free port
