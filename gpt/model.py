@@ -476,7 +476,8 @@ class GPT(nn.Module):
         """Weight decay on matrices (Linear weights, embeddings); none on biases and LayerNorms. With `muon`,
         the blocks' trained Linear weights come first, in a group marked "muon" (gpt/muon.py)."""
         params = [p for p in self.parameters() if p.requires_grad]
-        hidden = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear) and m is not self.lm_head} if muon else set()
+        linears = [m for m in self.modules() if isinstance(m, nn.Linear) and m is not self.lm_head] if muon else []
+        hidden = {id(m.weight) for m in linears}
         groups = [
             {"params": [p for p in params if p.dim() >= 2 and id(p) not in hidden], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},

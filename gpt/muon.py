@@ -43,7 +43,7 @@ def ns_dtype_for(device: torch.device) -> torch.dtype:
 
 
 def orthogonalize(g: torch.Tensor, dtype: torch.dtype = torch.float32, steps: int = NS_STEPS) -> torch.Tensor:
-    """About U V^T for g = U S V^T (singular values land in roughly [0.7, 1.2]), in `dtype`."""
+    """About U V^T for g = U S V^T (its singular values land between about 0.7 and 1.2), in `dtype`."""
     a, b, c = NS_COEFFICIENTS
     x = g.to(dtype)
     tall = x.size(0) > x.size(1)

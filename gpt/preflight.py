@@ -10,7 +10,7 @@ The memory estimate is per process, in bytes:
 |-------------|----------------------------------------------------------------------------------------|
 | weights     | every parameter and buffer at its dtype                                                |
 | gradients   | the trained parameters at their dtype (LoRA: the adapters only)                        |
-| optimizer   | AdamW's two moments, 2 x the trained parameters in float32 (an upper bound for Muon: one) |
+| optimizer   | AdamW's two moments, 2 x the trained parameters in float32 (Muon keeps one: less)      |
 | activations | per token and layer ~18 x n_embd values kept for backward (LayerNorm inputs / outputs,  |
 |             | q, k, v, attention output, the 4 x n_embd MLP hidden twice), 2 bytes under autocast,   |
 |             | 4 in float32, plus 1 byte per dropout mask; the logits (B, T, vocab) with their float32 |
