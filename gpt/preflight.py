@@ -10,7 +10,7 @@ The memory estimate is per process, in bytes:
 |-------------|----------------------------------------------------------------------------------------|
 | weights     | every parameter and buffer at its dtype                                                |
 | gradients   | the trained parameters at their dtype (LoRA: the adapters only)                        |
-| optimizer   | AdamW's two moments, 2 x the trained parameters in float32 (Muon keeps one: less)      |
+| optimizer   | AdamW's two moments, 2 x the trained parameters in float32 (Muon's matrices: one)      |
 | activations | per token and layer ~18 x n_embd values kept for backward (LayerNorm inputs / outputs,  |
 |             | q, k, v, attention output, the 4 x n_embd MLP hidden twice), 2 bytes under autocast,   |
 |             | 4 in float32, plus 1 byte per dropout mask; the logits (B, T, vocab) with their float32 |
@@ -51,10 +51,13 @@ def _unique_tensors(model: torch.nn.Module):
             yield t
 
 
-def memory_estimate(model: torch.nn.Module, micro_batch: int, seq_len: int, autocast: bool) -> dict[str, int]:
+def memory_estimate(model: torch.nn.Module, micro_batch: int, seq_len: int, autocast: bool,
+                    optimizer: str = "adamw") -> dict[str, int]:
     """Bytes per process by part (see the module table), for micro-batches of `micro_batch` x `seq_len`."""
     tensors = list(_unique_tensors(model))
     trained = [t for t in tensors if isinstance(t, torch.nn.Parameter) and t.requires_grad]
+    groups = model.param_groups(0.0, muon=optimizer == "muon")
+    one_buffer = sum(p.numel() for g in groups if g.get("muon") for p in g["params"])  # Muon's momentum only
     cfg = model.config
     tokens = micro_batch * seq_len
     act = 2 if autocast else 4
@@ -63,7 +66,7 @@ def memory_estimate(model: torch.nn.Module, micro_batch: int, seq_len: int, auto
     return {
         "weights": sum(t.numel() * t.element_size() for t in tensors),
         "gradients": sum(t.numel() * t.element_size() for t in trained),
-        "optimizer": sum(2 * t.numel() * 4 for t in trained),
+        "optimizer": sum(2 * t.numel() * 4 for t in trained) - 4 * one_buffer,
         "activations": layers * tokens * (18 * cfg.n_embd * act + masks * cfg.n_embd) + tokens * cfg.vocab_size * (act + 8),
     }
 
@@ -75,7 +78,8 @@ def report(model: torch.nn.Module, cfg, rt, accum: int) -> list[str]:
     micro = cfg.max_tokens or cfg.batch_size * cfg.block_size if model.config.n_encoder_layer else None
     tokens = (micro or cfg.batch_size * cfg.block_size) * accum * rt.world_size
     shape = f"<= {micro:,} tokens of pairs" if micro else f"{cfg.batch_size} x {cfg.block_size}"
-    mem = memory_estimate(model, cfg.batch_size, cfg.block_size, autocast=rt.dtype != torch.float32)
+    mem = memory_estimate(model, cfg.batch_size, cfg.block_size, autocast=rt.dtype != torch.float32,
+                          optimizer=cfg.optimizer)
     frozen = f", {total - trained:,} frozen" if trained < total else ""
     return [
         f"preflight: {total:,} parameters, {trained:,} trained ({trained / max(total, 1):.2%}){frozen}",
@@ -132,7 +136,7 @@ def auto_batch_size(model: torch.nn.Module, cfg, rt, log) -> None:
                           f"number, e.g. --batch-size 12")
     if model.config.n_encoder_layer:
         raise ConfigError("--batch-size auto: not for seq2seq (pairs batches are sized by --max-tokens)")
-    optimizer_bytes = memory_estimate(model, 1, cfg.block_size, False)["optimizer"]
+    optimizer_bytes = memory_estimate(model, 1, cfg.block_size, False, cfg.optimizer)["optimizer"]
     torch.cuda.set_per_process_memory_fraction(MEMORY_CAP, rt.device)
     try:
         largest = find_batch_size(lambda b: _fits(model, b, cfg.block_size, optimizer_bytes, rt),

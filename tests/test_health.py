@@ -108,6 +108,8 @@ def test_memory_estimate_counts_what_trains():
     assert full["weights"] == full["gradients"] == 4 * n and full["optimizer"] == 8 * n
     assert preflight.memory_estimate(model, 8, 16, autocast=False)["activations"] == 2 * full["activations"]
     assert preflight.memory_estimate(model, 4, 16, autocast=True)["activations"] < full["activations"]
+    matrices = sum(p.numel() for n, p in model.named_parameters() if ".h." in n and p.dim() == 2)
+    assert preflight.memory_estimate(model, 4, 16, False, "muon")["optimizer"] == 8 * n - 4 * matrices  # one buffer
     lora.apply(model, lora.LoRAConfig(2))
     adapted = preflight.memory_estimate(model, 4, 16, autocast=False)
     trained = lora.trainable_params(model)
@@ -117,7 +119,7 @@ def test_memory_estimate_counts_what_trains():
 
 def test_preflight_counts_a_seq2seq_step_in_tokens_of_pairs():
     rt = SimpleNamespace(world_size=2, dtype=torch.float32)
-    cfg = SimpleNamespace(batch_size=4, block_size=16, max_tokens=48, max_iters=10)
+    cfg = SimpleNamespace(batch_size=4, block_size=16, max_tokens=48, max_iters=10, optimizer="adamw")
     lm = preflight.report(GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16)), cfg, rt, 3)
     assert lm[1] == "preflight: 384 tokens per step (4 x 16 x 3 micro-batches x 2 processes); 10 steps = 3,840 tokens"
     seq2seq = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, n_encoder_layer=1))
