@@ -9,8 +9,8 @@
    block 64, batch 12, 2000 steps, its own evaluation on 20 random batches) from a scratch copy of
    `../shared/baselines/nanoGPT`: the time to its first evaluation <= 1.88, or to its last one.
 2. throughput: training tokens/s for nanoGPT's CPU recipe model and batch (4x4x128, block 64,
-   batch 12): our train step against a plain eager float32 loop in the same process, float32 (and
-   bf16 where the CPU has native bf16); peak memory.
+   batch 12): our train step against a plain eager float32 loop in the same process, float32 eager
+   and with --compile (and bf16 where the CPU has native bf16); peak memory.
 3. finetune: a GPT-2-BPE model pretrained on WikiText-2, then trained on tiny-shakespeare for the same
    steps: full fine-tuning, LoRA (--lora-rank, the tied embedding included), LoRA on the blocks'
    projections only, and from scratch. Val loss, trainable parameters, checkpoint size, step time and
@@ -140,6 +140,7 @@ def throughput(steps: int = 60) -> dict:
     sys.path.insert(0, str(ROOT))
     from gpt.config import GPTConfig, TrainConfig
     from gpt.model import GPT
+    from gpt.parallel import compile_options
     from gpt.runtime import Runtime, cpu_has_native_bf16
     from gpt.trainer import make_optimizer, train_step
 
@@ -160,29 +161,35 @@ def throughput(steps: int = 60) -> dict:
             opt.zero_grad()
         return tokens / (time.perf_counter() - t0)
 
-    def ours(dtype):
+    def ours(dtype, compiled=False):
         model = GPT(mcfg)
         opt = make_optimizer(model, cfg, torch.device("cpu"))
-        rt = Runtime(torch.device("cpu"), dtype)
+        rt = Runtime(torch.device("cpu"), dtype, compiled=compiled)
+        step_model = torch.compile(model, options=compile_options(rt.device)) if compiled else model
         scaler = torch.amp.GradScaler("cpu", enabled=False)
         t0 = time.perf_counter()
         for step in range(steps):
-            train_step(model, opt, scaler, lambda s, m: (xs[s], xs[s]), step, 1, rt, 1.0)
+            train_step(step_model, opt, scaler, lambda s, m: (xs[s], xs[s]), step, 1, rt, 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
         return tokens / (time.perf_counter() - t0)
 
-    plain(), ours(torch.float32)  # warm up both
-    dtypes = {"fp32": torch.float32, **({"bf16": torch.bfloat16} if cpu_has_native_bf16() else {})}
-    result = {"plain_eager_fp32_tok_s": [], **{f"ours_{k}_tok_s": [] for k in dtypes}}
-    for _ in range(3):  # interleaved repeats, best of three each
+    plain(), ours(torch.float32)  # warm up
+    t0 = time.perf_counter()
+    ours(torch.float32, compiled=True)  # compiles once; later models reuse the compiled code
+    compile_s = time.perf_counter() - t0
+    runs = {"fp32": (torch.float32, False), "fp32_compiled": (torch.float32, True),
+            **({"bf16": (torch.bfloat16, False)} if cpu_has_native_bf16() else {})}
+    result = {"plain_eager_fp32_tok_s": [], **{f"ours_{k}_tok_s": [] for k in runs}}
+    for _ in range(5):  # interleaved repeats, the median of five each (this VM's speed drifts)
         result["plain_eager_fp32_tok_s"].append(plain())
-        for name, dtype in dtypes.items():
-            result[f"ours_{name}_tok_s"].append(ours(dtype))
-    best = {k: round(max(v)) for k, v in result.items()}
-    for name in dtypes:
+        for name, (dtype, compiled) in runs.items():
+            result[f"ours_{name}_tok_s"].append(ours(dtype, compiled))
+    best = {k: round(statistics.median(v)) for k, v in result.items()}
+    for name in runs:
         best[f"ratio_ours_{name}"] = round(best[f"ours_{name}_tok_s"] / best["plain_eager_fp32_tok_s"], 2)
-    if "bf16" not in dtypes:
+    best["first_compiled_run_s"] = round(compile_s, 1)
+    if "bf16" not in runs:
         best["bf16"] = "not measured: this CPU has no native bf16 (emulated bf16 is many times slower)"
     best["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     return best

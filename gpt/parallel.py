@@ -107,11 +107,20 @@ def shard(model: GPT, dtype: torch.dtype, compile: bool = False) -> None:
         for t in model.state_dict().values():
             torch.distributed.broadcast(t, src=0)
     policy = mixed_precision(dtype)
+    options = compile_options(next(model.parameters()).device)
     for block in model.blocks():
         if compile:
-            block.compile()
+            block.compile(options=options)
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
+
+
+def compile_options(device: torch.device) -> dict:
+    """Inductor settings for `torch.compile`. On CPU its generated code computes tanh (GPT-2's GELU)
+    with a slow vectorised tanh; as 2 / (1 + exp(-2x)) - 1 the GELU kernels took 540 vs 890 us and
+    the compiled 4x4x128 step 1.22-1.26x against 1.19 a plain eager loop (AVX2 EPYC, 2 cores).
+    PyTorch leaves it off by default for one atan2 case (its issue 148241); absolute error ~1e-7."""
+    return {"cpp.use_decompose_tanh": True} if device.type == "cpu" else {}
 
 
 def wrap(model: GPT, cfg: TrainConfig, rt: Runtime) -> nn.Module:
@@ -122,7 +131,7 @@ def wrap(model: GPT, cfg: TrainConfig, rt: Runtime) -> nn.Module:
     if cfg.fsdp:
         shard(model, rt.dtype, compile=cfg.compile)
         return model
-    train_model = torch.compile(model) if cfg.compile else model
+    train_model = torch.compile(model, options=compile_options(rt.device)) if cfg.compile else model
     if rt.ddp:
         from torch.nn.parallel import DistributedDataParallel as DDP
 

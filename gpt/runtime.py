@@ -150,6 +150,7 @@ class Runtime:
     world_size: int = 1
     ddp: bool = False  # launched by torchrun (a process group, DDP), even with a single process
     reason: str = ""
+    compiled: bool = False  # the training step runs a torch.compile'd model (picks the attention kernel)
 
     @property
     def master(self) -> bool:
@@ -167,16 +168,19 @@ class Runtime:
         return torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else None
 
     def autocast(self) -> ExitStack:
-        """The forward pass's context: autocast unless float32 and, on CPU, the math attention kernel.
+        """The forward pass's context: autocast unless float32 and, on CPU, the attention kernel that
+        trains fastest there.
 
-        PyTorch's CPU flash-attention kernel is the slower one for training: its backward took 44%
-        of a step, and the math kernel measured 37 vs 64 ms/step in bf16 (4x4x128, block 64, batch
-        24, 2 cores). On CUDA the default choice (flash / memory-efficient) stays.
+        PyTorch's CPU flash-attention kernel is the slower one in bf16 (its backward took 44% of a
+        step; the math kernel measured 37 vs 64 ms/step, 4x4x128, block 64, batch 24, 2 cores) and
+        under torch.compile, where inductor fuses the math kernel's softmax (1.24-1.28x against
+        1.20-1.22x a plain loop). In eager float32 flash is the faster one: 5-9% per step (AVX2 EPYC,
+        2 cores; the main job and 4x4x128 at batch 12). On CUDA the default choice stays.
         """
         stack = ExitStack()
         if self.dtype != torch.float32:
             stack.enter_context(torch.autocast(device_type=self.device.type, dtype=self.dtype))
-        if self.device.type == "cpu":
+        if self.device.type == "cpu" and (self.dtype != torch.float32 or self.compiled):
             stack.enter_context(sdpa_kernel(SDPBackend.MATH))
         return stack
 

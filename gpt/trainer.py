@@ -248,6 +248,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
     if not cfg.data:
         raise ConfigError("--data: no dataset given; pass --data data/NAME (prepare one with data/prepare.py)")
     rt = setup(cfg.device, cfg.dtype, cfg.threads, cfg.deterministic)
+    rt.compiled = cfg.compile
     run_dir = RunDir(cfg.out_dir, rt.master)
     try:
         parallel.check(cfg, rt)

@@ -50,6 +50,29 @@ def test_bad_precision_and_device_names():
         runtime.resolve_device("gpu9")
 
 
+@pytest.mark.parametrize("dtype, compiled, flash", [(torch.float32, False, True), (torch.float32, True, False),
+                                                     (torch.bfloat16, False, False)])
+def test_cpu_attention_kernel_is_the_faster_one_for_the_step(dtype, compiled, flash):
+    """Eager float32: PyTorch's choice (flash on CPU); bf16 or a compiled step: the math kernel."""
+    with runtime.Runtime(CPU, dtype, compiled=compiled).autocast():
+        assert torch.backends.cuda.flash_sdp_enabled() is flash  # the backend flags cover CPU too
+        assert torch.backends.cuda.math_sdp_enabled()
+
+
+def test_compiled_tanh_gelu_matches_eager():
+    """compile_options' tanh (2 / (1 + exp(-2x)) - 1) keeps GPT-2's GELU and its gradient to float32 rounding."""
+    from gpt.parallel import compile_options
+
+    x = torch.linspace(-12, 12, 4001, requires_grad=True)
+    gelu = torch.nn.GELU(approximate="tanh")
+    compiled = torch.compile(gelu, options=compile_options(CPU))
+    (eager_grad,) = torch.autograd.grad(gelu(x).pow(2).sum(), x)
+    y = compiled(x)
+    (grad,) = torch.autograd.grad(y.pow(2).sum(), x)
+    torch.testing.assert_close(y, gelu(x), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(grad, eager_grad, atol=1e-5, rtol=1e-5)
+
+
 def test_cpu_flags_are_read_from_cpuinfo():
     flags = runtime.cpu_flags()
     assert isinstance(flags, frozenset)
