@@ -64,7 +64,7 @@ import pickle
 import re
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -73,6 +73,8 @@ from gpt.dataformat import is_dataset
 from gpt.fsutil import fsync_path, process_alive, replacing
 from gpt.errors import UserError, storage_error
 from gpt.model import GPT, GPTConfig
+from gpt.quantize import dtype_flag, quantize as quantize_model
+from gpt.runtime import Runtime, decode_threads, setup
 
 FORMAT_VERSION = 1
 LATEST = ("last.pt",)  # resuming continues the latest state, never the best one
@@ -288,6 +290,28 @@ def load_checkpoint(path: str | os.PathLike, device="cpu"):
 
     model, meta = load_model(path, device)
     return model, get_tokenizer(meta["tokenizer"]), meta
+
+
+class Inference(NamedTuple):
+    rt: Runtime
+    model: GPT
+    tokenizer: object
+    meta: dict
+    n_params: int  # counted before quantizing (int8 Linear layers hold no nn.Parameters)
+
+
+def load_for_inference(path: str | os.PathLike, device: str = "auto", dtype: str = "auto", threads: int = 0,
+                       quantize: str = "none", single_stream: bool = False) -> Inference:
+    """What sample.py, translation, evaluation and the server share: the runtime for --device / --dtype /
+    --threads, the checkpoint in that precision, its Linear layers in int8 with --quantize int8.
+    `single_stream` (one sequence decoded at a time, sample.py): on CPU without --threads, the thread
+    count `decode_threads` picks for the model's size."""
+    rt = setup(device, dtype_flag(dtype, quantize), threads, distributed=False)
+    model, tokenizer, meta = load_checkpoint(path, device=rt.device)
+    n_params = model.num_params()
+    if single_stream and rt.device.type == "cpu" and not threads:
+        torch.set_num_threads(decode_threads(n_params))
+    return Inference(rt, quantize_model(model.to(rt.dtype), quantize), tokenizer, meta, n_params)
 
 
 # ---- writing ---------------------------------------------------------------------------------------

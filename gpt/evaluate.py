@@ -108,9 +108,7 @@ def check_output(path: str) -> None:
 
 
 def run(args: argparse.Namespace) -> str:
-    from gpt.checkpoint import load_checkpoint
-    from gpt.quantize import dtype_flag, quantize
-    from gpt.runtime import setup
+    from gpt.checkpoint import load_for_inference
 
     # the ranges and the output path before anything is read; translate() checks what depends on the model
     TranslateConfig(beam_size=args.beam_size, length_penalty=args.length_penalty, batch_size=args.batch_size,
@@ -122,9 +120,7 @@ def run(args: argparse.Namespace) -> str:
     sources, references = read_lines(args.source_file), read_lines(args.reference)
     if args.limit:
         sources, references = sources[: args.limit], references[: args.limit]
-    rt = setup(args.device, dtype_flag(args.dtype, args.quantize), args.threads, distributed=False)
-    model, tok, meta = load_checkpoint(args.ckpt, device=rt.device)
-    model = quantize(model.to(rt.dtype), args.quantize)
+    _, model, tok, meta, _ = load_for_inference(args.ckpt, args.device, args.dtype, args.threads, args.quantize)
     bos, eos = seq2seq_ids(meta)
     check_vocab(tok, model)
     result = evaluate(model, tok, sources, references, bos, eos, args.beam_size, args.length_penalty,

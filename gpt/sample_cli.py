@@ -153,9 +153,8 @@ class OrderedPrinter:
 def run(args: argparse.Namespace) -> None:
     import torch
 
-    from gpt import generate, load_checkpoint
-    from gpt.quantize import dtype_flag, quantize
-    from gpt.runtime import decode_threads, setup
+    from gpt import generate
+    from gpt.checkpoint import load_for_inference
     from gpt.sampling import ContextWarning, SampleConfig, SamplingError
 
     if args.source or args.source_file:
@@ -168,8 +167,6 @@ def run(args: argparse.Namespace) -> None:
         stop=tuple(map(unescape, args.stop)),
         stop_at_eot=args.stop_at_eot, seed=seed, cuda_graph=args.cuda_graph and not args.compile,
     )  # validated before anything slow happens
-    rt = setup(args.device, dtype_flag(args.dtype, args.quantize), args.threads, distributed=False)
-    device, dtype = rt.device, rt.dtype
     prompt = args.prompt or ""
     if args.prompt_file:
         try:
@@ -180,14 +177,12 @@ def run(args: argparse.Namespace) -> None:
         except OSError as e:
             raise storage_error(e, "read --prompt-file", args.prompt_file) from None
 
-    model, tokenizer, _ = load_checkpoint(args.ckpt, device=device)
+    rt, model, tokenizer, _, _ = load_for_inference(args.ckpt, args.device, args.dtype, args.threads, args.quantize,
+                                                    single_stream=True)
+    device, dtype = rt.device, rt.dtype
     if model.config.n_encoder_layer:
         raise SamplingError(f"{args.ckpt} is a seq2seq (encoder-decoder) checkpoint: translate with --source TEXT "
                             f"or --source-file FILE{', not --prompt' if args.prompt is not None or args.prompt_file else ''}")
-    model.to(dtype)
-    if device.type == "cpu" and not args.threads:
-        torch.set_num_threads(decode_threads(model.num_params()))  # (int8 layers hold no parameters)
-    model = quantize(model, args.quantize)
     if args.compile:
         model.hidden = torch.compile(model.hidden, dynamic=True)
 
@@ -228,10 +223,8 @@ def run(args: argparse.Namespace) -> None:
 
 def translate(args: argparse.Namespace) -> None:
     """--source / --source-file: one translated line per source on stdout, a summary on stderr."""
-    from gpt import load_checkpoint
+    from gpt.checkpoint import load_for_inference
     from gpt.pairs import read_lines
-    from gpt.quantize import dtype_flag, quantize
-    from gpt.runtime import setup
     from gpt.translate import TranslateConfig, TranslateError, is_seq2seq, translate_lines
 
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") >> 1
@@ -241,16 +234,14 @@ def translate(args: argparse.Namespace) -> None:
         batch_size=_given(args.batch_size, 64),
         max_new_tokens=args.max_new_tokens, seed=seed,
     )  # validated before anything slow happens
-    rt = setup(args.device, dtype_flag(args.dtype, args.quantize), args.threads, distributed=False)
-    device, dtype = rt.device, rt.dtype
     sources = args.source or read_lines(args.source_file)
     if not sources:
         raise TranslateError(f"{args.source_file} is empty: nothing to translate")
-    model, tokenizer, meta = load_checkpoint(args.ckpt, device=device)
+    rt, model, tokenizer, meta, _ = load_for_inference(args.ckpt, args.device, args.dtype, args.threads, args.quantize)
+    device, dtype = rt.device, rt.dtype
     if not is_seq2seq(meta):
         raise TranslateError(f"--source needs a seq2seq (encoder-decoder) checkpoint; {args.ckpt} is decoder-only: "
                              f"continue text with --prompt instead")
-    model = quantize(model.to(dtype), args.quantize)
     start = time.perf_counter()
     lines = translate_lines(model, tokenizer, meta, sources, cfg)
     elapsed = time.perf_counter() - start

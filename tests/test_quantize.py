@@ -107,7 +107,6 @@ def test_sample_script_quantize_flag(trained_run, capsys):
 
 def test_evaluate_quantize_flag(tmp_path, capsys, monkeypatch):
     pytest.importorskip("sacrebleu")
-    import gpt.quantize
     from gpt import checkpoint
     from gpt.evaluate import main
     from gpt.tokenizer import CharTokenizer
@@ -123,7 +122,7 @@ def test_evaluate_quantize_flag(tmp_path, capsys, monkeypatch):
     (tmp_path / "src").write_text("\n".join(sources) + "\n")
     (tmp_path / "ref").write_text("\n".join(sources) + "\n")
     modes = []
-    monkeypatch.setattr(gpt.quantize, "quantize", lambda m, mode: (modes.append(mode), quantize(m, mode))[1])
+    monkeypatch.setattr(checkpoint, "quantize_model", lambda m, mode: (modes.append(mode), quantize(m, mode))[1])
     assert main(["--ckpt", str(tmp_path / "run"), "--source-file", str(tmp_path / "src"), "--reference",
                  str(tmp_path / "ref"), "--device", "cpu", "--quantize", "int8", "--output", str(tmp_path / "hyp")]) == 0
     assert modes == ["int8"] and capsys.readouterr().out.startswith("BLEU ")

@@ -288,6 +288,8 @@ def test_the_command_serves_on_a_free_port(trained_run, capsys):
     try:
         line = proc.stderr.readline()
         assert line.startswith("serving shakespeare-char at http://127.0.0.1:") and "int8" in line, line
+        n_params = load_checkpoint(trained_run)[0].num_params()  # the float model's: int8 layers hold no Parameters
+        assert f" {n_params / 1e6:.2f}M parameters" in line, line
         url = line.split(" at ")[1].split("/ ")[0]
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
         r = client.completions.create(model=NAME, prompt="A", max_tokens=3)

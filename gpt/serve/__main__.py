@@ -62,25 +62,22 @@ def run(args: argparse.Namespace) -> None:
     except ImportError as e:
         raise ServeError(f"serving needs FastAPI and uvicorn ({e.name} is missing): pip install -e \".[serve]\"") from None
 
-    from gpt.checkpoint import load_checkpoint
-    from gpt.quantize import dtype_flag, quantize
-    from gpt.runtime import setup
+    from gpt.checkpoint import load_for_inference
 
     name = args.model_name or Path(args.ckpt).resolve().with_suffix("").name
     config = ServeConfig(model_name=name, api_key=args.api_key, max_batch=args.max_batch, max_queue=args.max_queue,
                          max_tokens=args.max_tokens, max_prompt_tokens=args.max_prompt_tokens,
                          max_body_bytes=args.max_body_bytes)  # checked before anything slow
-    rt = setup(args.device, dtype_flag(args.dtype, args.quantize), args.threads, distributed=False)
+    rt, model, tokenizer, meta, n_params = load_for_inference(args.ckpt, args.device, args.dtype, args.threads,
+                                                              args.quantize)
     device, dtype = rt.device, rt.dtype
-    model, tokenizer, meta = load_checkpoint(args.ckpt, device=device)
-    model = quantize(model.to(dtype), args.quantize)
     config.fingerprint = fingerprint(name, str(device), str(dtype), args.quantize, model.config.to_dict())
     app = create_app(model, tokenizer, meta, config)
     sock = listen(args.host, args.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(f"serving {name} at http://{shown}:{port}/ (playground; API at /v1, docs at /docs): "
-          f"{model.num_params() / 1e6:.2f}M parameters, {device}, {str(dtype).replace('torch.', '')}"
+          f"{n_params / 1e6:.2f}M parameters, {device}, {str(dtype).replace('torch.', '')}"
           f"{', int8 Linear layers' if args.quantize == 'int8' else ''}, up to {config.max_batch} samples at once",
           file=sys.stderr, flush=True)
     if not is_loopback(host) and not config.api_key:
