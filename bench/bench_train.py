@@ -185,14 +185,14 @@ def throughput(steps: int = 60) -> dict:
         result["plain_eager_fp32_tok_s"].append(plain())
         for name, (dtype, compiled) in runs.items():
             result[f"ours_{name}_tok_s"].append(ours(dtype, compiled))
-    best = {k: round(statistics.median(v)) for k, v in result.items()}
+    medians = {k: round(statistics.median(v)) for k, v in result.items()}
     for name in runs:
-        best[f"ratio_ours_{name}"] = round(best[f"ours_{name}_tok_s"] / best["plain_eager_fp32_tok_s"], 2)
-    best["first_compiled_run_s"] = round(compile_s, 1)
+        medians[f"ratio_ours_{name}"] = round(medians[f"ours_{name}_tok_s"] / medians["plain_eager_fp32_tok_s"], 2)
+    medians["first_compiled_run_s"] = round(compile_s, 1)
     if "bf16" not in runs:
-        best["bf16"] = "not measured: this CPU has no native bf16 (emulated bf16 is many times slower)"
-    best["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-    return best
+        medians["bf16"] = "not measured: this CPU has no native bf16 (emulated bf16 is many times slower)"
+    medians["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return medians
 
 
 MEASURED = ("import resource, runpy, sys\nsys.argv = ['train.py', *sys.argv[1:]]\ntry:\n"
