@@ -429,6 +429,9 @@ class Run:
             f"global batch {self.task.describe_batch(cfg)} | steps {self.step} -> {cfg.max_iters}")
         for line in preflight.report(self.model, cfg, rt, self.accum):
             log.print(line)
+        if cfg.compile:  # the first step traces and compiles: say so before the wait
+            log.print("compiling the model for the first step (torch.compile: 20-40 s on a 2-core CPU, less "
+                      "with inductor's cache from an earlier run)")
         self.model.train()
         last_eval = {}
         t_step, recent = time.time(), collections.deque(maxlen=50)  # recent step times, for the ETA

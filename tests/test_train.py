@@ -205,6 +205,18 @@ def test_resume_refuses_another_tokenizer_or_architecture(char_data, tmp_path):
     assert run("--resume", out, "--dropout", "0.1", "--max-iters", "3")["step"] == 3  # dropout may change
 
 
+def test_compile_is_announced_and_gets_the_cpu_settings(char_data, tmp_path, monkeypatch, capsys):
+    """--compile: a line before the compiling first step, inductor's CPU options, the compiled step's kernels."""
+    compiled, kernels, autocast = [], [], Runtime.autocast
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: (compiled.append(kwargs), model)[1])
+    monkeypatch.setattr(Runtime, "autocast", lambda self: (kernels.append(self.compiled), autocast(self))[1])
+    run("--data", char_data, "--out-dir", tmp_path / "run", *TINY, "--max-iters", "1", "--eval-interval", "1",
+        "--compile")
+    out = capsys.readouterr().out
+    assert -1 < out.find("compiling the model for the first step") < out.find("step      1")
+    assert compiled == [{"options": {"cpp.use_decompose_tanh": True}}] and kernels and all(kernels)
+
+
 def test_init_from_says_which_flags_the_checkpoint_overrides(char_data, tmp_path, capsys):
     base = tmp_path / "base"
     run("--data", char_data, "--out-dir", base, *TINY, "--max-iters", "1", "--eval-interval", "1")
