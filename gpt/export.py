@@ -140,8 +140,8 @@ def parity(model, path: str | Path, batch: int = 3, seq: int | None = None, seed
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m gpt.export", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                                description="Export a decoder-only checkpoint's logits graph (dynamic batch and "
-                                "sequence length, no KV cache) to ONNX or torch.export's .pt2.")
+                       description="Export a decoder-only checkpoint's logits graph (dynamic batch and "
+                       "sequence length, no KV cache) to ONNX or torch.export's .pt2.")
     p.add_argument("--ckpt", required=True, help="run directory (best.pt, else last.pt), checkpoint file or HF GPT-2 dir")
     p.add_argument("--format", required=True, choices=list(FORMATS), help="onnx (onnxruntime) or pt2 (torch.export)")
     p.add_argument("--out", required=True, help="directory to write model.onnx / model.pt2 and gpt_export.json to")

@@ -23,8 +23,8 @@ from gpt.serve import ServeError
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m gpt.serve", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                                description="Serve a gpt checkpoint over OpenAI's completions API, with a web "
-                                "playground at /.")
+                       description="Serve a gpt checkpoint over OpenAI's completions API, with a web "
+                       "playground at /.")
     p.add_argument("--ckpt", required=True, help="run directory (best.pt, else last.pt), checkpoint file or HF GPT-2 dir")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one")
