@@ -5,12 +5,12 @@ or translate with a seq2seq (encoder-decoder) checkpoint.
     python sample.py --ckpt path/to/hf-gpt2-dir --prompt-file prompt.txt --temperature 0 --stop "\\n\\n"
     python sample.py --ckpt out/multi30k --source "Ein Mann fährt Fahrrad." --beam-size 4
 
-`python sample.py --help` lists every flag; the command itself is gpt/sample_cli.py.
+`python sample.py --help` lists every flag; the command itself is gpt/cli/sample.py.
 """
 
 import sys
 
-from gpt.sample_cli import SEPARATOR, main  # noqa: F401 (the command lives in the package)
+from gpt.cli.sample import SEPARATOR, main  # noqa: F401 (the command lives in the package)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -12,8 +12,8 @@
 import sys
 
 from gpt.cli import run_main
-from gpt.config import config_from_argv, help_text
-from gpt.trainer import train
+from gpt.train.config import config_from_argv, help_text
+from gpt.train.trainer import train
 
 
 def main(argv: list[str]) -> int:

@@ -24,7 +24,7 @@ Sections
   the whole val split; nanoGPT on its 200 random batches.
 - sampling: GPT-2 124M-sized random weights in bf16, greedy, batch 1 and 16, 256 new tokens after a
   16-token prompt: our `generate` (eager steps, and CUDA-graph steps) against transformers'
-  `GPT2LMHeadModel.generate` on the same weights exported with `gpt.hf.export_hf`.
+  `GPT2LMHeadModel.generate` on the same weights exported with `gpt.checkpoints.hf.export_hf`.
 - sweep: (recipe search, not part of the default run) several shakespeare-char recipes trained at
   once on the GPU to compare val loss against steps; its timings are not meaningful.
 """
@@ -207,7 +207,7 @@ def flops_per_token(cfg: dict) -> float:
     """6N + 12 L T C, N without the position table (the head is tied to wte): GPT.flops_per_token."""
     import torch
 
-    from gpt.model import GPT, GPTConfig
+    from gpt.model.transformer import GPT, GPTConfig
 
     with torch.device("meta"):
         model = GPT(GPTConfig(**cfg, bias=True))
@@ -418,8 +418,8 @@ def section_sampling(args) -> dict:
     import transformers
 
     from gpt import GPT, GPTConfig, generate
-    from gpt.hf import export_hf
-    from gpt.tokenizer import get_tokenizer
+    from gpt.checkpoints.hf import export_hf
+    from gpt.data.tokenizer import get_tokenizer
 
     os.environ.setdefault("GPT2_TIKTOKEN_FILE", str(args.shared / "data" / "gpt2.tiktoken"))
     tok = get_tokenizer("gpt2")

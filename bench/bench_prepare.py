@@ -36,7 +36,7 @@ BASELINE = r"""
 import json, os, resource, sys, time
 from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, sys.argv[3])
-from gpt.tokenizer import get_tokenizer
+from gpt.data.tokenizer import get_tokenizer
 enc = get_tokenizer("gpt2", ranks_file=sys.argv[2]).enc
 folder = sys.argv[1]
 texts = [open(os.path.join(folder, n), encoding="utf-8").read() for n in sorted(os.listdir(folder))]
@@ -110,7 +110,7 @@ def bench_size(megabytes: int, shared: Path, ranks: Path, tmp: Path, first: bool
 
 def bench_bpe(shared: Path, vocab_size: int = 8192) -> dict:
     sys.path.insert(0, str(ROOT))
-    from gpt.bpe import train_bpe
+    from gpt.data.bpe import train_bpe
 
     text = "".join((shared / name).read_text(encoding="utf-8") for name in SOURCES)
     chunks = [text[i : i + (1 << 20)] for i in range(0, len(text), 1 << 20)]

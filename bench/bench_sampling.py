@@ -23,7 +23,7 @@ top-k 200, after a short warm-up:
   seconds (at most 500 tokens) and tokens/s is measured over what it generated.
 - `cached-in-context` and `hf`: a 16-token prompt and block_size - 16 new tokens (transformers'
   GPT-2 cannot go past n_positions), ours vs `generate(do_sample=True, top_k=200, use_cache=True)`.
-- `int8`: `cached` with the Linear layers in dynamic int8 (`gpt.quantize`, what `--quantize int8`
+- `int8`: `cached` with the Linear layers in dynamic int8 (`gpt.model.quantize`, what `--quantize int8`
   does), on the same random weights.
 - `val-loss`: the same shapes trained briefly on tiny-shakespeare (bench/models.py, cached in
   out/bench-models/; trained on first use, about 12 minutes), mean loss over up to `--val-windows`
@@ -72,7 +72,7 @@ SCRIPT_TOKENS = {"char-cpu": 1500}  # scripts: the models compared and the new t
 
 def tokenizer_and_text(name: str):
     """The model's tokenizer and the prompt source (tiny shakespeare's opening) as ids."""
-    from gpt.tokenizer import CharTokenizer, get_tokenizer
+    from gpt.data.tokenizer import CharTokenizer, get_tokenizer
 
     text = (SHARED / "tinyshakespeare.txt").read_text(encoding="utf-8")
     tok = CharTokenizer.from_text(text) if MODELS[name]["tokenizer"] == "char" else get_tokenizer("gpt2")
@@ -122,7 +122,7 @@ def run_ours(model, tok, prompt, new_tokens):
 @torch.no_grad()
 def run_recompute(model, prompt, new_tokens, budget):
     """nanoGPT's sample loop: crop, full forward, last position's logits, sample."""
-    from gpt.sampling import next_token
+    from gpt.infer.sampling import next_token
 
     block = model.config.block_size
     g = torch.Generator().manual_seed(0)
@@ -182,7 +182,7 @@ def run_val_loss(name: str, windows: int) -> dict:
     from models import ensure, val_tokens
 
     from gpt import load_checkpoint
-    from gpt.quantize import quantize
+    from gpt.model.quantize import quantize
 
     model, _, _ = load_checkpoint(ensure(name))
     block = model.config.block_size
@@ -214,7 +214,7 @@ def child(args) -> None:
     else:
         model = build(job["model"], tok)
         if job["run"] == "int8":
-            from gpt.quantize import quantize
+            from gpt.model.quantize import quantize
 
             model = quantize(model, "int8")
         rss_loaded = rss_mb()
@@ -246,7 +246,7 @@ def scripts(name: str, tmp: Path, repeats: int = 3) -> dict:
 
     from harness import nanogpt_copy
 
-    from gpt import checkpoint
+    from gpt.checkpoints import native
 
     tok, text_ids = tokenizer_and_text(name)
     model, block = build(name, tok), MODELS[name]["block_size"]
@@ -256,7 +256,7 @@ def scripts(name: str, tmp: Path, repeats: int = 3) -> dict:
     work.mkdir()
     prompt.write_text(tok.decode(text_ids[:block]), encoding="utf-8")
     ours = work / "ours"  # our checkpoint
-    checkpoint.save(ours / "best.pt", {"model": model.state_dict()},
+    native.save(ours / "best.pt", {"model": model.state_dict()},
                     {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec})
     nano = nanogpt_copy(tmp)  # its checkpoint: the same tensors under the same names, its meta.pkl for chars
     dataset = f"bench_{name}"
@@ -327,7 +327,7 @@ def main() -> None:
     if args.child:
         return child(args)
 
-    from gpt.hf import export_hf
+    from gpt.checkpoints.hf import export_hf
     from gpt.runtime import cpu_name
 
     load_before = os.getloadavg()

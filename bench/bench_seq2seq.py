@@ -91,14 +91,15 @@ def take_snapshot(run_dir: Path, dest: Path) -> dict | None:
 
     last.pt is replaced by an atomic rename, so the link is always a whole checkpoint.
     """
-    from gpt import checkpoint
+    from gpt.checkpoints import loader
+    from gpt.checkpoints import native
 
     src = run_dir / "last.pt"
     if not src.is_file():
         return None
     dest.parent.mkdir(parents=True, exist_ok=True)
-    checkpoint.link_or_copy(src, dest)
-    meta = checkpoint.read_meta(dest)
+    native.link_or_copy(src, dest)
+    meta = loader.read_meta(dest)
     return {"file": str(dest), "step": meta["step"], "val_loss": meta.get("val_loss")}
 
 
@@ -124,9 +125,9 @@ def train_minutes(records: list[dict], step: int) -> float | None:
 def evaluate_checkpoint(path, sources: list[str], references: list[str], beam_size: int = 4, alpha: float = 0.6,
                         batch_size: int = 64, device: str = "cpu") -> dict:
     """BLEU and sentences/s of one checkpoint: greedy, then beam search."""
-    from gpt.checkpoint import load_checkpoint
-    from gpt.evaluate import evaluate
-    from gpt.translate import check_vocab, seq2seq_ids
+    from gpt.checkpoints.loader import load_checkpoint
+    from gpt.infer.evaluate import evaluate
+    from gpt.infer.translate import check_vocab, seq2seq_ids
 
     model, tok, meta = load_checkpoint(path, device=device)
     bos, eos = seq2seq_ids(meta)
@@ -220,7 +221,7 @@ def main(argv=None) -> int:
     args, extra = parse_args(argv)
     import torch
 
-    from gpt.pairs import read_lines
+    from gpt.data.pairs import read_lines
 
     sources = read_lines(Path(args.input) / f"{TEST}.de")[: args.limit]
     references = read_lines(Path(args.input) / f"{TEST}.en")[: args.limit]

@@ -110,8 +110,8 @@ async def level(url: str, clients: int, requests: int, prompts: list[str], max_t
 
 def prompts_for(name: str, n: int, prompt_tokens: int) -> list[str]:
     """`n` prompts of `prompt_tokens` tokens cut at seeded places from the validation split."""
-    from gpt.checkpoint import read_meta
-    from gpt.tokenizer import get_tokenizer
+    from gpt.checkpoints.loader import read_meta
+    from gpt.data.tokenizer import get_tokenizer
 
     tok = get_tokenizer(read_meta(ensure(name))["tokenizer"])
     ids = val_tokens(name)

@@ -138,11 +138,11 @@ def throughput(steps: int = 60) -> dict:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from gpt.config import GPTConfig, TrainConfig
-    from gpt.model import GPT
-    from gpt.parallel import compile_options
+    from gpt.train.config import GPTConfig, TrainConfig
+    from gpt.model.transformer import GPT
+    from gpt.train.parallel import compile_options
     from gpt.runtime import Runtime, cpu_has_native_bf16
-    from gpt.trainer import make_optimizer, train_step
+    from gpt.train.trainer import make_optimizer, train_step
 
     cfg = TrainConfig(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, dropout=0.0, bias=False)
     mcfg = GPTConfig(vocab_size=128, **cfg.model_kwargs())  # nanoGPT's CPU recipe model, 65 chars padded
@@ -230,11 +230,12 @@ def step_times(base: Path, data: Path, steps: int = 20, repeats: int = 3) -> dic
     CPU see different loads."""
     import torch
 
-    from gpt import checkpoint, lora
-    from gpt.config import build_config
-    from gpt.data import Batches, open_dataset
+    from gpt.checkpoints import loader
+    from gpt.model import lora
+    from gpt.train.config import build_config
+    from gpt.data.tokens import Batches, open_dataset
     from gpt.runtime import Runtime
-    from gpt.trainer import make_optimizer, train_step
+    from gpt.train.trainer import make_optimizer, train_step
 
     torch.set_num_threads(1)
     cfg = build_config(["--batch-size", "8", "--block-size", "64"])
@@ -245,7 +246,7 @@ def step_times(base: Path, data: Path, steps: int = 20, repeats: int = 3) -> dic
     variants = {"full": None, "lora": targets, "lora_projections_only": targets[:4]}
     built = {}
     for name, adapt in variants.items():
-        model, _ = checkpoint.load_model(base)
+        model, _ = loader.load_model(base)
         if adapt:
             lora.apply(model, lora.LoRAConfig(int(LORA[1]), float(LORA[3]), targets=adapt))
         built[name] = (model.train(), make_optimizer(model, cfg, rt.device))

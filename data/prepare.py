@@ -7,10 +7,10 @@
     python data/prepare.py new.txt --out data/new --tokenizer-from out/shakespeare-char --unknown replace
 
 Writes train.bin, val.bin and meta.json (plus tokenizer.tiktoken for bpe) into --out; see the README's
-"Prepare data" section, gpt/prepare.py for the policies and gpt/dataformat.py for the format. Never
+"Prepare data" section, gpt/data/prepare.py for the policies and gpt/data/format.py for the format. Never
 imports torch. With --pairs (line i of
 SRC translates line i of TGT; no INPUT) it writes a pairs dataset for the seq2seq model instead:
-{train,val}.{bin,idx} and meta.json, see gpt/pairs.py.
+{train,val}.{bin,idx} and meta.json, see gpt/data/pairs.py.
 """
 
 import argparse
@@ -20,9 +20,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from gpt.cli import ArgumentParser, fail, run_main  # noqa: E402
-from gpt.pairs import DEFAULT_VAL_FRACTION, add_pairs_options, run_cli  # noqa: E402
-from gpt.prepare import TOKENIZERS, prepare  # noqa: E402
-from gpt.vocab import UNKNOWN_POLICIES  # noqa: E402
+from gpt.cli.pairs import add_pairs_options, run_cli  # noqa: E402
+from gpt.data.pairs import DEFAULT_VAL_FRACTION  # noqa: E402
+from gpt.data.prepare import TOKENIZERS, prepare  # noqa: E402
+from gpt.data.vocab import UNKNOWN_POLICIES  # noqa: E402
 
 DEFAULT_BLOCK_SIZE = 1024
 TEXT_ONLY = {"block_size": "--block-size", "strict_utf8": "--strict-utf8", "workers": "--workers",
@@ -79,6 +80,20 @@ def mode_error(args: argparse.Namespace) -> str | None:
     return None
 
 
+def reused(path):
+    """--tokenizer-from: a dataset's vocabulary (read without torch), else a run's, checkpoint's or HF directory's."""
+    if path is None:
+        return None
+    from gpt.data.vocab import dataset_spec
+
+    found = dataset_spec(path)
+    if found is None:
+        from gpt.checkpoints.loader import tokenizer_source  # torch: only for a run, checkpoint or HF directory
+
+        found = tokenizer_source(path)
+    return found
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     problem = mode_error(args)
@@ -92,7 +107,7 @@ def main(argv=None) -> int:
             args.inputs, args.out, args.tokenizer, vocab_size=args.vocab_size,
             val_fraction=0.1 if args.val_fraction is None else args.val_fraction,
             block_size=DEFAULT_BLOCK_SIZE if args.block_size is None else args.block_size,
-            tokenizer_file=args.tokenizer_file, tokenizer_from=args.tokenizer_from,
+            tokenizer_file=args.tokenizer_file, tokenizer_from=reused(args.tokenizer_from),
             unknown=args.unknown or "refuse", replacement=args.replacement, strict_utf8=args.strict_utf8,
             workers=args.workers, force=args.force, progress=False if args.quiet else None,
         ).line(),

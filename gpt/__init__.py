@@ -1,23 +1,23 @@
 """gpt: pretrain, fine-tune and sample GPT-style language models.
 
     from gpt import GPT, GPTConfig, get_tokenizer
-    from gpt import generate, load_checkpoint      # sampling: see gpt/sampling.py
+    from gpt import generate, load_checkpoint      # sampling: see gpt/infer/sampling.py
 
-Names are imported on first use, so `import gpt.data` or a prepare script does not pay for
+Names are imported on first use, so `import gpt.data.tokens` or a prepare script does not pay for
 modules it never touches.
 """
 
 import importlib
 
 _EXPORTS = {
-    "GPT": "gpt.model",
-    "GPTConfig": "gpt.model",
-    "CharTokenizer": "gpt.tokenizer",
-    "StreamDecoder": "gpt.tokenizer",
-    "get_tokenizer": "gpt.tokenizer",
-    "load_checkpoint": "gpt.checkpoint",
-    "generate": "gpt.sampling",
-    "SampleConfig": "gpt.sampling",
+    "GPT": "gpt.model.transformer",
+    "GPTConfig": "gpt.model.config",
+    "CharTokenizer": "gpt.data.tokenizer",
+    "StreamDecoder": "gpt.data.tokenizer",
+    "get_tokenizer": "gpt.data.tokenizer",
+    "load_checkpoint": "gpt.checkpoints.loader",
+    "generate": "gpt.infer.sampling",
+    "SampleConfig": "gpt.infer.sampling",
 }
 __all__ = list(_EXPORTS)
 

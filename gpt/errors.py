@@ -24,6 +24,10 @@ class StorageError(UserError, OSError):
     a file)."""
 
 
+class ConfigError(UserError, ValueError):
+    """Bad configuration (a model's or a run's): the message lists every problem, one per line."""
+
+
 def storage_error(e: OSError, action: str, path: str | os.PathLike, nothing_lost: str = "") -> StorageError:
     """An OSError while `action`ing `path`, as one line with the likely fix."""
     reason = {

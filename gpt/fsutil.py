@@ -24,7 +24,7 @@ def process_alive(pid: int) -> bool:
 
 def temp_name(path: Path) -> Path:
     """`.NAME.tmp-PID` beside `path`: what a writer fills before renaming it over `path` (the PID tells a dead
-    writer's leftovers from a live one's: gpt/checkpoint.py `remove_stale_temps`)."""
+    writer's leftovers from a live one's: gpt/checkpoints/native.py `remove_stale_temps`)."""
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 

@@ -59,8 +59,9 @@ def train_char_run(out: Path, text: str, steps: int = 150, block_size: int = 64,
     The serving, int8 and export tests run against a trained checkpoint: random weights never say
     anything worth stopping at.
     """
-    from gpt import GPT, GPTConfig, checkpoint
-    from gpt.tokenizer import CharTokenizer
+    from gpt import GPT, GPTConfig
+    from gpt.checkpoints import native
+    from gpt.data.tokenizer import CharTokenizer
 
     tok = CharTokenizer.from_text(text)
     data = torch.tensor(tok.encode(text[:300_000]))
@@ -78,7 +79,7 @@ def train_char_run(out: Path, text: str, steps: int = 150, block_size: int = 64,
         loss.backward()
         optimizer.step()
     meta = {"step": steps, "model_config": cfg.to_dict(), "tokenizer": tok.spec, "train_loss": loss.item()}
-    checkpoint.save(out / "best.pt", {"model": model.state_dict()}, meta)
+    native.save(out / "best.pt", {"model": model.state_dict()}, meta)
     return meta
 
 

@@ -1,4 +1,4 @@
-"""Per-row positions in the KV cache, and the continuous-batching engine built on them (gpt/batching.py)."""
+"""Per-row positions in the KV cache, and the continuous-batching engine built on them (gpt/infer/batching.py)."""
 
 import threading
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from gpt import GPT, GPTConfig
-from gpt.batching import BatchEngine, BatchWorker, QueueFull, Request, Seq2seqEngine
-from gpt.sampling import SampleConfig, complete
-from gpt.tokenizer import CharTokenizer
+from gpt.infer.batching import BatchEngine, BatchWorker, QueueFull, Request, Seq2seqEngine
+from gpt.infer.sampling import SampleConfig, complete
+from gpt.data.tokenizer import CharTokenizer
 
 CHARS = "\n !,.?abcdefghijklmnopqrstuvwxyz"
 
@@ -237,7 +237,7 @@ def test_worker_hands_a_failed_step_to_the_requests_in_it_and_goes_on():
 
 
 def test_seq2seq_engine_translates_requests_together_as_translate_does():
-    from gpt.translate import translate
+    from gpt.infer.translate import translate
 
     tok = CharTokenizer(CHARS)
     torch.manual_seed(0)

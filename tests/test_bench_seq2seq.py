@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gpt import checkpoint
-from gpt.evaluate import evaluate
+from gpt.checkpoints import loader
+from gpt.checkpoints import native
+from gpt.infer.evaluate import evaluate
 from test_sample_seq2seq import save_seq2seq
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,15 +42,15 @@ def test_snapshot_log_evaluation_and_table(tmp_path):
     run.mkdir()
     assert bench.take_snapshot(run, tmp_path / "snaps" / "1min.pt") is None  # no evaluation yet
     model, tok, meta = save_seq2seq(run)
-    checkpoint.save(run / "last.pt", {"model": model.state_dict()}, dict(meta, step=500, val_loss=2.5))
+    native.save(run / "last.pt", {"model": model.state_dict()}, dict(meta, step=500, val_loss=2.5))
     (run / "log.jsonl").write_text("\n".join(json.dumps(r) for r in [
         {"kind": "train", "step": 450, "elapsed": 100.0},
         {"kind": "eval", "step": 500, "val_loss": 2.5, "elapsed": 123.0},
     ]) + '\n{"kind": "ev')  # a record being written is skipped
     snap = bench.take_snapshot(run, tmp_path / "snaps" / "1min.pt")
     assert snap == {"file": str(tmp_path / "snaps" / "1min.pt"), "step": 500, "val_loss": 2.5}
-    checkpoint.save(run / "last.pt", {"model": model.state_dict()}, dict(meta, step=1000, val_loss=2.0))
-    assert checkpoint.read_meta(snap["file"])["step"] == 500  # the snapshot outlives last.pt's replacement
+    native.save(run / "last.pt", {"model": model.state_dict()}, dict(meta, step=1000, val_loss=2.0))
+    assert loader.read_meta(snap["file"])["step"] == 500  # the snapshot outlives last.pt's replacement
     records = bench.read_log(run)
     assert len(records) == 2 and bench.train_minutes(records, 500) == 2.05 and bench.train_minutes(records, 9) is None
 

@@ -3,8 +3,8 @@ import json
 import pytest
 
 from conftest import SHARED_DATA
-from gpt.bpe import byte_level_alphabet, merges_to_ranks, train_bpe
-from gpt.tokenizer import get_tokenizer
+from gpt.data.bpe import byte_level_alphabet, merges_to_ranks, train_bpe
+from gpt.data.tokenizer import get_tokenizer
 
 SAMPLES = ["Hello, world!", "Crème brûlée à la française", "東京は日本の首都です", "emoji 🙂🚀👩‍👩‍👧", "  \n\n\tx", "<|endoftext|>"]
 
@@ -48,8 +48,8 @@ def test_tiktoken_round_trips_any_text(trained, text):
 
 def test_tiktoken_tokenizes_exactly_as_the_hf_model(corpus):
     """The converted ranks replay HF's merges: same token boundaries on seen and unseen text."""
-    from gpt.bpe import hf_merges, train_hf_bpe
-    from gpt.tokenizer import bpe_tokenizer
+    from gpt.data.bpe import hf_merges, train_hf_bpe
+    from gpt.data.tokenizer import bpe_tokenizer
 
     hf = train_hf_bpe([corpus], vocab_size=400)
     tok = bpe_tokenizer(merges_to_ranks(hf_merges(hf)))

@@ -16,10 +16,11 @@ import time
 import pytest
 import torch
 
-from gpt import GPT, GPTConfig, checkpoint
-from gpt.checkpoint import CheckpointError
+from gpt import GPT, GPTConfig
+from gpt.checkpoints import loader, native
+from gpt.checkpoints.native import CheckpointError
 from gpt.errors import StorageError
-from gpt.tokenizer import CharTokenizer
+from gpt.data.tokenizer import CharTokenizer
 
 from conftest import ROOT, SHAKESPEARE
 
@@ -52,11 +53,11 @@ def one_line_error(capsys, main, *argv) -> str:
 
 
 def meta(**fields) -> dict:
-    return checkpoint.build_meta(model_config=CFG.to_dict(), tokenizer=TOK.spec, **fields)
+    return native.build_meta(model_config=CFG.to_dict(), tokenizer=TOK.spec, **fields)
 
 
 def save_tiny(path, model_meta=None, state=None):
-    checkpoint.save(path, {"model": GPT(CFG).state_dict() if state is None else state}, model_meta or meta())
+    native.save(path, {"model": GPT(CFG).state_dict() if state is None else state}, model_meta or meta())
     return path
 
 
@@ -74,23 +75,23 @@ def char_data(tmp_path_factory):
 
 def test_built_meta_round_trips_and_loads(tmp_path):
     m = meta(step=7, train_config={"lr": 1.0}, val_loss=None, seq2seq={"bos": 0, "eos": 0, "pad": 0})
-    assert m["format"] == checkpoint.FORMAT_VERSION and "val_loss" not in m  # None is left out
+    assert m["format"] == native.FORMAT_VERSION and "val_loss" not in m  # None is left out
     save_tiny(tmp_path / "last.pt", m)
-    model, tok, read = checkpoint.load_checkpoint(tmp_path)
+    model, tok, read = loader.load_checkpoint(tmp_path)
     assert read == m and read["step"] == 7 and model.config == CFG and tok.spec == TOK.spec
     with pytest.raises(TypeError, match="no meta field.*'learning_rate'"):
         meta(learning_rate=1.0)  # an undocumented field is a bug in the caller, not a user error
 
 
 def test_hf_import_has_no_import_circle():
-    """gpt.checkpoint imports gpt.hf, never the other way (only hf's command line loads a --ckpt)."""
+    """gpt.checkpoints.native imports gpt.checkpoints.hf, never the other way (only hf's command line loads a --ckpt)."""
     tree = ast.parse((ROOT / "gpt" / "hf.py").read_text())
     library = [node for node in tree.body if not (isinstance(node, ast.FunctionDef) and node.name == "main")]
     imported = {alias.name if isinstance(node, ast.Import) else f"{node.module}.{alias.name}"
                 for top in library for node in ast.walk(top) if isinstance(node, (ast.Import, ast.ImportFrom))
                 for alias in node.names}
-    assert not {name for name in imported if name.startswith("gpt.checkpoint")}, imported
-    code = "import sys, gpt.hf; assert 'gpt.checkpoint' not in sys.modules"
+    assert not {name for name in imported if name.startswith("gpt.checkpoints.native")}, imported
+    code = "import sys, gpt.checkpoints.hf; assert 'gpt.checkpoints.native' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True)
 
 
@@ -99,9 +100,9 @@ def test_hf_import_has_no_import_circle():
 
 def test_foreign_file_without_model_config(tmp_path, capsys):
     path = tmp_path / "foreign.pt"
-    checkpoint.save(path, {"model": GPT(CFG).state_dict()}, {"step": 3, "tokenizer": TOK.spec})
+    native.save(path, {"model": GPT(CFG).state_dict()}, {"step": 3, "tokenizer": TOK.spec})
     with pytest.raises(CheckpointError, match=f"^{path} is not a gpt checkpoint: missing model_config"):
-        checkpoint.load_checkpoint(path)
+        loader.load_checkpoint(path)
     err = one_line_error(capsys, sample_script.main, "--ckpt", path, "--prompt", "a")
     assert f"{path} is not a gpt checkpoint: missing model_config" in err
 
@@ -110,7 +111,7 @@ def test_a_file_with_no_meta_at_all_names_what_it_holds(tmp_path):
     path = tmp_path / "nanogpt.pt"
     torch.save({"model": GPT(CFG).state_dict(), "model_args": {"n_layer": 1}, "iter_num": 5}, path)
     with pytest.raises(CheckpointError, match=r"is not a gpt checkpoint: it has no meta \(it holds model, model_args"):
-        checkpoint.load_checkpoint(path)
+        loader.load_checkpoint(path)
 
 
 def test_objects_torch_load_refuses_are_one_line(tmp_path, capsys):
@@ -130,7 +131,7 @@ def test_objects_torch_load_refuses_are_one_line(tmp_path, capsys):
 def test_model_config_that_builds_no_model(tmp_path, model_config, message):
     path = save_tiny(tmp_path / "bad.pt", dict(meta(), model_config=model_config))
     with pytest.raises(CheckpointError, match=f"^{path}: {message}"):
-        checkpoint.load_checkpoint(path)
+        loader.load_checkpoint(path)
 
 
 @pytest.mark.parametrize("change,message", [
@@ -144,7 +145,7 @@ def test_weights_that_do_not_match_the_config(tmp_path, capsys, change, message)
     change(state)
     path = save_tiny(tmp_path / "run" / "best.pt", state=state)
     with pytest.raises(CheckpointError, match=f"^{path}: the weights do not match its model config: {message}"):
-        checkpoint.load_checkpoint(path)
+        loader.load_checkpoint(path)
     assert message.replace("\\", "") in one_line_error(capsys, sample_script.main, "--ckpt", tmp_path / "run")
 
 
@@ -157,7 +158,7 @@ def test_resume_needs_a_training_checkpoint(tmp_path, capsys):
 
 def test_init_from_a_checkpoint_without_model_config(tmp_path, char_data, capsys):
     path = tmp_path / "foreign.pt"
-    checkpoint.save(path, {"model": GPT(CFG).state_dict()}, {"tokenizer": TOK.spec})
+    native.save(path, {"model": GPT(CFG).state_dict()}, {"tokenizer": TOK.spec})
     err = one_line_error(capsys, train_script.main, "--init-from", path, "--data", char_data,
                          "--out-dir", tmp_path / "out", *TINY)
     assert f"{path} is not a gpt checkpoint: missing model_config" in err
@@ -235,7 +236,7 @@ class FullDisk:
 
 
 def fail_writes(monkeypatch, make_error, calls_before: int = 0, on_failure=lambda: None):
-    """Make gpt.checkpoint's file writes fail after `calls_before` good ones."""
+    """Make gpt.checkpoints.native's file writes fail after `calls_before` good ones."""
     calls = {"n": 0}
 
     def fake_open(file, mode="r", *args, **kwargs):
@@ -248,7 +249,7 @@ def fail_writes(monkeypatch, make_error, calls_before: int = 0, on_failure=lambd
         on_failure()
         return make_error(f)
 
-    monkeypatch.setattr(checkpoint, "open", fake_open, raising=False)
+    monkeypatch.setattr(native, "open", fake_open, raising=False)
 
 
 def test_full_disk_is_one_line_and_the_previous_checkpoint_is_intact(tmp_path, monkeypatch):
@@ -256,12 +257,12 @@ def test_full_disk_is_one_line_and_the_previous_checkpoint_is_intact(tmp_path, m
     before = path.read_bytes()
     fail_writes(monkeypatch, lambda f: FullDisk(f, room=1000))  # torch's writer: "unexpected pos" underneath
     with pytest.raises(StorageError) as e:
-        checkpoint.save(path, {"model": GPT(CFG).state_dict()}, meta(step=2))
+        native.save(path, {"model": GPT(CFG).state_dict()}, meta(step=2))
     assert str(e.value) == f"could not write checkpoint {path}: the disk is full; free some space; the previous " \
                            f"last.pt is intact"
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]  # no temporary file left behind
-    assert checkpoint.read(path)["meta"]["step"] == 1
+    assert loader.read(path)["meta"]["step"] == 1
 
 
 def test_file_size_limit_through_torch_save_in_a_real_process(tmp_path):
@@ -270,12 +271,13 @@ def test_file_size_limit_through_torch_save_in_a_real_process(tmp_path):
     before = path.read_bytes()
     child = textwrap.dedent(f"""
         import resource, signal, sys, torch
-        from gpt import checkpoint
+        from gpt.checkpoints import loader
+        from gpt.checkpoints import native
         from gpt.cli import run_main
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, ({len(before) + 4096}, {len(before) + 4096}))
         state = {{"model": {{"w": torch.zeros(100_000)}}}}
-        sys.exit(run_main(lambda: checkpoint.save({str(path)!r}, state, {{"step": 2}})))
+        sys.exit(run_main(lambda: native.save({str(path)!r}, state, {{"step": 2}})))
     """)
     proc = subprocess.run([sys.executable, "-c", child], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
@@ -295,7 +297,7 @@ def test_read_only_destination(tmp_path, monkeypatch, error, reason):
     fail_writes(monkeypatch, refuse)
     with pytest.raises(StorageError, match=f"^could not write checkpoint {tmp_path / 'last.pt'}: {reason}; nothing "
                                            f"was written$"):
-        checkpoint.save(tmp_path / "last.pt", {"model": GPT(CFG).state_dict()}, meta())
+        native.save(tmp_path / "last.pt", {"model": GPT(CFG).state_dict()}, meta())
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
@@ -325,7 +327,7 @@ def test_full_disk_during_training_is_one_line(char_data, tmp_path, monkeypatch,
     err = one_line_error(capsys, train_script.main, "--data", char_data, "--out-dir", out, *TINY,
                          "--max-iters", "4", "--eval-interval", "2")
     assert f"could not write checkpoint {out / 'last.pt'}: the disk is full" in err and "last.pt is intact" in err
-    assert (out / "last.pt").read_bytes() == seen["last.pt"] and checkpoint.read_meta(out / "last.pt")["step"] == 2
+    assert (out / "last.pt").read_bytes() == seen["last.pt"] and loader.read_meta(out / "last.pt")["step"] == 2
 
 
 def test_stale_temporary_files_of_dead_processes_are_removed(tmp_path):
@@ -334,13 +336,12 @@ def test_stale_temporary_files_of_dead_processes_are_removed(tmp_path):
     path = tmp_path / "last.pt"
     writer = textwrap.dedent(f"""
         import time, torch
-        from gpt import checkpoint
 
         class Stall:  # pickled inside torch.save, after the temporary file is created
             def __reduce__(self):
                 time.sleep(600)
 
-        checkpoint.save({str(path)!r}, {{"model": {{"w": torch.zeros(1)}}, "stall": Stall()}}, {{}})
+        native.save({str(path)!r}, {{"model": {{"w": torch.zeros(1)}}, "stall": Stall()}}, {{}})
     """)
     proc = subprocess.Popen([sys.executable, "-c", writer], cwd=ROOT)
     try:

@@ -1,6 +1,6 @@
 import pytest
 
-from gpt.config import ConfigError, TrainConfig, build_config, help_text
+from gpt.train.config import ConfigError, TrainConfig, build_config, help_text
 
 
 def test_defaults_file_cli_precedence(tmp_path):

@@ -2,11 +2,11 @@ import random
 
 import pytest
 
-from gpt.corpus import CorpusError, ReadStats, Segment, decode_utf8, find_documents, plan_split, read_chunks
+from gpt.data.corpus import CorpusError, ReadStats, Segment, decode_utf8, find_documents, plan_split, read_chunks
 
 
 def _segment(path, split="train"):
-    from gpt.corpus import Document
+    from gpt.data.corpus import Document
 
     size = path.stat().st_size
     return Segment(Document(path, size), 0, size, split, True)
@@ -111,7 +111,7 @@ def test_find_documents_walks_sorted_and_skips_hidden_binary_empty(tmp_path):
 def test_a_file_that_cannot_be_read_is_one_error_naming_it(tmp_path, monkeypatch):
     import errno
 
-    import gpt.corpus
+    import gpt.data.corpus
 
     (tmp_path / "dir").mkdir()
     path = tmp_path / "dir" / "locked.txt"
@@ -120,7 +120,7 @@ def test_a_file_that_cannot_be_read_is_one_error_naming_it(tmp_path, monkeypatch
     def denied(file, *args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied", str(file))
 
-    monkeypatch.setattr(gpt.corpus, "open", denied, raising=False)
+    monkeypatch.setattr(gpt.data.corpus, "open", denied, raising=False)
     with pytest.raises(CorpusError, match=rf"^cannot read {path}: Permission denied$"):
         list(read_chunks(_segment(path), chunk_bytes=1024, stats=ReadStats()))
     with pytest.raises(CorpusError, match=rf"^cannot read {path}: Permission denied$"):

@@ -1,4 +1,4 @@
-"""gpt/dataformat.py: one on-disk format for token and pairs datasets (meta.json's schema, the version
+"""gpt/data/format.py: one on-disk format for token and pairs datasets (meta.json's schema, the version
 key, atomic publishing) that the data-preparation path reads and writes without importing torch."""
 
 import copy
@@ -10,10 +10,10 @@ import sys
 import pytest
 
 from conftest import ROOT, SHAKESPEARE
-from gpt.dataformat import DataError, read_meta, staged, write_meta
+from gpt.data.format import DataError, read_meta, staged, write_meta
 from gpt.errors import StorageError
-from gpt.pairs import prepare_pairs
-from gpt.prepare import prepare
+from gpt.data.pairs import prepare_pairs
+from gpt.data.prepare import prepare
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +201,6 @@ def test_preparing_data_never_imports_torch(tmp_path):
     (tmp_path / "t.txt").write_text("a house\ntwo dogs\n" * 20)
     assert _prepare_without_torch("--pairs", tmp_path / "s.txt", tmp_path / "t.txt", "--out", tmp_path / "pairs",
                                   "--tokenizer", "gpt2", "--val-fraction", 0.1) == "exit 0 no torch"
-    r = subprocess.run([sys.executable, "-c", "import sys, gpt.dataformat, gpt.prepare, gpt.pairs, gpt.tokenizer, "
-                        "gpt.bpe, gpt.corpus; print('torch' in sys.modules)"], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run([sys.executable, "-c", "import sys, gpt.data.format, gpt.data.prepare, gpt.data.pairs, gpt.data.tokenizer, "
+                        "gpt.data.bpe, gpt.data.corpus; print('torch' in sys.modules)"], capture_output=True, text=True, cwd=ROOT)
     assert r.stdout == "False\n", r.stderr

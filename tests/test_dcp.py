@@ -1,4 +1,4 @@
-"""Sharded checkpoints (gpt/dcp.py) in one process: round trips, atomic switches, failed and killed saves,
+"""Sharded checkpoints (gpt/checkpoints/dcp.py) in one process: round trips, atomic switches, failed and killed saves,
 a .metadata that would run code, reading them wherever a checkpoint is read, conversion to one file.
 Several processes: tests/test_parallel.py."""
 
@@ -11,11 +11,14 @@ import sys
 import pytest
 import torch
 
-from gpt import checkpoint, dcp
+from gpt.checkpoints import loader
+from gpt.checkpoints import native
+from gpt.checkpoints import dcp
+from gpt.cli import dcp as cli_dcp
 from gpt.errors import StorageError
-from gpt.model import GPT, GPTConfig
-from gpt.rundir import RunDir
-from gpt.sampling import complete
+from gpt.model.transformer import GPT, GPTConfig
+from gpt.train.rundir import RunDir
+from gpt.infer.sampling import complete
 
 
 CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.1)
@@ -36,7 +39,7 @@ def trained(steps=2, seed=0):
 
 
 def save(run_dir, model, optimizer, step, name="last.dcp"):
-    meta = checkpoint.build_meta(model_config=CFG.to_dict(), tokenizer=TOKENIZER, step=step, world_size=1,
+    meta = native.build_meta(model_config=CFG.to_dict(), tokenizer=TOKENIZER, step=step, world_size=1,
                                  train_config={"max_iters": 10})
     rng = [{"torch": torch.get_rng_state()}]
     dcp.save(run_dir / name, model, optimizer, meta, scaler=None, rng=rng)
@@ -63,7 +66,7 @@ def test_round_trip_whole_and_into_a_fresh_model(tmp_path):
     model, optimizer = trained()
     rng = save(tmp_path, model, optimizer, step=2)
     assert os.readlink(tmp_path / "last.dcp") == "step-000002"
-    whole = checkpoint.read(tmp_path, names=checkpoint.LATEST)  # what --resume without --fsdp reads
+    whole = loader.read(tmp_path, names=native.LATEST)  # what --resume without --fsdp reads
     assert_same(whole["model"], model.state_dict())  # the tied head included
     assert_same(whole["optimizer"], optimizer.state_dict())  # torch.optim's own format
     assert_same(whole["rng"], rng) and whole["scaler"] is None and whole["meta"]["step"] == 2
@@ -78,8 +81,8 @@ def test_round_trip_whole_and_into_a_fresh_model(tmp_path):
 def test_a_single_file_loads_into_the_sharded_path_too(tmp_path):
     """A run that switches to --fsdp resumes its last.pt: each process keeps its part of the whole."""
     model, optimizer = trained()
-    meta = checkpoint.build_meta(model_config=CFG.to_dict(), tokenizer=TOKENIZER, step=2)
-    checkpoint.save(tmp_path / "last.pt", {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+    meta = native.build_meta(model_config=CFG.to_dict(), tokenizer=TOKENIZER, step=2)
+    native.save(tmp_path / "last.pt", {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                                            "rng": [], "scaler": None}, meta)
     fresh, fresh_opt = trained(steps=0, seed=1)
     dcp.load(tmp_path / "last.pt", fresh, fresh_opt)
@@ -97,7 +100,7 @@ def test_links_move_atomically_and_unreferenced_steps_go(tmp_path):
     assert os.readlink(tmp_path / "last.dcp") == "step-000004.1"
     dcp.mark_best(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.dcp", "last.dcp", "step-000004.1"]
-    assert checkpoint.read_meta(tmp_path)["step"] == 4
+    assert loader.read_meta(tmp_path)["step"] == 4
 
 
 def test_a_failed_save_is_one_line_and_the_last_checkpoint_stays(tmp_path, monkeypatch):
@@ -115,7 +118,7 @@ def test_a_failed_save_is_one_line_and_the_last_checkpoint_stays(tmp_path, monke
     assert str(e.value) == (f"could not write checkpoint {tmp_path / 'step-000003'}: the disk is full; free some "
                             f"space; the previous last.dcp is intact")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.dcp", "step-000002"]  # nothing half-written left
-    assert checkpoint.read(tmp_path)["meta"]["step"] == 2
+    assert loader.read(tmp_path)["meta"]["step"] == 2
 
 
 def test_a_killed_save_never_shows_and_is_cleaned_up_later(tmp_path):
@@ -127,7 +130,7 @@ def test_a_killed_save_never_shows_and_is_cleaned_up_later(tmp_path):
     partial.mkdir()
     (partial / "__0_0.distcp").write_bytes(b"half a shard")
     os.symlink("step-000003", tmp_path / f".last.dcp.tmp-{pid}")  # killed between the link and its rename
-    assert checkpoint.read(tmp_path)["meta"]["step"] == 2  # readers never see it
+    assert loader.read(tmp_path)["meta"]["step"] == 2  # readers never see it
     save(tmp_path, model, optimizer, step=4)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.dcp", "step-000004"]
 
@@ -141,8 +144,8 @@ def test_a_metadata_file_that_would_run_code_is_refused(tmp_path):
             return (os.system, ("echo pwned > " + str(tmp_path / "pwned"),))
 
     (tmp_path / "last.dcp" / ".metadata").write_bytes(pickle.dumps(Evil()))
-    with pytest.raises(checkpoint.CheckpointError, match=r"not a readable DCP checkpoint: .*system is not allowed"):
-        checkpoint.read(tmp_path)
+    with pytest.raises(native.CheckpointError, match=r"not a readable DCP checkpoint: .*system is not allowed"):
+        loader.read(tmp_path)
     assert not (tmp_path / "pwned").exists()
 
 
@@ -150,28 +153,28 @@ def test_every_reader_takes_a_sharded_run_and_convert_writes_one_file(tmp_path, 
     model, optimizer = trained()
     save(tmp_path, model, optimizer, step=2)
     dcp.mark_best(tmp_path)
-    loaded, tok, meta = checkpoint.load_checkpoint(tmp_path)  # sample.py, --init-from, python -m gpt.hf export
+    loaded, tok, meta = loader.load_checkpoint(tmp_path)  # sample.py, --init-from, python -m gpt.hf export
     assert_same(loaded.state_dict(), model.eval().state_dict())
     (text,) = complete(loaded, tok, "abc", max_new_tokens=5, temperature=0, stop_at_eot=False)
     assert text  # five tokens of an untrained model
-    assert dcp.main(["convert", "--ckpt", str(tmp_path)]) == 0
+    assert cli_dcp.main(["convert", "--ckpt", str(tmp_path)]) == 0
     assert capsys.readouterr().out.splitlines() == [f"wrote {tmp_path / 'last.pt'}", f"wrote {tmp_path / 'best.pt'}"]
     raw = torch.load(tmp_path / "best.pt", weights_only=True)  # a plain single-file checkpoint
     assert_same(raw["model"], model.state_dict()) and assert_same(raw["optimizer"], optimizer.state_dict())
-    assert dcp.main(["convert", "--ckpt", str(tmp_path / "last.dcp"), "--out", str(tmp_path / "m.pt")]) == 0
-    assert_same(checkpoint.read(tmp_path / "m.pt")["model"], model.state_dict())
-    assert dcp.main(["convert", "--ckpt", str(tmp_path / "last.dcp")]) == 2
+    assert cli_dcp.main(["convert", "--ckpt", str(tmp_path / "last.dcp"), "--out", str(tmp_path / "m.pt")]) == 0
+    assert_same(loader.read(tmp_path / "m.pt")["model"], model.state_dict())
+    assert cli_dcp.main(["convert", "--ckpt", str(tmp_path / "last.dcp")]) == 2
     assert capsys.readouterr().err.startswith("error: --out: where to write")
 
 
 def test_the_later_of_last_pt_and_last_dcp_is_resumed(tmp_path):
     model, optimizer = trained()
     save(tmp_path, model, optimizer, step=2)
-    meta = checkpoint.build_meta(model_config=CFG.to_dict(), tokenizer=TOKENIZER, step=5)
-    checkpoint.save(tmp_path / "last.pt", {"model": model.state_dict()}, meta)
-    assert checkpoint.resolve(tmp_path, checkpoint.LATEST) == tmp_path / "last.pt"
+    meta = native.build_meta(model_config=CFG.to_dict(), tokenizer=TOKENIZER, step=5)
+    native.save(tmp_path / "last.pt", {"model": model.state_dict()}, meta)
+    assert loader.resolve(tmp_path, native.LATEST) == tmp_path / "last.pt"
     save(tmp_path, model, optimizer, step=7)
-    assert checkpoint.resolve(tmp_path, checkpoint.LATEST) == tmp_path / "last.dcp"
+    assert loader.resolve(tmp_path, native.LATEST) == tmp_path / "last.dcp"
 
 
 def test_force_removes_a_sharded_run(tmp_path):
@@ -186,16 +189,16 @@ def test_force_removes_a_sharded_run(tmp_path):
 
 
 def test_convert_mistakes_are_one_line(tmp_path, capsys):
-    assert dcp.main(["convert", "--ckpt", str(tmp_path)]) == 2
+    assert cli_dcp.main(["convert", "--ckpt", str(tmp_path)]) == 2
     assert capsys.readouterr().err == f"error: no last.dcp or best.dcp in {tmp_path}: give the run directory of a " \
                                       f"--fsdp run, or one of its checkpoint directories with --out\n"
     model, optimizer = trained()
-    meta = checkpoint.build_meta(model_config=CFG.to_dict(), tokenizer=TOKENIZER, step=5)
-    checkpoint.save(tmp_path / "last.pt", {"model": model.state_dict()}, meta)
-    assert dcp.main(["convert", "--ckpt", str(tmp_path), "--out", str(tmp_path / "m.pt")]) == 2
+    meta = native.build_meta(model_config=CFG.to_dict(), tokenizer=TOKENIZER, step=5)
+    native.save(tmp_path / "last.pt", {"model": model.state_dict()}, meta)
+    assert cli_dcp.main(["convert", "--ckpt", str(tmp_path), "--out", str(tmp_path / "m.pt")]) == 2
     assert capsys.readouterr().err == f"error: {tmp_path / 'last.pt'} is already a single-file checkpoint\n"
     save(tmp_path, model, optimizer, step=2)  # an older sharded checkpoint beside the newer last.pt
     before = (tmp_path / "last.pt").read_bytes()
-    assert dcp.main(["convert", "--ckpt", str(tmp_path)]) == 2
+    assert cli_dcp.main(["convert", "--ckpt", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith(f"error: {tmp_path / 'last.pt'} (step 5) is newer than ")
     assert (tmp_path / "last.pt").read_bytes() == before

@@ -3,8 +3,8 @@ mistake one line with exit 2."""
 
 import pytest
 
-import gpt.translate as decoding
-from gpt import evaluate
+import gpt.infer.translate as decoding
+from gpt.cli import evaluate as cli_evaluate
 
 from test_sample_seq2seq import save_seq2seq
 
@@ -25,7 +25,7 @@ def files(tmp_path, monkeypatch):
 
 
 def run(capsys, tmp_path, *argv):
-    code = evaluate.main(["--ckpt", str(tmp_path / "run"), "--source-file", str(tmp_path / "src.txt"),
+    code = cli_evaluate.main(["--ckpt", str(tmp_path / "run"), "--source-file", str(tmp_path / "src.txt"),
                           "--reference", str(tmp_path / "ref.txt"), "--device", "cpu", *map(str, argv)])
     out, err = capsys.readouterr()
     return code, out, err

@@ -6,8 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from gpt import GPT, GPTConfig, checkpoint, load_checkpoint
-from gpt.export import main, run_exported
+from gpt import GPT, GPTConfig, load_checkpoint
+from gpt.checkpoints import loader
+from gpt.checkpoints import native
+from gpt.cli.export import main
+from gpt.infer.export import run_exported
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SHAPES = [(1, 1), (1, 64), (3, 17), (7, 5), (2, 64)]  # batch x seq, seq up to block_size (64)
@@ -46,7 +49,7 @@ def test_onnx_logits_match_pytorch_in_onnxruntime_at_any_batch_and_length(traine
 def test_export_writes_what_it_needs_to_run_and_reports_parity(trained_run, onnx_dir, capsys):
     meta = json.loads((onnx_dir / "gpt_export.json").read_text())
     assert meta["format"] == "onnx" and meta["block_size"] == 64 and meta["eot_token"] == 65
-    assert meta["tokenizer"] == checkpoint.read_meta(trained_run)["tokenizer"]
+    assert meta["tokenizer"] == loader.read_meta(trained_run)["tokenizer"]
     code, _, err = export_cli(capsys, "--ckpt", trained_run, "--format", "onnx", "--out", onnx_dir)
     assert code == 2 and err == f"error: {onnx_dir / 'model.onnx'} exists already: choose another --out, or " \
                                 "--force to replace it\n"
@@ -54,7 +57,7 @@ def test_export_writes_what_it_needs_to_run_and_reports_parity(trained_run, onnx
 
 def test_greedy_decoding_with_the_onnx_model_equals_ours(trained_run, onnx_dir):
     pytest.importorskip("onnxruntime")
-    from gpt.sampling import complete
+    from gpt.infer.sampling import complete
 
     model, tok, _ = load_checkpoint(trained_run)
     ids = tok.encode("ROMEO:")
@@ -78,7 +81,7 @@ def test_pt2_program_round_trips(trained_run, tmp_path, capsys):
 
 def test_seq2seq_checkpoints_are_refused_in_one_line(tmp_path, capsys):
     cfg = GPTConfig(vocab_size=20, block_size=8, n_layer=1, n_head=1, n_embd=8, n_encoder_layer=1)
-    checkpoint.save(tmp_path / "run" / "best.pt", {"model": GPT(cfg).state_dict()},
+    native.save(tmp_path / "run" / "best.pt", {"model": GPT(cfg).state_dict()},
                     {"model_config": cfg.to_dict(), "tokenizer": {"kind": "char", "chars": "abcdefghijklmnopqrs"}})
     code, _, err = export_cli(capsys, "--ckpt", tmp_path / "run", "--format", "pt2", "--out", tmp_path / "x")
     assert code == 2 and err == "error: this checkpoint is an encoder-decoder (seq2seq) model: export covers " \

@@ -9,10 +9,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gpt import lora, preflight
-from gpt.config import ConfigError, build_config
-from gpt.health import HealthMonitor
-from gpt.model import GPT, GPTConfig
+from gpt.model import lora
+from gpt.train import preflight
+from gpt.train.config import ConfigError, build_config
+from gpt.train.health import HealthMonitor
+from gpt.model.transformer import GPT, GPTConfig
 
 from conftest import ROOT
 from test_checkpoint import char_data, one_line_error, train_script  # noqa: F401 (fixture)

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from gpt import GPT, GPTConfig, load_checkpoint
-from gpt.sampling import complete
-from gpt.checkpoint import CheckpointError
-from gpt.hf import HFError, bpe_merges, export_hf, is_hf_dir
-from gpt.hf import main as hf_main
-from gpt.tokenizer import CharTokenizer, get_tokenizer
+from gpt.infer.sampling import complete
+from gpt.checkpoints.native import CheckpointError
+from gpt.checkpoints.hf import HFError, bpe_merges, export_hf, is_hf_dir
+from gpt.cli.hf import main as hf_main
+from gpt.data.tokenizer import CharTokenizer, get_tokenizer
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
@@ -149,11 +149,11 @@ def test_char_tokenizer_round_trips_through_an_exported_dir(tmp_path):
 
 
 def test_export_cli_writes_a_loadable_dir(tmp_path, capsys):
-    from gpt import checkpoint
+    from gpt.checkpoints import native
 
     tok = CharTokenizer("abc \n")
     cfg = GPTConfig(vocab_size=8, block_size=16, n_layer=1, n_head=2, n_embd=8)
-    checkpoint.save(tmp_path / "run" / "best.pt", {"model": GPT(cfg).state_dict()},
+    native.save(tmp_path / "run" / "best.pt", {"model": GPT(cfg).state_dict()},
                     {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec})
     assert hf_main(["export", "--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
     assert "wrote" in capsys.readouterr().out
@@ -188,12 +188,12 @@ def test_weights_that_do_not_match_config_json(hf_model, tmp_path):
 
 
 def test_export_cli_refuses_what_gpt2_cannot_express_in_one_line(tmp_path, capsys):
-    from gpt import checkpoint
+    from gpt.checkpoints import native
 
     tok = CharTokenizer("abc \n")
     cfg = GPTConfig(vocab_size=8, block_size=16, n_layer=1, n_head=2, n_embd=8, norm="post")
-    checkpoint.save(tmp_path / "run" / "best.pt", {"model": GPT(cfg).state_dict()},
-                    checkpoint.build_meta(model_config=cfg.to_dict(), tokenizer=tok.spec))
+    native.save(tmp_path / "run" / "best.pt", {"model": GPT(cfg).state_dict()},
+                    native.build_meta(model_config=cfg.to_dict(), tokenizer=tok.spec))
     assert hf_main(["export", "--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 2
     assert capsys.readouterr().err == "error: cannot export as GPT-2: norm='post' (GPT-2 is pre-norm)\n"
 

@@ -1,4 +1,4 @@
-"""LoRA (gpt/lora.py): frozen base, trained adapters, small checkpoints that name their base, merging,
+"""LoRA (gpt/model/lora.py): frozen base, trained adapters, small checkpoints that name their base, merging,
 exact resume, and validation in one line."""
 
 import json
@@ -7,12 +7,15 @@ import shutil
 import pytest
 import torch
 
-from gpt import checkpoint, lora
-from gpt.config import ConfigError, TrainConfig, config_from_argv
-from gpt.data import open_dataset
-from gpt.model import GPT, GPTConfig
+from gpt.checkpoints import loader
+from gpt.checkpoints import native
+from gpt.model import lora
+from gpt.cli import lora as cli_lora
+from gpt.train.config import ConfigError, TrainConfig, config_from_argv
+from gpt.data.tokens import open_dataset
+from gpt.model.transformer import GPT, GPTConfig
 from gpt.runtime import Runtime
-from gpt.trainer import make_optimizer, train, train_step
+from gpt.train.trainer import make_optimizer, train, train_step
 
 from test_checkpoint import char_data, one_line_error, sample_script, train_script  # noqa: F401 (fixture)
 
@@ -27,9 +30,9 @@ TRAIN = ["--batch-size", "2", "--eval-iters", "1", "--log-interval", "1", "--war
 def base(char_data, tmp_path):  # noqa: F811
     """A 'pretrained' checkpoint: random weights with the dataset's tokenizer."""
     torch.manual_seed(3)
-    meta = checkpoint.build_meta(model_config=BASE_CFG.to_dict(), tokenizer=open_dataset(char_data).tokenizer_spec)
+    meta = native.build_meta(model_config=BASE_CFG.to_dict(), tokenizer=open_dataset(char_data).tokenizer_spec)
     path = tmp_path / "base" / "best.pt"
-    checkpoint.save(path, {"model": GPT(BASE_CFG).state_dict()}, meta)
+    native.save(path, {"model": GPT(BASE_CFG).state_dict()}, meta)
     return path.parent
 
 
@@ -98,7 +101,7 @@ def test_lora_run_checkpoint_holds_only_adapters_and_loads_everywhere(base, char
     run("--data", char_data, "--out-dir", out, "--init-from", base, "--lora-rank", "2", "--lora-targets",
         "attn.c_attn,mlp.c_fc", *TRAIN, "--max-iters", "4", "--eval-interval", "4")
     assert "lora: rank 2, alpha 16 on attn.c_attn, mlp.c_fc" in capsys.readouterr().out
-    raw = checkpoint.read(out / "last.pt")
+    raw = loader.read(out / "last.pt")
     assert sorted(raw["model"]) == sorted(f"transformer.h.{i}.{t}.lora_{m}" for i in range(2)
                                           for t in ("attn.c_attn", "mlp.c_fc") for m in "AB")
     info = raw["meta"]["lora"]
@@ -106,20 +109,20 @@ def test_lora_run_checkpoint_holds_only_adapters_and_loads_everywhere(base, char
     assert info["trainable"] == 2 * (2 * (16 + 48) + 2 * (16 + 64))
     assert sum(t.numel() for t in raw["model"].values()) == info["trainable"] < GPT(BASE_CFG).num_params() / 3
 
-    model, meta = lora.load_adapted(out)  # separate adapters
-    merged, tok, _ = checkpoint.load_checkpoint(out)  # what sample.py, the HF export and --init-from get
+    model, meta = loader.load_adapted(out)  # separate adapters
+    merged, tok, _ = loader.load_checkpoint(out)  # what sample.py, the HF export and --init-from get
     assert not lora.is_adapted(merged) and lora.is_adapted(model)
     x = torch.randint(0, 64, (2, 16))
     torch.testing.assert_close(merged(x)[0], model(x)[0], rtol=1e-5, atol=1e-5)
 
     assert sample_script.main(["--ckpt", str(out), "--prompt", "ROMEO", "--max-new-tokens", "5", "--seed", "1",
                                "--device", "cpu"]) == 0
-    assert lora.main(["merge", "--ckpt", str(out), "--out", str(tmp_path / "merged.pt")]) == 0
-    plain, _ = checkpoint.load_model(tmp_path / "merged.pt")
-    assert "lora" not in checkpoint.read_meta(tmp_path / "merged.pt")
+    assert cli_lora.main(["merge", "--ckpt", str(out), "--out", str(tmp_path / "merged.pt")]) == 0
+    plain, _ = loader.load_model(tmp_path / "merged.pt")
+    assert "lora" not in loader.read_meta(tmp_path / "merged.pt")
     torch.testing.assert_close(plain(x)[0], model(x)[0], rtol=1e-5, atol=1e-5)
 
-    from gpt.hf import export_hf, read_weights
+    from gpt.checkpoints.hf import export_hf, read_weights
 
     export_hf(merged, tok, tmp_path / "hf")
     assert torch.equal(read_weights(tmp_path / "hf")["transformer.h.0.attn.c_attn.weight"],
@@ -168,11 +171,11 @@ def test_base_moved_with_the_run_still_loads_and_a_missing_base_names_the_fix(ba
     moved.mkdir()
     shutil.move(str(out), moved / "lora")
     shutil.move(str(base), moved / "base")  # same relative layout: found through base_relative
-    checkpoint.load_checkpoint(moved / "lora")
+    loader.load_checkpoint(moved / "lora")
     shutil.move(str(moved / "base"), tmp_path / "gone")
     err = one_line_error(capsys, sample_script.main, "--ckpt", moved / "lora", "--device", "cpu")
     assert "whose base model" in err and "python -m gpt.lora merge --ckpt" in err and "--base PATH" in err
-    assert lora.main(["merge", "--ckpt", str(moved / "lora"), "--base", str(tmp_path / "gone"), "--out",
+    assert cli_lora.main(["merge", "--ckpt", str(moved / "lora"), "--base", str(tmp_path / "gone"), "--out",
                       str(tmp_path / "m")]) == 0
     assert (tmp_path / "m" / "best.pt").is_file()
 
@@ -212,15 +215,15 @@ def test_a_full_fine_tune_resumes_with_its_checkpoints_architecture(base, char_d
 def test_the_hf_export_of_a_lora_run_is_base_plus_adapters_in_transformers(base, char_data, tmp_path):  # noqa: F811
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("safetensors")
-    from gpt import hf
+    from gpt.cli import hf as cli_hf
 
     out = tmp_path / "lora"
     run("--data", char_data, "--out-dir", out, "--init-from", base, "--lora-rank", "2", "--lora-targets",
         "attn.c_proj,wte", *TRAIN, "--max-iters", "3", "--eval-interval", "3")
-    assert hf.main(["export", "--ckpt", str(out), "--out", str(tmp_path / "hf")]) == 0
+    assert cli_hf.main(["export", "--ckpt", str(out), "--out", str(tmp_path / "hf")]) == 0
     theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
-    adapters, _ = lora.load_adapted(out)  # kept separate: the exported weights must compute the same
-    plain, _ = checkpoint.load_model(base)
+    adapters, _ = loader.load_adapted(out)  # kept separate: the exported weights must compute the same
+    plain, _ = loader.load_model(base)
     x = torch.randint(0, 64, (2, 16))
     with torch.no_grad():
         expected = adapters(x)[0]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gpt import GPT, GPTConfig
-from gpt.hf import state_dict_from_hf
+from gpt.checkpoints.hf import state_dict_from_hf
 
 TINY = dict(vocab_size=97, block_size=32, n_layer=2, n_head=4, n_embd=32)
 

@@ -1,12 +1,12 @@
-"""gpt/muon.py: the orthogonalisation, the update against torch.optim.Muon, AdamW groups against
+"""gpt/train/muon.py: the orthogonalisation, the update against torch.optim.Muon, AdamW groups against
 torch.optim.AdamW, and which parameters each half of the optimizer gets."""
 
 import pytest
 import torch
 
-from gpt.config import ConfigError, TrainConfig
-from gpt.model import GPT, GPTConfig
-from gpt.muon import Muon, ns_dtype_for, orthogonalize
+from gpt.train.config import ConfigError, TrainConfig
+from gpt.model.transformer import GPT, GPTConfig
+from gpt.train.muon import Muon, ns_dtype_for, orthogonalize
 from gpt import runtime
 
 

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from gpt.dataformat import DataError
-from gpt.pairs import PairBatches, PairsError, main, open_pairs, prepare_pairs
-from gpt.tokenizer import get_tokenizer
+from gpt.data.format import DataError
+from gpt.cli.pairs import main
+from gpt.data.pairs import PairBatches, PairsError, open_pairs, prepare_pairs
+from gpt.data.tokenizer import get_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,7 +125,7 @@ def test_bpe_ranks_file_is_checked(tmp_path):
 
 
 def test_large_vocabulary_uses_uint32(tmp_path, monkeypatch):
-    import gpt.pairs
+    import gpt.data.pairs
 
     class Big:
         vocab_size, eot_token, spec = 70000, 69999, {"kind": "fake"}
@@ -132,7 +133,7 @@ def test_large_vocabulary_uses_uint32(tmp_path, monkeypatch):
         def encode_batch(self, texts):
             return [[69998] * len(t.split()) for t in texts]
 
-    monkeypatch.setattr(gpt.pairs, "make_tokenizer", lambda *a, **k: Big())
+    monkeypatch.setattr(gpt.data.pairs, "make_tokenizer", lambda *a, **k: Big())
     src, tgt = random_corpus(tmp_path, n=20)
     meta = prepare_pairs(src, tgt, tmp_path / "ds", val_fraction=0.1)
     assert meta["dtype"] == "uint32"
@@ -391,7 +392,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_dataset(toy, tmp_path, capsys, mo
     import errno
     import runpy
 
-    import gpt.pairs
+    import gpt.data.pairs
 
     out = tmp_path / "ds"
     prepare_pairs(*toy, out, tokenizer="char", val_pairs=toy, max_len=30)
@@ -400,7 +401,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_dataset(toy, tmp_path, capsys, mo
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(gpt.pairs, "write_split", full)
+    monkeypatch.setattr(gpt.data.pairs, "write_split", full)
     prepare_main = runpy.run_path(str(ROOT / "data" / "prepare.py"), run_name="script")["main"]
     assert prepare_main(["--pairs", *map(str, toy), "--out", str(out), "--tokenizer", "char", "--force"]) == 2
     err = capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""Beyond one process (gpt/parallel.py, gpt/dcp.py): activation checkpointing changes nothing but memory;
+"""Beyond one process (gpt/train/parallel.py, gpt/checkpoints/dcp.py): activation checkpointing changes nothing but memory;
 FSDP under torchrun (CPU, gloo) equals one process; its sharded checkpoints resume in another number of
 processes, with or without --fsdp, losing nothing; misuse is one line."""
 
@@ -11,11 +11,14 @@ import sys
 import pytest
 import torch
 
-from gpt import checkpoint, dcp, parallel
-from gpt.config import ConfigError, TrainConfig, config_from_argv
-from gpt.model import GPT, GPTConfig
+from gpt.checkpoints import loader
+from gpt.checkpoints import native
+from gpt.checkpoints import dcp
+from gpt.train import parallel
+from gpt.train.config import ConfigError, TrainConfig, config_from_argv
+from gpt.model.transformer import GPT, GPTConfig
 from gpt.runtime import Runtime
-from gpt.trainer import train
+from gpt.train.trainer import train
 
 from conftest import ROOT
 
@@ -97,7 +100,7 @@ def test_mixed_precision_policy_matches_the_dtype():
 
 def state(path) -> dict:
     """A checkpoint's model and AdamW state as one flat dict of tensors (sharded ones read whole)."""
-    ckpt = checkpoint.read(path, names=checkpoint.LATEST)
+    ckpt = loader.read(path, names=native.LATEST)
     flat = {f"model.{k}": v for k, v in ckpt["model"].items()}
     flat.update({f"optimizer.{i}.{k}": v for i, s in ckpt["optimizer"]["state"].items() for k, v in s.items()})
     return flat
@@ -146,8 +149,8 @@ def test_fsdp_matches_one_process_and_resumes_in_any_number_of_processes(char_da
     assert_same_state(run, ref)
 
     train(*config_from_argv(["--resume", str(run), "--max-iters", "12", "--no-fsdp"]))  # the shards read whole
-    assert checkpoint.resolve(run, checkpoint.LATEST).name == "last.pt"
-    assert checkpoint.read_meta(run / "last.dcp")["world_size"] == 2
+    assert loader.resolve(run, native.LATEST).name == "last.pt"
+    assert loader.read_meta(run / "last.dcp")["world_size"] == 2
     train(*config_from_argv([*map(str, common), "--max-iters", "12", "--out-dir", str(tmp_path / "one")]))
     assert [s for s, _ in losses(run)] == list(range(1, 13))
     for key in ("loss", "grad_norm"):

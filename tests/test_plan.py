@@ -1,12 +1,13 @@
-"""gpt.plan: the activation formula against what autograd saves, the memory terms, the table."""
+"""gpt.train.plan: the activation formula against what autograd saves, the memory terms, the table."""
 
 import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from gpt import parallel, plan
-from gpt.config import GPTConfig, build_config
-from gpt.model import GPT
+from gpt.train import parallel, plan
+from gpt.cli import plan as cli_plan
+from gpt.train.config import GPTConfig, build_config
+from gpt.model.transformer import GPT
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -61,12 +62,12 @@ def test_fsdp_divides_the_training_state_and_checkpointing_the_activations():
 
 
 def test_the_table_says_what_to_use(capsys):
-    assert plan.main(["--config", "gpt2_1558m", "--gpus", "8"]) == 0
+    assert cli_plan.main(["--config", "gpt2_1558m", "--gpus", "8"]) == 0
     out = capsys.readouterr().out
     assert "1,558M parameters, 10.28 GFLOPs per token" in out and out.rstrip().endswith("use: --fsdp")
     assert "global batch: --grad-accum 32 (524,288 tokens per step" in out
     assert "| DDP | " in out and "| no |" in out
-    assert plan.main([]) == 0
+    assert cli_plan.main([]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| gpt2_")]
     assert len(rows) == 12 and [r.split(" | ")[4] for r in rows[:3]] == ["1", "8", "64"]
     assert [r.split(" | ")[5] for r in rows[:3]] == ["0.5M", "0.5M", "2.0M"]  # 64 GPUs: grad_accum 16 -> 64
@@ -74,7 +75,7 @@ def test_the_table_says_what_to_use(capsys):
 
 
 def test_mistakes_are_one_line(capsys):
-    assert plan.main(["--gpus", "0"]) == 2
+    assert cli_plan.main(["--gpus", "0"]) == 2
     assert capsys.readouterr().err == "error: --gpus: must be >= 1, got 0\n"
-    assert plan.main(["--config", "nope"]) == 2
+    assert cli_plan.main(["--config", "nope"]) == 2
     assert capsys.readouterr().err.startswith("error: --config: no file 'nope' and no shipped config of that name")

@@ -17,7 +17,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 from gpt import load_checkpoint  # noqa: E402
-from gpt.sampling import complete  # noqa: E402
+from gpt.infer.sampling import complete  # noqa: E402
 from gpt.serve.app import ServeConfig, create_app, running  # noqa: E402
 
 NAME = "shakespeare-char"

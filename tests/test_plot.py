@@ -1,4 +1,4 @@
-"""See the run: gpt/plot.py reads train.py's log.jsonl (resumes included) and draws the PNG; training
+"""See the run: gpt/train/plot.py reads train.py's log.jsonl (resumes included) and draws the PNG; training
 draws it at each evaluation; --tensorboard writes event files."""
 
 import json
@@ -6,7 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from gpt import plot
+from gpt.cli import plot as cli_plot
+from gpt.train import plot
 
 from test_checkpoint import char_data, one_line_error  # noqa: F401 (fixture)
 from test_lora import TRAIN, base, run  # noqa: F401 (fixture)
@@ -66,7 +67,7 @@ def test_the_png_has_every_panel_and_run(resumed_run, tmp_path):
     assert panels["gradient norm (before clipping)"].get_yscale() == "log"
 
     out = tmp_path / "runs.png"
-    assert plot.main([str(resumed_run), str(other / "log.jsonl"), "--out", str(out)]) == 0
+    assert cli_plot.main([str(resumed_run), str(other / "log.jsonl"), "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     from matplotlib.image import imread
 
@@ -77,7 +78,7 @@ def test_the_png_has_every_panel_and_run(resumed_run, tmp_path):
 
 def test_a_run_without_a_log_is_one_line(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
-    err = one_line_error(capsys, plot.main, str(tmp_path / "empty"), "--out", str(tmp_path / "x.png"))
+    err = one_line_error(capsys, cli_plot.main, str(tmp_path / "empty"), "--out", str(tmp_path / "x.png"))
     assert f"no log.jsonl in {tmp_path / 'empty'}" in err
 
 

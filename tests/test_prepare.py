@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import gpt.prepare
+import gpt.data.prepare
 from conftest import ROOT, SHAKESPEARE, SHARED_DATA
-from gpt.data import Batches, DataError, open_dataset
+from gpt.data.tokens import Batches, DataError, open_dataset
 from gpt.errors import UserError
-from gpt.prepare import prepare
-from gpt.tokenizer import get_tokenizer
+from gpt.data.prepare import prepare
+from gpt.data.tokenizer import get_tokenizer
 
 # ---- round trips on tiny-shakespeare ----------------------------------------------------------------
 
@@ -204,7 +204,7 @@ def test_bad_options(tmp_path, kwargs, message):
 
 
 def _interrupt_after(monkeypatch, calls):
-    real, count = gpt.prepare._SplitWriter.write, [0]
+    real, count = gpt.data.prepare._SplitWriter.write, [0]
 
     def write(self, ids):
         count[0] += 1
@@ -212,7 +212,7 @@ def _interrupt_after(monkeypatch, calls):
             raise KeyboardInterrupt
         real(self, ids)
 
-    monkeypatch.setattr(gpt.prepare._SplitWriter, "write", write)
+    monkeypatch.setattr(gpt.data.prepare._SplitWriter, "write", write)
 
 
 def test_interrupted_prepare_leaves_nothing(tmp_path, monkeypatch):
@@ -241,7 +241,7 @@ def test_interrupted_while_moving_into_place_does_not_look_complete(tmp_path, mo
             raise KeyboardInterrupt
         real_replace(src, dst)
 
-    monkeypatch.setattr(gpt.prepare.os, "replace", replace)
+    monkeypatch.setattr(gpt.data.prepare.os, "replace", replace)
     with pytest.raises(KeyboardInterrupt):
         prepare([SHAKESPEARE], tmp_path / "ds", "gpt2", force=True, progress=False)
     with pytest.raises(DataError, match="no meta.json in .*interrupted prepare"):
@@ -372,7 +372,7 @@ def test_cli_out_in_a_read_only_directory(read_only_dir, kind):
 def test_cli_full_disk_keeps_the_dataset_and_removes_the_temporary_directory(tmp_path, monkeypatch, capsys):
     prepare([SHAKESPEARE], tmp_path / "ds", "char", progress=False)
     before = {p.name: p.read_bytes() for p in (tmp_path / "ds").iterdir()}
-    real, calls = gpt.prepare._SplitWriter.write, [0]
+    real, calls = gpt.data.prepare._SplitWriter.write, [0]
 
     def write(self, ids):  # the disk fills up after a few chunks
         calls[0] += 1
@@ -380,7 +380,7 @@ def test_cli_full_disk_keeps_the_dataset_and_removes_the_temporary_directory(tmp
             raise OSError(errno.ENOSPC, "No space left on device")
         real(self, ids)
 
-    monkeypatch.setattr(gpt.prepare._SplitWriter, "write", write)
+    monkeypatch.setattr(gpt.data.prepare._SplitWriter, "write", write)
     main = runpy.run_path(str(ROOT / "data" / "prepare.py"), run_name="script")["main"]
     out = tmp_path / "ds"
     assert main([str(SHAKESPEARE), "--out", str(out), "--tokenizer", "gpt2", "--force", "--quiet"]) == 2

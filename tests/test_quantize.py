@@ -1,4 +1,4 @@
-"""int8 inference (gpt/quantize.py): which layers change, how close the model stays, where it runs."""
+"""int8 inference (gpt/model/quantize.py): which layers change, how close the model stays, where it runs."""
 
 import runpy
 from pathlib import Path
@@ -8,9 +8,9 @@ import torch
 import torch.nn as nn
 
 from gpt import GPT, GPTConfig, load_checkpoint
-from gpt.batching import BatchEngine, Request
-from gpt.quantize import QuantizeError, dtype_flag, linear_names, quantize
-from gpt.sampling import SampleConfig, complete
+from gpt.infer.batching import BatchEngine, Request
+from gpt.model.quantize import QuantizeError, dtype_flag, linear_names, quantize
+from gpt.infer.sampling import SampleConfig, complete
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -56,7 +56,7 @@ def test_int8_models_generate_and_batch(trained_run):
 
 
 def test_seq2seq_models_keep_cross_attention_in_float():
-    from gpt.translate import translate
+    from gpt.infer.translate import translate
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=32, n_encoder_layer=2)).eval()
@@ -107,22 +107,22 @@ def test_sample_script_quantize_flag(trained_run, capsys):
 
 def test_evaluate_quantize_flag(tmp_path, capsys, monkeypatch):
     pytest.importorskip("sacrebleu")
-    from gpt import checkpoint
-    from gpt.evaluate import main
-    from gpt.tokenizer import CharTokenizer
-    from gpt.translate import translate
+    from gpt.checkpoints import loader, native
+    from gpt.cli.evaluate import main
+    from gpt.data.tokenizer import CharTokenizer
+    from gpt.infer.translate import translate
 
     tok = CharTokenizer("abcdefgh ")
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16, n_encoder_layer=1))
     eos = tok.eot_token
     meta = {"model_config": model.config.to_dict(), "tokenizer": tok.spec, "seq2seq": {"bos": eos, "eos": eos, "pad": eos}}
-    checkpoint.save(tmp_path / "run" / "best.pt", {"model": model.state_dict()}, meta)
+    native.save(tmp_path / "run" / "best.pt", {"model": model.state_dict()}, meta)
     sources = ["abc def", "gh a", "bad cafe"]
     (tmp_path / "src").write_text("\n".join(sources) + "\n")
     (tmp_path / "ref").write_text("\n".join(sources) + "\n")
     modes = []
-    monkeypatch.setattr(checkpoint, "quantize_model", lambda m, mode: (modes.append(mode), quantize(m, mode))[1])
+    monkeypatch.setattr(loader, "quantize_model", lambda m, mode: (modes.append(mode), quantize(m, mode))[1])
     assert main(["--ckpt", str(tmp_path / "run"), "--source-file", str(tmp_path / "src"), "--reference",
                  str(tmp_path / "ref"), "--device", "cpu", "--quantize", "int8", "--output", str(tmp_path / "hyp")]) == 0
     assert modes == ["int8"] and capsys.readouterr().out.startswith("BLEU ")

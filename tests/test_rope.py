@@ -9,9 +9,9 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from gpt import GPT, GPTConfig
-from gpt.model import apply_rope, rope_cos_sin
-from gpt.sampling import Decoder, complete, next_token
-from gpt.translate import generate as translate_ids
+from gpt.model.transformer import apply_rope, rope_cos_sin
+from gpt.infer.sampling import Decoder, complete, next_token
+from gpt.infer.translate import generate as translate_ids
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -130,7 +130,7 @@ def test_encoder_decoder_with_rope_is_causal_and_caches_exactly():
 
 
 def test_generate_runs_far_past_the_context_without_prefills(monkeypatch):
-    from gpt.tokenizer import CharTokenizer
+    from gpt.data.tokenizer import CharTokenizer
 
     model = rope_model(block=16)
     prefills = []
@@ -142,16 +142,16 @@ def test_generate_runs_far_past_the_context_without_prefills(monkeypatch):
 
 
 def test_a_rope_model_is_not_exported_as_gpt2():
-    from gpt.hf import HFError, config_to_hf
+    from gpt.checkpoints.hf import HFError, config_to_hf
 
     with pytest.raises(HFError, match=r"cannot export as GPT-2: pos_encoding='rope' \(GPT-2 learns its positions\)"):
         config_to_hf(rope_model().config, eot_token=0)
 
 
 def test_the_shipped_rope_config_trains_and_samples_past_its_context(char_data, tmp_path, monkeypatch):
-    from gpt.checkpoint import load_checkpoint
-    from gpt.config import config_from_argv
-    from gpt.trainer import train
+    from gpt.checkpoints.loader import load_checkpoint
+    from gpt.train.config import config_from_argv
+    from gpt.train.trainer import train
 
     out = tmp_path / "rope"
     cfg, explicit = config_from_argv(["--config", "shakespeare_char_rope_cpu", "--data", str(char_data), "--out-dir",

@@ -61,7 +61,7 @@ def test_cpu_attention_kernel_is_the_faster_one_for_the_step(dtype, compiled, fl
 
 def test_compiled_tanh_gelu_matches_eager():
     """compile_options' tanh (2 / (1 + exp(-2x)) - 1) keeps GPT-2's GELU and its gradient to float32 rounding."""
-    from gpt.parallel import compile_options
+    from gpt.train.parallel import compile_options
 
     x = torch.linspace(-12, 12, 4001, requires_grad=True)
     gelu = torch.nn.GELU(approximate="tanh")

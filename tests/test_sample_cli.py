@@ -6,9 +6,10 @@ import sys
 import pytest
 import torch
 
-from gpt import GPT, GPTConfig, checkpoint
-from gpt import sample_cli as sample  # what sample.py runs
-from gpt.tokenizer import CharTokenizer
+from gpt import GPT, GPTConfig
+from gpt.checkpoints import native
+from gpt.cli import sample  # what sample.py runs
+from gpt.data.tokenizer import CharTokenizer
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 CHARS = "\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -28,7 +29,7 @@ def run_dir(tmp_path_factory):
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 1.0)
-    checkpoint.save(path / "best.pt", {"model": model.state_dict()},
+    native.save(path / "best.pt", {"model": model.state_dict()},
                     {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec})
     return path
 
@@ -164,7 +165,7 @@ def test_stop_takes_the_escapes_a_shell_passes(tmp_path, capsys):
             p.zero_()
         model.transformer.ln_f.bias.fill_(0.5)  # the hidden state, whatever the input
         model.transformer.wte.weight[tok.encode("\n")[0]].fill_(0.5)  # tied head: logit 2 for "\n", 0 elsewhere
-    checkpoint.save(tmp_path / "best.pt", {"model": model.state_dict()},
+    native.save(tmp_path / "best.pt", {"model": model.state_dict()},
                     {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec})
     base = ["--ckpt", tmp_path, "--prompt", "A", "--max-new-tokens", 200, "--temperature", 1.0, "--top-k", "none",
             "--seed", 7, "--no-stop-at-eot"]

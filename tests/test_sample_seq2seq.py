@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt import GPT, GPTConfig, checkpoint
-from gpt import sample_cli as sample  # what sample.py runs
-from gpt.tokenizer import CharTokenizer
-from gpt.translate import TranslateConfig, translate, translate_lines
+from gpt import GPT, GPTConfig
+from gpt.checkpoints import loader
+from gpt.checkpoints import native
+from gpt.cli import sample  # what sample.py runs
+from gpt.data.tokenizer import CharTokenizer
+from gpt.infer.translate import TranslateConfig, translate, translate_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 CHARS = "\n abcdefgh"  # a newline in the vocabulary: a translation may contain one
@@ -34,7 +36,7 @@ def save_seq2seq(path: Path, seq2seq: bool = True, seed: int = 0):
     meta = {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec}
     if seq2seq:
         meta["seq2seq"] = {"bos": eot, "eos": eot, "pad": eot}
-    checkpoint.save(path / "best.pt", {"model": model.state_dict()}, meta)
+    native.save(path / "best.pt", {"model": model.state_dict()}, meta)
     return model.eval(), tok, meta
 
 
@@ -47,7 +49,7 @@ def run_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def loaded(run_dir):
-    return checkpoint.load_checkpoint(run_dir)
+    return loader.load_checkpoint(run_dir)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +57,7 @@ def lm_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("lm")
     tok = CharTokenizer(CHARS)
     cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16)
-    checkpoint.save(path / "best.pt", {"model": GPT(cfg).state_dict()},
+    native.save(path / "best.pt", {"model": GPT(cfg).state_dict()},
                     {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec})
     return path
 

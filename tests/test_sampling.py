@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from gpt import GPT, GPTConfig, generate
-from gpt.model import KVCache
-from gpt.sampling import (
+from gpt.model.transformer import KVCache
+from gpt.infer.sampling import (
     ContextWarning, Decoder, SampleConfig, SamplingError, StopMatcher, apply_repetition_penalty, complete,
     next_token, sample_probs, top_k_filter, top_p_filter,
 )
-from gpt.tokenizer import CharTokenizer, get_tokenizer
+from gpt.data.tokenizer import CharTokenizer, get_tokenizer
 
 CHARS = "abcdefghijklmnopqrstuvwxyz .,\n"
 
@@ -39,7 +39,7 @@ def gpt2():
 
 def reference_greedy(model, idx, steps, keep, repetition_penalty=1.0):
     """No cache: a full forward over the model's window at every step, the window defined as in
-    gpt/sampling.py's notes (last block_size tokens of the prompt; when appending makes it longer
+    gpt/infer/sampling.py's notes (last block_size tokens of the prompt; when appending makes it longer
     than block_size, it becomes the last `keep` tokens)."""
     block = model.config.block_size
     tokens, start, all_logits = idx, max(0, idx.size(1) - block), []

@@ -1,6 +1,6 @@
 import pytest
 
-from gpt.schedule import get_lr, noam_lr
+from gpt.train.schedule import get_lr, noam_lr
 
 
 @pytest.mark.parametrize(

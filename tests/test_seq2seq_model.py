@@ -174,7 +174,7 @@ def test_tgt_mask_hides_target_keys():
 
 
 def test_cached_decoding_equals_full_decode():
-    from gpt.model import KVCache
+    from gpt.model.transformer import KVCache
 
     model = seq2seq()
     src, src_mask = padded_batch([10, 6])

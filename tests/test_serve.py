@@ -19,10 +19,11 @@ pytest.importorskip("fastapi", reason="the serve extra is not installed: pip ins
 openai = pytest.importorskip("openai", reason="the dev extra is not installed: pip install -e '.[dev]'")
 import httpx  # noqa: E402  (installed with openai)
 
-from gpt import GPT, GPTConfig, checkpoint, load_checkpoint  # noqa: E402
-from gpt.sampling import complete  # noqa: E402
+from gpt import GPT, GPTConfig, load_checkpoint
+from gpt.checkpoints import loader  # noqa: E402
+from gpt.infer.sampling import complete  # noqa: E402
 from gpt.serve.app import ServeConfig, create_app, running  # noqa: E402
-from gpt.tokenizer import CharTokenizer  # noqa: E402
+from gpt.data.tokenizer import CharTokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "shakespeare-char"
@@ -262,7 +263,7 @@ def test_api_key(loaded):
 
 
 def test_seq2seq_checkpoints_translate_through_the_same_endpoint():
-    from gpt.translate import translate
+    from gpt.infer.translate import translate
 
     tok = CharTokenizer("\n !,.?abcdefghijklmnopqrstuvwxyz")
     torch.manual_seed(0)
@@ -304,7 +305,7 @@ def test_the_command_serves_on_a_free_port(trained_run, capsys):
 
 
 def serve_main(*args):
-    from gpt.serve.__main__ import main
+    from gpt.cli.serve import main
 
     return main([str(a) for a in args])
 
@@ -330,5 +331,5 @@ def test_command_without_a_checkpoint(tmp_path, capsys):
 
 
 def test_checkpoint_fixture_is_trained(trained_run):
-    meta = checkpoint.read_meta(trained_run)
+    meta = loader.read_meta(trained_run)
     assert meta["train_loss"] < 3.0  # well below log(66) = 4.19: the model has learned something

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from gpt.tokenizer import CharTokenizer, StreamDecoder, TokenizerError, get_tokenizer
+from gpt.data.tokenizer import CharTokenizer, StreamDecoder, TokenizerError, get_tokenizer
 
 SAMPLES = ["Hello, world!", "Crème brûlée à la française", "東京は日本の首都です", "emoji 🙂🚀👩‍👩‍👧", ""]
 
@@ -56,7 +56,7 @@ def test_char_unknown_character_is_an_error():
 
 
 def test_bpe_spec_round_trips_through_json(gpt2):
-    from gpt.tokenizer import bpe_tokenizer
+    from gpt.data.tokenizer import bpe_tokenizer
 
     ranks = {bytes([i]): i for i in range(256)}
     ranks[b"he"] = 256
@@ -89,9 +89,9 @@ def test_missing_gpt2_file_error_names_both_ways_out(offline, tmp_path):
 
 
 def test_offline_hint_offers_tokenizer_file_only_where_the_script_has_it(offline, tmp_path):
-    from gpt.dataformat import DataError
-    from gpt.pairs import make_tokenizer
-    from gpt.prepare import prepare
+    from gpt.data.format import DataError
+    from gpt.data.pairs import make_tokenizer
+    from gpt.data.prepare import prepare
 
     with pytest.raises(TokenizerError) as e:  # train.py and sample.py build it this way: they have no such flag
         get_tokenizer({"kind": "gpt2"})

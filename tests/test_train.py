@@ -10,13 +10,13 @@ import time
 import pytest
 import torch
 
-from gpt import checkpoint
-from gpt.model import GPT, GPTConfig
-from gpt.config import ConfigError, config_from_argv
-from gpt.rundir import RunDir, RunDirError
+from gpt.checkpoints import loader
+from gpt.model.transformer import GPT, GPTConfig
+from gpt.train.config import ConfigError, config_from_argv
+from gpt.train.rundir import RunDir, RunDirError
 from gpt.runtime import Runtime
-from gpt.stopping import StopSignal, TimeLimit
-from gpt.trainer import TrainingError, train, train_step
+from gpt.train.stopping import StopSignal, TimeLimit
+from gpt.train.trainer import TrainingError, train, train_step
 
 from conftest import ROOT, prepare
 
@@ -47,7 +47,7 @@ def test_end_to_end_loss_falls_and_checkpoints_load(char_data, tmp_path):
         assert (out / name).exists()
     raw = torch.load(out / "last.pt", weights_only=True)  # nothing executed on load
     assert set(raw) >= {"model", "optimizer", "rng", "meta"}
-    model, tok, meta = checkpoint.load_checkpoint(out)
+    model, tok, meta = loader.load_checkpoint(out)
     assert meta["step"] == 60 and tok.decode(tok.encode("ROMEO:")) == "ROMEO:"
     assert model.config.vocab_size % 64 == 0 and model.config.vocab_size >= tok.vocab_size
     config = json.loads((out / "config.json").read_text())
@@ -105,7 +105,7 @@ def test_nonfinite_loss_stops_before_the_step_and_keeps_the_checkpoint(char_data
     monkeypatch.setattr(GPT, "loss", poisoned)
     with pytest.raises(TrainingError, match="at step 4"):
         run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "10", "--eval-interval", "2")
-    meta = checkpoint.read(out / "last.pt")["meta"]
+    meta = loader.read(out / "last.pt")["meta"]
     assert meta["step"] == 4  # the last good checkpoint stays
 
     calls["n"] = 0
@@ -115,7 +115,7 @@ def test_nonfinite_loss_stops_before_the_step_and_keeps_the_checkpoint(char_data
 
 
 def test_out_of_memory_is_one_line_naming_the_fix_and_keeps_the_checkpoint(char_data, tmp_path, monkeypatch):
-    from gpt import trainer
+    from gpt.train import trainer
 
     out = tmp_path / "run"
     run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2")
@@ -157,7 +157,7 @@ def test_unusable_out_dirs_are_one_line(char_data, tmp_path, monkeypatch):
             run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "1")
     read_only = tmp_path / "ro"
     read_only.mkdir()
-    monkeypatch.setattr("gpt.rundir.os.access", lambda path, mode: False)  # (root may write anywhere)
+    monkeypatch.setattr("gpt.train.rundir.os.access", lambda path, mode: False)  # (root may write anywhere)
     with pytest.raises(RunDirError, match="not writable"):
         run("--data", char_data, "--out-dir", read_only, *TINY, "--max-iters", "1")
 
@@ -180,7 +180,7 @@ def test_nonfinite_val_loss_never_replaces_the_last_checkpoint(char_data, tmp_pa
         run("--resume", out, "--learning-rate", "1e6", "--lr-schedule", "constant", "--warmup-iters", "0",
             "--eval-interval", "1", "--max-iters", "20", "--grad-clip", "0")
     kept = int(re.search(r"still holds step (\d+)", str(e.value)).group(1))
-    meta = checkpoint.read(out / "last.pt")["meta"]
+    meta = loader.read(out / "last.pt")["meta"]
     assert meta["step"] == kept and math.isfinite(meta["val_loss"])  # the last good state, not the NaN one
     resumed = run("--resume", out, "--max-iters", kept + 1, "--learning-rate", "1e-3", "--lr-schedule", "cosine")
     assert resumed["step"] == kept + 1 and math.isfinite(resumed["val_loss"])  # the run goes on from there
@@ -223,7 +223,7 @@ def test_init_from_says_which_flags_the_checkpoint_overrides(char_data, tmp_path
     run("--data", char_data, "--out-dir", tmp_path / "ft", "--init-from", base, "--n-layer", "6", "--max-iters", "1",
         "--device", "cpu", "--eval-iters", "1")
     assert f"init_from: the architecture comes from {base}; ignoring --n-layer 6" in capsys.readouterr().out
-    assert checkpoint.read(tmp_path / "ft")["meta"]["model_config"]["n_layer"] == 2
+    assert loader.read(tmp_path / "ft")["meta"]["model_config"]["n_layer"] == 2
 
 
 def test_device_mistakes_are_one_line(char_data, tmp_path):
@@ -255,7 +255,7 @@ def test_max_minutes_stops_with_an_evaluation_and_a_checkpoint(char_data, tmp_pa
     summary = run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "100000", "--eval-interval", "100000",
                   "--max-minutes", "0.02")
     assert 0 < summary["step"] < 100000
-    assert records(out, "eval")[-1]["step"] == summary["step"] == checkpoint.read(out / "last.pt")["meta"]["step"]
+    assert records(out, "eval")[-1]["step"] == summary["step"] == loader.read(out / "last.pt")["meta"]["step"]
 
 
 def test_a_second_ctrl_c_waits_for_the_checkpoint_being_written():
@@ -277,9 +277,9 @@ def test_finetune_from_checkpoint(char_data, tmp_path):
     summary = run("--data", char_data, "--out-dir", tmp_path / "ft", "--init-from", base, "--block-size", "16",
                   "--batch-size", "4", "--max-iters", "4", "--eval-interval", "4", "--eval-iters", "2")
     assert summary["step"] == 4
-    meta = checkpoint.read(tmp_path / "ft")["meta"]
+    meta = loader.read(tmp_path / "ft")["meta"]
     assert meta["model_config"]["block_size"] == 16 and meta["model_config"]["n_embd"] == 32
-    optimizer_state = checkpoint.read(tmp_path / "ft")["optimizer"]["state"]
+    optimizer_state = loader.read(tmp_path / "ft")["optimizer"]["state"]
     assert all(int(s["step"]) == 4 for s in optimizer_state.values())  # a fresh optimizer, not the base run's
 
 
@@ -323,7 +323,7 @@ def test_sigterm_finishes_the_step_saves_and_says_how_to_resume(char_data, tmp_p
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr
     assert f"resume with: python train.py --resume {out}" in stdout
-    meta = checkpoint.read(out / "last.pt")["meta"]
+    meta = loader.read(out / "last.pt")["meta"]
     assert meta["step"] == records(out, "train")[-1]["step"] >= 3
     summary = run("--resume", out, "--max-iters", str(meta["step"] + 2))
     assert summary["step"] == meta["step"] + 2
@@ -367,7 +367,7 @@ def test_ddp_two_processes_match_one_and_resume_in_one(char_data, tmp_path, opti
     single = [r["loss"] for r in records(tmp_path / "single", "train")]
     ddp = [r["loss"] for r in records(tmp_path / "ddp", "train")]
     assert len(ddp) == 3 and ddp == pytest.approx(single[:3], rel=1e-5)  # same global batch, same losses
-    assert checkpoint.read(tmp_path / "ddp")["meta"]["world_size"] == 2
+    assert loader.read(tmp_path / "ddp")["meta"]["world_size"] == 2
     run("--resume", tmp_path / "ddp", "--max-iters", "6")  # the 2-process checkpoint, resumed in one process
     resumed = [r["loss"] for r in records(tmp_path / "ddp", "train")]
     assert resumed == pytest.approx(single, rel=1e-5)
@@ -378,7 +378,7 @@ def reverse_pairs(tmp_path_factory):
     """A tiny translation task: lowercase words and their reverses, as a pairs dataset."""
     import random
 
-    from gpt.pairs import prepare_pairs
+    from gpt.data.pairs import prepare_pairs
 
     d = tmp_path_factory.mktemp("pairs")
     rng = random.Random(0)
@@ -402,7 +402,7 @@ def test_seq2seq_trains_with_the_same_loop_and_resumes_exactly(reverse_pairs, tm
     assert losses(tmp_path / "split") == losses(tmp_path / "full")
     first, last = records(tmp_path / "full", "eval")[0]["val_loss"], full["val_loss"]
     assert last < first < 3.0  # learning: from ln(64) = 4.2 (padded vocab) at init
-    meta = checkpoint.read(tmp_path / "full")["meta"]
+    meta = loader.read(tmp_path / "full")["meta"]
     assert meta["seq2seq"]["eos"] == meta["seq2seq"]["bos"] and meta["model_config"]["n_encoder_layer"] == 2
 
 
@@ -412,8 +412,8 @@ def test_pairs_dataset_needs_an_encoder(reverse_pairs, tmp_path):
 
 
 def test_training_longer_says_what_the_lr_does():
-    from gpt.config import TrainConfig
-    from gpt.trainer import schedule_change
+    from gpt.train.config import TrainConfig
+    from gpt.train.trainer import schedule_change
 
     saved = TrainConfig(max_iters=100).to_dict()
     tied = schedule_change(saved, TrainConfig(max_iters=300), step=100)
@@ -439,8 +439,8 @@ def test_tokens_seen_is_counted_at_saves_between_log_steps(char_data, tmp_path):
     run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "6", "--eval-interval", "3",
         "--log-interval", "100", "--target-val-loss", "100", "--no-plot")
     per_step = 4 * 32  # batch x block, every target counts
-    meta = checkpoint.read(out / "last.pt")["meta"]
+    meta = loader.read(out / "last.pt")["meta"]
     assert (meta["step"], meta["tokens_seen"]) == (3, 3 * per_step)
     run("--resume", out, "--max-iters", "5", "--eval-interval", "3", "--log-interval", "100", "--target-val-loss", "0")
-    assert checkpoint.read(out / "last.pt")["meta"]["tokens_seen"] == 5 * per_step
+    assert loader.read(out / "last.pt")["meta"]["tokens_seen"] == 5 * per_step
     assert records(out, "train")[-1]["tokens"] == 5 * per_step

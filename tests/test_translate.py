@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from gpt import GPT, GPTConfig
-from gpt.tokenizer import CharTokenizer
-from gpt.translate import TranslateError, beam_search, encode_sources, generate, length_penalty, translate
+from gpt.data.tokenizer import CharTokenizer
+from gpt.infer.translate import TranslateError, beam_search, encode_sources, generate, length_penalty, translate
 
 V, EOS = 20, 19
 
@@ -38,7 +38,7 @@ def random_sources(lengths, seed=1):
 
 
 def test_sampled_decoding_draws_through_next_token():
-    """Sampling is gpt.sampling.next_token's: top-k 1 is greedy, a seeded generator reproduces, ids
+    """Sampling is gpt.infer.sampling.next_token's: top-k 1 is greedy, a seeded generator reproduces, ids
     beyond the tokenizer's vocabulary (a padded embedding) are never drawn."""
     model = random_model()
     src, mask = random_sources([6, 3, 5])
@@ -235,8 +235,8 @@ def test_translate_strings_keeps_order(reverser):
 
 def test_evaluate_cli_from_a_checkpoint(reverser, tmp_path, capsys):
     pytest.importorskip("sacrebleu")
-    from gpt import checkpoint
-    from gpt.evaluate import main
+    from gpt.checkpoints import native
+    from gpt.cli.evaluate import main
 
     model, tok, *_ = reverser
     sources = ["a b c d", "ab c d e", "h i j k", "fa e d c", "k ji h g"]  # 4-grams for BLEU
@@ -244,7 +244,7 @@ def test_evaluate_cli_from_a_checkpoint(reverser, tmp_path, capsys):
     (tmp_path / "ref.txt").write_text("\n".join(s[::-1] for s in sources) + "\n")
     meta = {"model_config": model.config.to_dict(), "tokenizer": tok.spec,
             "seq2seq": {"bos": tok.eot_token, "eos": tok.eot_token, "pad": tok.eot_token}}
-    checkpoint.save(tmp_path / "run" / "last.pt", {"model": model.state_dict()}, meta)
+    native.save(tmp_path / "run" / "last.pt", {"model": model.state_dict()}, meta)
     args = ["--ckpt", str(tmp_path / "run"), "--source-file", str(tmp_path / "src.txt"), "--reference",
             str(tmp_path / "ref.txt")]
     assert main([*args, "--beam-size", "2", "--output", str(tmp_path / "hyp.txt")]) == 0
@@ -254,17 +254,17 @@ def test_evaluate_cli_from_a_checkpoint(reverser, tmp_path, capsys):
     assert (tmp_path / "hyp.txt").read_text().split("\n")[:5] == [s[::-1] for s in sources]
 
     meta_space = dict(meta, tokenizer=CharTokenizer(CHARS + "z").spec)  # one id more than the model has
-    checkpoint.save(tmp_path / "run" / "last.pt", {"model": model.state_dict()}, meta_space)
+    native.save(tmp_path / "run" / "last.pt", {"model": model.state_dict()}, meta_space)
     assert main(args) == 2
     assert "tokenizer has 14 ids but the model only 13" in capsys.readouterr().err
 
     decoder_only = dict(meta, model_config=dict(meta["model_config"], n_encoder_layer=0))
     sd = {k: v for k, v in model.state_dict().items() if not k.startswith("encoder.") and "cross" not in k}
-    checkpoint.save(tmp_path / "run" / "last.pt", {"model": sd}, decoder_only)
+    native.save(tmp_path / "run" / "last.pt", {"model": sd}, decoder_only)
     assert main(args) == 2
     assert "decoder-only model" in capsys.readouterr().err
     (tmp_path / "ref.txt").write_text("one line\n")
-    checkpoint.save(tmp_path / "run" / "last.pt", {"model": model.state_dict()}, meta)
+    native.save(tmp_path / "run" / "last.pt", {"model": model.state_dict()}, meta)
     assert main(args) == 2
     assert "5 source lines but 1 reference lines" in capsys.readouterr().err
 

@@ -7,10 +7,10 @@ import sys
 import numpy as np
 import pytest
 
-from gpt.data import open_dataset
-from gpt.prepare import prepare
-from gpt.tokenizer import get_tokenizer
-from gpt.trainer import tokenizers_match
+from gpt.data.tokens import open_dataset
+from gpt.data.prepare import prepare
+from gpt.data.tokenizer import get_tokenizer
+from gpt.train.trainer import tokenizers_match
 
 from conftest import ROOT
 from test_checkpoint import char_data, one_line_error, script  # noqa: F401 (fixture)
@@ -68,7 +68,7 @@ def test_a_bpe_vocabulary_is_reused_from_a_dataset_without_torch(tmp_path, new_t
     corpus = tmp_path / "corpus.txt"
     corpus.write_text((ROOT / "README.md").read_text(encoding="utf-8") * 3, encoding="utf-8")
     bpe = prepare([corpus], tmp_path / "bpe", "bpe", vocab_size=400, block_size=8, progress=False).meta
-    code = (f"import sys; from gpt.prepare import prepare; "
+    code = (f"import sys; from gpt.data.prepare import prepare; "
             f"prepare([{str(new_text)!r}], {str(tmp_path / 'reused')!r}, tokenizer_from={str(tmp_path / 'bpe')!r}, "
             f"block_size=8, progress=False); assert 'torch' not in sys.modules, 'imported torch'")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True)

@@ -15,7 +15,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # run from a checkout without installing
 
 from gpt.cli import ArgumentParser, run_main  # noqa: E402
-from gpt.prepare import fetch, prepare  # noqa: E402
+from gpt.data.prepare import fetch, prepare  # noqa: E402
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 

@@ -1,5 +1,5 @@
 """Sharded checkpoints (`--fsdp`) through `torch.distributed.checkpoint` (DCP), with the promises of
-gpt/checkpoint.py: atomic, nothing executed on load, exact resume, any number of processes.
+gpt/checkpoints/native.py: atomic, nothing executed on load, exact resume, any number of processes.
 
     python -m gpt.dcp convert --ckpt out/NAME                      # last.dcp / best.dcp -> last.pt / best.pt
     python -m gpt.dcp convert --ckpt out/NAME/last.dcp --out model.pt
@@ -9,7 +9,7 @@ In the run directory of an FSDP run:
 | path                  | what it is                                                                   |
 |-----------------------|------------------------------------------------------------------------------|
 | `last.dcp`, `best.dcp`| symbolic links to the latest / lowest-val-loss checkpoint directory          |
-| `step-000120/`        | one checkpoint: `.metadata` (DCP's index, rank 0), `__R_0.distcp` (process R's shards of the weights and AdamW moments: tensors only), `train.pt` (rank 0: optimizer hyper-parameters, scaler, every process's RNG state, tied-weight names), `meta.json` (the meta of gpt/checkpoint.py) |
+| `step-000120/`        | one checkpoint: `.metadata` (DCP's index, rank 0), `__R_0.distcp` (process R's shards of the weights and AdamW moments: tensors only), `train.pt` (rank 0: optimizer hyper-parameters, scaler, every process's RNG state, tied-weight names), `meta.json` (the meta of gpt/checkpoints/native.py) |
 
 - **Sharded**: every process writes its own shards; no process gathers the model. The run directory
   must be one every node sees (a shared file system) when the run spans machines.
@@ -22,7 +22,7 @@ In the run directory of an FSDP run:
   checkpoint written by N processes loads into M: each reads the pieces its own shards need (`load`).
   The optimizer state is keyed by parameter name (DCP's `get_state_dict`), not by position.
 - **One process reads it whole** (`read`): the same dict a `.pt` checkpoint holds, so
-  `gpt.checkpoint.read` / `load_model` (sample.py, `--init-from`, the Hugging Face export, `--resume`
+  `gpt.checkpoints.native.read` / `load_model` (sample.py, `--init-from`, the Hugging Face export, `--resume`
   without `--fsdp`) accept a DCP checkpoint as they are, and `convert` writes it as one file.
 - **Nothing executed on load**: DCP's `.metadata` is a pickle; it is read by an unpickler that admits
   only DCP's own metadata classes, torch sizes and dtypes. Shards and `train.pt` are read with
@@ -35,7 +35,6 @@ import json
 import os
 import pickle
 import shutil
-import sys
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,14 +42,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from gpt import checkpoint
+from gpt.checkpoints import loader
+from gpt.checkpoints import native
 from gpt.errors import StorageError, storage_error
 from gpt.fsutil import fsync_path, replacing, temp_name
 
 META, TRAIN = "meta.json", "train.pt"
 
 
-class CheckpointError(checkpoint.CheckpointError):
+class CheckpointError(native.CheckpointError):
     """A DCP checkpoint that cannot be read or written as asked."""
 
 
@@ -121,13 +121,13 @@ def _by_index(optimizer_state: dict) -> dict:
             "param_groups": [dict(g, params=[index[n] for n in g["params"]]) for g in optimizer_state["param_groups"]]}
 
 
-def read_meta(path: Path) -> checkpoint.Fields:
+def read_meta(path: Path) -> native.Fields:
     """The checked meta of a DCP checkpoint directory."""
     try:
         text = (path / META).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path / META} cannot be read ({e})") from None
-    return checkpoint.check_meta(text, path)
+    return native.check_meta(text, path)
 
 
 def _load_side(path: Path, map_location="cpu") -> tuple[dict, dict]:
@@ -143,7 +143,7 @@ def _load_side(path: Path, map_location="cpu") -> tuple[dict, dict]:
 
 
 def read(path: str | os.PathLike, map_location="cpu") -> dict:
-    """A whole DCP checkpoint, read by this one process, as gpt/checkpoint.py's file format holds it:
+    """A whole DCP checkpoint, read by this one process, as gpt/checkpoints/native.py's file format holds it:
     `model` (state dict), `optimizer` (torch.optim's, by position), `scaler`, `rng`, `meta` (JSON text)."""
     import torch.distributed.checkpoint as tdcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -176,7 +176,7 @@ def read(path: str | os.PathLike, map_location="cpu") -> dict:
 # ---- the training state: save and load, every process taking part ---------------------------------
 
 
-def load(source: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> checkpoint.Fields:
+def load(source: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> native.Fields:
     """Restore `model` and `optimizer` (FSDP-sharded or whole) from a training checkpoint: a DCP
     directory, each process reading only what its shards need, or a `.pt` file, which each process
     reads whole and keeps its part of. Returns the checkpoint's `meta`, `rng` and `scaler`. Every
@@ -184,8 +184,8 @@ def load(source: str | os.PathLike, model: torch.nn.Module, optimizer: torch.opt
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
     source = Path(source)
-    if not checkpoint.is_sharded(source):
-        ckpt = checkpoint.read(source)
+    if not native.is_sharded(source):
+        ckpt = loader.read(source)
         names = {p: n for n, p in model.named_parameters()}
         optim_state = _by_name(ckpt["optimizer"], [names[p] for g in optimizer.param_groups for p in g["params"]])
         set_state_dict(model, optimizer, model_state_dict=ckpt["model"], optim_state_dict=optim_state,
@@ -202,14 +202,14 @@ def load(source: str | os.PathLike, model: torch.nn.Module, optimizer: torch.opt
     state["model"].update({alias: state["model"][name] for alias, name in aliases.items()})
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict={"state": state["optimizer"], "param_groups": train["param_groups"]})
-    return checkpoint.Fields({"meta": meta, "rng": train["rng"], "scaler": train["scaler"]}, source)
+    return native.Fields({"meta": meta, "rng": train["rng"], "scaler": train["scaler"]}, source)
 
 
 def save(link: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta: dict,
          scaler: dict | None, rng) -> None:
     """Write a sharded checkpoint of `model` and `optimizer` into a new `step-NNNNNN/` beside `link`
     (run_dir/last.dcp), then point `link` at it (see the module notes). Every process calls this;
-    `meta` (gpt.checkpoint.build_meta), `scaler` and `rng` (every process's) are written by rank 0. A
+    `meta` (gpt.checkpoints.native.build_meta), `scaler` and `rng` (every process's) are written by rank 0. A
     failure on any process is one StorageError on all of them, the previous checkpoint intact."""
     import torch.distributed.checkpoint as tdcp
     from torch.distributed.checkpoint import FileSystemWriter
@@ -220,7 +220,7 @@ def save(link: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim
     master = not distributed or dist.get_rank() == 0
     names = [None, None]
     if master:
-        checkpoint.remove_stale_temps(run_dir)
+        native.remove_stale_temps(run_dir)
         final = _free_name(run_dir, meta["step"])
         names = [temp_name(run_dir / final).name, final]
     if distributed:
@@ -279,7 +279,7 @@ def _write_side(directory: Path, meta: dict, train: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     with open(directory / META, "w", encoding="utf-8") as f:
-        json.dump({"format": checkpoint.FORMAT_VERSION, **meta}, f, indent=1)
+        json.dump({"format": native.FORMAT_VERSION, **meta}, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
     fsync_path(directory)
@@ -291,7 +291,7 @@ def point(link: Path, target: str) -> None:
     with replacing(link) as tmp:
         os.symlink(target, tmp)  # relative: the run directory may move
     fsync_path(link.parent)
-    kept = {os.readlink(link.parent / name) for name in checkpoint.SHARDED.values() if (link.parent / name).is_symlink()}
+    kept = {os.readlink(link.parent / name) for name in native.SHARDED.values() if (link.parent / name).is_symlink()}
     for d in link.parent.glob("step-*"):
         if d.is_dir() and d.name not in kept:
             shutil.rmtree(d, ignore_errors=True)
@@ -300,7 +300,7 @@ def point(link: Path, target: str) -> None:
 def mark_best(run_dir: str | os.PathLike) -> None:
     """best.dcp := the checkpoint last.dcp points to (no copy)."""
     run_dir = Path(run_dir)
-    point(run_dir / checkpoint.SHARDED["best.pt"], os.readlink(run_dir / checkpoint.SHARDED["last.pt"]))
+    point(run_dir / native.SHARDED["best.pt"], os.readlink(run_dir / native.SHARDED["last.pt"]))
 
 
 # ---- python -m gpt.dcp convert ------------------------------------------------------------------------
@@ -312,46 +312,28 @@ def convert(ckpt: str | os.PathLike, out: str | os.PathLike | None = None) -> li
     last.pt and best.pt beside them. Returns the files written."""
     ckpt = Path(ckpt)
     if out is not None:
-        source = checkpoint.resolve(ckpt)
-        if not checkpoint.is_sharded(source):
+        source = loader.resolve(ckpt)
+        if not native.is_sharded(source):
             raise CheckpointError(f"{source} is already a single-file checkpoint")
         pairs = [(source, Path(out))]
-    elif checkpoint.is_sharded(ckpt):
+    elif native.is_sharded(ckpt):
         raise CheckpointError(f"--out: where to write {ckpt} as one file, e.g. --out {ckpt.parent / 'model.pt'}")
     else:
-        pairs = [(ckpt / name, ckpt / pt) for pt, name in checkpoint.SHARDED.items() if (ckpt / name).is_dir()]
+        pairs = [(ckpt / name, ckpt / pt) for pt, name in native.SHARDED.items() if (ckpt / name).is_dir()]
         if not pairs:
             raise CheckpointError(f"no last.dcp or best.dcp in {ckpt}: give the run directory of a --fsdp run, or "
                                   f"one of its checkpoint directories with --out")
     for source, dst in pairs:  # a newer single file (the run went on without --fsdp) is never replaced
-        if dst.is_file() and checkpoint.read_meta(dst)["step"] > read_meta(source)["step"]:
-            raise CheckpointError(f"{dst} (step {checkpoint.read_meta(dst)['step']}) is newer than {source} (step "
+        if dst.is_file() and loader.read_meta(dst)["step"] > read_meta(source)["step"]:
+            raise CheckpointError(f"{dst} (step {loader.read_meta(dst)['step']}) is newer than {source} (step "
                                   f"{read_meta(source)['step']}): not replaced; pass --out to write elsewhere")
     written = {}
     for source, dst in pairs:
         same = next((done for src, done in written.items() if os.path.samefile(src, source)), None)
         if same is not None:  # best.dcp and last.dcp point to one checkpoint: one conversion, linked
-            checkpoint.link_or_copy(same, dst)
+            native.link_or_copy(same, dst)
         else:
             whole = read(source)
-            checkpoint.save(dst, whole, json.loads(whole.pop("meta")))
+            native.save(dst, whole, json.loads(whole.pop("meta")))
         written[source] = dst
     return [dst for _, dst in pairs]
-
-
-def main(argv: list[str] | None = None) -> int:
-    from gpt.cli import ArgumentParser, run_main
-
-    parser = ArgumentParser(prog="python -m gpt.dcp", description="Sharded (FSDP) checkpoints as single files.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    conv = sub.add_parser("convert", help="write DCP checkpoints as .pt files")
-    conv.add_argument("--ckpt", required=True, help="the run directory of a --fsdp run, or one of its checkpoint "
-                                                    "directories")
-    conv.add_argument("--out", default=None, help="the .pt file to write (default, for a run directory: last.pt "
-                                                  "and best.pt beside last.dcp and best.dcp)")
-    args = parser.parse_args(argv)
-    return run_main(lambda: "\n".join(f"wrote {path}" for path in convert(args.ckpt, args.out)))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,7 @@
     python -m gpt.hf export --ckpt out/NAME --out hf/NAME      # then GPT2LMHeadModel.from_pretrained("hf/NAME")
     python sample.py --ckpt path/to/hf-gpt2-dir                # import happens in load_checkpoint
 
-    model, meta = gpt.checkpoint.load_model("path/to/gpt2")    # config.json + model.safetensors / pytorch_model.bin
+    model, meta = gpt.checkpoints.native.load_model("path/to/gpt2")    # config.json + model.safetensors / pytorch_model.bin
     export_hf(model, tok, "hf/NAME")                           # config.json, model.safetensors (+ tokenizer files)
 
 Design notes
@@ -13,9 +13,9 @@ Design notes
 - Loading never executes code: config.json is JSON, weights are safetensors or a `torch.load` with
   `weights_only=True`; sharded checkpoints (`*.index.json`) are followed.
 - This module reads and writes the GPT-2 format only (`read_config`, `read_weights`,
-  `tokenizer_spec`); gpt/checkpoint.py turns those into a model and the same meta a checkpoint has,
+  `tokenizer_spec`); gpt/checkpoints/native.py turns those into a model and the same meta a checkpoint has,
   with the same checks (a config that builds no model, weights that do not fit it). So this module
-  never imports gpt.checkpoint, except the command line at the bottom, which loads `--ckpt` as
+  never imports gpt.checkpoints.native, except the command line at the bottom, which loads `--ckpt` as
   sample.py does.
 - Only GPT-2's architecture maps: learned positions, pre-norm, no encoder, tied embeddings, GELU
   (tanh 'gelu_new', or exact 'gelu'), LayerNorm eps 1e-5. Anything else is an error naming the field, never a silent change.
@@ -31,10 +31,8 @@ Design notes
 
 from __future__ import annotations
 
-import argparse
 import json
 import pickle
-import sys
 from pathlib import Path
 
 import torch
@@ -95,7 +93,7 @@ def _read_json(path: Path):
 
 
 def read_config(path) -> dict:
-    """Our model config (a GPTConfig dict, validated by the caller: gpt.checkpoint) from a GPT-2 directory's
+    """Our model config (a GPTConfig dict, validated by the caller: gpt.checkpoints.native) from a GPT-2 directory's
     config.json."""
     config_file = Path(path) / "config.json"
     hf = _read_json(config_file)
@@ -159,7 +157,7 @@ def _load_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def read_weights(path) -> dict[str, torch.Tensor]:
-    """A GPT-2 directory's weights under our names and layouts (gpt.checkpoint checks them against the
+    """A GPT-2 directory's weights under our names and layouts (gpt.checkpoints.native checks them against the
     config); nothing in them is executed."""
     path = Path(path)
     try:
@@ -286,7 +284,7 @@ def bpe_merges(tokens: list[bytes]) -> list[tuple[bytes, bytes]]:
 
 def write_gpt2_tokenizer_files(tokenizer, out_dir: Path, model_max_length: int) -> None:
     """vocab.json, merges.txt and tokenizer_config.json for GPT2Tokenizer(Fast), from tiktoken's ranks."""
-    from gpt.tokenizer import EOT_TEXT
+    from gpt.data.tokenizer import EOT_TEXT
 
     tokens = [tokenizer.enc.decode_single_token_bytes(i) for i in range(tokenizer.eot_token)]
     spell = bytes_to_unicode()
@@ -329,29 +327,3 @@ def export_hf(model, tokenizer, out_dir) -> Path:
     except OSError as e:
         raise storage_error(e, "write", out_dir) from None
     return out_dir
-
-
-# ---- command line ----------------------------------------------------------------------------------
-
-
-def main(argv=None) -> int:
-    from gpt.checkpoint import load_checkpoint
-    from gpt.cli import ArgumentParser, run_main
-
-    p = ArgumentParser(prog="python -m gpt.hf", description="Hugging Face GPT-2 import/export.")
-    sub = p.add_subparsers(dest="command", required=True)
-    ex = sub.add_parser("export", help="write a directory transformers' GPT2LMHeadModel.from_pretrained loads")
-    ex.add_argument("--ckpt", required=True, help="run directory, checkpoint file or HF GPT-2 directory")
-    ex.add_argument("--out", required=True, help="output directory (created; existing files are replaced)")
-    args = p.parse_args(argv)
-
-    def export() -> str:
-        model, tokenizer, _ = load_checkpoint(args.ckpt)
-        out = export_hf(model, tokenizer, args.out)
-        return f"wrote {out} (load with transformers.GPT2LMHeadModel.from_pretrained({str(out)!r}))"
-
-    return run_main(export)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Checkpoints: written atomically, loaded without executing anything, self-describing.
 
-    model, tok, meta = load_checkpoint("out/NAME")    # a run dir (best.pt, else last.pt), a .pt file or a HF GPT-2 dir
+    ckpt = load_file(path)                            # a .pt file, meta unchecked (gpt/checkpoints/loader.py reads every kind)
     save(path, state, build_meta(model_config=..., tokenizer=..., step=...))
 
 A run directory (`out/NAME`) holds `last.pt` (latest), `best.pt` (lowest val loss), `config.json`
@@ -23,7 +23,7 @@ reader, `check_meta` (every load goes through it):
 |-----------------|-------------------------------------------------------------------------------|
 | `format`        | FORMAT_VERSION (1); required                                                  |
 | `model_config`  | `GPTConfig.to_dict()`, the architecture the weights belong to; required       |
-| `tokenizer`     | the spec `gpt.tokenizer.get_tokenizer` takes (`{"kind": ...}`); required      |
+| `tokenizer`     | the spec `gpt.data.tokenizer.get_tokenizer` takes (`{"kind": ...}`); required      |
 | `step`          | optimizer steps taken (0 for an import)                                       |
 | `train_config`  | `TrainConfig.to_dict()`: what `train.py --resume` continues                   |
 | `val_loss`      | val loss at this step (absent when saved without an evaluation)               |
@@ -35,7 +35,7 @@ reader, `check_meta` (every load goes through it):
 | `seq2seq`       | `{"bos", "eos", "pad"}` ids of an encoder-decoder model's pairs dataset       |
 | `hf_dir`        | the Hugging Face directory a model was imported from                          |
 | `tokens_seen`   | training tokens (targets) processed so far, over all processes                |
-| `lora`          | LoRA: `model` holds only adapters; their settings and base (gpt/lora.py)      |
+| `lora`          | LoRA: `model` holds only adapters; their settings and base (gpt/model/lora.py)      |
 
 Only the required fields are checked on load; any other one a checkpoint lacks (a file made by hand,
 or by another tool) is a one-line CheckpointError naming the file when something asks for it
@@ -50,7 +50,7 @@ Footguns
 - torch.save reports a failed write as `RuntimeError: ... unexpected pos ...`; the file is written
   through `_Recorder`, which keeps the OSError behind it, so a full disk is named as such.
 - Sampling prefers best.pt (lowest val loss); resuming wants last.pt (the latest state).
-- `--fsdp` runs save sharded checkpoints instead, `last.dcp` / `best.dcp` (directories, gpt/dcp.py).
+- `--fsdp` runs save sharded checkpoints instead, `last.dcp` / `best.dcp` (directories, gpt/checkpoints/dcp.py).
   Everything that reads a checkpoint reads those too (one process reads all the shards); where a run
   directory holds both kinds under one name (a run that switched), the later step wins.
 """
@@ -64,17 +64,13 @@ import pickle
 import re
 import shutil
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import torch
 
-from gpt import hf
-from gpt.dataformat import is_dataset
 from gpt.fsutil import fsync_path, process_alive, replacing
 from gpt.errors import UserError, storage_error
-from gpt.model import GPT, GPTConfig
-from gpt.quantize import dtype_flag, quantize as quantize_model
-from gpt.runtime import Runtime, decode_threads, setup
+from gpt.model.transformer import GPT, GPTConfig
 
 FORMAT_VERSION = 1
 LATEST = ("last.pt",)  # resuming continues the latest state, never the best one
@@ -83,7 +79,7 @@ OPTIONAL = ("train_config", "val_loss", "best_val_loss", "skipped_steps", "world
             "seq2seq", "hf_dir", "tokens_seen", "lora")
 TRAINING_ONLY = ("train_config", "optimizer", "rng", "step", "sampler")  # what --resume needs, train.py writes
 BEST_FIRST = ("best.pt", "last.pt")
-SHARDED = {"last.pt": "last.dcp", "best.pt": "best.dcp"}  # the DCP checkpoint (gpt/dcp.py) for each name
+SHARDED = {"last.pt": "last.dcp", "best.pt": "best.dcp"}  # the DCP checkpoint (gpt/checkpoints/dcp.py) for each name
 TEMP_FILE = re.compile(r"\..+\.tmp-(\d+)")
 
 
@@ -114,7 +110,7 @@ def build_meta(model_config: dict, tokenizer: dict, step: int = 0, **fields) -> 
     """A checkpoint's metadata (the fields in the module docs); optional fields given as None are left out."""
     unknown = sorted(set(fields) - set(OPTIONAL))
     if unknown:
-        raise TypeError(f"build_meta: no meta field {unknown}; document a new one in gpt/checkpoint.py first")
+        raise TypeError(f"build_meta: no meta field {unknown}; document a new one in gpt/checkpoints/native.py first")
     return {"format": FORMAT_VERSION, "step": step, "model_config": model_config, "tokenizer": tokenizer,
             **{k: v for k, v in fields.items() if v is not None}}
 
@@ -132,7 +128,7 @@ def check_meta(meta: dict | str, source: str | os.PathLike) -> Fields:
     missing = [k for k in REQUIRED if k not in meta]
     if missing:
         raise CheckpointError(f"{source} is not a gpt checkpoint: missing {', '.join(missing)} (a checkpoint "
-                              f"written by train.py has them; see gpt/checkpoint.py for the fields)")
+                              f"written by train.py has them; see gpt/checkpoints/native.py for the fields)")
     if meta["format"] != FORMAT_VERSION:
         raise CheckpointError(f"{source}: checkpoint format {meta['format']!r}, this version of gpt reads format "
                               f"{FORMAT_VERSION}")
@@ -188,42 +184,12 @@ def state_dict_mismatch(want: dict, got) -> str:
 
 
 def is_sharded(path: str | os.PathLike) -> bool:
-    """Whether `path` is a DCP checkpoint directory written by gpt/dcp.py."""
+    """Whether `path` is a DCP checkpoint directory written by gpt/checkpoints/dcp.py."""
     return (Path(path) / "meta.json").is_file() and (Path(path) / ".metadata").is_file()
 
 
-def resolve(path: str | os.PathLike, names: tuple[str, ...] = BEST_FIRST) -> Path:
-    """A checkpoint (a file, or a DCP directory) from its path or a run directory (the first of `names`
-    there, or its DCP twin: the later step of the two)."""
-    path = Path(path)
-    if path.is_dir() and not is_sharded(path):
-        for name in names:
-            found = [p for p in (path / name, path / SHARDED.get(name, name)) if p.is_file() or is_sharded(p)]
-            if found:
-                return max(found, key=lambda p: read_meta(p).get("step", 0))
-        raise CheckpointError(_not_a_run(path, names))
-    if not path.exists():
-        raise CheckpointError(f"no checkpoint at {path}")
-    return path
-
-
-def _not_a_run(path: Path, names: tuple[str, ...]) -> str:
-    """Why a directory without checkpoints is not a run, and what to pass instead."""
-    if is_dataset(path):
-        return (f"{path} is a prepared dataset, not a training run: give a run directory produced by train.py, "
-                f"e.g. out/{path.name} after `python train.py --data {path} --out-dir out/{path.name}`")
-    if hf.is_hf_dir(path):
-        return (f"{path} is a Hugging Face model directory: it holds weights but no training state; fine-tune "
-                f"from it with `python train.py --init-from {path} --data DATA --out-dir OUT`")
-    return f"no {' or '.join(names)} in {path}: train one with `python train.py --out-dir {path}`"
-
-
-def _load(path: Path, map_location="cpu", mmap: bool = False) -> dict:
-    """torch.load with weights_only (nothing is executed), as a dict that has a meta."""
-    if is_sharded(path):
-        from gpt import dcp
-
-        return dcp.read(path, map_location)
+def load_file(path: Path, map_location="cpu", mmap: bool = False) -> dict:
+    """A .pt checkpoint: torch.load with weights_only (nothing is executed), as a dict that has a meta."""
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except OSError as e:
@@ -238,80 +204,6 @@ def _load(path: Path, map_location="cpu", mmap: bool = False) -> dict:
         holds = ", ".join(map(str, ckpt))[:120] if isinstance(ckpt, dict) else f"a {type(ckpt).__name__}"
         raise CheckpointError(f"{path} is not a gpt checkpoint: it has no meta (it holds {holds})")
     return ckpt
-
-
-def read(path: str | os.PathLike, map_location="cpu", names: tuple[str, ...] = BEST_FIRST) -> Fields:
-    """The checkpoint dict with `meta` checked and parsed (`check_meta`); never unpickles arbitrary objects."""
-    path = resolve(path, names)
-    ckpt = Fields(_load(path, map_location), path)
-    ckpt["meta"] = check_meta(ckpt["meta"], path)
-    if "model" not in ckpt:
-        raise CheckpointError(f"{path} is not a gpt checkpoint: it has no model weights")
-    return ckpt
-
-
-def read_meta(path: str | os.PathLike, names: tuple[str, ...] = BEST_FIRST) -> Fields:
-    """Only the checked metadata (the tensors are memory-mapped, not read)."""
-    path = resolve(path, names)
-    if is_sharded(path):
-        from gpt import dcp
-
-        return dcp.read_meta(path)
-    return check_meta(_load(path, mmap=True)["meta"], path)
-
-
-def _read_hf(path: str | os.PathLike) -> tuple[Fields, dict, Path]:
-    """(meta, state dict, source) of a Hugging Face GPT-2 directory: the config first, weights last."""
-    source = Path(path) / "config.json"
-    config = model_config(hf.read_config(path), source)
-    meta = build_meta(model_config=config.to_dict(), tokenizer=hf.tokenizer_spec(path, config.vocab_size),
-                      hf_dir=str(path))
-    return check_meta(meta, source), hf.read_weights(path), source
-
-
-def load_model(path: str | os.PathLike, device="cpu"):
-    """(model, meta), model in eval mode, from a run directory, checkpoint file or Hugging Face GPT-2
-    directory (gpt/hf.py); a LoRA checkpoint gives its base with the adapters merged in."""
-    if hf.is_hf_dir(path):
-        meta, state, source = _read_hf(path)
-    else:
-        ckpt = read(path, map_location=device)
-        if "lora" in ckpt["meta"]:  # adapters only: loaded onto the base they name, merged (gpt/lora.py)
-            from gpt import lora
-
-            return lora.from_checkpoint(ckpt, device)
-        meta, state, source = ckpt["meta"], ckpt["model"], ckpt.source
-    return build_model(meta, state, source).to(device).eval(), meta
-
-
-def load_checkpoint(path: str | os.PathLike, device="cpu"):
-    """(model, tokenizer, meta), model in eval mode: everything sampling needs."""
-    from gpt.tokenizer import get_tokenizer
-
-    model, meta = load_model(path, device)
-    return model, get_tokenizer(meta["tokenizer"]), meta
-
-
-class Inference(NamedTuple):
-    rt: Runtime
-    model: GPT
-    tokenizer: object
-    meta: dict
-    n_params: int  # counted before quantizing (int8 Linear layers hold no nn.Parameters)
-
-
-def load_for_inference(path: str | os.PathLike, device: str = "auto", dtype: str = "auto", threads: int = 0,
-                       quantize: str = "none", single_stream: bool = False) -> Inference:
-    """What sample.py, translation, evaluation and the server share: the runtime for --device / --dtype /
-    --threads, the checkpoint in that precision, its Linear layers in int8 with --quantize int8.
-    `single_stream` (one sequence decoded at a time, sample.py): on CPU without --threads, the thread
-    count `decode_threads` picks for the model's size."""
-    rt = setup(device, dtype_flag(dtype, quantize), threads, distributed=False)
-    model, tokenizer, meta = load_checkpoint(path, device=rt.device)
-    n_params = model.num_params()
-    if single_stream and rt.device.type == "cpu" and not threads:
-        torch.set_num_threads(decode_threads(n_params))
-    return Inference(rt, quantize_model(model.to(rt.dtype), quantize), tokenizer, meta, n_params)
 
 
 # ---- writing ---------------------------------------------------------------------------------------
@@ -400,9 +292,9 @@ def remove_stale_temps(directory: Path) -> list[Path]:
         match = TEMP_FILE.fullmatch(f.name)
         if not match or int(match[1]) == os.getpid() or process_alive(int(match[1])):
             continue
-        if f.is_symlink() or f.is_file():  # a checkpoint, or a link gpt/dcp.py was switching
+        if f.is_symlink() or f.is_file():  # a checkpoint, or a link gpt/checkpoints/dcp.py was switching
             f.unlink(missing_ok=True)  # missing: another process cleaned it first
-        elif f.is_dir():  # a sharded checkpoint being written (gpt/dcp.py)
+        elif f.is_dir():  # a sharded checkpoint being written (gpt/checkpoints/dcp.py)
             shutil.rmtree(f, ignore_errors=True)
         removed.append(f)
     return removed

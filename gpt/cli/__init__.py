@@ -1,4 +1,9 @@
-"""The scripts' shared convention: a user's mistake is one `error: ...` line, never a traceback.
+"""The command-line room: every command's `main` (sample.py, `python -m gpt.X`), and their shared convention:
+a user's mistake is one `error: ...` line, never a traceback.
+
+One module per verb: `sample`, `serve`, `evaluate`, `export`, `plan`, `plot`, `dcp`, `hf`, `lora`,
+`pairs`; `python -m gpt.X` forwards to `gpt.cli.X`. May import every other room; nothing imports it
+(train.py and sample.py at the top of the checkout are its callers).
 
     def main(argv=None) -> int:
         args = parser.parse_args(argv)

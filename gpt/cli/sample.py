@@ -85,7 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="CPU threads for PyTorch; 0 = one for small models or a "
                    "busy machine, else PyTorch's default (default: 0)")
     p.add_argument("--quantize", default="none", choices=["none", "int8"],
-                   help="int8: dynamic int8 Linear layers, CPU and float32 only (gpt/quantize.py) (default: none)")
+                   help="int8: dynamic int8 Linear layers, CPU and float32 only (gpt/model/quantize.py) (default: none)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model's forward, instead of CUDA-graph decode steps (default: off)")
     p.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
@@ -154,8 +154,8 @@ def run(args: argparse.Namespace) -> None:
     import torch
 
     from gpt import generate
-    from gpt.checkpoint import load_for_inference
-    from gpt.sampling import ContextWarning, SampleConfig, SamplingError
+    from gpt.checkpoints.loader import load_for_inference
+    from gpt.infer.sampling import ContextWarning, SampleConfig, SamplingError
 
     if args.source or args.source_file:
         return translate(args)
@@ -223,9 +223,9 @@ def run(args: argparse.Namespace) -> None:
 
 def translate(args: argparse.Namespace) -> None:
     """--source / --source-file: one translated line per source on stdout, a summary on stderr."""
-    from gpt.checkpoint import load_for_inference
-    from gpt.pairs import read_lines
-    from gpt.translate import TranslateConfig, TranslateError, is_seq2seq, translate_lines
+    from gpt.checkpoints.loader import load_for_inference
+    from gpt.data.pairs import read_lines
+    from gpt.infer.translate import TranslateConfig, TranslateError, is_seq2seq, translate_lines
 
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") >> 1
     cfg = TranslateConfig(

@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 (CUDA only)")
     p.add_argument("--quantize", default="none", choices=["none", "int8"],
-                   help="int8: dynamic int8 Linear layers (CPU, float32; see gpt/quantize.py)")
+                   help="int8: dynamic int8 Linear layers (CPU, float32; see gpt/model/quantize.py)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (info logs every request)")
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> None:
     except ImportError as e:
         raise ServeError(f"serving needs FastAPI and uvicorn ({e.name} is missing): pip install -e \".[serve]\"") from None
 
-    from gpt.checkpoint import load_for_inference
+    from gpt.checkpoints.loader import load_for_inference
 
     name = args.model_name or Path(args.ckpt).resolve().with_suffix("").name
     config = ServeConfig(model_name=name, api_key=args.api_key, max_batch=args.max_batch, max_queue=args.max_queue,

@@ -1,7 +1,7 @@
 """Train a byte-level BPE on a corpus and hand it to tiktoken.
 
-    from gpt.bpe import train_bpe
-    tok = train_bpe(text_chunks, vocab_size=8192)   # a gpt.tokenizer.TiktokenTokenizer
+    from gpt.data.bpe import train_bpe
+    tok = train_bpe(text_chunks, vocab_size=8192)   # a gpt.data.tokenizer.TiktokenTokenizer
     tok.spec                                        # {"kind": "bpe", "pattern": ..., "ranks": ...}
 
 The training is done by Hugging Face `tokenizers` (Rust, multi-threaded; a hand-written trainer in
@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from typing import Iterable, Iterator
 
-from gpt.tokenizer import GPT2_PATTERN, TiktokenTokenizer, bpe_tokenizer
+from gpt.data.tokenizer import GPT2_PATTERN, TiktokenTokenizer, bpe_tokenizer
 
 MIN_VOCAB_SIZE = 257  # the 256 single bytes and the end-of-text token
 
@@ -69,7 +69,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, pattern: str = GPT2_PATTERN
 
     `texts` may be any iterable of strings (e.g. a corpus streamed in chunks): HF keeps only the
     counts of distinct pre-tokenized words in memory. Chunks should be cut where `pattern` would cut
-    anyway (gpt.corpus does so), otherwise a word split across two chunks is counted as two words.
+    anyway (gpt.data.corpus does so), otherwise a word split across two chunks is counted as two words.
     The result can be smaller than `vocab_size` when the corpus has fewer distinct pairs to merge.
     """
     return bpe_tokenizer(merges_to_ranks(hf_merges(train_hf_bpe(texts, vocab_size, pattern))), pattern)

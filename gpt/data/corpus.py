@@ -34,7 +34,7 @@ SNIFF_BYTES = 8192
 
 
 class CorpusError(UserError, ValueError):
-    """A corpus that cannot be read as text (gpt.prepare turns it into a DataError)."""
+    """A corpus that cannot be read as text (gpt.data.prepare turns it into a DataError)."""
 
 
 @dataclass(frozen=True)

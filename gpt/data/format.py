@@ -1,13 +1,13 @@
 """The on-disk format of prepared datasets, token streams and translation pairs alike (no torch).
 
-    from gpt.dataformat import read_meta, staged, write_meta
+    from gpt.data.format import read_meta, staged, write_meta
     meta = read_meta("data/shakespeare_char", "tokens")   # meta.json, schema-checked: or one DataError line
     with staged("data/mine", force=False) as tmp:           # a hidden directory beside data/mine
         ...                                                 # write tmp/train.bin, tmp/val.bin, ...
         write_meta(tmp, meta)                               # ... and meta.json last
     # on leaving: moved into data/mine, meta.json last; after any error: the temporary directory is gone
 
-A dataset directory holds (gpt/prepare.py writes token datasets, gpt/pairs.py pairs datasets):
+A dataset directory holds (gpt/data/prepare.py writes token datasets, gpt/data/pairs.py pairs datasets):
 
 | file | contents |
 | --- | --- |
@@ -17,7 +17,7 @@ A dataset directory holds (gpt/prepare.py writes token datasets, gpt/pairs.py pa
 | `tokenizer.tiktoken` | a trained BPE's ranks in tiktoken's format; meta.json names it with its sha256 |
 
 meta.json, both kinds: `format_version` (1), `kind` (`tokens` or `pairs`), `dtype`, `vocab_size`,
-`tokenizer` (the spec gpt.tokenizer.get_tokenizer takes) and `splits`, where each split records
+`tokenizer` (the spec gpt.data.tokenizer.get_tokenizer takes) and `splits`, where each split records
 `max_id`, its largest token id, so opening a dataset checks every id against the vocabulary without a
 pass over the files. Older datasets still open: pairs datasets named the version `format`, token datasets
 had no `kind`, and a split without `max_id` has its ids read once when opened.

@@ -3,7 +3,7 @@
     python data/prepare.py --pairs train.de train.en --val-pairs val.de val.en --out data/NAME --tokenizer bpe
     python data/multi30k/prepare.py                  # the Multi30k recipe: de -> en, bpe 8192
 
-    from gpt.pairs import open_pairs, PairBatches
+    from gpt.data.pairs import open_pairs, PairBatches
     ds = open_pairs("data/multi30k/de-en")
     batches = PairBatches(ds, "train", max_tokens=4096, seed=0)
     src, src_mask, tgt_in, tgt_out = batches.get(step)      # a pure function of (seed, step, rank)
@@ -32,7 +32,7 @@ On disk, `data/NAME/`:
 
 One tokenizer serves both sides: `gpt2`, `char` (the characters of all the text) or `bpe`, a
 byte-level BPE trained on both sides of the training pairs (`--vocab-size`, default 8192). As in
-the LM datasets (gpt/prepare.py), a bpe's ranks live in `tokenizer.tiktoken` and meta.json names
+the LM datasets (gpt/data/prepare.py), a bpe's ranks live in `tokenizer.tiktoken` and meta.json names
 the file and its sha256; `open_pairs(path).tokenizer_spec` reads them back inline, a self-contained
 spec a checkpoint can store to rebuild the tokenizer without the dataset directory.
 
@@ -42,7 +42,7 @@ the decoder input, padding is masked (source) or ignored by the loss (targets ar
 it needs no new id in GPT-2's vocabulary. The batcher adds them: source = tokens + eos,
 decoder input = bos + tokens, labels = tokens + eos.
 
-The format (shared with token datasets) and the atomic writing are gpt/dataformat.py's: the files
+The format (shared with token datasets) and the atomic writing are gpt/data/format.py's: the files
 are written into a hidden directory beside `--out` and moved into place at the end, meta.json last,
 so a crash or a full disk never leaves a half-written dataset; an `--out` that holds a dataset is
 refused unless `force=True`, and other files in it are never touched.
@@ -50,7 +50,6 @@ refused unless `force=True`, and other files in it are never touched.
 
 from __future__ import annotations
 
-import argparse
 import os
 from functools import cached_property
 from pathlib import Path
@@ -58,12 +57,12 @@ from typing import Sequence
 
 import numpy as np
 
-from gpt.dataformat import (
-    REPREPARE, SPLITS, TOKENIZERS, DataError, check_ids, inline_ranks, memmap_ids, new_meta, prepare_hint, read_meta,
+from gpt.data.format import (
+    REPREPARE, SPLITS, DataError, check_ids, inline_ranks, memmap_ids, new_meta, prepare_hint, read_meta,
     staged, store_ranks, write_meta,
 )
-from gpt.prepare import DEFAULT_BPE_VOCAB, TOKENIZER_FILE_FLAG, check_tokenizer_options
-from gpt.tokenizer import CharTokenizer, Tokenizer, TokenizerError, get_tokenizer, gpt2_tokenizer
+from gpt.data.prepare import DEFAULT_BPE_VOCAB, TOKENIZER_FILE_FLAG, check_tokenizer_options
+from gpt.data.tokenizer import CharTokenizer, Tokenizer, TokenizerError, get_tokenizer, gpt2_tokenizer
 
 
 class PairsError(DataError):
@@ -84,7 +83,7 @@ def make_tokenizer(kind: str, texts: Sequence[str], vocab_size: int | None = Non
             raise PairsError(str(e)) from None
     if kind == "char":
         return CharTokenizer.from_text("".join(texts))
-    from gpt.bpe import train_bpe
+    from gpt.data.bpe import train_bpe
 
     try:
         return train_bpe(texts, vocab_size or DEFAULT_BPE_VOCAB)
@@ -281,7 +280,7 @@ class PairDataset:
 
     @property
     def tokenizer_spec(self) -> dict:
-        """A self-contained spec for gpt.tokenizer.get_tokenizer (a bpe's ranks are read in inline,
+        """A self-contained spec for gpt.data.tokenizer.get_tokenizer (a bpe's ranks are read in inline,
         checked against meta.json's sha256), so a checkpoint that stores it can rebuild the
         tokenizer without the dataset directory."""
         return dict(self._tokenizer_spec)
@@ -420,64 +419,3 @@ class PairBatches:
 
 DEFAULT_MAX_LEN = 256
 DEFAULT_VAL_FRACTION = 0.01
-
-
-def add_pairs_options(p) -> None:
-    """The options only a pairs dataset has (shared by `python -m gpt.pairs` and `data/prepare.py`).
-
-    Defaults are None here so a caller can tell which were given; `run` fills them in.
-    """
-    p.add_argument("--val-pairs", nargs=2, metavar=("SRC", "TGT"),
-                   help="validation files (default: hold out --val-fraction of the --pairs lines)")
-    p.add_argument("--max-len", type=int, default=None,
-                   help=f"most tokens per side, the end/start token included (default: {DEFAULT_MAX_LEN})")
-    p.add_argument("--truncate", action="store_true", help="cut over-long pairs instead of skipping them")
-    p.add_argument("--seed", type=int, default=None, help="seed of the held-out validation lines (default: 0)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from gpt.cli import ArgumentParser
-
-    p = ArgumentParser(
-        prog="python -m gpt.pairs",
-        description="Tokenize parallel text (line i of SRC translates line i of TGT) into a pairs dataset "
-                    "(the same as `python data/prepare.py --pairs SRC TGT ...`).",
-    )
-    p.add_argument("--pairs", nargs=2, metavar=("SRC", "TGT"), required=True, help="training source and target files")
-    p.add_argument("--out", required=True, help="output directory, e.g. data/NAME")
-    p.add_argument("--tokenizer", choices=TOKENIZERS, default="gpt2", help="one tokenizer for both sides (default: gpt2)")
-    p.add_argument("--vocab-size", type=int, help=f"bpe only: ids including end-of-text (default: {DEFAULT_BPE_VOCAB})")
-    p.add_argument("--tokenizer-file", help="gpt2 only: local GPT-2 .tiktoken ranks file (else $GPT2_TIKTOKEN_FILE)")
-    p.add_argument("--val-fraction", type=float, default=None,
-                   help=f"share of the --pairs lines held out without --val-pairs (default: {DEFAULT_VAL_FRACTION})")
-    p.add_argument("--force", action="store_true", help="replace an existing --out directory")
-    add_pairs_options(p)
-    return p
-
-
-def run(args: argparse.Namespace) -> str:
-    """Prepare the dataset the parsed arguments describe (either CLI's); returns its summary."""
-    meta = prepare_pairs(
-        args.pairs[0], args.pairs[1], args.out, tokenizer=args.tokenizer, val_pairs=args.val_pairs,
-        val_fraction=DEFAULT_VAL_FRACTION if args.val_fraction is None else args.val_fraction,
-        max_len=DEFAULT_MAX_LEN if args.max_len is None else args.max_len, truncate=args.truncate,
-        vocab_size=args.vocab_size, tokenizer_file=args.tokenizer_file, seed=args.seed or 0, force=args.force,
-    )
-    return summary(meta, args.out)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry (`python -m gpt.pairs`): one `error: ...` line and exit status 2 on bad input."""
-    args = build_parser().parse_args(argv)
-    return run_cli(args)
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    """`run` with the CLI's error handling (also used by `data/prepare.py --pairs`)."""
-    from gpt.cli import run_main
-
-    return run_main(lambda: run(args), interrupted=f"{args.out} was left as it was")
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

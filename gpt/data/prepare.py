@@ -2,7 +2,7 @@
 
     python data/prepare.py corpus/ more.txt --out data/mine --tokenizer bpe --vocab-size 8192
 
-    from gpt.prepare import prepare
+    from gpt.data.prepare import prepare
     summary = prepare(["corpus/"], "data/mine", tokenizer="gpt2")
     print(summary.line())
 
@@ -11,8 +11,8 @@ Passes over the corpus, each streaming it in chunks (memory does not grow with t
 2. encode every chunk on all cores (tiktoken releases the GIL) and append the ids to train.bin or
    val.bin, hashing them on the way; each document ends with the end-of-text token.
 
-Policies (the corpus policies, UTF-8 included, are in gpt/corpus.py; the format and the atomic
-writing in gpt/dataformat.py)
+Policies (the corpus policies, UTF-8 included, are in gpt/data/corpus.py; the format and the atomic
+writing in gpt/data/format.py)
 - Everything is written to a hidden temporary directory beside `--out` and moved into place at the
   end, meta.json last: an interrupted prepare never leaves a dataset that looks complete, and a
   failed `--force` (a full disk, Ctrl-C) leaves the previous dataset as it was.
@@ -40,12 +40,12 @@ from typing import Callable
 
 import numpy as np
 
-from gpt.corpus import CorpusError, ReadStats, Segment, find_documents, plan_split, read_chunks
-from gpt.dataformat import SPLITS, TOKENIZERS, DataError, dtype_for_vocab, new_meta, staged, store_ranks, write_meta
+from gpt.data.corpus import CorpusError, ReadStats, Segment, find_documents, plan_split, read_chunks
+from gpt.data.format import SPLITS, TOKENIZERS, DataError, dtype_for_vocab, new_meta, staged, store_ranks, write_meta
 from gpt.fsutil import replacing
 from gpt.progress import Progress
-from gpt.tokenizer import CharTokenizer, TiktokenTokenizer, TokenizerError, get_tokenizer, gpt2_tokenizer
-from gpt import vocab
+from gpt.data.tokenizer import CharTokenizer, TiktokenTokenizer, TokenizerError, get_tokenizer, gpt2_tokenizer
+from gpt.data import vocab
 
 DEFAULT_BPE_VOCAB = 8192
 TOKENIZER_FILE_FLAG = "--tokenizer-file"  # data/prepare.py's flag for GPT-2's ranks, named in hints
@@ -92,7 +92,7 @@ def prepare(
     val_fraction: float = 0.1,
     block_size: int = 1024,
     tokenizer_file: str | None = None,
-    tokenizer_from: str | os.PathLike | None = None,
+    tokenizer_from: str | os.PathLike | vocab.Reused | None = None,
     unknown: str = "refuse",
     replacement: str | None = None,
     force: bool = False,
@@ -103,8 +103,8 @@ def prepare(
     log: Callable[[str], None] = _stderr,
 ) -> PrepareSummary:
     """Tokenize the text files and directories in `inputs` into the dataset directory `out`, with a new
-    tokenizer of kind `tokenizer` (default gpt2), or the one of `tokenizer_from` (a run, checkpoint or dataset: see
-    gpt/vocab.py for it and the `unknown` / `replacement` policy).
+    tokenizer of kind `tokenizer` (default gpt2), or the one of `tokenizer_from` (a dataset, or the `vocab.Reused` of a run or
+    checkpoint from `gpt.checkpoints.loader.tokenizer_source`: see gpt/data/vocab.py for it and the `unknown` / `replacement` policy).
 
     Raises DataError for every user mistake and a StorageError for an `out` that cannot be written or
     a full disk (the CLI prints either as one line); nothing is left behind.
@@ -112,6 +112,8 @@ def prepare(
     t0 = time.perf_counter()
     out = Path(out)
     spec = _reused_spec(tokenizer_from, tokenizer, vocab_size, tokenizer_file)
+    if isinstance(tokenizer_from, vocab.Reused):
+        tokenizer_from = tokenizer_from.source
     if spec is None:
         tokenizer = tokenizer or "gpt2"
         check_tokenizer_options(tokenizer, vocab_size, tokenizer_file)
@@ -218,7 +220,11 @@ def _reused_spec(source, kind: str | None, vocab_size, tokenizer_file) -> dict |
     if kind is not None or vocab_size is not None:
         given = "--tokenizer" if kind is not None else "--vocab-size"
         raise DataError(f"{given} and --tokenizer-from: the tokenizer comes from {source}; give one or the other")
-    spec = vocab.source_spec(source)
+    reused = source if isinstance(source, vocab.Reused) else vocab.dataset_spec(source)
+    if reused is None:
+        raise DataError(f"--tokenizer-from {source}: not a prepared dataset; a run, checkpoint or Hugging Face "
+                        f"directory is read by gpt.checkpoints.loader.tokenizer_source(path), passed as tokenizer_from")
+    spec = reused.spec
     if tokenizer_file is not None and spec.get("kind") != "gpt2":
         raise DataError(f"--tokenizer-file is GPT-2's ranks file; {source} has a {spec.get('kind')!r} tokenizer")
     return spec
@@ -255,7 +261,7 @@ def _build_tokenizer(kind, segments, vocab_size, tokenizer_file, strict, chunk_b
                 raise DataError(str(e)) from None
         if kind == "char":
             return CharTokenizer("".join(sorted(_char_counts(segments, chunk_bytes, strict, progress))))
-        from gpt.bpe import train_bpe
+        from gpt.data.bpe import train_bpe
 
         train = [s for s in segments if s.split == "train"]
         bar = Progress("train BPE", sum(s.size for s in train), enabled=progress)

@@ -5,9 +5,9 @@
     x, y = train.get(step)                               # int64 (64, 256); y is x shifted by one
     for x, y in eval_batches(ds.split("val"), 256, 64, max_batches=20): ...
 
-A dataset directory (written by `python data/prepare.py`, see gpt/prepare.py) holds `train.bin` and
+A dataset directory (written by `python data/prepare.py`, see gpt/data/prepare.py) holds `train.bin` and
 `val.bin` (flat token ids, little-endian uint16 or uint32), `meta.json`, and for a trained BPE its
-ranks file `tokenizer.tiktoken`; gpt/dataformat.py owns that format and checks meta.json.
+ranks file `tokenizer.tiktoken`; gpt/data/format.py owns that format and checks meta.json.
 
 Sampling is a pure function of (seed, step): the global batch of a step is `batch_size * grad_accum
 * world_size` windows, and rank r / micro-step m reads slice `r * grad_accum + m` of it. So a resumed
@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpt.dataformat import (
+from gpt.data.format import (
     SPLITS, DataError, check_ids, check_sha256, inline_ranks, memmap_ids, prepare_hint, read_meta,
 )
 
@@ -56,7 +56,7 @@ class TokenDataset:
 
     @property
     def tokenizer_spec(self) -> dict:
-        """A self-contained spec for gpt.tokenizer.get_tokenizer (a bpe's ranks are read in inline),
+        """A self-contained spec for gpt.data.tokenizer.get_tokenizer (a bpe's ranks are read in inline),
         so a checkpoint that stores it can rebuild the tokenizer without the dataset directory."""
         return dict(self._tokenizer_spec)
 
@@ -65,7 +65,7 @@ class TokenDataset:
         return inline_ranks(self.path, self.meta["tokenizer"])
 
     def tokenizer(self):
-        from gpt.tokenizer import get_tokenizer
+        from gpt.data.tokenizer import get_tokenizer
 
         return get_tokenizer(self.tokenizer_spec)
 
@@ -87,7 +87,7 @@ class TokenDataset:
 def open_dataset(path: str | Path, verify: bool = False) -> TokenDataset:
     """Open a prepared dataset directory, checking meta.json against the files.
 
-    Always checked: every field of meta.json (gpt.dataformat.read_meta), that each .bin exists with a
+    Always checked: every field of meta.json (gpt.data.format.read_meta), that each .bin exists with a
     byte size that is a whole number of tokens and equal to meta.json's token count, and that every
     id is below the vocabulary size (the largest id meta.json recorded, or for older datasets every
     id once). `verify=True` also compares the full sha256 of every file.

@@ -4,7 +4,7 @@ checkpoint can be fine-tuned on new text.
     python data/prepare.py new.txt --out data/new --tokenizer-from out/shakespeare-char      # a run's vocabulary
     python data/prepare.py new.txt --out data/new --tokenizer-from data/shakespeare_char --unknown replace
 
-Where the tokenizer comes from (`source_spec`): a prepared dataset (its meta.json, a bpe's ranks read
+Where the tokenizer comes from (`dataset_spec` here, `gpt.checkpoints.loader.tokenizer_source` for the rest): a prepared dataset (its meta.json, a bpe's ranks read
 in from tokenizer.tiktoken), a run directory or checkpoint file (its meta; reading a .pt file imports
 torch, the dataset path does not), or a Hugging Face GPT-2 directory (gpt_tokenizer.json, else
 GPT-2's BPE). The new dataset's meta.json then holds the very same spec, which is what
@@ -26,30 +26,32 @@ import json
 import os
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
-from gpt.dataformat import DataError, META_FILE, inline_ranks, is_dataset, read_meta
+from gpt.data.format import DataError, META_FILE, inline_ranks, is_dataset, read_meta
 
 UNKNOWN_POLICIES = ("refuse", "replace")
 REPLACEMENT_CANDIDATES = ("?", " ")
 
 
-def source_spec(path: str | os.PathLike) -> dict:
-    """The self-contained tokenizer spec of a dataset, run directory, checkpoint file or HF GPT-2 directory."""
+class Reused(NamedTuple):
+    """A vocabulary to reuse: the tokenizer spec and where it came from (for messages and meta.json)."""
+
+    spec: dict
+    source: str
+
+
+def dataset_spec(path: str | os.PathLike) -> Reused | None:
+    """The self-contained tokenizer spec of a prepared dataset (None when `path` is not one). Runs,
+    checkpoints and Hugging Face directories are read by `gpt.checkpoints.loader.tokenizer_source`."""
     path = Path(path)
     if not path.exists():
         raise DataError(f"--tokenizer-from {path}: no such run, checkpoint or dataset")
-    if path.is_dir() and is_dataset(path):
-        kind = json.loads((path / META_FILE).read_text(encoding="utf-8")).get("kind", "tokens")
-        return inline_ranks(path, read_meta(path, kind if kind in ("tokens", "pairs") else "tokens")["tokenizer"])
-    from gpt import checkpoint, hf  # torch, for checkpoints and HF weights only
-
-    if hf.is_hf_dir(path):
-        config = hf.read_config(path)
-        return hf.tokenizer_spec(path, config["vocab_size"])
-    try:
-        return dict(checkpoint.read_meta(path)["tokenizer"])
-    except checkpoint.CheckpointError as e:
-        raise DataError(f"--tokenizer-from: {e}") from None
+    if not (path.is_dir() and is_dataset(path)):
+        return None
+    kind = json.loads((path / META_FILE).read_text(encoding="utf-8")).get("kind", "tokens")
+    return Reused(inline_ranks(path, read_meta(path, kind if kind in ("tokens", "pairs") else "tokens")["tokenizer"]),
+                  str(path))
 
 
 def unknown_chars(counts: Counter, chars: str) -> Counter:

@@ -1,6 +1,6 @@
 """Continuous batching: many requests decoded as one batch, joining and leaving as they start and finish.
 
-    from gpt.batching import BatchEngine, BatchWorker
+    from gpt.infer.batching import BatchEngine, BatchWorker
     engine = BatchEngine(model, tokenizer, max_rows=32)
     engine.submit(Request(ids, SampleConfig(num_samples=2, max_new_tokens=50, seed=1), emit=print))
     while engine.busy:
@@ -25,10 +25,10 @@ Design notes
   cancelled leaves at the end of the step: the last active row moves into its place (one row copied
   per layer), so the active rows stay [0, n).
 - Sampling uses each request's own settings and generator, over its rows in sample order: the same
-  draws `gpt.sampling.generate` makes for that seed, so a request's output does not depend on which
+  draws `gpt.infer.sampling.generate` makes for that seed, so a request's output does not depend on which
   other requests share the batch (up to the float rounding of batched matmuls). Requests with the
   same settings are sampled in one batched call, each row with a uniform from its request's generator.
-- The context window slides per row as in `gpt.sampling.Decoder`: a row whose context would pass
+- The context window slides per row as in `gpt.infer.sampling.Decoder`: a row whose context would pass
   block_size keeps its last `keep` tokens, re-prefilled alone in its own row (all but the newest
   token, which the batched step then appends). RoPE rows never re-prefill: their keys carry their
   rotation, so a full row writes each new key over its oldest (slot pos % block_size), as the
@@ -45,8 +45,8 @@ from typing import Callable
 import torch
 
 from gpt.errors import UserError
-from gpt.model import GPT, KVCache
-from gpt.sampling import Piece, SampleConfig, StopMatcher, TextStream, draw_uniforms, next_token, seeded_generator
+from gpt.model.transformer import GPT, KVCache
+from gpt.infer.sampling import Piece, SampleConfig, StopMatcher, TextStream, draw_uniforms, next_token, seeded_generator
 
 
 class QueueFull(UserError, RuntimeError):
@@ -289,13 +289,13 @@ class Seq2seqEngine(_Engine):
     """Translation requests for an encoder-decoder checkpoint, with BatchEngine's interface.
 
     Each step takes the waiting requests (up to `max_rows` rows): those that decode greedily are
-    translated as one batch (`gpt.translate.generate`), each sampling one alone with its own
+    translated as one batch (`gpt.infer.translate.generate`), each sampling one alone with its own
     generator. A translation is one piece: the whole text, cut at the first stop string. A prompt's
     `ids` are the source sentence (may be empty); `meta` is the checkpoint's.
     """
 
     def __init__(self, model: GPT, tokenizer, meta: dict, max_rows: int = 32):
-        from gpt.translate import check_vocab, seq2seq_ids
+        from gpt.infer.translate import check_vocab, seq2seq_ids
 
         super().__init__(model, tokenizer, max_rows)
         self.bos, self.eos = seq2seq_ids(meta)
@@ -311,7 +311,7 @@ class Seq2seqEngine(_Engine):
         self.steps += bool(requests)
 
     def _translate(self, group: list[Request]) -> None:
-        from gpt.translate import generate as translate_ids
+        from gpt.infer.translate import generate as translate_ids
 
         sources = [r.ids[: self.block_size - 1] + [self.eos] for r in group for _ in range(r.config.num_samples)]
         S = max(len(s) for s in sources)

@@ -11,7 +11,7 @@ What the exported graph covers: the decoder-only model's whole forward pass,
 with batch and seq dynamic. There is no KV cache (each call recomputes its whole window: fine for
 scoring text, quadratic for long generations), no sampling (take `logits[:, -1]` and draw) and no
 tokenizer (`gpt_export.json` beside the model holds our tokenizer spec, block_size, vocab_size and
-end-of-text id; `gpt.tokenizer.get_tokenizer(spec)` rebuilds it). Positions are learned and
+end-of-text id; `gpt.data.tokenizer.get_tokenizer(spec)` rebuilds it). Positions are learned and
 absolute, so a longer window must be cropped to its last block_size tokens by the caller.
 Encoder-decoder checkpoints are not exported.
 
@@ -25,20 +25,15 @@ logits. Mistakes are one `error: ...` line, exit code 2.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
-import sys
-import time
 import warnings
 from pathlib import Path
-from typing import Sequence
 
 import torch
 import torch.nn as nn
 
-from gpt.cli import ArgumentParser, run_main
 from gpt.errors import UserError
 
 FORMATS = {"onnx": "model.onnx", "pt2": "model.pt2"}
@@ -136,39 +131,3 @@ def parity(model, path: str | Path, batch: int = 3, seq: int | None = None, seed
     with torch.no_grad():
         expected = model(idx)[0]
     return (run_exported(path, idx) - expected).abs().max().item()
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog="python -m gpt.export", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                       description="Export a decoder-only checkpoint's logits graph (dynamic batch and "
-                       "sequence length, no KV cache) to ONNX or torch.export's .pt2.")
-    p.add_argument("--ckpt", required=True, help="run directory (best.pt, else last.pt), checkpoint file or HF GPT-2 dir")
-    p.add_argument("--format", required=True, choices=list(FORMATS), help="onnx (onnxruntime) or pt2 (torch.export)")
-    p.add_argument("--out", required=True, help="directory to write model.onnx / model.pt2 and gpt_export.json to")
-    p.add_argument("--force", action="store_true", help="replace an exported model already in --out")
-    p.add_argument("--no-check", dest="check", action="store_false",
-                   help="skip running the exported model against PyTorch after writing it")
-    return p
-
-
-def run(args: argparse.Namespace) -> str:
-    from gpt.checkpoint import load_checkpoint
-
-    model, tokenizer, _ = load_checkpoint(args.ckpt, device="cpu")
-    start = time.perf_counter()
-    path = export(model, tokenizer, args.out, args.format, args.force)
-    line = (f"exported {args.ckpt} ({model.num_params() / 1e6:.2f}M parameters) to {path} in "
-            f"{time.perf_counter() - start:.1f} s: idx int64 (batch, seq <= {model.config.block_size}) -> logits "
-            f"float32 (batch, seq, {model.config.vocab_size}), no KV cache")
-    if args.check:
-        line += f"; max |logits - PyTorch's| = {parity(model, path):.1e} at batch 3"
-    return line
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return run_main(lambda: run(args), interrupted=f"{args.out} may hold a partial export")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

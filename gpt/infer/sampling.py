@@ -55,8 +55,8 @@ from typing import Iterator, Sequence
 import torch
 
 from gpt.errors import UserError
-from gpt.model import GPT
-from gpt.tokenizer import StreamDecoder, Tokenizer
+from gpt.model.transformer import GPT
+from gpt.data.tokenizer import StreamDecoder, Tokenizer
 
 
 class SamplingError(UserError, ValueError):
@@ -225,7 +225,7 @@ class Decoder:
     def __init__(self, model: GPT, idx: torch.Tensor, keep: int | None = None, graph: bool = False):
         cfg = model.config
         if cfg.n_encoder_layer:
-            raise ValueError("Decoder runs decoder-only models; an encoder-decoder model decodes with gpt.translate")
+            raise ValueError("Decoder runs decoder-only models; an encoder-decoder model decodes with gpt.infer.translate")
         self.model = model
         self.block_size = cfg.block_size
         self.keep = min(keep or max(1, cfg.block_size // 2), cfg.block_size)
@@ -422,7 +422,7 @@ def generate(
     cfg = dataclasses.replace(config or SampleConfig(), **settings) if settings else (config or SampleConfig())
     if model.config.n_encoder_layer:
         raise SamplingError(f"this model has an encoder (n_encoder_layer={model.config.n_encoder_layer}): "
-                            "generate continues text with decoder-only models; translate with gpt.translate")
+                            "generate continues text with decoder-only models; translate with gpt.infer.translate")
     ids = prompt_ids(model, tokenizer, prompt)
     block_size = model.config.block_size
     if len(ids) > block_size:

@@ -2,7 +2,7 @@
 
     python sample.py --ckpt out/multi30k --source "Ein Mann fährt Fahrrad." --beam-size 4
 
-    from gpt.translate import translate
+    from gpt.infer.translate import translate
     hyps = translate(model, tok, ["Ein Mann fährt Fahrrad."], bos=eos, eos=eos, beam_size=4)
 
     model, tok, meta = load_checkpoint("out/multi30k")          # what sample.py --source does
@@ -23,7 +23,7 @@ token). A sentence is done once it holds K finished hypotheses none worse than i
 at the current length (Hugging Face's default stopping rule); at the length limit the live ones
 count as finished.
 
-Greedy and sampled decoding pick each token with `gpt.sampling.next_token`, the same logits -> token
+Greedy and sampled decoding pick each token with `gpt.infer.sampling.next_token`, the same logits -> token
 step as text generation: argmax at temperature 0 (the generator is never touched), else a draw
 restricted by top-k, then top-p, with an explicit `torch.Generator`; ids at or above the
 tokenizer's vocab_size (a padded embedding's extra rows) are never chosen.
@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 
 from gpt.errors import UserError
-from gpt.model import GPT
-from gpt.sampling import next_token, seeded_generator
+from gpt.model.transformer import GPT
+from gpt.infer.sampling import next_token, seeded_generator
 
 
 class TranslateError(UserError, ValueError):

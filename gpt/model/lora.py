@@ -22,11 +22,11 @@ It is what lets adapters move token frequencies, which dominate a change of doma
 fine-tuning benchmark).
 
 A LoRA checkpoint holds only the adapters (`...attn.c_attn.lora_A`, `...lora_B`) and names its base in
-`meta["lora"]` (gpt/checkpoint.py): `base` (absolute path), `base_relative` (from the checkpoint's
+`meta["lora"]` (gpt/checkpoints/native.py): `base` (absolute path), `base_relative` (from the checkpoint's
 directory, so a base moved together with the run still loads), `base_sha256` (a fingerprint of the
 base weights as adapted: a base that changed since, e.g. a best.pt that moved on, is refused in one
 line instead of silently giving other text), and `rank`, `alpha`, `dropout`, `targets`.
-`gpt.checkpoint.load_model` / `load_checkpoint` (sample.py, `python -m gpt.hf export`, `--init-from`,
+`gpt.checkpoints.native.load_model` / `load_checkpoint` (sample.py, `python -m gpt.hf export`, `--init-from`,
 and any server built on them) load base + adapters merged; `load_adapted(path, merge=False)` keeps the
 adapters separate (e.g. a server swapping adapters over one base).
 
@@ -36,7 +36,7 @@ HF import/export and `--resume` rely on, saves adapters in its own format beside
 atomic checkpoint with its meta, and pulls in accelerate, huggingface_hub, psutil and PyYAML. The math
 is the twenty lines of `LoRALinear` below.
 
-Footgun: seq2seq models slice `c_attn.weight` directly for cross-attention (gpt/model.py), which would
+Footgun: seq2seq models slice `c_attn.weight` directly for cross-attention (gpt/model/transformer.py), which would
 bypass an adapter; LoRA is refused for them (`--lora-rank` with `--n-encoder-layer`).
 """
 
@@ -44,18 +44,16 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt.config import LORA_DEFAULT_TARGETS, ConfigError
-from gpt.errors import UserError
+from gpt.errors import ConfigError, UserError
 
+LORA_TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "wte")  # what LoRA can adapt
+LORA_DEFAULT_TARGETS = LORA_TARGETS[:4]  # each block's four projections (wte: the tied embedding and head)
 ADAPTER_KEYS = ("lora_A", "lora_B")
 
 
@@ -213,147 +211,3 @@ def fingerprint(model: nn.Module) -> str:
         h.update(f"{key}:{t.dtype}:{tuple(t.shape)};".encode())
         h.update(t.view(-1).view(torch.uint8).numpy())
     return h.hexdigest()
-
-
-def base_path(init_from) -> Path:
-    """The file (or Hugging Face directory) `--init-from` names, as a LoRA checkpoint records it."""
-    from gpt import checkpoint, hf
-
-    return Path(init_from).resolve() if hf.is_hf_dir(init_from) else checkpoint.resolve(init_from).resolve()
-
-
-def meta(config: LoRAConfig, model: nn.Module, base: Path, out_dir) -> dict:
-    """meta["lora"] of a checkpoint saved into `out_dir`: the settings and where the base is."""
-    return {**config.to_dict(), "base": str(base), "base_relative": os.path.relpath(base, Path(out_dir).resolve()),
-            "base_sha256": fingerprint(model), "trainable": trainable_params(model)}
-
-
-def find_base(lora_meta: dict, source) -> Path:
-    """The base a LoRA checkpoint names: its absolute path, else the same path relative to the checkpoint."""
-    here = Path(source).resolve().parent
-    for candidate in (Path(lora_meta["base"]), here / lora_meta.get("base_relative", "")):
-        if candidate.exists() and candidate != here:
-            return candidate
-    raise LoRAError(f"{source} is a LoRA checkpoint whose base model {lora_meta['base']} is gone: put the base "
-                    f"back, or merge with another copy of it: `python -m gpt.lora merge --ckpt {source} --base "
-                    f"PATH --out merged.pt`")
-
-
-def build_base(lora_meta: dict, model_config: dict, source, base=None, device="cpu") -> nn.Module:
-    """The base model a LoRA checkpoint adapts, cropped as it was, adapters applied (B still zero), its
-    fingerprint checked."""
-    from gpt import checkpoint
-
-    base = Path(base) if base else find_base(lora_meta, source)
-    model, _ = checkpoint.load_model(base, device=device)
-    if model_config["block_size"] < model.config.block_size:
-        model.crop_block_size(model_config["block_size"])
-    if fingerprint(model) != lora_meta["base_sha256"]:
-        raise LoRAError(f"{source}: its base {base} has changed since the adapters were trained on it (the weights "
-                        f"differ): give the base they were trained on")
-    apply(model, LoRAConfig(lora_meta["rank"], lora_meta["alpha"], lora_meta["dropout"], lora_meta["targets"]))
-    return model
-
-
-def load_adapted(path, device="cpu", merge_adapters: bool = False, base=None):
-    """(model, meta) of a LoRA checkpoint: the base plus its adapters, separate or merged, in eval mode;
-    `base` overrides the base path the checkpoint names."""
-    from gpt import checkpoint
-
-    ckpt = checkpoint.read(path, map_location=device)
-    if "lora" not in ckpt["meta"]:
-        raise LoRAError(f"{ckpt.source} is not a LoRA checkpoint (it holds all the weights already)")
-    return from_checkpoint(ckpt, device, merge_adapters, base)
-
-
-def from_checkpoint(ckpt: dict, device="cpu", merge_adapters: bool = True, base=None):
-    """(model, meta) from a LoRA checkpoint already read (`gpt.checkpoint.read`)."""
-    meta_ = ckpt["meta"]
-    model = build_base(meta_["lora"], meta_["model_config"], ckpt.source, base, device)
-    load_weights(model, ckpt["model"], ckpt.source)
-    model.eval()
-    return (merge(model) if merge_adapters else model), meta_
-
-
-# ---- training: the trainer's calls -------------------------------------------------------------------
-
-
-def run_base(cfg) -> Path:
-    """The base a LoRA run adapts: `--init-from`'s checkpoint, or, resuming, the one the run names."""
-    from gpt import checkpoint
-
-    if not cfg.resume:
-        return base_path(cfg.init_from)
-    path = checkpoint.resolve(cfg.resume, names=checkpoint.LATEST)
-    meta_ = checkpoint.read_meta(path, names=checkpoint.LATEST)
-    if "lora" not in meta_:
-        raise ConfigError(f"--lora-rank: the run in {cfg.resume} trains all its weights, it cannot go on as LoRA; "
-                          f"start a LoRA run from it with --init-from {cfg.resume}")
-    return find_base(meta_["lora"], path)
-
-
-def adapt_for_training(model: nn.Module, cfg, base: Path, log) -> dict:
-    """Freeze the base, add the adapters `cfg` asks for; returns meta["lora"] for the run's checkpoints."""
-    config = LoRAConfig.from_train(cfg)
-    n = apply(model, config)
-    log(f"lora: rank {config.rank}, alpha {config.alpha:g} on {', '.join(config.targets)}: {n:,} trained parameters; "
-        f"the base {base} is frozen")
-    return meta(config, model, base, cfg.out_dir)
-
-
-def check_resume(saved: dict, lora_meta: dict | None, source) -> None:
-    """A resumed run stays what it was: LoRA or not, the same rank, alpha and targets, the same base."""
-    was = saved.get("lora")
-    if was is None and lora_meta is None:
-        return
-    if was is None:
-        raise ConfigError(f"--lora-rank: the run in {source} trains all its weights, it cannot go on as LoRA")
-    if lora_meta is None:
-        raise ConfigError(f"--lora-rank 0: {source} is a LoRA run (rank {was['rank']}); resume it as one, or merge "
-                          f"it (`python -m gpt.lora merge`) and fine-tune the merged checkpoint with --init-from")
-    changed = [f"--lora-{k} {lora_meta[k]} (the run has {was[k]})" for k in ("rank", "alpha", "targets")
-               if lora_meta[k] != was[k]]
-    if changed:
-        raise ConfigError(f"--resume {source}: a LoRA run keeps its adapters' shape: {', '.join(changed)}")
-    if lora_meta["base_sha256"] != was["base_sha256"]:
-        raise LoRAError(f"--resume {source}: its base {lora_meta['base']} has changed since the run started (the "
-                        f"weights differ): give the base the adapters were trained on")
-
-
-# ---- python -m gpt.lora merge ------------------------------------------------------------------------
-
-
-def merge_checkpoint(path, out, base=None) -> Path:
-    """Write base + adapters of the LoRA checkpoint `path` as one plain checkpoint (`out`: a .pt file, or a
-    directory that gets best.pt): sample.py, `--init-from` and the HF export read it like any other."""
-    from gpt import checkpoint
-
-    model, meta_ = load_adapted(path, merge_adapters=True, base=base)
-    keep = {k: meta_[k] for k in ("step", "val_loss", "dataset") if k in meta_}
-    new_meta = checkpoint.build_meta(model_config=model.config.to_dict(), tokenizer=meta_["tokenizer"], **keep)
-    out = Path(out)
-    target = out if out.suffix == ".pt" else out / "best.pt"
-    checkpoint.save(target, {"model": model.state_dict()}, new_meta)
-    return target
-
-
-def main(argv=None) -> int:
-    from gpt.cli import ArgumentParser, run_main
-
-    p = ArgumentParser(prog="python -m gpt.lora", description="LoRA checkpoints: `merge` writes base + adapters as "
-                       "one plain checkpoint (for sample.py, --init-from, python -m gpt.hf export).")
-    p.add_argument("command", choices=["merge"])
-    p.add_argument("--ckpt", required=True, help="a LoRA run directory (best.pt, else last.pt) or checkpoint file")
-    p.add_argument("--out", required=True, help="a .pt file, or a directory (it gets best.pt)")
-    p.add_argument("--base", default=None, help="the base model, if not where the checkpoint says (default: there)")
-    args = p.parse_args(argv)
-
-    def run() -> str:
-        target = merge_checkpoint(args.ckpt, args.out, args.base)
-        return f"wrote {target} (base + adapters merged; sample with `python sample.py --ckpt {target}`)"
-
-    return run_main(run)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

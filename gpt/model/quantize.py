@@ -3,7 +3,7 @@
     python sample.py --ckpt out/shakespeare-char --quantize int8
     python -m gpt.serve --ckpt out/shakespeare-char --quantize int8
 
-    from gpt.quantize import quantize
+    from gpt.model.quantize import quantize
     model = quantize(model, "int8")          # in place; float32 on the CPU only
 
 `torch.ao.quantization.quantize_dynamic` swaps every `nn.Linear` for a dynamically quantised one:
@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 
 from gpt.errors import UserError
-from gpt.model import GPT
+from gpt.model.transformer import GPT
 
 MODES = ("none", "int8")
 

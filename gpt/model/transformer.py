@@ -12,12 +12,12 @@
 
 Design notes
 - Parameter names follow GPT-2 (`transformer.wte`, `transformer.h.0.attn.c_attn`, ...), so GPT-2
-  weights map key for key (Hugging Face's Conv1D stores them transposed: see gpt/hf.py).
+  weights map key for key (Hugging Face's Conv1D stores them transposed: see gpt/checkpoints/hf.py).
 - `Attention` takes optional key/value input (cross-attention), an optional mask and an optional
   `KVCache`; the decoder-only path uses `is_causal=True` and no explicit mask, the fast path of
   `F.scaled_dot_product_attention`.
 - `forward` always returns full logits; generation asks `hidden()` for the last position only
-  (gpt/sampling.py), so nothing here changes shape depending on whether targets were given.
+  (gpt/infer/sampling.py), so nothing here changes shape depending on whether targets were given.
 - Seq2seq reuses the same `Block`s: the encoder's are not causal and mask padded source
   positions; the decoder's add cross-attention (`ln_cross`, `cross_attn`) over the encoder output
   with the same source mask. One embedding matrix serves source, target and output head (the
@@ -29,7 +29,7 @@ Design notes
   self-attention rotates queries and keys by their positions, so scores depend on relative
   positions only and there is no position table. Cross-attention is not rotated (its queries and
   keys come from different sequences). Angles are computed in float64, so positions past
-  block_size (a sliding KV cache, gpt/sampling.py) stay exact; the base is ROPE_THETA.
+  block_size (a sliding KV cache, gpt/infer/sampling.py) stay exact; the base is ROPE_THETA.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt.config import GPTConfig  # noqa: F401 (GPTConfig is part of the model's API)
+from gpt.train.config import GPTConfig  # noqa: F401 (GPTConfig is part of the model's API)
 
 ROPE_THETA = 10000.0
 
@@ -54,9 +54,9 @@ class KVCache:
     Static mode (CUDA graphs, continuous batching): when `pos` is a device tensor instead of an int,
     `append` writes the new keys/values at that position and returns the whole buffers, so every
     step has the same shapes and addresses; `GPT.hidden` masks out the keys not written yet, and the
-    caller advances `pos` (see `gpt.sampling.Decoder`). A 0-dim `pos` is one position for every row
+    caller advances `pos` (see `gpt.infer.sampling.Decoder`). A 0-dim `pos` is one position for every row
     (one token per step); a (B,) `pos` is one position per row, so rows of different lengths decode
-    together (`gpt.batching`): row b's T new tokens go to positions pos[b] .. pos[b] + T - 1.
+    together (`gpt.infer.batching`): row b's T new tokens go to positions pos[b] .. pos[b] + T - 1.
 
     Rolling (RoPE models, `rolling=True`): keys carry their rotation, so once the cache is full a
     one-token append overwrites the oldest slot and attention runs over every slot, in any order
@@ -454,7 +454,7 @@ class GPT(nn.Module):
 
     def blocks(self) -> list[Block]:
         """Every transformer block, the encoder's first: what FSDP shards and activation checkpointing
-        recomputes one at a time (gpt/parallel.py)."""
+        recomputes one at a time (gpt/train/parallel.py)."""
         return [*(self.encoder.h if self.config.n_encoder_layer else ()), *self.transformer.h]
 
     # ---- what users expect next to the model ---------------------------------------------------
@@ -474,7 +474,7 @@ class GPT(nn.Module):
 
     def param_groups(self, weight_decay: float, muon: bool = False) -> list[dict]:
         """Weight decay on matrices (Linear weights, embeddings); none on biases and LayerNorms. With `muon`,
-        the blocks' trained Linear weights come first, in a group marked "muon" (gpt/muon.py)."""
+        the blocks' trained Linear weights come first, in a group marked "muon" (gpt/train/muon.py)."""
         params = [p for p in self.parameters() if p.requires_grad]
         linears = [m for m in self.modules() if isinstance(m, nn.Linear) and m is not self.lm_head] if muon else []
         hidden = {id(m.weight) for m in linears}

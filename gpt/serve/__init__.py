@@ -7,8 +7,10 @@
     client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
     client.completions.create(model="shakespeare-char", prompt="ROMEO:", max_tokens=100, stream=True)
 
-Modules: `api` (the API's request and response shapes, OpenAI's error shape), `app` (the FastAPI
-routes over a `gpt.batching` engine thread), `__main__` (the command line), `playground.html`.
+The server room: `api` (the API's request and response shapes, OpenAI's error shape), `app` (the
+FastAPI routes over a `gpt.infer.batching` engine thread), `playground.html`; the command line is
+gpt/cli/serve.py (`__main__` forwards to it). May import inference, checkpoints, model, data and the
+foundations; never training or the command line.
 FastAPI and uvicorn are the `serve` extra (`pip install -e ".[serve]"`); importing this package does
 not import them.
 """

@@ -1,4 +1,4 @@
-"""The HTTP server: FastAPI routes over a `gpt.batching` engine running on its own thread.
+"""The HTTP server: FastAPI routes over a `gpt.infer.batching` engine running on its own thread.
 
     app = create_app(model, tokenizer, meta, ServeConfig(model_name="shakespeare-char"))
     uvicorn.run(app, host="127.0.0.1", port=8000)     # what `python -m gpt.serve` does
@@ -39,9 +39,9 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gpt.batching import BatchEngine, BatchWorker, QueueFull, Request, Seq2seqEngine
+from gpt.infer.batching import BatchEngine, BatchWorker, QueueFull, Request, Seq2seqEngine
 from gpt.errors import UserError
-from gpt.sampling import SampleConfig, prompt_ids
+from gpt.infer.sampling import SampleConfig, prompt_ids
 from gpt.serve import ServeError
 from gpt.serve.api import APIError, Completion, CompletionRequest, model_card, validation_error
 

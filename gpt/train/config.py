@@ -5,7 +5,7 @@ Config files are plain TOML data, never executed. Keys may use dashes or undersc
 (`--max-iters 100`, `--max_iters=100`). Every problem (unknown key, wrongly typed value, invalid
 value) is collected and reported together in one `ConfigError`.
 
-Shipped configs live in `gpt/configs/` and are usable by short name: `--config shakespeare_char_cpu`.
+Shipped configs live in `gpt/train/configs/` and are usable by short name: `--config shakespeare_char_cpu`.
 Model fields (`n_layer`, `n_embd`, ...) are part of the same flat namespace and are split off into
 a `GPTConfig` by `model_kwargs()`; `vocab_size` always comes from the dataset.
 """
@@ -23,85 +23,18 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from gpt.errors import UserError
+from gpt.errors import ConfigError
+from gpt.model.config import GPTConfig
+from gpt.model.lora import LORA_DEFAULT_TARGETS, LORA_TARGETS
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
 
-class ConfigError(UserError, ValueError):
-    """Bad configuration: the message lists every problem, one per line."""
-
-
-POS_ENCODINGS = ("learned", "sinusoidal", "rope")
-# GELU of the MLP: "gelu_tanh" is GPT-2's tanh approximation (gelu_new); "gelu" the exact erf form, the
-# same curve to 1e-3 and about 2.5x cheaper forward + backward on CPUs (where it is ~15% of a step).
-ACTIVATIONS = ("gelu_tanh", "gelu")
-LORA_TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "wte")  # what LoRA can adapt
-LORA_DEFAULT_TARGETS = LORA_TARGETS[:4]  # each block's four projections (wte: the tied embedding and head)
 AUTO = {"batch_size": 0}  # fields that take `auto`, and the number that stands for it
 
 
 def opt(default, help: str):
     return field(default=default, metadata={"help": help})
-
-
-@dataclass
-class GPTConfig:
-    """The model's shape (gpt/model.py builds it). Validated on construction: a ConfigError lists every
-    problem, each led by its field name."""
-
-    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64
-    block_size: int = 1024  # longest sequence (learned positions are absolute)
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
-    bias: bool = True  # biases in Linear and LayerNorm, as GPT-2
-    # Seq2seq (the encoder of "Attention Is All You Need"); 0 keeps the decoder-only model.
-    n_encoder_layer: int = 0
-    pos_encoding: str = "learned"  # "learned", "sinusoidal" or "rope" (rotary, in attention)
-    norm: str = "pre"  # "pre" (GPT-2) or "post" (the paper: LayerNorm(x + Sublayer(x)))
-    label_smoothing: float = 0.0
-    activation: str = "gelu_tanh"  # one of ACTIVATIONS
-
-    def __post_init__(self):
-        problems = self.problems()
-        if problems:
-            raise ConfigError("invalid model config: " + "; ".join(f"{name}: {why}" for name, why in problems))
-
-    def problems(self) -> list[tuple[str, str]]:
-        """(field, what is wrong) for every invalid field."""
-        out = []
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                out.append((name, f"must be a positive integer, got {value!r}"))
-        if not {"n_head", "n_embd"} & {name for name, _ in out} and self.n_embd % self.n_head:
-            out.append(("n_head", f"must divide n_embd ({self.n_embd}), got {self.n_head}"))
-        if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
-            out.append(("dropout", f"must be in [0, 1), got {self.dropout!r}"))
-        if not isinstance(self.n_encoder_layer, int) or self.n_encoder_layer < 0:
-            out.append(("n_encoder_layer", f"must be an integer >= 0, got {self.n_encoder_layer!r}"))
-        if self.pos_encoding not in POS_ENCODINGS:
-            out.append(("pos_encoding", f"must be one of {', '.join(map(repr, POS_ENCODINGS))}, got {self.pos_encoding!r}"))
-        if self.norm not in ("pre", "post"):
-            out.append(("norm", f"must be 'pre' or 'post', got {self.norm!r}"))
-        if self.activation not in ACTIVATIONS:
-            out.append(("activation", f"must be one of {', '.join(map(repr, ACTIVATIONS))}, got {self.activation!r}"))
-        if not isinstance(self.label_smoothing, (int, float)) or not 0.0 <= self.label_smoothing < 1.0:
-            out.append(("label_smoothing", f"must be in [0, 1), got {self.label_smoothing!r}"))
-        return out
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "GPTConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown model config fields {unknown}; valid: {sorted(known)}")
-        return cls(**d)
 
 
 def flag(name: str) -> str:
@@ -146,7 +79,7 @@ class TrainConfig:
     lr_decay_iters: int = opt(0, "steps over which the LR decays (0 = max_iters)")
     decay_fraction: float = opt(0.2, "wsd: fraction of lr_decay_iters spent decaying")
     optimizer: str = opt("adamw", "adamw | muon (Muon for the blocks' weight matrices, AdamW for embeddings and norms; "
-                                  "gpt/muon.py)")
+                                  "gpt/train/muon.py)")
     muon_lr: float = opt(0.05, "--optimizer muon: peak LR of the blocks' weight matrices (the schedule of "
                                "--learning-rate, scaled)")
     weight_decay: float = opt(0.1, "decoupled weight decay (matrices only)")
@@ -167,7 +100,7 @@ class TrainConfig:
     wandb_mode: str = opt("", "W&B mode: online | offline (default: wandb's own)")
     plot: bool = opt(True, "draw OUT_DIR/run.png (loss curves, LR, gradient norm) at each evaluation, in the background")
     tensorboard: bool = opt(False, "also write TensorBoard event files into OUT_DIR/tensorboard")
-    # LoRA (gpt/lora.py): frozen base weights, trained low-rank adapters
+    # LoRA (gpt/model/lora.py): frozen base weights, trained low-rank adapters
     lora_rank: int = opt(0, "LoRA adapter rank (0 = off: full fine-tuning); needs --init-from")
     lora_alpha: float = opt(16.0, "LoRA scaling: the adapters' update is multiplied by alpha / rank")
     lora_dropout: float = opt(0.0, "dropout on the adapters' input")
@@ -430,15 +363,16 @@ def config_from_argv(argv: list[str]) -> tuple[TrainConfig, set[str]]:
     cli, config_name, _ = parse_cli(argv)
     base = {}
     if cli.get("resume"):
-        from gpt import checkpoint  # the run's own config is the base a resume starts from
+        from gpt.checkpoints import loader
+        from gpt.checkpoints import native  # the run's own config is the base a resume starts from
 
-        saved = checkpoint.read_meta(cli["resume"], names=checkpoint.LATEST)
+        saved = loader.read_meta(cli["resume"], names=native.LATEST)
         base = dict(saved["train_config"])
         # the architecture the run has (an --init-from run's came from its checkpoint, not from these flags)
         base.update({k: v for k, v in saved["model_config"].items() if k in base})
         for key in ("resume", "init_from", "force"):
             base.pop(key, None)
-        base["out_dir"] = str(checkpoint.resolve(cli["resume"], names=checkpoint.LATEST).parent)  # where it is now
+        base["out_dir"] = str(loader.resolve(cli["resume"], names=native.LATEST).parent)  # where it is now
     cfg = build_config(argv, base=base)
     explicit = set(cli) | set(base)
     if config_name:

@@ -32,7 +32,7 @@ from contextlib import contextmanager
 
 import torch
 
-from gpt.parallel import full
+from gpt.train.parallel import full
 
 
 class HealthMonitor:

@@ -28,7 +28,7 @@ Footguns
   overflow check would have to agree across shards. Use bf16 (`--dtype auto` picks it on any GPU that
   has it).
 - Under FSDP the parameters and state dict entries are DTensor shards: the trainer saves through
-  gpt/dcp.py (`torch.distributed.checkpoint`), never `model.state_dict()` into one file.
+  gpt/checkpoints/dcp.py (`torch.distributed.checkpoint`), never `model.state_dict()` into one file.
 - With `--compile`, FSDP compiles each block in place (`block.compile()`) before sharding it, as
   torchtitan does; DDP compiles the whole model as before.
 """
@@ -43,8 +43,8 @@ import torch.nn as nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
-from gpt.config import ConfigError, TrainConfig
-from gpt.model import GPT
+from gpt.train.config import ConfigError, TrainConfig
+from gpt.model.transformer import GPT
 from gpt.runtime import Runtime
 
 

@@ -204,7 +204,7 @@ class FigureWriter:
             self._wait()
 
     def _start(self) -> None:
-        code = (f"import os, sys; os.nice(10); from gpt.plot import main; "
+        code = (f"import os, sys; os.nice(10); from gpt.cli.plot import main; "
                 f"sys.exit(main([{str(self.out_dir)!r}, '--out', {str(self.out_dir / FIGURE_NAME)!r}]))")
         package_root = str(Path(__file__).resolve().parents[1])  # gpt/, installed or not
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
@@ -228,18 +228,3 @@ class FigureWriter:
         self.enabled = False
         self.warn(f"warning: could not draw {self.out_dir / FIGURE_NAME} ({lines[-1][:200]}); training goes on "
                   f"without it")
-
-
-def main(argv=None) -> int:
-    from gpt.cli import ArgumentParser, run_main
-
-    p = ArgumentParser(prog="python -m gpt.plot", description="Draw train.py runs' loss curves, LR and gradient "
-                       "norms into one PNG (several runs overlaid).")
-    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (or their log.jsonl files)")
-    p.add_argument("--out", required=True, help="the PNG file to write")
-    args = p.parse_args(argv)
-    return run_main(lambda: f"wrote {plot_runs(args.runs, args.out)}")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

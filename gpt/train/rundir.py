@@ -22,7 +22,7 @@ from pathlib import Path
 
 from gpt.errors import UserError, storage_error
 
-RUN_FILES = ("last.pt", "best.pt", "log.jsonl", "config.json", "last.dcp", "best.dcp")  # .dcp: links (gpt/dcp.py)
+RUN_FILES = ("last.pt", "best.pt", "log.jsonl", "config.json", "last.dcp", "best.dcp")  # .dcp: links (gpt/checkpoints/dcp.py)
 
 try:
     import fcntl

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpt.config import ConfigError
+from gpt.train.config import ConfigError
 
 
 class Counted:
@@ -34,12 +34,12 @@ class Counted:
 
 
 class LanguageModelling:
-    """Windows of block_size + 1 tokens from a memory-mapped token stream (gpt/data.py)."""
+    """Windows of block_size + 1 tokens from a memory-mapped token stream (gpt/data/tokens.py)."""
 
     kind = "tokens"
 
     def __init__(self, path: str):
-        from gpt.data import open_dataset
+        from gpt.data.tokens import open_dataset
 
         self.dataset = open_dataset(path)
         self.vocab_size = self.dataset.vocab_size
@@ -51,7 +51,7 @@ class LanguageModelling:
             raise ConfigError(f"n_encoder_layer: {cfg.n_encoder_layer} needs a pairs dataset (data/prepare.py --pairs)")
 
     def start(self, cfg, rt, accum: int) -> None:
-        from gpt.data import Batches
+        from gpt.data.tokens import Batches
 
         self.cfg, self.device = cfg, rt.device
         self.sampler = Batches(
@@ -77,7 +77,7 @@ class LanguageModelling:
         """The same `eval_iters` random batches at every evaluation; or, with eval_iters = 0 or epoch
         sampling, the whole val split, and as many train tokens (the train split is usually ~10x
         larger, and the comparison wants equal counts)."""
-        from gpt.data import Batches, eval_batches
+        from gpt.data.tokens import Batches, eval_batches
 
         cfg, tokens = self.cfg, self.dataset.split(split)
         bs = cfg.eval_batch_size or cfg.batch_size
@@ -90,12 +90,12 @@ class LanguageModelling:
 
 
 class Translation:
-    """Length-grouped, token-budgeted (src, tgt) pair batches for the encoder-decoder (gpt/pairs.py)."""
+    """Length-grouped, token-budgeted (src, tgt) pair batches for the encoder-decoder (gpt/data/pairs.py)."""
 
     kind = "pairs"
 
     def __init__(self, path: str):
-        from gpt.pairs import open_pairs
+        from gpt.data.pairs import open_pairs
 
         self.dataset = open_pairs(path)
         self.vocab_size = self.dataset.vocab_size
@@ -117,7 +117,7 @@ class Translation:
         return cfg.max_tokens or cfg.batch_size * cfg.block_size
 
     def start(self, cfg, rt, accum: int) -> None:
-        from gpt.pairs import PairBatches
+        from gpt.data.pairs import PairBatches
 
         self.cfg, self.rt = cfg, rt
         self.sampler = PairBatches(self.dataset, "train", self._tokens(cfg), seed=cfg.seed, rank=rt.rank,
@@ -141,7 +141,7 @@ class Translation:
         return val + (train if self.cfg.eval_train else 0)
 
     def eval_batches(self, split: str):
-        from gpt.pairs import PairBatches
+        from gpt.data.pairs import PairBatches
 
         cfg = self.cfg
         batches = PairBatches(self.dataset, split, self._tokens(cfg), seed=cfg.seed + 1, device=self.rt.device)

@@ -3,7 +3,7 @@
     python train.py --config shakespeare_char_cpu --data data/shakespeare_char --out-dir out/shakespeare_char
     python train.py --resume out/shakespeare_char --max-iters 5000          # continue exactly
     torchrun --nproc-per-node 2 train.py --data ... --out-dir ...            # DistributedDataParallel
-    torchrun --nproc-per-node 8 train.py ... --fsdp --activation-checkpointing  # sharded (gpt/parallel.py, gpt/dcp.py)
+    torchrun --nproc-per-node 8 train.py ... --fsdp --activation-checkpointing  # sharded (gpt/train/parallel.py, gpt/checkpoints/dcp.py)
 
 `train(cfg)` reads as its steps: claim the run directory, open the data, build (or resume) the model,
 then loop. One step, in nanoGPT's order: the step's LR -> `grad_accum` micro-steps (forward, loss /
@@ -31,18 +31,26 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from gpt import checkpoint, dcp, lora, parallel, plot, preflight
-from gpt.config import ConfigError, GPTConfig, TrainConfig, flag
+from gpt.checkpoints import loader
+from gpt.checkpoints import native
+from gpt.checkpoints import dcp
+from gpt.model import lora
+from gpt.checkpoints import adapters
+from gpt.train import finetune
+from gpt.train import parallel
+from gpt.train import plot
+from gpt.train import preflight
+from gpt.train.config import ConfigError, GPTConfig, TrainConfig, flag
 from gpt.errors import UserError
-from gpt.health import HealthMonitor
-from gpt.model import GPT
-from gpt.muon import Muon, ns_dtype_for
+from gpt.train.health import HealthMonitor
+from gpt.model.transformer import GPT
+from gpt.train.muon import Muon, ns_dtype_for
 from gpt.progress import Progress, format_duration
-from gpt.rundir import RunDir
-from gpt.runlog import RunLogger, peak_flops
+from gpt.train.rundir import RunDir
+from gpt.train.runlog import RunLogger, peak_flops
 from gpt.runtime import Runtime, setup
-from gpt.schedule import get_lr
-from gpt.stopping import StopSignal, TimeLimit
+from gpt.train.schedule import get_lr
+from gpt.train.stopping import StopSignal, TimeLimit
 
 ARCHITECTURE = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "n_encoder_layer", "pos_encoding",
                 "norm")  # what a resumed run cannot change (dropout and label smoothing it can)
@@ -56,7 +64,7 @@ class TrainingError(UserError, RuntimeError):
 
 
 def make_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW (the fused kernel where this PyTorch has one), or Muon + AdamW (gpt/muon.py); weight decay on
+    """AdamW (the fused kernel where this PyTorch has one), or Muon + AdamW (gpt/train/muon.py); weight decay on
     matrices only."""
     kwargs = dict(lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2))
     if cfg.optimizer == "muon":
@@ -139,7 +147,7 @@ def explain_oom(cfg: TrainConfig, step: int, out_dir: Path, evaluating: bool = F
             what = f"training (micro-batches of {cfg.batch_size} x {cfg.block_size} tokens)"
             fix = (f"use a smaller --batch-size with more --grad-accum for the same global batch, e.g. "
                    f"--batch-size {max(1, cfg.batch_size // 2)} --grad-accum {cfg.grad_accum * 2}")
-        kept = any((out_dir / name).exists() for name in ("last.pt", checkpoint.SHARDED["last.pt"]))
+        kept = any((out_dir / name).exists() for name in ("last.pt", native.SHARDED["last.pt"]))
         saved = f"the last checkpoint in {out_dir} is intact" if kept else "nothing was saved"
         raise TrainingError(f"CUDA out of memory at step {step} while {what}: {fix}; {saved}") from None
 
@@ -173,7 +181,7 @@ def build_model(cfg: TrainConfig, task, explicit: set[str], log, init_from: str 
     if not init_from:
         mcfg = GPTConfig(vocab_size=padded_vocab(task), **cfg.model_kwargs())
         return GPT(mcfg), mcfg.to_dict()
-    model, meta = checkpoint.load_model(init_from)
+    model, meta = loader.load_model(init_from)
     check_tokenizer(init_from, meta["tokenizer"], task, cfg.data)
     mdict = dict(meta["model_config"], dropout=cfg.dropout)  # architecture from the checkpoint
     ignored = [f"{flag(k)} {getattr(cfg, k)}" for k in ARCHITECTURE
@@ -242,7 +250,7 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
 
 def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
     """Run training as configured; returns a summary dict (final losses, steps, time)."""
-    from gpt.tasks import open_task
+    from gpt.train.tasks import open_task
 
     t_start = time.time()
     if not cfg.data:
@@ -276,10 +284,10 @@ class Run:
         self.out_dir = Path(cfg.out_dir)
         torch.manual_seed(cfg.seed + rt.rank)
         log.print(f"building the model on {rt.describe()}")
-        base = lora.run_base(cfg) if cfg.lora_rank else None  # the model LoRA adapts
+        base = finetune.run_base(cfg) if cfg.lora_rank else None  # the model LoRA adapts
         model, self.model_config = build_model(cfg, task, {"block_size"} if cfg.resume and base else explicit,
                                                log.print, init_from=str(base or ""))
-        self.lora_meta = lora.adapt_for_training(model, cfg, base, log.print) if base else None
+        self.lora_meta = finetune.adapt_for_training(model, cfg, base, log.print) if base else None
         cfg.block_size = model.config.block_size
         self.model = model.to(rt.device)
         self.train_model = parallel.wrap(model, cfg, rt)  # before the optimizer: FSDP swaps in sharded parameters
@@ -304,14 +312,14 @@ class Run:
 
     def _resume(self) -> None:
         cfg, rt = self.cfg, self.rt
-        source = checkpoint.resolve(cfg.resume, names=checkpoint.LATEST)  # last.pt, or last.dcp (sharded)
-        meta = checkpoint.read_meta(source)
+        source = loader.resolve(cfg.resume, names=native.LATEST)  # last.pt, or last.dcp (sharded)
+        meta = loader.read_meta(source)
         check_resume(meta, self.model_config, self.task, cfg)
-        lora.check_resume(meta, self.lora_meta, cfg.resume)
+        adapters.check_resume(meta, self.lora_meta, cfg.resume)
         if cfg.fsdp:  # each process reads the shards it holds (a .pt: its part of the whole)
             ckpt = dcp.load(source, self.model, self.optimizer)
         else:
-            ckpt = checkpoint.read(source, map_location=rt.device)
+            ckpt = loader.read(source, map_location=rt.device)
             lora.load_weights(self.model, ckpt["model"], ckpt.source)  # all weights, or a LoRA run's adapters
             self.optimizer.load_state_dict(ckpt["optimizer"])
         meta = ckpt["meta"]
@@ -344,7 +352,7 @@ class Run:
         cfg = self.cfg
         if not (rt.master or cfg.fsdp):
             return
-        meta = checkpoint.build_meta(
+        meta = native.build_meta(
             model_config=self.model_config, tokenizer=self.task.tokenizer_spec, step=self.step,
             train_config=cfg.to_dict(), val_loss=val_loss, best_val_loss=self.best_val, skipped_steps=self.skipped,
             world_size=rt.world_size, sampler={"seed": cfg.seed, "mode": cfg.sampling, "next_step": self.step},
@@ -352,18 +360,18 @@ class Run:
         )
         scaler = self.scaler.state_dict() if self.scaler.is_enabled() else None
         with stop.deferred():  # a second Ctrl-C waits for the write to finish
-            if cfg.fsdp:  # every process writes its shards (gpt/dcp.py)
-                dcp.save(self.out_dir / checkpoint.SHARDED[name], self.model, self.optimizer, meta, scaler, rng)
+            if cfg.fsdp:  # every process writes its shards (gpt/checkpoints/dcp.py)
+                dcp.save(self.out_dir / native.SHARDED[name], self.model, self.optimizer, meta, scaler, rng)
             else:
                 state = dict(model=lora.saved_weights(self.model), optimizer=self.optimizer.state_dict(),
                              scaler=scaler, rng=rng)
-                checkpoint.save(self.out_dir / name, state, meta)
+                native.save(self.out_dir / name, state, meta)
         self.saved_step = self.step
 
     def _kept(self) -> str:
         if self.saved_step is None:
             return "nothing was saved"
-        last = checkpoint.SHARDED["last.pt"] if self.cfg.fsdp else "last.pt"
+        last = native.SHARDED["last.pt"] if self.cfg.fsdp else "last.pt"
         return f"{self.out_dir / last} still holds step {self.saved_step}"
 
     def evaluate(self, stop: StopSignal) -> dict[str, float]:
@@ -390,7 +398,7 @@ class Run:
             if self.cfg.fsdp:
                 dcp.mark_best(self.out_dir)
             else:
-                checkpoint.link_or_copy(self.out_dir / "last.pt", self.out_dir / "best.pt")
+                native.link_or_copy(self.out_dir / "last.pt", self.out_dir / "best.pt")
         self.figure.update()  # OUT_DIR/run.png, drawn in the background
         return losses
 

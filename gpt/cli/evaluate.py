@@ -1,0 +1,91 @@
+"""BLEU of a translation checkpoint, or perplexity: `python -m gpt.evaluate`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Sequence
+
+from gpt.cli import ArgumentParser, run_main
+from gpt.data.pairs import read_lines
+from gpt.errors import storage_error
+from gpt.infer.evaluate import EvaluateError, evaluate
+from gpt.infer.translate import TranslateConfig, check_vocab, one_line, seq2seq_ids
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(
+        prog="python -m gpt.evaluate", description="Corpus BLEU (sacrebleu) of a seq2seq checkpoint, and sentences/s.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--ckpt", required=True, help="run directory (best.pt, else last.pt) or checkpoint file")
+    p.add_argument("--source-file", required=True, help="source sentences, one per line")
+    p.add_argument("--reference", required=True, help="reference translations, line i for source line i")
+    p.add_argument("--beam-size", type=int, default=1, help="1 = greedy")
+    p.add_argument("--length-penalty", type=float, default=0.6, help="GNMT alpha for beam search")
+    p.add_argument("--batch-size", type=int, default=64, help="sentences decoded together")
+    p.add_argument("--max-new-tokens", type=int, help="output length limit (default: source length + 50)")
+    p.add_argument("--limit", type=int, help="evaluate only the first N lines")
+    p.add_argument("--output", help="write the translations here, one per line")
+    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N, mps")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on a capable GPU or a CPU with native bf16, else "
+                   "float32), float32, bfloat16, float16 (CUDA only)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for PyTorch; 0 = its default")
+    p.add_argument("--quantize", default="none", choices=["none", "int8"],
+                   help="int8: dynamic int8 Linear layers, CPU only (gpt/model/quantize.py)")
+    return p
+
+
+def check_output(path: str) -> None:
+    """--output must name a file that can be created, checked before hours of decoding."""
+    out = Path(path)
+    parent = out.parent
+    if out.is_dir():
+        raise EvaluateError(f"--output {path} is a directory: name a file")
+    if parent.exists() and not parent.is_dir():
+        raise EvaluateError(f"--output {path}: {parent} is a file, not a directory")
+    if not parent.exists():
+        raise EvaluateError(f"--output {path}: there is no directory {parent}; create it first (mkdir -p {parent})")
+    if not os.access(parent, os.W_OK):
+        raise EvaluateError(f"--output {path}: {parent} is not writable; choose another place")
+
+
+def run(args: argparse.Namespace) -> str:
+    from gpt.checkpoints.loader import load_for_inference
+
+    # the ranges and the output path before anything is read; translate() checks what depends on the model
+    TranslateConfig(beam_size=args.beam_size, length_penalty=args.length_penalty, batch_size=args.batch_size,
+                    max_new_tokens=args.max_new_tokens)
+    if args.limit is not None and args.limit < 1:
+        raise EvaluateError(f"--limit must be an integer >= 1 (the first N lines), got {args.limit}")
+    if args.output:
+        check_output(args.output)
+    sources, references = read_lines(args.source_file), read_lines(args.reference)
+    if args.limit:
+        sources, references = sources[: args.limit], references[: args.limit]
+    _, model, tok, meta, _ = load_for_inference(args.ckpt, args.device, args.dtype, args.threads, args.quantize)
+    bos, eos = seq2seq_ids(meta)
+    check_vocab(tok, model)
+    result = evaluate(model, tok, sources, references, bos, eos, args.beam_size, args.length_penalty,
+                      args.batch_size, args.max_new_tokens)
+    if args.output:
+        try:
+            Path(args.output).write_text("".join(one_line(h) + "\n" for h in result["hypotheses"]), encoding="utf-8")
+        except OSError as e:
+            raise storage_error(e, "write", args.output) from None
+    return (
+        f"BLEU {result['bleu']:.2f} | beam {args.beam_size} | {result['sentences']} sentences in "
+        f"{result['seconds']:.1f} s = {result['sentences_per_s']:.1f} sentences/s | {result['bleu_text']} | "
+        f"{result['signature']}"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_main(lambda: run(args))
+
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

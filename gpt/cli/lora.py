@@ -1,0 +1,43 @@
+"""LoRA checkpoints as plain ones: `python -m gpt.lora merge`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpt.checkpoints import native
+from gpt.checkpoints.loader import load_adapted
+from gpt.cli import ArgumentParser, run_main
+
+
+def merge_checkpoint(path, out, base=None) -> Path:
+    """Write base + adapters of the LoRA checkpoint `path` as one plain checkpoint (`out`: a .pt file, or a
+    directory that gets best.pt): sample.py, `--init-from` and the HF export read it like any other."""
+
+    model, meta_ = load_adapted(path, merge_adapters=True, base=base)
+    keep = {k: meta_[k] for k in ("step", "val_loss", "dataset") if k in meta_}
+    new_meta = native.build_meta(model_config=model.config.to_dict(), tokenizer=meta_["tokenizer"], **keep)
+    out = Path(out)
+    target = out if out.suffix == ".pt" else out / "best.pt"
+    native.save(target, {"model": model.state_dict()}, new_meta)
+    return target
+
+
+def main(argv=None) -> int:
+    p = ArgumentParser(prog="python -m gpt.lora", description="LoRA checkpoints: `merge` writes base + adapters as "
+                       "one plain checkpoint (for sample.py, --init-from, python -m gpt.hf export).")
+    p.add_argument("command", choices=["merge"])
+    p.add_argument("--ckpt", required=True, help="a LoRA run directory (best.pt, else last.pt) or checkpoint file")
+    p.add_argument("--out", required=True, help="a .pt file, or a directory (it gets best.pt)")
+    p.add_argument("--base", default=None, help="the base model, if not where the checkpoint says (default: there)")
+    args = p.parse_args(argv)
+
+    def run() -> str:
+        target = merge_checkpoint(args.ckpt, args.out, args.base)
+        return f"wrote {target} (base + adapters merged; sample with `python sample.py --ckpt {target}`)"
+
+    return run_main(run)
+
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

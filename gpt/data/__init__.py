@@ -1,0 +1,13 @@
+"""The data room: text in, token ids on disk, batches out. Imports torch only where batches are made.
+
+- `corpus.py` reads text files and directories into documents; `prepare.py` tokenizes them into a
+  dataset directory (`train.bin`, `val.bin`, `meta.json`); `pairs.py` does the same for translation
+  pairs and batches them by length.
+- `tokenizer.py` (gpt2, char, own BPE through tiktoken), `bpe.py` (training a BPE), `vocab.py`
+  (reusing a dataset's vocabulary, the unknown-character policy).
+- `format.py` owns the on-disk format: meta.json's schema, dtypes, checksums, atomic publishing.
+- `tokens.py` opens a token dataset memory-mapped and draws training / evaluation batches.
+
+May import: the foundations (`gpt.errors`, `gpt.fsutil`, `gpt.progress`, `gpt.runtime`). Never the
+model, checkpoints, training or inference.
+"""
