@@ -13,7 +13,7 @@ import torch
 
 from gpt.checkpoints import loader
 from gpt.checkpoints import native
-from gpt.checkpoints import dcp
+from gpt.cli import dcp as cli_dcp
 from gpt.train import parallel
 from gpt.train.config import ConfigError, TrainConfig, config_from_argv
 from gpt.model.transformer import GPT, GPTConfig
@@ -109,7 +109,7 @@ def state(path) -> dict:
 def twin(run, dst):
     """A copy of `run` whose latest checkpoint is the single file its last.dcp converts to."""
     shutil.copytree(run, dst, symlinks=True)
-    dcp.convert(dst / "last.dcp", dst / "last.pt")
+    cli_dcp.convert(dst / "last.dcp", dst / "last.pt")
     (dst / "last.dcp").unlink()
     (dst / "best.dcp").unlink()
     return dst

@@ -26,7 +26,7 @@ import torch
 
 from gpt.checkpoints import adapters, dcp, hf
 from gpt.checkpoints.native import (BEST_FIRST, SHARDED, CheckpointError, Fields, build_meta, build_model,
-                                    check_meta, is_sharded, load_file, model_config)
+                                    check_meta, checked, is_sharded, load_file, model_config, read_file)
 from gpt.data.format import is_dataset
 from gpt.data.tokenizer import get_tokenizer
 from gpt.data.vocab import Reused, dataset_spec
@@ -65,11 +65,7 @@ def _not_a_run(path: Path, names: tuple[str, ...]) -> str:
 def read(path: str | os.PathLike, map_location="cpu", names: tuple[str, ...] = BEST_FIRST) -> Fields:
     """The checkpoint dict with `meta` checked and parsed (`check_meta`); never unpickles arbitrary objects."""
     path = resolve(path, names)
-    ckpt = Fields(dcp.read(path, map_location) if is_sharded(path) else load_file(path, map_location), path)
-    ckpt["meta"] = check_meta(ckpt["meta"], path)
-    if "model" not in ckpt:
-        raise CheckpointError(f"{path} is not a gpt checkpoint: it has no model weights")
-    return ckpt
+    return checked(dcp.read(path, map_location), path) if is_sharded(path) else read_file(path, map_location)
 
 
 def read_meta(path: str | os.PathLike, names: tuple[str, ...] = BEST_FIRST) -> Fields:

@@ -206,6 +206,20 @@ def load_file(path: Path, map_location="cpu", mmap: bool = False) -> dict:
     return ckpt
 
 
+def read_file(path: Path, map_location="cpu") -> Fields:
+    """A .pt checkpoint with its `meta` checked and parsed (`check_meta`) and its weights present."""
+    return checked(load_file(path, map_location), path)
+
+
+def checked(ckpt: dict, path: Path) -> Fields:
+    """`ckpt` (a .pt file's dict, or a DCP checkpoint read whole) with `meta` checked, its weights present."""
+    ckpt = Fields(ckpt, path)
+    ckpt["meta"] = check_meta(ckpt["meta"], path)
+    if "model" not in ckpt:
+        raise CheckpointError(f"{path} is not a gpt checkpoint: it has no model weights")
+    return ckpt
+
+
 # ---- writing ---------------------------------------------------------------------------------------
 
 
