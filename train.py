@@ -12,7 +12,8 @@
 import sys
 
 from gpt.cli import run_main
-from gpt.train.config import config_from_argv, help_text
+from gpt.train.config import help_text
+from gpt.train.start import config_from_argv
 from gpt.train.trainer import train
 
 

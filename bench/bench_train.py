@@ -138,7 +138,8 @@ def throughput(steps: int = 60) -> dict:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from gpt.train.config import GPTConfig, TrainConfig
+    from gpt.model.config import GPTConfig
+    from gpt.train.config import TrainConfig
     from gpt.model.transformer import GPT
     from gpt.train.parallel import compile_options
     from gpt.runtime import Runtime, cpu_has_native_bf16

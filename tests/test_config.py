@@ -1,6 +1,7 @@
 import pytest
 
-from gpt.train.config import ConfigError, TrainConfig, build_config, help_text
+from gpt.errors import ConfigError
+from gpt.train.config import TrainConfig, build_config, help_text
 
 
 def test_defaults_file_cli_precedence(tmp_path):

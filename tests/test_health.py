@@ -11,7 +11,8 @@ import torch
 
 from gpt.model import lora
 from gpt.train import preflight
-from gpt.train.config import ConfigError, build_config
+from gpt.errors import ConfigError
+from gpt.train.config import build_config
 from gpt.train.health import HealthMonitor
 from gpt.model.transformer import GPT, GPTConfig
 

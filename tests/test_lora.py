@@ -11,7 +11,9 @@ from gpt.checkpoints import loader
 from gpt.checkpoints import native
 from gpt.model import lora
 from gpt.cli import lora as cli_lora
-from gpt.train.config import ConfigError, TrainConfig, config_from_argv
+from gpt.errors import ConfigError
+from gpt.train.config import TrainConfig
+from gpt.train.start import config_from_argv
 from gpt.data.tokens import open_dataset
 from gpt.model.transformer import GPT, GPTConfig
 from gpt.runtime import Runtime

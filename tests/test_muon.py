@@ -4,7 +4,8 @@ torch.optim.AdamW, and which parameters each half of the optimizer gets."""
 import pytest
 import torch
 
-from gpt.train.config import ConfigError, TrainConfig
+from gpt.errors import ConfigError
+from gpt.train.config import TrainConfig
 from gpt.model.transformer import GPT, GPTConfig
 from gpt.train.muon import Muon, ns_dtype_for, orthogonalize
 from gpt import runtime

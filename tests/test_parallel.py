@@ -15,7 +15,9 @@ from gpt.checkpoints import loader
 from gpt.checkpoints import native
 from gpt.cli import dcp as cli_dcp
 from gpt.train import parallel
-from gpt.train.config import ConfigError, TrainConfig, config_from_argv
+from gpt.errors import ConfigError
+from gpt.train.config import TrainConfig
+from gpt.train.start import config_from_argv
 from gpt.model.transformer import GPT, GPTConfig
 from gpt.runtime import Runtime
 from gpt.train.trainer import train

@@ -150,7 +150,7 @@ def test_a_rope_model_is_not_exported_as_gpt2():
 
 def test_the_shipped_rope_config_trains_and_samples_past_its_context(char_data, tmp_path, monkeypatch):
     from gpt.checkpoints.loader import load_checkpoint
-    from gpt.train.config import config_from_argv
+    from gpt.train.start import config_from_argv
     from gpt.train.trainer import train
 
     out = tmp_path / "rope"

@@ -12,7 +12,8 @@ import torch
 
 from gpt.checkpoints import loader
 from gpt.model.transformer import GPT, GPTConfig
-from gpt.train.config import ConfigError, config_from_argv
+from gpt.errors import ConfigError
+from gpt.train.start import config_from_argv
 from gpt.train.rundir import RunDir, RunDirError
 from gpt.runtime import Runtime
 from gpt.train.stopping import StopSignal, TimeLimit
@@ -413,7 +414,7 @@ def test_pairs_dataset_needs_an_encoder(reverse_pairs, tmp_path):
 
 def test_training_longer_says_what_the_lr_does():
     from gpt.train.config import TrainConfig
-    from gpt.train.trainer import schedule_change
+    from gpt.train.start import schedule_change
 
     saved = TrainConfig(max_iters=100).to_dict()
     tied = schedule_change(saved, TrainConfig(max_iters=300), step=100)

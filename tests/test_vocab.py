@@ -10,7 +10,7 @@ import pytest
 from gpt.data.tokens import open_dataset
 from gpt.data.prepare import prepare
 from gpt.data.tokenizer import get_tokenizer
-from gpt.train.trainer import tokenizers_match
+from gpt.train.start import tokenizers_match
 
 from conftest import ROOT
 from test_checkpoint import char_data, one_line_error, script  # noqa: F401 (fixture)

@@ -18,6 +18,9 @@ POS_ENCODINGS = ("learned", "sinusoidal", "rope")
 # GELU of the MLP: "gelu_tanh" is GPT-2's tanh approximation (gelu_new); "gelu" the exact erf form, the
 # same curve to 1e-3 and about 2.5x cheaper forward + backward on CPUs (where it is ~15% of a step).
 ACTIVATIONS = ("gelu_tanh", "gelu")
+LORA_TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "wte")  # what LoRA can adapt
+LORA_DEFAULT_TARGETS = LORA_TARGETS[:4]  # each block's four projections (wte: the tied embedding and head)
+
 
 @dataclass
 class GPTConfig:

@@ -51,9 +51,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt.errors import ConfigError, UserError
+from gpt.model.config import LORA_DEFAULT_TARGETS, LORA_TARGETS  # noqa: F401 (what LoRA can adapt)
 
-LORA_TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "wte")  # what LoRA can adapt
-LORA_DEFAULT_TARGETS = LORA_TARGETS[:4]  # each block's four projections (wte: the tied embedding and head)
 ADAPTER_KEYS = ("lora_A", "lora_B")
 
 

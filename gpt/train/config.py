@@ -24,8 +24,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from gpt.errors import ConfigError
-from gpt.model.config import GPTConfig
-from gpt.model.lora import LORA_DEFAULT_TARGETS, LORA_TARGETS
+from gpt.model.config import LORA_DEFAULT_TARGETS, LORA_TARGETS, GPTConfig
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
@@ -355,29 +354,6 @@ def base_value(base: dict | None, config_name: str | None, key: str):
     if base and key in base:
         return base[key]
     return next(f.default for f in fields(TrainConfig) if f.name == key)
-
-
-def config_from_argv(argv: list[str]) -> tuple[TrainConfig, set[str]]:
-    """The training config of a command line, and the names given explicitly (by the command line, the
-    config file or, with `--resume RUN`, the run's saved config, which the command line may change)."""
-    cli, config_name, _ = parse_cli(argv)
-    base = {}
-    if cli.get("resume"):
-        from gpt.checkpoints import loader
-        from gpt.checkpoints import native  # the run's own config is the base a resume starts from
-
-        saved = loader.read_meta(cli["resume"], names=native.LATEST)
-        base = dict(saved["train_config"])
-        # the architecture the run has (an --init-from run's came from its checkpoint, not from these flags)
-        base.update({k: v for k, v in saved["model_config"].items() if k in base})
-        for key in ("resume", "init_from", "force"):
-            base.pop(key, None)
-        base["out_dir"] = str(loader.resolve(cli["resume"], names=native.LATEST).parent)  # where it is now
-    cfg = build_config(argv, base=base)
-    explicit = set(cli) | set(base)
-    if config_name:
-        explicit |= set(load_toml(find_config(config_name)))
-    return cfg, explicit
 
 
 def help_text(prog: str = "train.py") -> str:

@@ -43,7 +43,8 @@ import torch.nn as nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
-from gpt.train.config import ConfigError, TrainConfig
+from gpt.errors import ConfigError
+from gpt.train.config import TrainConfig
 from gpt.model.transformer import GPT
 from gpt.runtime import Runtime
 

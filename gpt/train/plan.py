@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gpt.train.config import GPTConfig, TrainConfig
+from gpt.model.config import GPTConfig
+from gpt.train.config import TrainConfig
 from gpt.errors import UserError
 from gpt.model.transformer import GPT
 

@@ -32,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from gpt.train.config import ConfigError
+from gpt.errors import ConfigError
 from gpt.progress import format_duration
 
 PREFLIGHT_STEPS = 5  # steps measured before the first ETA is said (the first one pays for warm-up)

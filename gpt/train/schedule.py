@@ -58,3 +58,12 @@ def get_lr(
             return lr
         return lr - (lr - min_lr) * (step - decay_start) / max(1, decay_iters - decay_start)
     raise ValueError(f"unknown lr schedule {schedule!r}")
+
+
+def lr_at(step: int, cfg) -> float:
+    """The LR of `step` under a TrainConfig's schedule settings."""
+    return get_lr(
+        step, schedule=cfg.lr_schedule, lr=cfg.learning_rate, min_lr=cfg.min_lr,
+        warmup_iters=cfg.warmup_iters, decay_iters=cfg.lr_decay_iters or cfg.max_iters,
+        decay_fraction=cfg.decay_fraction, d_model=cfg.n_embd,
+    )

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpt.train.config import ConfigError
+from gpt.errors import ConfigError
 
 
 class Counted:

@@ -21,7 +21,6 @@ val loss; a resume must use the same tokenizer and architecture; the run directo
 from __future__ import annotations
 
 import collections
-import dataclasses
 import math
 import signal
 import time
@@ -36,12 +35,13 @@ from gpt.checkpoints import native
 from gpt.checkpoints import dcp
 from gpt.model import lora
 from gpt.checkpoints import adapters
-from gpt.train import finetune
+from gpt.train import start
+from gpt.train.start import TrainingError
 from gpt.train import parallel
 from gpt.train import plot
 from gpt.train import preflight
-from gpt.train.config import ConfigError, GPTConfig, TrainConfig, flag
-from gpt.errors import UserError
+from gpt.errors import ConfigError
+from gpt.train.config import TrainConfig
 from gpt.train.health import HealthMonitor
 from gpt.model.transformer import GPT
 from gpt.train.muon import Muon, ns_dtype_for
@@ -49,15 +49,9 @@ from gpt.progress import Progress, format_duration
 from gpt.train.rundir import RunDir
 from gpt.train.runlog import RunLogger, peak_flops
 from gpt.runtime import Runtime, setup
-from gpt.train.schedule import get_lr
+from gpt.train.schedule import lr_at
 from gpt.train.stopping import StopSignal, TimeLimit
 
-ARCHITECTURE = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "n_encoder_layer", "pos_encoding",
-                "norm")  # what a resumed run cannot change (dropout and label smoothing it can)
-
-
-class TrainingError(UserError, RuntimeError):
-    """The run cannot go on (non-finite loss, mismatched tokenizer, ...); the message says why."""
 
 
 # ---- the pieces of a step ----------------------------------------------------------------------------
@@ -73,14 +67,6 @@ def make_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.
         return torch.optim.AdamW(model.param_groups(cfg.weight_decay), fused=True, **kwargs)
     except (RuntimeError, TypeError):
         return torch.optim.AdamW(model.param_groups(cfg.weight_decay), foreach=True, **kwargs)
-
-
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    return get_lr(
-        step, schedule=cfg.lr_schedule, lr=cfg.learning_rate, min_lr=cfg.min_lr,
-        warmup_iters=cfg.warmup_iters, decay_iters=cfg.lr_decay_iters or cfg.max_iters,
-        decay_fraction=cfg.decay_fraction, d_model=cfg.n_embd,
-    )
 
 
 def train_step(train_model, optimizer, scaler, get_batch, step: int, accum: int, rt: Runtime, grad_clip: float):
@@ -152,83 +138,7 @@ def explain_oom(cfg: TrainConfig, step: int, out_dir: Path, evaluating: bool = F
         raise TrainingError(f"CUDA out of memory at step {step} while {what}: {fix}; {saved}") from None
 
 
-# ---- the model: fresh, fine-tuned from a checkpoint, or resumed ---------------------------------------
-
-
-def tokenizers_match(a: dict, b: dict) -> bool:
-    keys = {"gpt2": ("kind",), "char": ("kind", "chars"), "bpe": ("kind", "ranks", "pattern")}.get(a.get("kind"), ())
-    return bool(keys) and all(a.get(k) == b.get(k) for k in keys)
-
-
-def check_tokenizer(source: str, spec: dict, task, data: str) -> None:
-    """A checkpoint's tokenizer must be the dataset's: the same ids must mean the same text."""
-    if not tokenizers_match(spec, task.tokenizer_spec):
-        kind = spec.get("kind")
-        raise TrainingError(
-            f"tokenizer mismatch: {source} was trained with a {kind!r} tokenizer different from the one of "
-            f"{data} ({task.tokenizer_spec.get('kind')!r}); use the dataset it was trained on, or prepare "
-            f"the text with the checkpoint's tokenizer (e.g. `python data/prepare.py ... --tokenizer {kind}`)")
-
-
-def padded_vocab(task) -> int:
-    return math.ceil(task.vocab_size / 64) * 64  # a multiple of 64: faster matmuls
-
-
-def build_model(cfg: TrainConfig, task, explicit: set[str], log, init_from: str = "") -> tuple[GPT, dict]:
-    """A fresh model, or one initialised from `init_from` (default: cfg.init_from); returns (model, the
-    model config used)."""
-    init_from = init_from or cfg.init_from
-    if not init_from:
-        mcfg = GPTConfig(vocab_size=padded_vocab(task), **cfg.model_kwargs())
-        return GPT(mcfg), mcfg.to_dict()
-    model, meta = loader.load_model(init_from)
-    check_tokenizer(init_from, meta["tokenizer"], task, cfg.data)
-    mdict = dict(meta["model_config"], dropout=cfg.dropout)  # architecture from the checkpoint
-    ignored = [f"{flag(k)} {getattr(cfg, k)}" for k in ARCHITECTURE
-               if k in explicit and k != "block_size" and k in mdict and getattr(cfg, k, None) != mdict[k]]
-    if ignored:
-        log(f"init_from: the architecture comes from {init_from}; ignoring {', '.join(ignored)}")
-    state = model.state_dict()
-    model = GPT(GPTConfig.from_dict(mdict))
-    model.load_state_dict(state)
-    block = cfg.block_size if "block_size" in explicit else mdict["block_size"]
-    if block < mdict["block_size"]:
-        log(f"init_from: cropping block_size {mdict['block_size']} -> {block}")
-        model.crop_block_size(block)
-    elif block > mdict["block_size"]:
-        raise ConfigError(f"--block-size: {block} exceeds the checkpoint's {mdict['block_size']} (it can only shrink)")
-    return model, model.config.to_dict()
-
-
-def check_resume(meta: dict, model_config: dict, task, cfg: TrainConfig) -> None:
-    """A resumed run continues the same model on the same kind of data: refuse anything else in one line."""
-    check_tokenizer(cfg.resume, meta["tokenizer"], task, cfg.data)
-    saved = meta["model_config"]
-    changed = [f"{flag(k)} {model_config[k]} (the run has {saved[k]})" for k in ARCHITECTURE
-               if k != "vocab_size" and k in saved and model_config.get(k) != saved[k]]
-    if changed:
-        raise ConfigError(f"--resume {cfg.resume}: the architecture of a run cannot change: {', '.join(changed)}; "
-                          f"start a new run, or fine-tune it with --init-from {cfg.resume}")
-    optimizer = meta["train_config"].get("optimizer", "adamw")
-    if cfg.optimizer != optimizer:
-        raise ConfigError(f"--resume {cfg.resume}: the run was trained with --optimizer {optimizer}, not "
-                          f"{cfg.optimizer}; resume it with --optimizer {optimizer}, or fine-tune it with --init-from")
-
-
-def schedule_change(saved: dict, cfg: TrainConfig, step: int) -> str | None:
-    """What training longer than the run planned does to the LR, in one line (None if nothing changes)."""
-    old_end, new_end = saved.get("max_iters", cfg.max_iters), cfg.max_iters
-    if new_end <= old_end or cfg.lr_schedule in ("constant", "noam"):
-        return None
-    if not cfg.lr_decay_iters:  # the decay follows --max-iters: it stretches to the new end
-        old_lr = lr_at(step, dataclasses.replace(cfg, max_iters=old_end))
-        return (f"--max-iters {new_end} (was {old_end}): the LR decay follows --max-iters, so it now ends at step "
-                f"{new_end}; the LR at step {step} goes from {old_lr:.2e} to {lr_at(step, cfg):.2e}")
-    if cfg.lr_decay_iters < new_end:
-        return (f"--max-iters {new_end}: the LR decay ends at --lr-decay-iters {cfg.lr_decay_iters}, so steps "
-                f"{max(step, cfg.lr_decay_iters)}..{new_end} run at --min-lr {cfg.min_lr:.2e}; pass "
-                f"--lr-decay-iters {new_end} to stretch the decay instead")
-    return None
+# ---- the run's random state ---------------------------------------------------------------------------
 
 
 def _rng_state(device: torch.device) -> dict:
@@ -284,10 +194,10 @@ class Run:
         self.out_dir = Path(cfg.out_dir)
         torch.manual_seed(cfg.seed + rt.rank)
         log.print(f"building the model on {rt.describe()}")
-        base = finetune.run_base(cfg) if cfg.lora_rank else None  # the model LoRA adapts
-        model, self.model_config = build_model(cfg, task, {"block_size"} if cfg.resume and base else explicit,
+        base = start.lora_base(cfg) if cfg.lora_rank else None  # the model LoRA adapts
+        model, self.model_config = start.new_model(cfg, task, {"block_size"} if cfg.resume and base else explicit,
                                                log.print, init_from=str(base or ""))
-        self.lora_meta = finetune.adapt_for_training(model, cfg, base, log.print) if base else None
+        self.lora_meta = start.add_adapters(model, cfg, base, log.print) if base else None
         cfg.block_size = model.config.block_size
         self.model = model.to(rt.device)
         self.train_model = parallel.wrap(model, cfg, rt)  # before the optimizer: FSDP swaps in sharded parameters
@@ -314,7 +224,7 @@ class Run:
         cfg, rt = self.cfg, self.rt
         source = loader.resolve(cfg.resume, names=native.LATEST)  # last.pt, or last.dcp (sharded)
         meta = loader.read_meta(source)
-        check_resume(meta, self.model_config, self.task, cfg)
+        start.check_resumable(meta, self.model_config, self.task, cfg)
         adapters.check_resume(meta, self.lora_meta, cfg.resume)
         if cfg.fsdp:  # each process reads the shards it holds (a .pt: its part of the whole)
             ckpt = dcp.load(source, self.model, self.optimizer)
@@ -331,7 +241,7 @@ class Run:
         if rt.world_size == meta.get("world_size", 1):  # the same processes: continue their RNG streams
             _set_rng_state(ckpt["rng"][rt.rank] if isinstance(ckpt["rng"], list) else ckpt["rng"], rt.device)
         self.log.print(f"resuming {cfg.resume} at step {self.step}")
-        note = schedule_change(meta["train_config"], cfg, self.step)
+        note = start.schedule_change(meta["train_config"], cfg, self.step)
         if note:
             self.log.print(note)
 
