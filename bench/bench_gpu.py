@@ -44,8 +44,8 @@ import threading
 import time
 from pathlib import Path
 
-import harness  # noqa: E402 (bench/ is on sys.path when run as a script)
-from harness import tail  # noqa: E402
+import harness
+from harness import tail
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -168,7 +168,7 @@ def section_env(args) -> dict:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
     lscpu = sh("lscpu")
-    cpu = next((l.split(":", 1)[1].strip() for l in lscpu.splitlines() if l.startswith("Model name")), "")
+    cpu = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), "")
     return {
         "gpu": torch.cuda.get_device_name(0),
         "gpu_memory_gib": round(props.total_memory / 2**30, 1),
@@ -191,15 +191,15 @@ def section_tests(args) -> dict:
                  args.out / "tests.log", timeout=timeout,
                  env={"GPT_SHARED_DATA": str(args.shared / "data")})
     text = [line for _, line in run["lines"]]
-    summary = next((l for l in reversed(text) if re.search(r"\d+ (passed|failed)", l)), "")
+    summary = next((ln for ln in reversed(text) if re.search(r"\d+ (passed|failed)", ln)), "")
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", summary)}
     return {
         "command": "python -m pytest -q", "returncode": run["returncode"], "seconds": round(run["seconds"], 1),
         "timed_out": run["timed_out"],
         "summary": summary.strip("= "), **counts,
-        "failures": [l for l in text if l.startswith(("FAILED", "ERROR"))][:30],
-        "skipped": [l for l in text if l.startswith("SKIPPED")][:30],
-        "cuda_tests": [l for l in text if "test_cuda" in l][:30],
+        "failures": [ln for ln in text if ln.startswith(("FAILED", "ERROR"))][:30],
+        "skipped": [ln for ln in text if ln.startswith("SKIPPED")][:30],
+        "cuda_tests": [ln for ln in text if "test_cuda" in ln][:30],
     }
 
 

@@ -59,10 +59,10 @@ def worker(mode: str, steps: int) -> None:
     """One rank of the memory benchmark (launched by torchrun)."""
     import torch
 
-    from gpt.train import parallel
-    from gpt.train.config import TrainConfig
     from gpt.model.transformer import GPT, GPTConfig
     from gpt.runtime import setup
+    from gpt.train import parallel
+    from gpt.train.config import TrainConfig
     from gpt.train.trainer import make_optimizer, train_step
 
     rt = setup(device="auto", dtype="float32", threads=1)
@@ -124,9 +124,9 @@ def memory(steps: int = 3) -> dict:
 def recompute(repeats: int = 5, steps: int = 4) -> dict:
     import torch
 
-    from gpt.train import parallel
     from gpt.model.transformer import GPT, GPTConfig
     from gpt.runtime import Runtime
+    from gpt.train import parallel
     from gpt.train.trainer import train_step
 
     torch.set_num_threads(1)
@@ -144,7 +144,7 @@ def recompute(repeats: int = 5, steps: int = 4) -> dict:
         saved = {}
 
         def pack(t):
-            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()  # noqa: B023 (this iteration's)
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), rt.autocast():
@@ -154,7 +154,7 @@ def recompute(repeats: int = 5, steps: int = 4) -> dict:
                         saved=sum(n for ptr, n in saved.items() if ptr not in params))
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     for _ in range(repeats):  # interleaved: the machine's load hits both alike
-        for ac, run in runs.items():
+        for run in runs.values():
             t0 = time.perf_counter()
             for step in range(steps):
                 train_step(run["model"], run["optimizer"], scaler, batch, step, 1, rt, 1.0)

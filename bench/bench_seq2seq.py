@@ -91,8 +91,7 @@ def take_snapshot(run_dir: Path, dest: Path) -> dict | None:
 
     last.pt is replaced by an atomic rename, so the link is always a whole checkpoint.
     """
-    from gpt.checkpoints import loader
-    from gpt.checkpoints import native
+    from gpt.checkpoints import loader, native
 
     src = run_dir / "last.pt"
     if not src.is_file():

@@ -33,11 +33,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import harness  # noqa: E402 (bench/ is on sys.path when run as a script)
+import harness
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from gpt.runtime import cpu_description  # noqa: E402
+
 SHARED = harness.SHARED_DATA
 RESULTS = ROOT / "bench" / "results" / "train.json"
 NANOGPT_CPU = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
@@ -139,10 +140,10 @@ def throughput(steps: int = 60) -> dict:
 
     sys.path.insert(0, str(ROOT))
     from gpt.model.config import GPTConfig
-    from gpt.train.config import TrainConfig
     from gpt.model.transformer import GPT
-    from gpt.train.parallel import compile_options
     from gpt.runtime import Runtime, cpu_has_native_bf16
+    from gpt.train.config import TrainConfig
+    from gpt.train.parallel import compile_options
     from gpt.train.trainer import make_optimizer, train_step
 
     cfg = TrainConfig(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, dropout=0.0, bias=False)
@@ -232,10 +233,10 @@ def step_times(base: Path, data: Path, steps: int = 20, repeats: int = 3) -> dic
     import torch
 
     from gpt.checkpoints import loader
-    from gpt.model import lora
-    from gpt.train.config import build_config
     from gpt.data.tokens import Batches, open_dataset
+    from gpt.model import lora
     from gpt.runtime import Runtime
+    from gpt.train.config import build_config
     from gpt.train.trainer import make_optimizer, train_step
 
     torch.set_num_threads(1)

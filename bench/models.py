@@ -24,9 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import harness
 import numpy as np
-
-import harness  # noqa: E402 (bench/ is on sys.path: these are run as scripts)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = harness.SHARED_DATA  # (harness also points GPT2_TIKTOKEN_FILE at it, offline)

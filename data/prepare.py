@@ -19,11 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from gpt.cli import ArgumentParser, fail, run_main  # noqa: E402
-from gpt.cli.pairs import add_pairs_options, run_cli  # noqa: E402
-from gpt.data.pairs import DEFAULT_VAL_FRACTION  # noqa: E402
-from gpt.data.prepare import TOKENIZERS, prepare  # noqa: E402
-from gpt.data.vocab import UNKNOWN_POLICIES  # noqa: E402
+from gpt.cli import ArgumentParser, fail, run_main
+from gpt.cli.pairs import add_pairs_options, run_cli
+from gpt.data.pairs import DEFAULT_VAL_FRACTION
+from gpt.data.prepare import TOKENIZERS, prepare
+from gpt.data.vocab import UNKNOWN_POLICIES
 
 DEFAULT_BLOCK_SIZE = 1024
 TEXT_ONLY = {"block_size": "--block-size", "strict_utf8": "--strict-utf8", "workers": "--workers",

@@ -4,9 +4,9 @@ dead writer's temporary files from a live one's."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 
 def process_alive(pid: int) -> bool:

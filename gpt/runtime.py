@@ -23,7 +23,7 @@ import platform
 import warnings
 from contextlib import ExitStack
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -42,7 +42,7 @@ class SlowPrecisionWarning(UserWarning):
     """bf16 asked for on a CPU that emulates it."""
 
 
-@lru_cache(maxsize=None)
+@cache
 def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
     try:

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from gpt import GPT, GPTConfig
+from gpt.data.tokenizer import CharTokenizer
 from gpt.infer.batching import BatchEngine, BatchWorker, QueueFull, Request, Seq2seqEngine
 from gpt.infer.sampling import SampleConfig, complete
-from gpt.data.tokenizer import CharTokenizer
 
 CHARS = "\n !,.?abcdefghijklmnopqrstuvwxyz"
 

@@ -6,11 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-
-from gpt.checkpoints import loader
-from gpt.checkpoints import native
-from gpt.infer.evaluate import evaluate
 from test_sample_seq2seq import save_seq2seq
+
+from gpt.checkpoints import loader, native
+from gpt.infer.evaluate import evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,8 +1,8 @@
 import json
 
 import pytest
-
 from conftest import SHARED_DATA
+
 from gpt.data.bpe import byte_level_alphabet, merges_to_ranks, train_bpe
 from gpt.data.tokenizer import get_tokenizer
 

@@ -15,14 +15,13 @@ import time
 
 import pytest
 import torch
+from conftest import ROOT, SHAKESPEARE
 
 from gpt import GPT, GPTConfig
 from gpt.checkpoints import loader, native
 from gpt.checkpoints.native import CheckpointError
-from gpt.errors import StorageError
 from gpt.data.tokenizer import CharTokenizer
-
-from conftest import ROOT, SHAKESPEARE
+from gpt.errors import StorageError
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 

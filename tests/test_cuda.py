@@ -12,7 +12,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import ROOT, SHAKESPEARE
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

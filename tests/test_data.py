@@ -7,11 +7,11 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from conftest import ROOT
-from gpt.data.tokens import Batches, DataError, eval_batches, gather_windows, open_dataset
+
 from gpt.data.format import dtype_for_vocab
 from gpt.data.prepare import prepare
+from gpt.data.tokens import Batches, DataError, eval_batches, gather_windows, open_dataset
 
 
 def _write_dataset(path, train, val, vocab_size, dtype="uint16", max_ids=None, **meta_overrides):

@@ -8,12 +8,12 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, SHAKESPEARE
+
 from gpt.data.format import DataError, read_meta, staged, write_meta
-from gpt.errors import StorageError
 from gpt.data.pairs import prepare_pairs
 from gpt.data.prepare import prepare
+from gpt.errors import StorageError
 
 
 @pytest.fixture(scope="module")

@@ -11,15 +11,12 @@ import sys
 import pytest
 import torch
 
-from gpt.checkpoints import loader
-from gpt.checkpoints import native
-from gpt.checkpoints import dcp
+from gpt.checkpoints import dcp, loader, native
 from gpt.cli import dcp as cli_dcp
 from gpt.errors import StorageError
+from gpt.infer.sampling import complete
 from gpt.model.transformer import GPT, GPTConfig
 from gpt.train.rundir import RunDir
-from gpt.infer.sampling import complete
-
 
 CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.1)
 TOKENIZER = {"kind": "char", "chars": "".join(chr(97 + i % 26) for i in range(26))}

@@ -2,11 +2,10 @@
 mistake one line with exit 2."""
 
 import pytest
+from test_sample_seq2seq import save_seq2seq
 
 import gpt.infer.translate as decoding
 from gpt.cli import evaluate as cli_evaluate
-
-from test_sample_seq2seq import save_seq2seq
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 

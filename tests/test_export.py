@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from gpt import GPT, GPTConfig, load_checkpoint
-from gpt.checkpoints import loader
-from gpt.checkpoints import native
+from gpt.checkpoints import loader, native
 from gpt.cli.export import main
 from gpt.infer.export import run_exported
 

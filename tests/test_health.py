@@ -8,17 +8,16 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-from gpt.model import lora
-from gpt.train import preflight
-from gpt.errors import ConfigError
-from gpt.train.config import build_config
-from gpt.train.health import HealthMonitor
-from gpt.model.transformer import GPT, GPTConfig
-
 from conftest import ROOT
 from test_checkpoint import char_data, one_line_error, train_script  # noqa: F401 (fixture)
 from test_lora import BASE_CFG, TRAIN, base, run  # noqa: F401 (fixture)
+
+from gpt.errors import ConfigError
+from gpt.model import lora
+from gpt.model.transformer import GPT, GPTConfig
+from gpt.train import preflight
+from gpt.train.config import build_config
+from gpt.train.health import HealthMonitor
 
 
 def base_config():

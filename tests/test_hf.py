@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from gpt import GPT, GPTConfig, load_checkpoint
-from gpt.infer.sampling import complete
-from gpt.checkpoints.native import CheckpointError
 from gpt.checkpoints.hf import HFError, bpe_merges, export_hf, is_hf_dir
+from gpt.checkpoints.native import CheckpointError
 from gpt.cli.hf import main as hf_main
 from gpt.data.tokenizer import CharTokenizer, get_tokenizer
+from gpt.infer.sampling import complete
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")

@@ -6,20 +6,18 @@ import shutil
 
 import pytest
 import torch
+from test_checkpoint import char_data, one_line_error, sample_script, train_script  # noqa: F401 (fixture)
 
-from gpt.checkpoints import loader
-from gpt.checkpoints import native
-from gpt.model import lora
+from gpt.checkpoints import loader, native
 from gpt.cli import lora as cli_lora
-from gpt.errors import ConfigError
-from gpt.train.config import TrainConfig
-from gpt.train.start import config_from_argv
 from gpt.data.tokens import open_dataset
+from gpt.errors import ConfigError
+from gpt.model import lora
 from gpt.model.transformer import GPT, GPTConfig
 from gpt.runtime import Runtime
+from gpt.train.config import TrainConfig
+from gpt.train.start import config_from_argv
 from gpt.train.trainer import make_optimizer, train, train_step
-
-from test_checkpoint import char_data, one_line_error, sample_script, train_script  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

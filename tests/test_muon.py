@@ -4,11 +4,11 @@ torch.optim.AdamW, and which parameters each half of the optimizer gets."""
 import pytest
 import torch
 
-from gpt.errors import ConfigError
-from gpt.train.config import TrainConfig
-from gpt.model.transformer import GPT, GPTConfig
-from gpt.train.muon import Muon, ns_dtype_for, orthogonalize
 from gpt import runtime
+from gpt.errors import ConfigError
+from gpt.model.transformer import GPT, GPTConfig
+from gpt.train.config import TrainConfig
+from gpt.train.muon import Muon, ns_dtype_for, orthogonalize
 
 
 @pytest.mark.parametrize("shape", [(32, 96), (96, 32), (64, 128)])

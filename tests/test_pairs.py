@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from gpt.data.format import DataError
 from gpt.cli.pairs import main
+from gpt.data.format import DataError
 from gpt.data.pairs import PairBatches, PairsError, open_pairs, prepare_pairs
 from gpt.data.tokenizer import get_tokenizer
 

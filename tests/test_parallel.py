@@ -10,19 +10,17 @@ import sys
 
 import pytest
 import torch
+from conftest import ROOT
 
-from gpt.checkpoints import loader
-from gpt.checkpoints import native
+from gpt.checkpoints import loader, native
 from gpt.cli import dcp as cli_dcp
-from gpt.train import parallel
 from gpt.errors import ConfigError
-from gpt.train.config import TrainConfig
-from gpt.train.start import config_from_argv
 from gpt.model.transformer import GPT, GPTConfig
 from gpt.runtime import Runtime
+from gpt.train import parallel
+from gpt.train.config import TrainConfig
+from gpt.train.start import config_from_argv
 from gpt.train.trainer import train
-
-from conftest import ROOT
 
 TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--block-size", "32", "--batch-size", "4",
         "--eval-iters", "4", "--log-interval", "1", "--warmup-iters", "2", "--device", "cpu", "--threads", "1"]
@@ -54,7 +52,7 @@ def test_activation_checkpointing_gives_identical_loss_and_gradients(encoder):
         if recompute:
             parallel.checkpoint_activations(model)
         saved = []  # what autograd keeps for the backward pass
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):  # noqa: B023
             with Runtime(torch.device("cpu"), torch.float32).autocast():  # the trainer's kernel choice
                 loss = model(x, y, *extra)[1]
         loss.backward()  # outside that context, as in the trainer

@@ -4,11 +4,11 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from gpt.train import parallel, plan
 from gpt.cli import plan as cli_plan
 from gpt.model.config import GPTConfig
-from gpt.train.config import build_config
 from gpt.model.transformer import GPT
+from gpt.train import parallel, plan
+from gpt.train.config import build_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 

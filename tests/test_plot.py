@@ -5,12 +5,11 @@ import json
 
 import numpy as np
 import pytest
+from test_checkpoint import char_data, one_line_error  # noqa: F401 (fixture)
+from test_lora import TRAIN, base, run  # noqa: F401 (fixture)
 
 from gpt.cli import plot as cli_plot
 from gpt.train import plot
-
-from test_checkpoint import char_data, one_line_error  # noqa: F401 (fixture)
-from test_lora import TRAIN, base, run  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import ROOT, SHAKESPEARE, SHARED_DATA
 
 import gpt.data.prepare
-from conftest import ROOT, SHAKESPEARE, SHARED_DATA
-from gpt.data.tokens import Batches, DataError, open_dataset
-from gpt.errors import UserError
 from gpt.data.prepare import prepare
 from gpt.data.tokenizer import get_tokenizer
+from gpt.data.tokens import Batches, DataError, open_dataset
+from gpt.errors import UserError
 
 # ---- round trips on tiny-shakespeare ----------------------------------------------------------------
 

@@ -9,8 +9,8 @@ import torch.nn as nn
 
 from gpt import GPT, GPTConfig, load_checkpoint
 from gpt.infer.batching import BatchEngine, Request
-from gpt.model.quantize import QuantizeError, dtype_flag, linear_names, quantize
 from gpt.infer.sampling import SampleConfig, complete
+from gpt.model.quantize import QuantizeError, dtype_flag, linear_names, quantize
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -9,9 +9,9 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from gpt import GPT, GPTConfig
-from gpt.model.transformer import apply_rope, rope_cos_sin
 from gpt.infer.sampling import Decoder, complete, next_token
 from gpt.infer.translate import generate as translate_ids
+from gpt.model.transformer import apply_rope, rope_cos_sin
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 

@@ -6,8 +6,8 @@ import warnings
 
 import pytest
 import torch
-
 from conftest import ROOT
+
 from gpt import runtime
 from gpt.runtime import DeviceError, SlowPrecisionWarning, resolve_dtype, setup
 

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from gpt import GPT, GPTConfig
-from gpt.checkpoints import loader
-from gpt.checkpoints import native
+from gpt.checkpoints import loader, native
 from gpt.cli import sample  # what sample.py runs
 from gpt.data.tokenizer import CharTokenizer
 from gpt.infer.translate import TranslateConfig, translate, translate_lines

@@ -6,17 +6,29 @@ import pytest
 import torch
 
 from gpt import GPT, GPTConfig, generate
-from gpt.model.transformer import KVCache
-from gpt.infer.sampling import (
-    ContextWarning, Decoder, SampleConfig, SamplingError, StopMatcher, apply_repetition_penalty, complete,
-    next_token, sample_probs, top_k_filter, top_p_filter,
-)
 from gpt.data.tokenizer import CharTokenizer, get_tokenizer
+from gpt.infer.sampling import (
+    ContextWarning,
+    Decoder,
+    SampleConfig,
+    SamplingError,
+    StopMatcher,
+    apply_repetition_penalty,
+    complete,
+    next_token,
+    sample_probs,
+    top_k_filter,
+    top_p_filter,
+)
+from gpt.model.transformer import KVCache
 
 CHARS = "abcdefghijklmnopqrstuvwxyz .,\n"
 
 
-def random_model(vocab=len(CHARS) + 1, block=16, std=1.0, seed=0, **kw) -> GPT:
+VOCAB = len(CHARS) + 1
+
+
+def random_model(vocab=VOCAB, block=16, std=1.0, seed=0, **kw) -> GPT:
     """Random weights with a large spread, so greedy decoding does not collapse to one token."""
     torch.manual_seed(seed)
     model = GPT(GPTConfig(vocab_size=vocab, block_size=block, n_layer=2, n_head=4, n_embd=32, **kw)).eval()

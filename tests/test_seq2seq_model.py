@@ -6,7 +6,6 @@ import torch.nn.functional as F
 
 from gpt import GPT, GPTConfig
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 

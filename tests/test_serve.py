@@ -19,11 +19,11 @@ pytest.importorskip("fastapi", reason="the serve extra is not installed: pip ins
 openai = pytest.importorskip("openai", reason="the dev extra is not installed: pip install -e '.[dev]'")
 import httpx  # noqa: E402  (installed with openai)
 
-from gpt import GPT, GPTConfig, load_checkpoint
+from gpt import GPT, GPTConfig, load_checkpoint  # noqa: E402
 from gpt.checkpoints import loader  # noqa: E402
+from gpt.data.tokenizer import CharTokenizer  # noqa: E402
 from gpt.infer.sampling import complete  # noqa: E402
 from gpt.serve.app import ServeConfig, create_app, running  # noqa: E402
-from gpt.data.tokenizer import CharTokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "shakespeare-char"

@@ -9,17 +9,16 @@ import time
 
 import pytest
 import torch
+from conftest import ROOT, prepare
 
 from gpt.checkpoints import loader
-from gpt.model.transformer import GPT, GPTConfig
 from gpt.errors import ConfigError
-from gpt.train.start import config_from_argv
-from gpt.train.rundir import RunDir, RunDirError
+from gpt.model.transformer import GPT, GPTConfig
 from gpt.runtime import Runtime
+from gpt.train.rundir import RunDir, RunDirError
+from gpt.train.start import config_from_argv
 from gpt.train.stopping import StopSignal, TimeLimit
 from gpt.train.trainer import TrainingError, train, train_step
-
-from conftest import ROOT, prepare
 
 # CPU float32 wherever the tests run (bit-identical results); tests/test_cuda.py covers CUDA
 TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--block-size", "32", "--batch-size", "4",
@@ -85,7 +84,7 @@ def test_accumulation_equals_one_big_batch():
         opt = torch.optim.AdamW(model.parameters())
         scaler = torch.amp.GradScaler("cpu", enabled=False)
         size = 8 // accum
-        get = lambda step, micro: (x[micro * size:(micro + 1) * size], y[micro * size:(micro + 1) * size])  # noqa: E731
+        get = lambda step, micro: (x[micro * size:(micro + 1) * size], y[micro * size:(micro + 1) * size])  # noqa: E731, B023
         loss, _, tokens = train_step(model, opt, scaler, get, 0, accum, rt, grad_clip=0.0)
         assert tokens.item() == 8 * 16
         grads.append((loss, [p.grad.clone() for p in model.parameters()]))

@@ -6,15 +6,14 @@ import sys
 
 import numpy as np
 import pytest
-
-from gpt.data.tokens import open_dataset
-from gpt.data.prepare import prepare
-from gpt.data.tokenizer import get_tokenizer
-from gpt.train.start import tokenizers_match
-
 from conftest import ROOT
 from test_checkpoint import char_data, one_line_error, script  # noqa: F401 (fixture)
 from test_lora import TRAIN, base, run  # noqa: F401 (fixture)
+
+from gpt.data.prepare import prepare
+from gpt.data.tokenizer import get_tokenizer
+from gpt.data.tokens import open_dataset
+from gpt.train.start import tokenizers_match
 
 prepare_script = script("data/prepare")
 NEW_TEXT = "Café — naïve ROMEO:\nhello there, friend.\n" * 30

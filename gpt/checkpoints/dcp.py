@@ -180,7 +180,11 @@ def load(source: str | os.PathLike, model: torch.nn.Module, optimizer: torch.opt
     directory, each process reading only what its shards need, or a `.pt` file, which each process
     reads whole and keeps its part of. Returns the checkpoint's `meta`, `rng` and `scaler`. Every
     process calls this."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_state_dict,
+        set_state_dict,
+    )
 
     source = Path(source)
     if not native.is_sharded(source):

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from gpt.data.tokenizer import EOT_TEXT
 from gpt.errors import UserError, storage_error
 
 # Suffixes of HF GPT-2 weights stored transposed (Conv1D).
@@ -284,8 +285,6 @@ def bpe_merges(tokens: list[bytes]) -> list[tuple[bytes, bytes]]:
 
 def write_gpt2_tokenizer_files(tokenizer, out_dir: Path, model_max_length: int) -> None:
     """vocab.json, merges.txt and tokenizer_config.json for GPT2Tokenizer(Fast), from tiktoken's ranks."""
-    from gpt.data.tokenizer import EOT_TEXT
-
     tokens = [tokenizer.enc.decode_single_token_bytes(i) for i in range(tokenizer.eot_token)]
     spell = bytes_to_unicode()
 

@@ -25,13 +25,26 @@ from typing import NamedTuple
 import torch
 
 from gpt.checkpoints import adapters, dcp, hf
-from gpt.checkpoints.native import (BEST_FIRST, SHARDED, CheckpointError, Fields, build_meta, build_model,
-                                    check_meta, checked, is_sharded, load_file, model_config, read_file)
+from gpt.checkpoints.native import (
+    BEST_FIRST,
+    SHARDED,
+    CheckpointError,
+    Fields,
+    build_meta,
+    build_model,
+    check_meta,
+    checked,
+    is_sharded,
+    load_file,
+    model_config,
+    read_file,
+)
 from gpt.data.format import is_dataset
 from gpt.data.tokenizer import get_tokenizer
 from gpt.data.vocab import Reused, dataset_spec
 from gpt.model import lora
-from gpt.model.quantize import dtype_flag, quantize as quantize_model
+from gpt.model.quantize import dtype_flag
+from gpt.model.quantize import quantize as quantize_model
 from gpt.model.transformer import GPT
 from gpt.runtime import Runtime, decode_threads, setup
 

@@ -63,13 +63,13 @@ import os
 import pickle
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from gpt.fsutil import fsync_path, process_alive, replacing
 from gpt.errors import UserError, storage_error
+from gpt.fsutil import fsync_path, process_alive, replacing
 from gpt.model.transformer import GPT, GPTConfig
 
 FORMAT_VERSION = 1

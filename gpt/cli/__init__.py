@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 from gpt.errors import UserError
 

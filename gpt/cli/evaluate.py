@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from gpt.cli import ArgumentParser, run_main
 from gpt.data.pairs import read_lines
@@ -52,7 +52,9 @@ def check_output(path: str) -> None:
 
 
 def run(args: argparse.Namespace) -> str:
-    from gpt.checkpoints.loader import load_for_inference
+    from gpt.checkpoints.loader import (
+        load_for_inference,  # torch: loaded once the flags are checked (--help and mistakes answer at once)
+    )
 
     # the ranges and the output path before anything is read; translate() checks what depends on the model
     TranslateConfig(beam_size=args.beam_size, length_penalty=args.length_penalty, batch_size=args.batch_size,

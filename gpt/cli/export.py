@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from gpt.cli import ArgumentParser, run_main
 from gpt.infer.export import FORMATS, export, parity
@@ -24,7 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> str:
-    from gpt.checkpoints.loader import load_checkpoint
+    from gpt.checkpoints.loader import (
+        load_checkpoint,  # torch: loaded once the flags are checked (--help and mistakes answer at once)
+    )
 
     model, tokenizer, _ = load_checkpoint(args.ckpt, device="cpu")
     start = time.perf_counter()

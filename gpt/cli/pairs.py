@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import argparse
-from typing import Sequence
+from collections.abc import Sequence
 
 from gpt.cli import ArgumentParser, run_main
 from gpt.data.format import TOKENIZERS
-from gpt.data.pairs import DEFAULT_BPE_VOCAB, DEFAULT_MAX_LEN, DEFAULT_VAL_FRACTION, prepare_pairs, summary
+from gpt.data.pairs import (
+    DEFAULT_BPE_VOCAB,
+    DEFAULT_MAX_LEN,
+    DEFAULT_VAL_FRACTION,
+    prepare_pairs,
+    summary,
+)
 
 
 def add_pairs_options(p) -> None:

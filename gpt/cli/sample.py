@@ -154,7 +154,9 @@ def run(args: argparse.Namespace) -> None:
     import torch
 
     from gpt import generate
-    from gpt.checkpoints.loader import load_for_inference
+    from gpt.checkpoints.loader import (
+        load_for_inference,  # torch: loaded once the flags are checked (--help and mistakes answer at once)
+    )
     from gpt.infer.sampling import ContextWarning, SampleConfig, SamplingError
 
     if args.source or args.source_file:
@@ -223,9 +225,16 @@ def run(args: argparse.Namespace) -> None:
 
 def translate(args: argparse.Namespace) -> None:
     """--source / --source-file: one translated line per source on stdout, a summary on stderr."""
-    from gpt.checkpoints.loader import load_for_inference
+    from gpt.checkpoints.loader import (
+        load_for_inference,  # torch: loaded once the flags are checked (--help and mistakes answer at once)
+    )
     from gpt.data.pairs import read_lines
-    from gpt.infer.translate import TranslateConfig, TranslateError, is_seq2seq, translate_lines
+    from gpt.infer.translate import (
+        TranslateConfig,
+        TranslateError,
+        is_seq2seq,
+        translate_lines,
+    )
 
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") >> 1
     cfg = TranslateConfig(

@@ -14,8 +14,8 @@ import argparse
 import ipaddress
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from gpt.cli import ArgumentParser, run_main
 from gpt.serve import ServeError
@@ -62,7 +62,9 @@ def run(args: argparse.Namespace) -> None:
     except ImportError as e:
         raise ServeError(f"serving needs FastAPI and uvicorn ({e.name} is missing): pip install -e \".[serve]\"") from None
 
-    from gpt.checkpoints.loader import load_for_inference
+    from gpt.checkpoints.loader import (
+        load_for_inference,  # torch: loaded once the flags are checked (--help and mistakes answer at once)
+    )
 
     name = args.model_name or Path(args.ckpt).resolve().with_suffix("").name
     config = ServeConfig(model_name=name, api_key=args.api_key, max_batch=args.max_batch, max_queue=args.max_queue,

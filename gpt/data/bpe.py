@@ -21,7 +21,7 @@ Conversion to tiktoken's ranks
 from __future__ import annotations
 
 import json
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from gpt.data.tokenizer import GPT2_PATTERN, TiktokenTokenizer, bpe_tokenizer
 

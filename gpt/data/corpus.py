@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import codecs
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from gpt.errors import UserError
 

@@ -38,10 +38,10 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -218,7 +218,7 @@ class _Fields:
         return self.get(key, "a file name in the dataset directory",
                         lambda v: isinstance(v, str) and v not in ("", ".", "..") and Path(v).name == v)
 
-    def obj(self, key: str) -> "_Fields":
+    def obj(self, key: str) -> _Fields:
         value = self.get(key, "an object", lambda v: isinstance(v, dict))
         return _Fields(self.file, value, f"{self.prefix}{key}.")
 

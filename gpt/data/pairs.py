@@ -51,18 +51,39 @@ refused unless `force=True`, and other files in it are never touched.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
+from gpt.data.bpe import train_bpe
 from gpt.data.format import (
-    REPREPARE, SPLITS, DataError, check_ids, inline_ranks, memmap_ids, new_meta, prepare_hint, read_meta,
-    staged, store_ranks, write_meta,
+    REPREPARE,
+    SPLITS,
+    DataError,
+    check_ids,
+    inline_ranks,
+    memmap_ids,
+    new_meta,
+    prepare_hint,
+    read_meta,
+    staged,
+    store_ranks,
+    write_meta,
 )
-from gpt.data.prepare import DEFAULT_BPE_VOCAB, TOKENIZER_FILE_FLAG, check_tokenizer_options
-from gpt.data.tokenizer import CharTokenizer, Tokenizer, TokenizerError, get_tokenizer, gpt2_tokenizer
+from gpt.data.prepare import (
+    DEFAULT_BPE_VOCAB,
+    TOKENIZER_FILE_FLAG,
+    check_tokenizer_options,
+)
+from gpt.data.tokenizer import (
+    CharTokenizer,
+    Tokenizer,
+    TokenizerError,
+    get_tokenizer,
+    gpt2_tokenizer,
+)
 
 
 class PairsError(DataError):
@@ -83,8 +104,6 @@ def make_tokenizer(kind: str, texts: Sequence[str], vocab_size: int | None = Non
             raise PairsError(str(e)) from None
     if kind == "char":
         return CharTokenizer.from_text("".join(texts))
-    from gpt.data.bpe import train_bpe
-
     try:
         return train_bpe(texts, vocab_size or DEFAULT_BPE_VOCAB)
     except ValueError as e:  # a vocabulary too small for byte-level BPE

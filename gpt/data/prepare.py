@@ -33,19 +33,42 @@ import shutil
 import sys
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
-from gpt.data.corpus import CorpusError, ReadStats, Segment, find_documents, plan_split, read_chunks
-from gpt.data.format import SPLITS, TOKENIZERS, DataError, dtype_for_vocab, new_meta, staged, store_ranks, write_meta
+from gpt.data import vocab
+from gpt.data.bpe import train_bpe
+from gpt.data.corpus import (
+    CorpusError,
+    ReadStats,
+    Segment,
+    find_documents,
+    plan_split,
+    read_chunks,
+)
+from gpt.data.format import (
+    SPLITS,
+    TOKENIZERS,
+    DataError,
+    dtype_for_vocab,
+    new_meta,
+    staged,
+    store_ranks,
+    write_meta,
+)
+from gpt.data.tokenizer import (
+    CharTokenizer,
+    TiktokenTokenizer,
+    TokenizerError,
+    get_tokenizer,
+    gpt2_tokenizer,
+)
 from gpt.fsutil import replacing
 from gpt.progress import Progress
-from gpt.data.tokenizer import CharTokenizer, TiktokenTokenizer, TokenizerError, get_tokenizer, gpt2_tokenizer
-from gpt.data import vocab
 
 DEFAULT_BPE_VOCAB = 8192
 TOKENIZER_FILE_FLAG = "--tokenizer-file"  # data/prepare.py's flag for GPT-2's ranks, named in hints
@@ -261,8 +284,6 @@ def _build_tokenizer(kind, segments, vocab_size, tokenizer_file, strict, chunk_b
                 raise DataError(str(e)) from None
         if kind == "char":
             return CharTokenizer("".join(sorted(_char_counts(segments, chunk_bytes, strict, progress))))
-        from gpt.data.bpe import train_bpe
-
         train = [s for s in segments if s.split == "train"]
         bar = Progress("train BPE", sum(s.size for s in train), enabled=progress)
         try:

@@ -23,7 +23,8 @@ from __future__ import annotations
 import base64
 import codecs
 import os
-from typing import Iterable, Protocol
+from collections.abc import Iterable
+from typing import Protocol
 
 from gpt.errors import UserError
 
@@ -92,7 +93,7 @@ class CharTokenizer:
         self.vocab_size = len(chars) + 1
 
     @classmethod
-    def from_text(cls, text: str) -> "CharTokenizer":
+    def from_text(cls, text: str) -> CharTokenizer:
         return cls("".join(sorted(set(text))))
 
     @property

@@ -32,8 +32,16 @@ import numpy as np
 import torch
 
 from gpt.data.format import (
-    SPLITS, DataError, check_ids, check_sha256, inline_ranks, memmap_ids, prepare_hint, read_meta,
+    SPLITS,
+    DataError,
+    check_ids,
+    check_sha256,
+    inline_ranks,
+    memmap_ids,
+    prepare_hint,
+    read_meta,
 )
+from gpt.data.tokenizer import get_tokenizer
 
 MODES = ("random", "epoch")
 
@@ -65,8 +73,6 @@ class TokenDataset:
         return inline_ranks(self.path, self.meta["tokenizer"])
 
     def tokenizer(self):
-        from gpt.data.tokenizer import get_tokenizer
-
         return get_tokenizer(self.tokenizer_spec)
 
     def split(self, name: str) -> np.ndarray:

@@ -28,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
-from gpt.data.format import DataError, META_FILE, inline_ranks, is_dataset, read_meta
+from gpt.data.format import META_FILE, DataError, inline_ranks, is_dataset, read_meta
 
 UNKNOWN_POLICIES = ("refuse", "replace")
 REPLACEMENT_CANDIDATES = ("?", " ")

@@ -39,14 +39,24 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
 from gpt.errors import UserError
+from gpt.infer.sampling import (
+    Piece,
+    SampleConfig,
+    StopMatcher,
+    TextStream,
+    draw_uniforms,
+    next_token,
+    seeded_generator,
+)
+from gpt.infer.translate import check_vocab, seq2seq_ids
+from gpt.infer.translate import generate as translate_ids
 from gpt.model.transformer import GPT, KVCache
-from gpt.infer.sampling import Piece, SampleConfig, StopMatcher, TextStream, draw_uniforms, next_token, seeded_generator
 
 
 class QueueFull(UserError, RuntimeError):
@@ -295,8 +305,6 @@ class Seq2seqEngine(_Engine):
     """
 
     def __init__(self, model: GPT, tokenizer, meta: dict, max_rows: int = 32):
-        from gpt.infer.translate import check_vocab, seq2seq_ids
-
         super().__init__(model, tokenizer, max_rows)
         self.bos, self.eos = seq2seq_ids(meta)
         check_vocab(tokenizer, model)
@@ -311,8 +319,6 @@ class Seq2seqEngine(_Engine):
         self.steps += bool(requests)
 
     def _translate(self, group: list[Request]) -> None:
-        from gpt.infer.translate import generate as translate_ids
-
         sources = [r.ids[: self.block_size - 1] + [self.eos] for r in group for _ in range(r.config.num_samples)]
         S = max(len(s) for s in sources)
         src = torch.tensor([s + [self.eos] * (S - len(s)) for s in sources], device=self.device)
@@ -347,7 +353,7 @@ class BatchWorker:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="gpt-batch", daemon=True)
 
-    def start(self) -> "BatchWorker":
+    def start(self) -> BatchWorker:
         self._thread.start()
         return self
 
@@ -383,7 +389,7 @@ class BatchWorker:
                     return
             try:
                 self.engine.step()  # submit only appends to the waiting queue: no lock needed here
-            except Exception as e:  # noqa: BLE001 - the requests in the batch get the error, the rest go on
+            except Exception as e:
                 self._fail(e)
 
     def _fail(self, error: Exception) -> None:

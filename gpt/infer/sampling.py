@@ -49,14 +49,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
 
 import torch
 
+from gpt.data.tokenizer import StreamDecoder, Tokenizer
 from gpt.errors import UserError
 from gpt.model.transformer import GPT
-from gpt.data.tokenizer import StreamDecoder, Tokenizer
 
 
 class SamplingError(UserError, ValueError):
@@ -358,7 +358,7 @@ class TextStream:
         """What is held back, at the end (an incomplete trailing character is dropped)."""
         return self.stops.flush()
 
-    def piece(self, sample: int, token: int, eot: int | None, last: bool) -> "Piece":
+    def piece(self, sample: int, token: int, eot: int | None, last: bool) -> Piece:
         """The Piece that `token`, the next id of `sample`, makes; its `finish` is set when the sample
         ends here: at `eot` (None: never), at a stop string, or at the `last` token allowed."""
         if token == eot:

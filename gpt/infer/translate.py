@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 
 from gpt.errors import UserError
-from gpt.model.transformer import GPT
 from gpt.infer.sampling import next_token, seeded_generator
+from gpt.model.transformer import GPT
 
 
 class TranslateError(UserError, ValueError):

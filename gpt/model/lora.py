@@ -68,7 +68,7 @@ class LoRAConfig:
     targets: list[str] = field(default_factory=lambda: list(LORA_DEFAULT_TARGETS))
 
     @classmethod
-    def from_train(cls, cfg) -> "LoRAConfig":
+    def from_train(cls, cfg) -> LoRAConfig:
         return cls(cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_list())
 
     def to_dict(self) -> dict:

@@ -40,7 +40,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt.model.config import GPTConfig  # noqa: F401 (GPTConfig is part of the model's API)
+from gpt.model.config import GPTConfig
 
 ROPE_THETA = 10000.0
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -36,7 +35,7 @@ class CompletionRequest(BaseModel):
     model_config = STRICT
 
     model: str
-    prompt: Union[str, list[str], list[int], list[list[int]]] = ""  # "" starts from end-of-text
+    prompt: str | list[str] | list[int] | list[list[int]] = ""  # "" starts from end-of-text
     max_tokens: int | None = Field(16, ge=1)  # OpenAI's default
     temperature: float | None = Field(1.0, ge=0.0, le=2.0)
     top_p: float | None = Field(1.0, gt=0.0, le=1.0)
@@ -45,7 +44,7 @@ class CompletionRequest(BaseModel):
     n: int | None = Field(1, ge=1)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    stop: Union[str, list[str], None] = None
+    stop: str | list[str] | None = None
     seed: int | None = None
     echo: bool | None = False
     user: str | None = None

@@ -34,16 +34,29 @@ from dataclasses import dataclass
 from importlib import resources
 
 import uvicorn
-from fastapi import FastAPI, Request as HTTPRequest
+from fastapi import FastAPI
+from fastapi import Request as HTTPRequest
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gpt.infer.batching import BatchEngine, BatchWorker, QueueFull, Request, Seq2seqEngine
 from gpt.errors import UserError
+from gpt.infer.batching import (
+    BatchEngine,
+    BatchWorker,
+    QueueFull,
+    Request,
+    Seq2seqEngine,
+)
 from gpt.infer.sampling import SampleConfig, prompt_ids
 from gpt.serve import ServeError
-from gpt.serve.api import APIError, Completion, CompletionRequest, model_card, validation_error
+from gpt.serve.api import (
+    APIError,
+    Completion,
+    CompletionRequest,
+    model_card,
+    validation_error,
+)
 
 log = logging.getLogger("gpt.serve")
 

@@ -44,9 +44,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from gpt.errors import ConfigError
-from gpt.train.config import TrainConfig
 from gpt.model.transformer import GPT
 from gpt.runtime import Runtime
+from gpt.train.config import TrainConfig
 
 
 def check(cfg: TrainConfig, rt: Runtime) -> None:

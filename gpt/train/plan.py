@@ -34,10 +34,10 @@ from dataclasses import dataclass
 
 import torch
 
-from gpt.model.config import GPTConfig
-from gpt.train.config import TrainConfig
 from gpt.errors import UserError
+from gpt.model.config import GPTConfig
 from gpt.model.transformer import GPT
+from gpt.train.config import TrainConfig
 
 SIZES = ("gpt2_124m", "gpt2_350m", "gpt2_774m", "gpt2_1558m")
 GPUS = (1, 8, 64)
@@ -79,7 +79,7 @@ class Shape:
     flops_per_token: float
 
     @classmethod
-    def of(cls, model_config: GPTConfig, batch: int, seq: int) -> "Shape":
+    def of(cls, model_config: GPTConfig, batch: int, seq: int) -> Shape:
         with torch.device("meta"):  # shapes only: no memory, any size
             model = GPT(model_config)
         layers = model.blocks()

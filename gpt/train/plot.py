@@ -26,9 +26,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from gpt.errors import UserError, storage_error
 from gpt.fsutil import replacing

@@ -28,7 +28,7 @@ the micro-batch and `--grad-accum` that keep `--global-batch`.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 
-
 # Dense bf16 peak FLOP/s of common accelerators (vendor datasheets), matched against the device name.
 GPU_PEAK_FLOPS = [
     ("H200", 989e12), ("H100", 989e12), ("A100", 312e12), ("L40S", 362e12), ("A10G", 125e12),
@@ -70,7 +69,9 @@ class TensorBoardTracker:
     name = "TensorBoard"
 
     def __init__(self, out_dir: str):
-        from torch.utils.tensorboard import SummaryWriter  # lazily: needs the `tensorboard` package
+        from torch.utils.tensorboard import (
+            SummaryWriter,  # lazily: needs the `tensorboard` package
+        )
 
         self.writer = SummaryWriter(log_dir=str(Path(out_dir) / "tensorboard"))
 

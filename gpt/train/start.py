@@ -22,7 +22,14 @@ from gpt.errors import ConfigError, UserError
 from gpt.model.config import GPTConfig
 from gpt.model.lora import LoRAConfig, apply
 from gpt.model.transformer import GPT
-from gpt.train.config import TrainConfig, build_config, find_config, flag, load_toml, parse_cli
+from gpt.train.config import (
+    TrainConfig,
+    build_config,
+    find_config,
+    flag,
+    load_toml,
+    parse_cli,
+)
 from gpt.train.schedule import lr_at
 
 ARCHITECTURE = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "n_encoder_layer", "pos_encoding",

@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from gpt.data.pairs import PairBatches, open_pairs
+from gpt.data.tokens import Batches, eval_batches, open_dataset
 from gpt.errors import ConfigError
 
 
@@ -39,8 +41,6 @@ class LanguageModelling:
     kind = "tokens"
 
     def __init__(self, path: str):
-        from gpt.data.tokens import open_dataset
-
         self.dataset = open_dataset(path)
         self.vocab_size = self.dataset.vocab_size
         self.tokenizer_spec = self.dataset.tokenizer_spec
@@ -51,8 +51,6 @@ class LanguageModelling:
             raise ConfigError(f"n_encoder_layer: {cfg.n_encoder_layer} needs a pairs dataset (data/prepare.py --pairs)")
 
     def start(self, cfg, rt, accum: int) -> None:
-        from gpt.data.tokens import Batches
-
         self.cfg, self.device = cfg, rt.device
         self.sampler = Batches(
             self.dataset.split("train"), cfg.block_size, cfg.batch_size, seed=cfg.seed, mode=cfg.sampling,
@@ -77,8 +75,6 @@ class LanguageModelling:
         """The same `eval_iters` random batches at every evaluation; or, with eval_iters = 0 or epoch
         sampling, the whole val split, and as many train tokens (the train split is usually ~10x
         larger, and the comparison wants equal counts)."""
-        from gpt.data.tokens import Batches, eval_batches
-
         cfg, tokens = self.cfg, self.dataset.split(split)
         bs = cfg.eval_batch_size or cfg.batch_size
         if cfg.eval_iters == 0 or cfg.sampling == "epoch":
@@ -95,8 +91,6 @@ class Translation:
     kind = "pairs"
 
     def __init__(self, path: str):
-        from gpt.data.pairs import open_pairs
-
         self.dataset = open_pairs(path)
         self.vocab_size = self.dataset.vocab_size
         self.tokenizer_spec = getattr(self.dataset, "tokenizer_spec", None) or self.dataset.meta["tokenizer"]
@@ -117,8 +111,6 @@ class Translation:
         return cfg.max_tokens or cfg.batch_size * cfg.block_size
 
     def start(self, cfg, rt, accum: int) -> None:
-        from gpt.data.pairs import PairBatches
-
         self.cfg, self.rt = cfg, rt
         self.sampler = PairBatches(self.dataset, "train", self._tokens(cfg), seed=cfg.seed, rank=rt.rank,
                                    world_size=rt.world_size, grad_accum=accum, device=rt.device)
@@ -141,8 +133,6 @@ class Translation:
         return val + (train if self.cfg.eval_train else 0)
 
     def eval_batches(self, split: str):
-        from gpt.data.pairs import PairBatches
-
         cfg = self.cfg
         batches = PairBatches(self.dataset, split, self._tokens(cfg), seed=cfg.seed + 1, device=self.rt.device)
         if split == "val" or cfg.eval_iters == 0:

@@ -30,29 +30,22 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from gpt.checkpoints import loader
-from gpt.checkpoints import native
-from gpt.checkpoints import dcp
-from gpt.model import lora
-from gpt.checkpoints import adapters
-from gpt.train import start
-from gpt.train.start import TrainingError
-from gpt.train import parallel
-from gpt.train import plot
-from gpt.train import preflight
+from gpt.checkpoints import adapters, dcp, loader, native
 from gpt.errors import ConfigError
+from gpt.model import lora
+from gpt.model.transformer import GPT
+from gpt.progress import Progress, format_duration
+from gpt.runtime import Runtime, setup
+from gpt.train import parallel, plot, preflight, start
 from gpt.train.config import TrainConfig
 from gpt.train.health import HealthMonitor
-from gpt.model.transformer import GPT
 from gpt.train.muon import Muon, ns_dtype_for
-from gpt.progress import Progress, format_duration
 from gpt.train.rundir import RunDir
 from gpt.train.runlog import RunLogger, peak_flops
-from gpt.runtime import Runtime, setup
 from gpt.train.schedule import lr_at
+from gpt.train.start import TrainingError
 from gpt.train.stopping import StopSignal, TimeLimit
-
-
+from gpt.train.tasks import open_task
 
 # ---- the pieces of a step ----------------------------------------------------------------------------
 
@@ -160,8 +153,6 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
 
 def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
     """Run training as configured; returns a summary dict (final losses, steps, time)."""
-    from gpt.train.tasks import open_task
-
     t_start = time.time()
     if not cfg.data:
         raise ConfigError("--data: no dataset given; pass --data data/NAME (prepare one with data/prepare.py)")
