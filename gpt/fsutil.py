@@ -1,9 +1,15 @@
 """File-system helpers for atomic publishing (checkpoints, datasets): durable renames, and telling a
-dead writer's temporary files from a live one's."""
+dead writer's temporary files from a live one's.
+
+Every temporary file or directory is named `.NAME.tmp-PID` (or `.NAME.tmp-PID-XXXX` for a directory made
+with `tempfile.mkdtemp(prefix=temp_prefix(path))`) beside what it becomes: `remove_stale_temps` removes
+those whose writer process is gone, never a live one's."""
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,10 +28,36 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+TEMP = re.compile(r"\.(?P<name>.+)\.tmp-(?P<pid>\d+)(-\w+)?")
+
+
 def temp_name(path: Path) -> Path:
-    """`.NAME.tmp-PID` beside `path`: what a writer fills before renaming it over `path` (the PID tells a dead
-    writer's leftovers from a live one's: gpt/checkpoints/native.py `remove_stale_temps`)."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    """`.NAME.tmp-PID` beside `path`: what a writer fills before renaming it over `path`."""
+    return path.with_name(temp_prefix(path).rstrip("-"))
+
+
+def temp_prefix(path: Path) -> str:
+    """`.NAME.tmp-PID-`: the prefix of a unique temporary directory for `path` (tempfile.mkdtemp's prefix)."""
+    return f".{Path(path).name}.tmp-{os.getpid()}-"
+
+
+def remove_stale_temps(directory: Path, name: str | None = None) -> list[Path]:
+    """Remove the temporary files, links and directories in `directory` (only those for `name`, if given)
+    whose writing process no longer runs; those of live processes are never touched. Returns what was removed."""
+    removed = []
+    for f in Path(directory).iterdir():
+        match = TEMP.fullmatch(f.name)
+        if not match or (name is not None and match["name"] != name):
+            continue
+        pid = int(match["pid"])
+        if pid == os.getpid() or process_alive(pid):
+            continue
+        if f.is_symlink() or f.is_file():  # a checkpoint, or a link being switched (gpt/checkpoints/dcp.py)
+            f.unlink(missing_ok=True)  # missing: another process cleaned it first
+        elif f.is_dir():  # a sharded checkpoint or a dataset being written
+            shutil.rmtree(f, ignore_errors=True)
+        removed.append(f)
+    return removed
 
 
 @contextmanager

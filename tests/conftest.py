@@ -1,3 +1,4 @@
+import importlib.util
 import os
 import subprocess
 import sys
@@ -5,6 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from gpt.model.config import GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 # ../shared/data beside the checkout holds the offline corpora and GPT-2's BPE ranks file.
@@ -39,9 +42,41 @@ def shakespeare_text() -> str:
 
 def prepare(text_file, out, *extra):
     """`data/prepare.py TEXT_FILE --out OUT ...`, as a user runs it."""
-    subprocess.run([sys.executable, "data/prepare.py", str(text_file), "--out", str(out), *extra],
+    subprocess.run([sys.executable, "data/prepare.py", str(text_file), "--out", str(out), "--quiet", *extra],
                    cwd=ROOT, check=True, capture_output=True)
     return out
+
+
+def script(name: str):
+    """A top-level script (train.py, sample.py) as a module: main(argv) as the user runs it."""
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", ROOT / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+train_script, sample_script = script("train"), script("sample")
+
+
+def one_line_error(capsys, main, *argv) -> str:
+    """Run a script's main; it must fail with exit 2 and exactly one `error: ...` line on stderr."""
+    code = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def train_run(*argv) -> dict:
+    """train.py's config and training in this process: the summary `train()` returns."""
+    from gpt.train.start import config_from_argv
+    from gpt.train.trainer import train
+
+    cfg, explicit = config_from_argv([str(a) for a in argv])
+    return train(cfg, explicit)
+
+
+# ---- datasets and checkpoints, made by the code a user runs ------------------------------------------
 
 
 @pytest.fixture(scope="session")
@@ -53,44 +88,48 @@ def char_data(tmp_path_factory):
     return prepare(src, d / "char", "--tokenizer", "char")
 
 
-def train_char_run(out: Path, text: str, steps: int = 150, block_size: int = 64, seed: int = 0) -> dict:
-    """Train a 2-layer char model (AdamW, batch 16) on `text` for a few seconds, save it to out/best.pt.
+@pytest.fixture(scope="session")
+def tiny_char_data(tmp_path_factory):
+    """Char-level dataset of tiny-shakespeare's first 20k characters, blocks of 16 (checkpoint and LoRA tests)."""
+    d = tmp_path_factory.mktemp("tiny_data")
+    (d / "text.txt").write_text(SHAKESPEARE.read_text(encoding="utf-8")[:20_000], encoding="utf-8")
+    return prepare(d / "text.txt", d / "char", "--tokenizer", "char", "--block-size", "16")
 
-    The serving, int8 and export tests run against a trained checkpoint: random weights never say
-    anything worth stopping at.
-    """
-    from gpt import GPT, GPTConfig
+
+BASE_CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16)
+TRAIN = ["--batch-size", "2", "--eval-iters", "1", "--log-interval", "1", "--warmup-iters", "1", "--device", "cpu",
+         "--dtype", "float32", "--learning-rate", "1e-2", "--no-plot"]  # tests/test_plot.py draws
+
+
+@pytest.fixture
+def base(tiny_char_data, tmp_path):
+    """A 'pretrained' checkpoint to fine-tune: random weights with the tiny dataset's tokenizer."""
+    from gpt import GPT
     from gpt.checkpoints import native
-    from gpt.data.tokenizer import CharTokenizer
+    from gpt.data.tokens import open_dataset
 
-    tok = CharTokenizer.from_text(text)
-    data = torch.tensor(tok.encode(text[:300_000]))
-    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=block_size, n_layer=2, n_head=2, n_embd=64, bias=False)
-    torch.manual_seed(seed)
-    model = GPT(cfg)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    g = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        starts = torch.randint(len(data) - block_size - 1, (16,), generator=g)
-        x = torch.stack([data[s : s + block_size] for s in starts])
-        y = torch.stack([data[s + 1 : s + block_size + 1] for s in starts])
-        _, loss = model(x, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-    meta = {"step": steps, "model_config": cfg.to_dict(), "tokenizer": tok.spec, "train_loss": loss.item()}
-    native.save(out / "best.pt", {"model": model.state_dict()}, meta)
-    return meta
+    torch.manual_seed(3)
+    meta = native.build_meta(model_config=BASE_CFG.to_dict(), tokenizer=open_dataset(tiny_char_data).tokenizer_spec)
+    path = tmp_path / "base" / "best.pt"
+    native.save(path, {"model": GPT(BASE_CFG).state_dict()}, meta)
+    return path.parent
 
 
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory) -> Path:
-    """A run directory (`shakespeare-char`) with a char model trained for a few seconds on one thread."""
-    out = tmp_path_factory.mktemp("trained") / "shakespeare-char"
+    """A run directory (`shakespeare-char`) that train.py wrote: a 2-layer char model trained for a few seconds
+    on tiny-shakespeare, in float32 on one thread (the serving, int8 and export tests need a model that says
+    something worth stopping at; random weights never do)."""
+    d = tmp_path_factory.mktemp("trained")
+    data = prepare(SHAKESPEARE, d / "char", "--tokenizer", "char")
+    out = d / "shakespeare-char"
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        train_char_run(out, SHAKESPEARE.read_text(encoding="utf-8"))
+        train_run("--data", data, "--out-dir", out, "--n-layer", "2", "--n-head", "2", "--n-embd", "64",
+                  "--block-size", "64", "--batch-size", "16", "--learning-rate", "3e-3", "--warmup-iters", "10",
+                  "--max-iters", "150", "--eval-interval", "150", "--eval-iters", "4", "--no-eval-train",
+                  "--log-interval", "150", "--device", "cpu", "--dtype", "float32", "--no-plot", "--seed", "0")
     finally:
         torch.set_num_threads(n)
     return out

@@ -4,7 +4,6 @@ atomic saves that survive a full disk, stale temporary files cleaned up, and the
 import ast
 import datetime
 import errno
-import importlib.util
 import json
 import os
 import signal
@@ -15,7 +14,7 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, SHAKESPEARE
+from conftest import ROOT, SHAKESPEARE, one_line_error, sample_script, script, train_script  # noqa: F401
 
 from gpt import GPT, GPTConfig
 from gpt.checkpoints import loader, native
@@ -31,26 +30,6 @@ TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16
         "--eval-iters", "1", "--log-interval", "1", "--warmup-iters", "1", "--device", "cpu"]
 
 
-def script(name: str):
-    """A top-level script (train.py, sample.py) as a module: main(argv) as the user runs it."""
-    spec = importlib.util.spec_from_file_location(f"{name}_under_test", ROOT / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-train_script, sample_script = script("train"), script("sample")
-
-
-def one_line_error(capsys, main, *argv) -> str:
-    """Run a script's main; it must fail with exit 2 and exactly one `error: ...` line on stderr."""
-    code = main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    return err
-
-
 def meta(**fields) -> dict:
     return native.build_meta(model_config=CFG.to_dict(), tokenizer=TOK.spec, **fields)
 
@@ -58,15 +37,6 @@ def meta(**fields) -> dict:
 def save_tiny(path, model_meta=None, state=None):
     native.save(path, {"model": GPT(CFG).state_dict() if state is None else state}, model_meta or meta())
     return path
-
-
-@pytest.fixture(scope="module")
-def char_data(tmp_path_factory):
-    d = tmp_path_factory.mktemp("data")
-    (d / "text.txt").write_text(SHAKESPEARE.read_text(encoding="utf-8")[:20_000], encoding="utf-8")
-    subprocess.run([sys.executable, "data/prepare.py", str(d / "text.txt"), "--out", str(d / "char"), "--tokenizer",
-                    "char", "--block-size", "16", "--quiet"], cwd=ROOT, check=True, capture_output=True)
-    return d / "char"
 
 
 # ---- one meta: builder and reader ---------------------------------------------------------------------
@@ -155,19 +125,19 @@ def test_resume_needs_a_training_checkpoint(tmp_path, capsys):
     assert f"--init-from {tmp_path / 'run' / 'last.pt'}" in err
 
 
-def test_init_from_a_checkpoint_without_model_config(tmp_path, char_data, capsys):
+def test_init_from_a_checkpoint_without_model_config(tmp_path, tiny_char_data, capsys):
     path = tmp_path / "foreign.pt"
     native.save(path, {"model": GPT(CFG).state_dict()}, {"tokenizer": TOK.spec})
-    err = one_line_error(capsys, train_script.main, "--init-from", path, "--data", char_data,
+    err = one_line_error(capsys, train_script.main, "--init-from", path, "--data", tiny_char_data,
                          "--out-dir", tmp_path / "out", *TINY)
     assert f"{path} is not a gpt checkpoint: missing model_config" in err
 
 
-def test_a_dataset_directory_is_not_a_run(char_data, capsys):
-    err = one_line_error(capsys, sample_script.main, "--ckpt", char_data, "--prompt", "a")
-    assert f"{char_data} is a prepared dataset, not a training run" in err
-    assert f"python train.py --data {char_data} --out-dir out/char" in err
-    assert f"--out-dir {char_data}`" not in err  # the old hint: train into the dataset directory
+def test_a_dataset_directory_is_not_a_run(tiny_char_data, capsys):
+    err = one_line_error(capsys, sample_script.main, "--ckpt", tiny_char_data, "--prompt", "a")
+    assert f"{tiny_char_data} is a prepared dataset, not a training run" in err
+    assert f"python train.py --data {tiny_char_data} --out-dir out/char" in err
+    assert f"--out-dir {tiny_char_data}`" not in err  # the old hint: train into the dataset directory
 
 
 # ---- Hugging Face directories -------------------------------------------------------------------------
@@ -186,7 +156,7 @@ GPT2_CONFIG = {"model_type": "gpt2", "vocab_size": 50257, "n_positions": 32, "n_
     (dict(GPT2_CONFIG, layer_norm_epsilon="tiny"), "unsupported GPT-2 config: layer_norm_epsilon 'tiny' (only 1e-5)"),
 ])
 @pytest.mark.parametrize("how", ["sample --ckpt", "train --init-from"])
-def test_broken_hugging_face_config(tmp_path, char_data, capsys, config, message, how):
+def test_broken_hugging_face_config(tmp_path, tiny_char_data, capsys, config, message, how):
     hf = tmp_path / "hf"
     hf.mkdir()
     (hf / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
@@ -194,7 +164,7 @@ def test_broken_hugging_face_config(tmp_path, char_data, capsys, config, message
     if how == "sample --ckpt":
         err = one_line_error(capsys, sample_script.main, "--ckpt", hf, "--prompt", "a")
     else:
-        err = one_line_error(capsys, train_script.main, "--init-from", hf, "--data", char_data,
+        err = one_line_error(capsys, train_script.main, "--init-from", hf, "--data", tiny_char_data,
                              "--out-dir", tmp_path / "out", *TINY)
     assert message.format(cfg=hf / "config.json") in err
 
@@ -318,12 +288,12 @@ def test_destination_under_a_file(tmp_path):
             save_tiny(path)
 
 
-def test_full_disk_during_training_is_one_line(char_data, tmp_path, monkeypatch, capsys):
+def test_full_disk_during_training_is_one_line(tiny_char_data, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     seen = {}
     fail_writes(monkeypatch, lambda f: FullDisk(f, room=0), calls_before=1,
                 on_failure=lambda: seen.setdefault("last.pt", (out / "last.pt").read_bytes()))
-    err = one_line_error(capsys, train_script.main, "--data", char_data, "--out-dir", out, *TINY,
+    err = one_line_error(capsys, train_script.main, "--data", tiny_char_data, "--out-dir", out, *TINY,
                          "--max-iters", "4", "--eval-interval", "2")
     assert f"could not write checkpoint {out / 'last.pt'}: the disk is full" in err and "last.pt is intact" in err
     assert (out / "last.pt").read_bytes() == seen["last.pt"] and loader.read_meta(out / "last.pt")["step"] == 2

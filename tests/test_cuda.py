@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, SHAKESPEARE
+from conftest import ROOT
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -20,7 +20,7 @@ TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "64", "--block-size", "64
         "--eval-iters", "4", "--log-interval", "1", "--warmup-iters", "2", "--device", "cuda"]
 
 
-def script(*argv, check=True, env=None):
+def run_cmd(*argv, check=True, env=None):
     res = subprocess.run([sys.executable, *map(str, argv)], cwd=ROOT, capture_output=True, text=True,
                          env=dict(os.environ, **(env or {})))
     if check:
@@ -33,22 +33,13 @@ def records(out_dir, kind):
     return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
-@pytest.fixture(scope="module")
-def char_data(tmp_path_factory):
-    d = tmp_path_factory.mktemp("cuda_data")
-    src = d / "head.txt"
-    src.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:200_000], encoding="utf-8")
-    script("data/prepare.py", src, "--out", d / "char", "--tokenizer", "char", "--block-size", "64")
-    return d / "char"
-
-
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])  # float16 trains with a GradScaler
 def test_mixed_precision_training_resumes_bit_identically(char_data, tmp_path, dtype):
     common = ["--data", char_data, *TINY, "--dtype", dtype, "--dropout", "0.1", "--grad-accum", "2",
               "--lr-decay-iters", "12", "--eval-interval", "6", "--deterministic"]
-    script("train.py", *common, "--out-dir", tmp_path / "full", "--max-iters", "12")
-    script("train.py", *common, "--out-dir", tmp_path / "split", "--max-iters", "6")
-    script("train.py", "--resume", tmp_path / "split", "--max-iters", "12")
+    run_cmd("train.py", *common, "--out-dir", tmp_path / "full", "--max-iters", "12")
+    run_cmd("train.py", *common, "--out-dir", tmp_path / "split", "--max-iters", "6")
+    run_cmd("train.py", "--resume", tmp_path / "split", "--max-iters", "12")
     full = [(r["step"], r["loss"], r["grad_norm"]) for r in records(tmp_path / "full", "train")]
     split = [(r["step"], r["loss"], r["grad_norm"]) for r in records(tmp_path / "split", "train")]
     assert [s for s, *_ in split] == list(range(1, 13))
@@ -61,7 +52,7 @@ def test_mixed_precision_training_resumes_bit_identically(char_data, tmp_path, d
 
 def test_compiled_training_and_sampling(char_data, tmp_path):
     out = tmp_path / "run"
-    script("train.py", "--data", char_data, *TINY, "--compile", "--max-iters", "40", "--eval-interval", "20",
+    run_cmd("train.py", "--data", char_data, *TINY, "--compile", "--max-iters", "40", "--eval-interval", "20",
            "--learning-rate", "3e-3", "--out-dir", out)
     evals = records(out, "eval")
     assert evals[-1]["val_loss"] < evals[0]["val_loss"] < 4.2
@@ -69,9 +60,9 @@ def test_compiled_training_and_sampling(char_data, tmp_path):
     assert not any(k.startswith("_orig_mod") for k in state)  # the uncompiled module is what is saved
     greedy = ["sample.py", "--ckpt", out, "--prompt", "ROMEO:", "--temperature", "0", "--max-new-tokens", "40",
               "--dtype", "float32", "--device", "cuda"]
-    compiled = script(*greedy, "--compile").stdout
-    graphed = script(*greedy).stdout  # CUDA-graph decode steps (the default on CUDA)
-    eager = script(*greedy, "--no-cuda-graph").stdout
+    compiled = run_cmd(*greedy, "--compile").stdout
+    graphed = run_cmd(*greedy).stdout  # CUDA-graph decode steps (the default on CUDA)
+    eager = run_cmd(*greedy, "--no-cuda-graph").stdout
     assert compiled == graphed == eager and len(eager) > len("ROMEO:")
 
 
@@ -85,7 +76,7 @@ def test_torchrun_uses_nccl_and_resumes_in_one_process(char_data, tmp_path):
     assert f"{n} process(es)" in res.stdout
     meta = json.loads(torch.load(tmp_path / "ddp" / "last.pt", weights_only=True)["meta"])
     assert meta["world_size"] == n and meta["step"] == 4
-    script("train.py", "--resume", tmp_path / "ddp", "--max-iters", "8")
+    run_cmd("train.py", "--resume", tmp_path / "ddp", "--max-iters", "8")
     assert [r["step"] for r in records(tmp_path / "ddp", "train")] == list(range(1, 9))
 
 
@@ -93,15 +84,15 @@ def test_out_of_memory_is_one_line_naming_the_fix_and_keeps_the_checkpoint(char_
     # Wide enough that the first activation of the huge batch cannot be allocated at all (~130 GB):
     # the test never fills the GPU, whatever else runs on it.
     out = tmp_path / "run"
-    script("train.py", "--data", char_data, *TINY, "--n-embd", "512", "--max-iters", "2", "--eval-interval", "2",
+    run_cmd("train.py", "--data", char_data, *TINY, "--n-embd", "512", "--max-iters", "2", "--eval-interval", "2",
            "--out-dir", out)
     before = (out / "last.pt").read_bytes()
-    res = script("train.py", "--resume", out, "--max-iters", "4", "--batch-size", "1000000", check=False)
+    res = run_cmd("train.py", "--resume", out, "--max-iters", "4", "--batch-size", "1000000", check=False)
     assert res.returncode == 2, res.stderr[-3000:]
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
     assert "CUDA out of memory" in lines[0] and "--batch-size 500000 --grad-accum 2" in lines[0]
     assert "intact" in lines[0]
     assert (out / "last.pt").read_bytes() == before
-    res = script("sample.py", "--ckpt", out, "--num-samples", "3000000", "--max-new-tokens", "8", check=False)
+    res = run_cmd("sample.py", "--ckpt", out, "--num-samples", "3000000", "--max-new-tokens", "8", check=False)
     assert res.returncode == 2 and "--num-samples" in res.stderr and "Traceback" not in res.stderr, res.stderr[-3000:]

@@ -4,6 +4,7 @@ key, atomic publishing) that the data-preparation path reads and writes without 
 import copy
 import errno
 import json
+import os
 import subprocess
 import sys
 
@@ -143,7 +144,7 @@ def _write_dataset_files(tmp, text):
 
 def test_staged_publishes_meta_json_last_and_leaves_nothing_else(tmp_path):
     with staged(tmp_path / "ds") as tmp:
-        assert tmp.parent == tmp_path and tmp.name.startswith(".ds.prepare-")
+        assert tmp.parent == tmp_path and tmp.name.startswith(f".ds.tmp-{os.getpid()}-")
         _write_dataset_files(tmp, "one")
         assert not (tmp_path / "ds").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]

@@ -8,9 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ROOT
-from test_checkpoint import char_data, one_line_error, train_script  # noqa: F401 (fixture)
-from test_lora import BASE_CFG, TRAIN, base, run  # noqa: F401 (fixture)
+from conftest import BASE_CFG, ROOT, TRAIN, one_line_error, train_run, train_script
 
 from gpt.errors import ConfigError
 from gpt.model import lora
@@ -66,7 +64,7 @@ def test_update_ratio_is_the_step_size_relative_to_the_weights():
     assert health.update_ratio == pytest.approx(0.1 / 1.9)  # each weight moved by 0.1, from 1.9
 
 
-def test_the_trainer_warns_on_a_spike_and_logs_the_update_ratio(base, char_data, tmp_path, monkeypatch, capsys):  # noqa: F811
+def test_the_trainer_warns_on_a_spike_and_logs_the_update_ratio(base, tiny_char_data, tmp_path, monkeypatch, capsys):
     real, calls = GPT.loss, {"n": 0}
 
     def spiking(self, logits, targets):
@@ -76,7 +74,7 @@ def test_the_trainer_warns_on_a_spike_and_logs_the_update_ratio(base, char_data,
 
     monkeypatch.setattr(GPT, "loss", spiking)
     out = tmp_path / "run"
-    run("--data", char_data, "--out-dir", out, "--init-from", base, *TRAIN, "--max-iters", "16", "--eval-interval",
+    train_run("--data", tiny_char_data, "--out-dir", out, "--init-from", base, *TRAIN, "--max-iters", "16", "--eval-interval",
         "100", "--eval-iters", "1", "--log-interval", "4")
     printed = capsys.readouterr().out
     assert "warning: loss spike at step 14: " in printed
@@ -93,7 +91,7 @@ def test_the_trainer_warns_on_a_spike_and_logs_the_update_ratio(base, char_data,
 
     # the same spike inside a 20-step warmup (whose first steps swing widely in healthy runs) is not judged
     calls["n"] = 0
-    run("--data", char_data, "--out-dir", tmp_path / "warm", "--init-from", base, *TRAIN, "--max-iters", "16",
+    train_run("--data", tiny_char_data, "--out-dir", tmp_path / "warm", "--init-from", base, *TRAIN, "--max-iters", "16",
         "--eval-interval", "100", "--eval-iters", "1", "--warmup-iters", "20", "--no-plot")
     assert "warning:" not in capsys.readouterr().out
 
@@ -175,15 +173,15 @@ def test_batch_size_auto_with_the_probe_injected(monkeypatch):
                     "--grad-accum 4 = 64 sequences per step"]
 
 
-def test_batch_size_auto_on_a_cpu_is_one_line(base, char_data, tmp_path, capsys):  # noqa: F811
-    err = one_line_error(capsys, train_script.main, "--data", char_data, "--out-dir", tmp_path / "x", "--init-from",
+def test_batch_size_auto_on_a_cpu_is_one_line(base, tiny_char_data, tmp_path, capsys):
+    err = one_line_error(capsys, train_script.main, "--data", tiny_char_data, "--out-dir", tmp_path / "x", "--init-from",
                          base, "--batch-size", "auto", "--device", "cpu")
     assert "--batch-size auto: measures GPU memory, CUDA only (this run is on cpu)" in err
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: --batch-size auto probes GPU memory")
-def test_batch_size_auto_on_cuda(char_data, tmp_path):  # noqa: F811
-    res = subprocess.run([sys.executable, "train.py", "--data", str(char_data), "--out-dir", str(tmp_path / "auto"),
+def test_batch_size_auto_on_cuda(tiny_char_data, tmp_path):
+    res = subprocess.run([sys.executable, "train.py", "--data", str(tiny_char_data), "--out-dir", str(tmp_path / "auto"),
                           "--n-layer", "2", "--n-head", "2", "--n-embd", "64", "--block-size", "16", "--batch-size",
                           "auto", "--global-batch", "4096", "--max-iters", "2", "--eval-interval", "2", "--eval-iters",
                           "1", "--device", "cuda"], cwd=ROOT, capture_output=True, text=True)

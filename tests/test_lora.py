@@ -6,40 +6,18 @@ import shutil
 
 import pytest
 import torch
-from test_checkpoint import char_data, one_line_error, sample_script, train_script  # noqa: F401 (fixture)
+from conftest import BASE_CFG, TRAIN, one_line_error, sample_script, train_run, train_script
 
-from gpt.checkpoints import loader, native
+from gpt.checkpoints import loader
 from gpt.cli import lora as cli_lora
-from gpt.data.tokens import open_dataset
 from gpt.errors import ConfigError
 from gpt.model import lora
-from gpt.model.transformer import GPT, GPTConfig
+from gpt.model.transformer import GPT
 from gpt.runtime import Runtime
 from gpt.train.config import TrainConfig
-from gpt.train.start import config_from_argv
-from gpt.train.trainer import make_optimizer, train, train_step
+from gpt.train.trainer import make_optimizer, train_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-BASE_CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16)
-TRAIN = ["--batch-size", "2", "--eval-iters", "1", "--log-interval", "1", "--warmup-iters", "1", "--device", "cpu",
-         "--learning-rate", "1e-2", "--no-plot"]  # tests/test_plot.py draws
-
-
-@pytest.fixture
-def base(char_data, tmp_path):  # noqa: F811
-    """A 'pretrained' checkpoint: random weights with the dataset's tokenizer."""
-    torch.manual_seed(3)
-    meta = native.build_meta(model_config=BASE_CFG.to_dict(), tokenizer=open_dataset(char_data).tokenizer_spec)
-    path = tmp_path / "base" / "best.pt"
-    native.save(path, {"model": GPT(BASE_CFG).state_dict()}, meta)
-    return path.parent
-
-
-def run(*argv):
-    cfg, explicit = config_from_argv([str(a) for a in argv])
-    return train(cfg, explicit)
-
 
 ALL_TARGETS = ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "wte"]
 
@@ -96,9 +74,9 @@ def test_adapters_start_as_the_base_and_merged_logits_equal_adapter_logits():
     torch.testing.assert_close(model(x)[0], adapter_logits, rtol=1e-5, atol=1e-5)
 
 
-def test_lora_run_checkpoint_holds_only_adapters_and_loads_everywhere(base, char_data, tmp_path, capsys):  # noqa: F811
+def test_lora_run_checkpoint_holds_only_adapters_and_loads_everywhere(base, tiny_char_data, tmp_path, capsys):
     out = tmp_path / "lora"
-    run("--data", char_data, "--out-dir", out, "--init-from", base, "--lora-rank", "2", "--lora-targets",
+    train_run("--data", tiny_char_data, "--out-dir", out, "--init-from", base, "--lora-rank", "2", "--lora-targets",
         "attn.c_attn,mlp.c_fc", *TRAIN, "--max-iters", "4", "--eval-interval", "4")
     assert "lora: rank 2, alpha 16 on attn.c_attn, mlp.c_fc" in capsys.readouterr().out
     raw = loader.read(out / "last.pt")
@@ -129,12 +107,12 @@ def test_lora_run_checkpoint_holds_only_adapters_and_loads_everywhere(base, char
                        merged.transformer.h[0].attn.c_attn.weight)
 
 
-def test_exact_resume_of_a_lora_run(base, char_data, tmp_path):  # noqa: F811
-    common = ["--data", char_data, "--init-from", base, "--lora-rank", "4", "--lora-dropout", "0.1", *TRAIN,
+def test_exact_resume_of_a_lora_run(base, tiny_char_data, tmp_path):
+    common = ["--data", tiny_char_data, "--init-from", base, "--lora-rank", "4", "--lora-dropout", "0.1", *TRAIN,
               "--grad-accum", "2", "--lr-decay-iters", "8", "--eval-interval", "4"]
-    run(*common, "--out-dir", tmp_path / "full", "--max-iters", "8")
-    run(*common, "--out-dir", tmp_path / "split", "--max-iters", "4")
-    run("--resume", tmp_path / "split", "--max-iters", "8")
+    train_run(*common, "--out-dir", tmp_path / "full", "--max-iters", "8")
+    train_run(*common, "--out-dir", tmp_path / "split", "--max-iters", "4")
+    train_run("--resume", tmp_path / "split", "--max-iters", "8")
 
     def losses(out):
         return [(r["step"], r["loss"], r["grad_norm"]) for r in map(json.loads, (out / "log.jsonl").read_text()
@@ -144,9 +122,9 @@ def test_exact_resume_of_a_lora_run(base, char_data, tmp_path):  # noqa: F811
     assert losses(tmp_path / "split") == losses(tmp_path / "full")  # bit for bit
 
 
-def test_resume_keeps_the_adapters_shape_and_the_base(base, char_data, tmp_path, capsys):  # noqa: F811
+def test_resume_keeps_the_adapters_shape_and_the_base(base, tiny_char_data, tmp_path, capsys):
     out = tmp_path / "lora"
-    run("--data", char_data, "--out-dir", out, "--init-from", base, "--lora-rank", "2", *TRAIN, "--max-iters", "2",
+    train_run("--data", tiny_char_data, "--out-dir", out, "--init-from", base, "--lora-rank", "2", *TRAIN, "--max-iters", "2",
         "--eval-interval", "2")
     err = one_line_error(capsys, train_script.main, "--resume", out, "--lora-rank", "4", "--max-iters", "3")
     assert "a LoRA run keeps its adapters' shape: --lora-rank 4 (the run has 2)" in err
@@ -163,9 +141,9 @@ def test_resume_keeps_the_adapters_shape_and_the_base(base, char_data, tmp_path,
     assert "has changed since the adapters were trained on it" in err
 
 
-def test_base_moved_with_the_run_still_loads_and_a_missing_base_names_the_fix(base, char_data, tmp_path, capsys):  # noqa: F811
+def test_base_moved_with_the_run_still_loads_and_a_missing_base_names_the_fix(base, tiny_char_data, tmp_path, capsys):
     out = tmp_path / "lora"
-    run("--data", char_data, "--out-dir", out, "--init-from", base, "--lora-rank", "2", *TRAIN, "--max-iters", "2",
+    train_run("--data", tiny_char_data, "--out-dir", out, "--init-from", base, "--lora-rank", "2", *TRAIN, "--max-iters", "2",
         "--eval-interval", "2")
     moved = tmp_path / "elsewhere"
     moved.mkdir()
@@ -190,35 +168,35 @@ def test_base_moved_with_the_run_still_loads_and_a_missing_base_names_the_fix(ba
     (["--lora-rank", "4", "--fsdp"], "error: --lora-rank: not with --fsdp"),
     (["--lora-rank", "17"], "error: --lora-rank: 17 exceeds the smallest adapted layer's 16 features; use at most 16"),
 ])
-def test_lora_settings_are_checked_in_one_line(base, char_data, tmp_path, capsys, flags, message):  # noqa: F811
-    err = one_line_error(capsys, train_script.main, "--data", char_data, "--out-dir", tmp_path / "x", "--init-from",
+def test_lora_settings_are_checked_in_one_line(base, tiny_char_data, tmp_path, capsys, flags, message):
+    err = one_line_error(capsys, train_script.main, "--data", tiny_char_data, "--out-dir", tmp_path / "x", "--init-from",
                          base, *flags, "--device", "cpu")
     assert err.startswith(message), err
 
 
-def test_lora_needs_a_pretrained_model(char_data, tmp_path, capsys):  # noqa: F811
-    err = one_line_error(capsys, train_script.main, "--data", char_data, "--out-dir", tmp_path / "x", "--lora-rank", "8")
+def test_lora_needs_a_pretrained_model(tiny_char_data, tmp_path, capsys):
+    err = one_line_error(capsys, train_script.main, "--data", tiny_char_data, "--out-dir", tmp_path / "x", "--lora-rank", "8")
     assert "--lora-rank: LoRA adapts a pretrained model: give --init-from RUN_OR_CHECKPOINT" in err
     with pytest.raises(ConfigError, match="not seq2seq"):
         TrainConfig(init_from="x", lora_rank=8, n_encoder_layer=2)
 
 
-def test_a_full_fine_tune_resumes_with_its_checkpoints_architecture(base, char_data, tmp_path):  # noqa: F811
+def test_a_full_fine_tune_resumes_with_its_checkpoints_architecture(base, tiny_char_data, tmp_path):
     # the base is 2 x 16 wide, not the flags' defaults (4 x 128): a resume takes the run's architecture
-    common = ["--data", char_data, "--init-from", base, *TRAIN, "--lr-decay-iters", "4", "--eval-interval", "2"]
-    run(*common, "--out-dir", tmp_path / "full", "--max-iters", "4")
-    run(*common, "--out-dir", tmp_path / "split", "--max-iters", "2")
-    summary = run("--resume", tmp_path / "split", "--max-iters", "4")
+    common = ["--data", tiny_char_data, "--init-from", base, *TRAIN, "--lr-decay-iters", "4", "--eval-interval", "2"]
+    train_run(*common, "--out-dir", tmp_path / "full", "--max-iters", "4")
+    train_run(*common, "--out-dir", tmp_path / "split", "--max-iters", "2")
+    summary = train_run("--resume", tmp_path / "split", "--max-iters", "4")
     assert summary["val_loss"] == json.loads((tmp_path / "full" / "log.jsonl").read_text().splitlines()[-1])["val_loss"]
 
 
-def test_the_hf_export_of_a_lora_run_is_base_plus_adapters_in_transformers(base, char_data, tmp_path):  # noqa: F811
+def test_the_hf_export_of_a_lora_run_is_base_plus_adapters_in_transformers(base, tiny_char_data, tmp_path):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("safetensors")
     from gpt.cli import hf as cli_hf
 
     out = tmp_path / "lora"
-    run("--data", char_data, "--out-dir", out, "--init-from", base, "--lora-rank", "2", "--lora-targets",
+    train_run("--data", tiny_char_data, "--out-dir", out, "--init-from", base, "--lora-rank", "2", "--lora-targets",
         "attn.c_proj,wte", *TRAIN, "--max-iters", "3", "--eval-interval", "3")
     assert cli_hf.main(["export", "--ckpt", str(out), "--out", str(tmp_path / "hf")]) == 0
     theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()

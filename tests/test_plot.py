@@ -5,8 +5,11 @@ import json
 
 import numpy as np
 import pytest
-from test_checkpoint import char_data, one_line_error  # noqa: F401 (fixture)
-from test_lora import TRAIN, base, run  # noqa: F401 (fixture)
+from conftest import (
+    TRAIN,
+    one_line_error,
+    train_run,
+)
 
 from gpt.cli import plot as cli_plot
 from gpt.train import plot
@@ -81,9 +84,9 @@ def test_a_run_without_a_log_is_one_line(tmp_path, capsys):
     assert f"no log.jsonl in {tmp_path / 'empty'}" in err
 
 
-def test_training_draws_its_run_and_writes_tensorboard(base, char_data, tmp_path):  # noqa: F811
+def test_training_draws_its_run_and_writes_tensorboard(base, tiny_char_data, tmp_path):
     out = tmp_path / "run"
-    run("--data", char_data, "--out-dir", out, "--init-from", base, *TRAIN, "--max-iters", "4", "--eval-interval",
+    train_run("--data", tiny_char_data, "--out-dir", out, "--init-from", base, *TRAIN, "--max-iters", "4", "--eval-interval",
         "2", "--tensorboard", "--plot")
     assert (out / "run.png").read_bytes()[:4] == b"\x89PNG"
     assert plot.read_log(out).series("eval", "step", "val_loss")[0] == [2, 4]

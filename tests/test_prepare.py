@@ -122,7 +122,7 @@ def test_vocabulary_over_65535_is_uint32(tmp_path):
 
 
 def _nothing_written(parent, name="ds"):
-    return not (parent / name).exists() and not list(parent.glob(f".{name}.prepare-*"))
+    return not (parent / name).exists() and not list(parent.glob(f".{name}.tmp-*"))
 
 
 def test_missing_path(tmp_path):
@@ -229,7 +229,7 @@ def test_interrupted_force_keeps_the_old_dataset(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         prepare([SHAKESPEARE], tmp_path / "ds", "gpt2", chunk_bytes=1 << 14, force=True, progress=False)
     assert open_dataset(tmp_path / "ds", verify=True).meta == before
-    assert not list(tmp_path.glob(".ds.prepare-*"))
+    assert not list(tmp_path.glob(".ds.tmp-*"))
 
 
 def test_interrupted_while_moving_into_place_does_not_look_complete(tmp_path, monkeypatch):
@@ -250,10 +250,10 @@ def test_interrupted_while_moving_into_place_does_not_look_complete(tmp_path, mo
 
 def test_leftovers_of_a_killed_prepare_are_removed(tmp_path):
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead = tmp_path / f".ds.prepare-{int(done.stdout)}-abc"
+    dead = tmp_path / f".ds.tmp-{int(done.stdout)}-abc"
     (dead).mkdir()
     (dead / "train.bin").write_bytes(b"\0" * 10)
-    alive = tmp_path / f".ds.prepare-{os.getpid()}-xyz"  # a prepare still running (this process)
+    alive = tmp_path / f".ds.tmp-{os.getpid()}-xyz"  # a prepare still running (this process)
     alive.mkdir()
     messages = []
     prepare([SHAKESPEARE], tmp_path / "ds", "char", progress=False, log=messages.append)

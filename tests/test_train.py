@@ -9,25 +9,19 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, prepare
+from conftest import ROOT, prepare, train_run
 
 from gpt.checkpoints import loader
 from gpt.errors import ConfigError
 from gpt.model.transformer import GPT, GPTConfig
 from gpt.runtime import Runtime
 from gpt.train.rundir import RunDir, RunDirError
-from gpt.train.start import config_from_argv
 from gpt.train.stopping import StopSignal, TimeLimit
-from gpt.train.trainer import TrainingError, train, train_step
+from gpt.train.trainer import TrainingError, train_step
 
 # CPU float32 wherever the tests run (bit-identical results); tests/test_cuda.py covers CUDA
 TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--block-size", "32", "--batch-size", "4",
         "--eval-iters", "4", "--log-interval", "1", "--warmup-iters", "2", "--device", "cpu"]
-
-
-def run(*argv):
-    cfg, explicit = config_from_argv([str(a) for a in argv])
-    return train(cfg, explicit)
 
 
 def records(out_dir, kind):
@@ -37,7 +31,7 @@ def records(out_dir, kind):
 
 def test_end_to_end_loss_falls_and_checkpoints_load(char_data, tmp_path):
     out = tmp_path / "run"
-    summary = run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "60", "--eval-interval", "30",
+    summary = train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "60", "--eval-interval", "30",
                   "--learning-rate", "3e-3")
     evals = records(out, "eval")
     assert [e["step"] for e in evals] == [30, 60]
@@ -58,12 +52,12 @@ def test_end_to_end_loss_falls_and_checkpoints_load(char_data, tmp_path):
 def test_exact_resume_bit_identical(char_data, tmp_path, optimizer):
     common = ["--data", char_data, *TINY, "--dropout", "0.1", "--grad-accum", "2", "--lr-decay-iters", "12",
               "--eval-interval", "6", "--optimizer", optimizer]
-    run(*common, "--out-dir", tmp_path / "full", "--max-iters", "12")
-    run(*common, "--out-dir", tmp_path / "first", "--max-iters", "6")
+    train_run(*common, "--out-dir", tmp_path / "full", "--max-iters", "12")
+    train_run(*common, "--out-dir", tmp_path / "first", "--max-iters", "6")
     (tmp_path / "first").rename(tmp_path / "split")  # a run directory that moved resumes where it is now
     (tmp_path / "split" / "best.pt").unlink()  # a hard link to last.pt: unlink before writing
     (tmp_path / "split" / "best.pt").write_bytes(b"resume reads last.pt, never best.pt")
-    run("--resume", tmp_path / "split", "--max-iters", "12")
+    train_run("--resume", tmp_path / "split", "--max-iters", "12")
     full = [(r["step"], r["loss"], r["grad_norm"]) for r in records(tmp_path / "full", "train")]
     split = [(r["step"], r["loss"], r["grad_norm"]) for r in records(tmp_path / "split", "train")]
     assert [s for s, *_ in split] == list(range(1, 13))
@@ -104,12 +98,12 @@ def test_nonfinite_loss_stops_before_the_step_and_keeps_the_checkpoint(char_data
 
     monkeypatch.setattr(GPT, "loss", poisoned)
     with pytest.raises(TrainingError, match="at step 4"):
-        run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "10", "--eval-interval", "2")
+        train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "10", "--eval-interval", "2")
     meta = loader.read(out / "last.pt")["meta"]
     assert meta["step"] == 4  # the last good checkpoint stays
 
     calls["n"] = 0
-    summary = run("--data", char_data, "--out-dir", tmp_path / "skip", *TINY, "--max-iters", "10",
+    summary = train_run("--data", char_data, "--out-dir", tmp_path / "skip", *TINY, "--max-iters", "10",
                   "--eval-interval", "5", "--skip-nonfinite")
     assert summary["skipped_steps"] == 1 and summary["step"] == 10
 
@@ -118,7 +112,7 @@ def test_out_of_memory_is_one_line_naming_the_fix_and_keeps_the_checkpoint(char_
     from gpt.train import trainer
 
     out = tmp_path / "run"
-    run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2")
+    train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2")
     before = (out / "last.pt").read_bytes()
 
     def oom(*args, **kwargs):
@@ -127,25 +121,25 @@ def test_out_of_memory_is_one_line_naming_the_fix_and_keeps_the_checkpoint(char_
     monkeypatch.setattr(trainer, "train_step", oom)
     with pytest.raises(TrainingError, match=r"out of memory at step 3 .*--batch-size 2 --grad-accum 2; the last "
                                             r"checkpoint in .* is intact"):
-        run("--resume", out, "--max-iters", "4")
+        train_run("--resume", out, "--max-iters", "4")
     monkeypatch.undo()
     monkeypatch.setattr(trainer, "estimate_loss", oom)
     with pytest.raises(TrainingError, match=r"while evaluating: .*--eval-batch-size 2"):
-        run("--resume", out, "--max-iters", "4", "--eval-interval", "1")
+        train_run("--resume", out, "--max-iters", "4", "--eval-interval", "1")
     assert (out / "last.pt").read_bytes() == before
 
 
 def test_out_dir_with_a_run_is_not_overwritten(char_data, tmp_path):
     out = tmp_path / "run"
-    run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2")
+    train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2")
     before = (out / "last.pt").read_bytes()
     with pytest.raises(RunDirError, match="--resume"):
-        run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2")
+        train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2")
     assert (out / "last.pt").read_bytes() == before
     (out / "last.pt").unlink()  # only best.pt (and the log) left: still a run
     with pytest.raises(RunDirError, match="already holds a run"):
-        run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2")
-    run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "1", "--eval-interval", "1", "--force")
+        train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2")
+    train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "1", "--eval-interval", "1", "--force")
     assert [r["step"] for r in records(out, "train")] == [1]  # --force starts over: the old log is gone
 
 
@@ -154,12 +148,12 @@ def test_unusable_out_dirs_are_one_line(char_data, tmp_path, monkeypatch):
     a_file.write_text("not a directory")
     for out, message in ((a_file, "is a file, not a directory"), (a_file / "run", "a part of the path is a file")):
         with pytest.raises(RunDirError, match=message):
-            run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "1")
+            train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "1")
     read_only = tmp_path / "ro"
     read_only.mkdir()
     monkeypatch.setattr("gpt.train.rundir.os.access", lambda path, mode: False)  # (root may write anywhere)
     with pytest.raises(RunDirError, match="not writable"):
-        run("--data", char_data, "--out-dir", read_only, *TINY, "--max-iters", "1")
+        train_run("--data", char_data, "--out-dir", read_only, *TINY, "--max-iters", "1")
 
 
 def test_a_second_trainer_into_the_same_out_dir_is_refused(char_data, tmp_path):
@@ -170,39 +164,39 @@ def test_a_second_trainer_into_the_same_out_dir_is_refused(char_data, tmp_path):
         assert res.returncode == 2 and "Traceback" not in res.stderr
         assert f"in use by another trainer (pid {os.getpid()} on " in res.stderr
         assert not (out / "log.jsonl").exists()
-    run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "1")  # free again once it is released
+    train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "1")  # free again once it is released
 
 
 def test_nonfinite_val_loss_never_replaces_the_last_checkpoint(char_data, tmp_path):
     out = tmp_path / "run"
-    run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2")
+    train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2")
     with pytest.raises(TrainingError, match=r"non-finite .* not saved; .*last.pt still holds step (\d+)") as e:
-        run("--resume", out, "--learning-rate", "1e6", "--lr-schedule", "constant", "--warmup-iters", "0",
+        train_run("--resume", out, "--learning-rate", "1e6", "--lr-schedule", "constant", "--warmup-iters", "0",
             "--eval-interval", "1", "--max-iters", "20", "--grad-clip", "0")
     kept = int(re.search(r"still holds step (\d+)", str(e.value)).group(1))
     meta = loader.read(out / "last.pt")["meta"]
     assert meta["step"] == kept and math.isfinite(meta["val_loss"])  # the last good state, not the NaN one
-    resumed = run("--resume", out, "--max-iters", kept + 1, "--learning-rate", "1e-3", "--lr-schedule", "cosine")
+    resumed = train_run("--resume", out, "--max-iters", kept + 1, "--learning-rate", "1e-3", "--lr-schedule", "cosine")
     assert resumed["step"] == kept + 1 and math.isfinite(resumed["val_loss"])  # the run goes on from there
 
 
 def test_resume_refuses_another_tokenizer_or_architecture(char_data, tmp_path):
     out = tmp_path / "run"
-    run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2")
+    train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2")
     before = [(out / name).read_bytes() for name in ("last.pt", "config.json")]
     other_src = tmp_path / "other.txt"
     other_src.write_text("".join(chr(ord("A") + i % 60) for i in range(20000)))  # another char vocabulary
     other = prepare(other_src, tmp_path / "other", "--tokenizer", "char")
     with pytest.raises(TrainingError, match="tokenizer mismatch"):
-        run("--resume", out, "--data", other, "--max-iters", "4")
+        train_run("--resume", out, "--data", other, "--max-iters", "4")
     with pytest.raises(ConfigError, match=r"architecture of a run cannot change: --n-embd 64 \(the run has 32\)"):
-        run("--resume", out, "--n-embd", "64", "--max-iters", "4")
+        train_run("--resume", out, "--n-embd", "64", "--max-iters", "4")
     with pytest.raises(ConfigError, match=r"--n-layer 3 \(the run has 2\)"):
-        run("--resume", out, "--n-layer", "3", "--max-iters", "4")
+        train_run("--resume", out, "--n-layer", "3", "--max-iters", "4")
     with pytest.raises(ConfigError, match=r"trained with --optimizer adamw, not muon"):
-        run("--resume", out, "--optimizer", "muon", "--max-iters", "4")
+        train_run("--resume", out, "--optimizer", "muon", "--max-iters", "4")
     assert [(out / name).read_bytes() for name in ("last.pt", "config.json")] == before
-    assert run("--resume", out, "--dropout", "0.1", "--max-iters", "3")["step"] == 3  # dropout may change
+    assert train_run("--resume", out, "--dropout", "0.1", "--max-iters", "3")["step"] == 3  # dropout may change
 
 
 def test_compile_is_announced_and_gets_the_cpu_settings(char_data, tmp_path, monkeypatch, capsys):
@@ -210,7 +204,7 @@ def test_compile_is_announced_and_gets_the_cpu_settings(char_data, tmp_path, mon
     compiled, kernels, autocast = [], [], Runtime.autocast
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: (compiled.append(kwargs), model)[1])
     monkeypatch.setattr(Runtime, "autocast", lambda self: (kernels.append(self.compiled), autocast(self))[1])
-    run("--data", char_data, "--out-dir", tmp_path / "run", *TINY, "--max-iters", "1", "--eval-interval", "1",
+    train_run("--data", char_data, "--out-dir", tmp_path / "run", *TINY, "--max-iters", "1", "--eval-interval", "1",
         "--compile")
     out = capsys.readouterr().out
     assert -1 < out.find("compiling the model for the first step") < out.find("step      1")
@@ -219,8 +213,8 @@ def test_compile_is_announced_and_gets_the_cpu_settings(char_data, tmp_path, mon
 
 def test_init_from_says_which_flags_the_checkpoint_overrides(char_data, tmp_path, capsys):
     base = tmp_path / "base"
-    run("--data", char_data, "--out-dir", base, *TINY, "--max-iters", "1", "--eval-interval", "1")
-    run("--data", char_data, "--out-dir", tmp_path / "ft", "--init-from", base, "--n-layer", "6", "--max-iters", "1",
+    train_run("--data", char_data, "--out-dir", base, *TINY, "--max-iters", "1", "--eval-interval", "1")
+    train_run("--data", char_data, "--out-dir", tmp_path / "ft", "--init-from", base, "--n-layer", "6", "--max-iters", "1",
         "--device", "cpu", "--eval-iters", "1")
     assert f"init_from: the architecture comes from {base}; ignoring --n-layer 6" in capsys.readouterr().out
     assert loader.read(tmp_path / "ft")["meta"]["model_config"]["n_layer"] == 2
@@ -252,7 +246,7 @@ def test_time_limit_leaves_room_for_the_final_evaluation():
 
 def test_max_minutes_stops_with_an_evaluation_and_a_checkpoint(char_data, tmp_path):
     out = tmp_path / "run"
-    summary = run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "100000", "--eval-interval", "100000",
+    summary = train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "100000", "--eval-interval", "100000",
                   "--max-minutes", "0.02")
     assert 0 < summary["step"] < 100000
     assert records(out, "eval")[-1]["step"] == summary["step"] == loader.read(out / "last.pt")["meta"]["step"]
@@ -273,8 +267,8 @@ def test_a_second_ctrl_c_waits_for_the_checkpoint_being_written():
 
 def test_finetune_from_checkpoint(char_data, tmp_path):
     base = tmp_path / "base"
-    run("--data", char_data, "--out-dir", base, *TINY, "--max-iters", "4", "--eval-interval", "4")
-    summary = run("--data", char_data, "--out-dir", tmp_path / "ft", "--init-from", base, "--block-size", "16",
+    train_run("--data", char_data, "--out-dir", base, *TINY, "--max-iters", "4", "--eval-interval", "4")
+    summary = train_run("--data", char_data, "--out-dir", tmp_path / "ft", "--init-from", base, "--block-size", "16",
                   "--batch-size", "4", "--max-iters", "4", "--eval-interval", "4", "--eval-iters", "2")
     assert summary["step"] == 4
     meta = loader.read(tmp_path / "ft")["meta"]
@@ -285,12 +279,12 @@ def test_finetune_from_checkpoint(char_data, tmp_path):
 
 def test_finetune_tokenizer_mismatch_is_an_error(char_data, tmp_path):
     base = tmp_path / "base"
-    run("--data", char_data, "--out-dir", base, *TINY, "--max-iters", "2", "--eval-interval", "2")
+    train_run("--data", char_data, "--out-dir", base, *TINY, "--max-iters", "2", "--eval-interval", "2")
     other_src = tmp_path / "other.txt"
     other_src.write_text("abc def " * 2000)
     other = prepare(other_src, tmp_path / "other", "--tokenizer", "char")
     with pytest.raises(TrainingError, match="tokenizer mismatch"):
-        run("--data", other, "--out-dir", tmp_path / "ft", "--init-from", base, "--max-iters", "2")
+        train_run("--data", other, "--out-dir", tmp_path / "ft", "--init-from", base, "--max-iters", "2")
 
 
 def test_cli_errors_are_one_line(tmp_path):
@@ -325,14 +319,14 @@ def test_sigterm_finishes_the_step_saves_and_says_how_to_resume(char_data, tmp_p
     assert f"resume with: python train.py --resume {out}" in stdout
     meta = loader.read(out / "last.pt")["meta"]
     assert meta["step"] == records(out, "train")[-1]["step"] >= 3
-    summary = run("--resume", out, "--max-iters", str(meta["step"] + 2))
+    summary = train_run("--resume", out, "--max-iters", str(meta["step"] + 2))
     assert summary["step"] == meta["step"] + 2
 
 
 def test_wandb_logs_offline(char_data, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     out = tmp_path / "run"
-    summary = run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2",
+    summary = train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2",
                   "--wandb-project", "gpt-test", "--wandb-mode", "offline")
     assert summary["step"] == 2
     runs = list((out / "wandb").glob("offline-run-*"))
@@ -348,7 +342,7 @@ def test_wandb_failure_never_stops_training(char_data, tmp_path, monkeypatch, ca
         raise RuntimeError("wandb is down")
 
     monkeypatch.setattr(wandb, "init", broken)
-    summary = run("--data", char_data, "--out-dir", tmp_path / "a", *TINY, "--max-iters", "2", "--eval-interval", "2",
+    summary = train_run("--data", char_data, "--out-dir", tmp_path / "a", *TINY, "--max-iters", "2", "--eval-interval", "2",
                   "--wandb-project", "gpt-test")
     assert summary["step"] == 2
     assert "warning: Weights & Biases disabled (RuntimeError: wandb is down)" in capsys.readouterr().err
@@ -363,12 +357,12 @@ def test_ddp_two_processes_match_one_and_resume_in_one(char_data, tmp_path, opti
                           "train.py", *common, "--max-iters", "3", "--out-dir", str(tmp_path / "ddp")],  # a free port
                          cwd=ROOT, env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
-    run(*common, "--max-iters", "6", "--out-dir", tmp_path / "single")
+    train_run(*common, "--max-iters", "6", "--out-dir", tmp_path / "single")
     single = [r["loss"] for r in records(tmp_path / "single", "train")]
     ddp = [r["loss"] for r in records(tmp_path / "ddp", "train")]
     assert len(ddp) == 3 and ddp == pytest.approx(single[:3], rel=1e-5)  # same global batch, same losses
     assert loader.read(tmp_path / "ddp")["meta"]["world_size"] == 2
-    run("--resume", tmp_path / "ddp", "--max-iters", "6")  # the 2-process checkpoint, resumed in one process
+    train_run("--resume", tmp_path / "ddp", "--max-iters", "6")  # the 2-process checkpoint, resumed in one process
     resumed = [r["loss"] for r in records(tmp_path / "ddp", "train")]
     assert resumed == pytest.approx(single, rel=1e-5)
 
@@ -395,9 +389,9 @@ def test_seq2seq_trains_with_the_same_loop_and_resumes_exactly(reverse_pairs, tm
            "--max-tokens", "256", "--dropout", "0.1", "--grad-accum", "2", "--learning-rate", "3e-3",
            "--lr-decay-iters", "40", "--eval-interval", "20", "--log-interval", "1", "--eval-iters", "4",
            "--warmup-iters", "5"]
-    full = run(*s2s, "--out-dir", tmp_path / "full", "--max-iters", "40")
-    run(*s2s, "--out-dir", tmp_path / "split", "--max-iters", "20")
-    run("--resume", tmp_path / "split", "--max-iters", "40")
+    full = train_run(*s2s, "--out-dir", tmp_path / "full", "--max-iters", "40")
+    train_run(*s2s, "--out-dir", tmp_path / "split", "--max-iters", "20")
+    train_run("--resume", tmp_path / "split", "--max-iters", "40")
     losses = lambda out: [(r["step"], r["loss"]) for r in records(out, "train")]  # noqa: E731
     assert losses(tmp_path / "split") == losses(tmp_path / "full")
     first, last = records(tmp_path / "full", "eval")[0]["val_loss"], full["val_loss"]
@@ -408,7 +402,7 @@ def test_seq2seq_trains_with_the_same_loop_and_resumes_exactly(reverse_pairs, tm
 
 def test_pairs_dataset_needs_an_encoder(reverse_pairs, tmp_path):
     with pytest.raises(ValueError, match="n_encoder_layer: a pairs dataset needs an encoder"):
-        run("--data", reverse_pairs, "--out-dir", tmp_path / "o", "--n-layer", "1", "--block-size", "8")
+        train_run("--data", reverse_pairs, "--out-dir", tmp_path / "o", "--n-layer", "1", "--block-size", "8")
 
 
 def test_training_longer_says_what_the_lr_does():
@@ -427,7 +421,7 @@ def test_training_longer_says_what_the_lr_does():
 
 def test_evaluating_val_only(char_data, tmp_path):
     out = tmp_path / "run"
-    summary = run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2",
+    summary = train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2",
                   "--no-eval-train")
     (evaluation,) = records(out, "eval")
     assert evaluation["train_loss"] is None and evaluation["val_loss"] == summary["val_loss"]
@@ -436,11 +430,11 @@ def test_evaluating_val_only(char_data, tmp_path):
 
 def test_tokens_seen_is_counted_at_saves_between_log_steps(char_data, tmp_path):
     out = tmp_path / "run"  # stops at its first evaluation, step 3; log lines only at step 1
-    run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "6", "--eval-interval", "3",
+    train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "6", "--eval-interval", "3",
         "--log-interval", "100", "--target-val-loss", "100", "--no-plot")
     per_step = 4 * 32  # batch x block, every target counts
     meta = loader.read(out / "last.pt")["meta"]
     assert (meta["step"], meta["tokens_seen"]) == (3, 3 * per_step)
-    run("--resume", out, "--max-iters", "5", "--eval-interval", "3", "--log-interval", "100", "--target-val-loss", "0")
+    train_run("--resume", out, "--max-iters", "5", "--eval-interval", "3", "--log-interval", "100", "--target-val-loss", "0")
     assert loader.read(out / "last.pt")["meta"]["tokens_seen"] == 5 * per_step
     assert records(out, "train")[-1]["tokens"] == 5 * per_step

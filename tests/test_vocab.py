@@ -6,9 +6,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT
-from test_checkpoint import char_data, one_line_error, script  # noqa: F401 (fixture)
-from test_lora import TRAIN, base, run  # noqa: F401 (fixture)
+from conftest import ROOT, TRAIN, one_line_error, script, train_run
 
 from gpt.data.prepare import prepare
 from gpt.data.tokenizer import get_tokenizer
@@ -34,14 +32,14 @@ def test_unknown_characters_are_counted_and_refused_by_default(base, new_text, t
     assert not (tmp_path / "new").exists()
 
 
-def test_replaced_characters_keep_the_runs_vocabulary_and_fine_tune(base, char_data, new_text, tmp_path, capsys):  # noqa: F811
+def test_replaced_characters_keep_the_runs_vocabulary_and_fine_tune(base, tiny_char_data, new_text, tmp_path, capsys):
     out = tmp_path / "new"
     assert prepare_script.main([str(new_text), "--out", str(out), "--tokenizer-from", str(base), "--unknown",
                                 "replace", "--block-size", "8", "--val-fraction", "0.2"]) == 0
     assert "90 characters (3 distinct): 'é' x30, '—' x30, 'ï' x30 not in the vocabulary, written as '?'" in \
         capsys.readouterr().out
     ds = open_dataset(out)
-    source = open_dataset(char_data)
+    source = open_dataset(tiny_char_data)
     assert ds.tokenizer_spec == source.tokenizer_spec and ds.vocab_size == source.vocab_size
     tok = get_tokenizer(ds.tokenizer_spec)
     text = tok.decode(np.concatenate([ds.split("train"), ds.split("val")]))
@@ -50,12 +48,12 @@ def test_replaced_characters_keep_the_runs_vocabulary_and_fine_tune(base, char_d
     assert meta["corpus"]["unknown_chars"] == {"count": 90, "replaced_by": "?",
                                                "most_common": [["é", 30], ["—", 30], ["ï", 30]]}
     # the point of it all: the run's checkpoint fine-tunes on the new text
-    summary = run("--data", out, "--out-dir", tmp_path / "ft", "--init-from", base, *TRAIN, "--block-size", "8",
+    summary = train_run("--data", out, "--out-dir", tmp_path / "ft", "--init-from", base, *TRAIN, "--block-size", "8",
                   "--max-iters", "2", "--eval-interval", "2")
     assert summary["step"] == 2
 
 
-def test_a_chosen_replacement_must_be_in_the_vocabulary(base, new_text, tmp_path, capsys):  # noqa: F811
+def test_a_chosen_replacement_must_be_in_the_vocabulary(base, new_text, tmp_path, capsys):
     err = one_line_error(capsys, prepare_script.main, str(new_text), "--out", str(tmp_path / "n"), "--tokenizer-from",
                          str(base), "--unknown", "replace", "--replacement", "€", "--block-size", "8")
     assert "--replacement '€': must be one character of the vocabulary" in err
@@ -85,7 +83,7 @@ def test_a_bpe_vocabulary_is_reused_from_a_dataset_without_torch(tmp_path, new_t
     (["--vocab-size", "300"], "--vocab-size and --tokenizer-from"),
     (["--tokenizer-file", "x.tiktoken"], "--tokenizer-file is GPT-2's ranks file;"),
 ])
-def test_options_that_do_not_go_with_a_reused_tokenizer(base, new_text, tmp_path, capsys, flags, message):  # noqa: F811
+def test_options_that_do_not_go_with_a_reused_tokenizer(base, new_text, tmp_path, capsys, flags, message):
     err = one_line_error(capsys, prepare_script.main, str(new_text), "--out", str(tmp_path / "n"), "--tokenizer-from",
                          str(base), *flags)
     assert message in err

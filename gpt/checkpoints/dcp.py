@@ -44,7 +44,7 @@ import torch.distributed as dist
 
 from gpt.checkpoints import native
 from gpt.errors import StorageError, storage_error
-from gpt.fsutil import fsync_path, replacing, temp_name
+from gpt.fsutil import fsync_path, remove_stale_temps, replacing, temp_name
 
 META, TRAIN = "meta.json", "train.pt"
 
@@ -223,7 +223,7 @@ def save(link: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim
     master = not distributed or dist.get_rank() == 0
     names = [None, None]
     if master:
-        native.remove_stale_temps(run_dir)
+        remove_stale_temps(run_dir)
         final = _free_name(run_dir, meta["step"])
         names = [temp_name(run_dir / final).name, final]
     if distributed:

@@ -61,7 +61,6 @@ import errno
 import json
 import os
 import pickle
-import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -69,7 +68,7 @@ from pathlib import Path
 import torch
 
 from gpt.errors import UserError, storage_error
-from gpt.fsutil import fsync_path, process_alive, replacing
+from gpt.fsutil import fsync_path, remove_stale_temps, replacing
 from gpt.model.transformer import GPT, GPTConfig
 
 FORMAT_VERSION = 1
@@ -80,7 +79,6 @@ OPTIONAL = ("train_config", "val_loss", "best_val_loss", "skipped_steps", "world
 TRAINING_ONLY = ("train_config", "optimizer", "rng", "step", "sampler")  # what --resume needs, train.py writes
 BEST_FIRST = ("best.pt", "last.pt")
 SHARDED = {"last.pt": "last.dcp", "best.pt": "best.dcp"}  # the DCP checkpoint (gpt/checkpoints/dcp.py) for each name
-TEMP_FILE = re.compile(r"\..+\.tmp-(\d+)")
 
 
 class CheckpointError(UserError, ValueError):
@@ -296,19 +294,3 @@ def _torch_save(payload: dict, tmp: Path) -> None:
             raise out.error from None
         f.flush()
         os.fsync(f.fileno())
-
-
-def remove_stale_temps(directory: Path) -> list[Path]:
-    """Remove the temporary files and directories (`.NAME.tmp-PID`) that saves of processes no longer running left in
-    `directory`; those of live processes are never touched. Returns what was removed."""
-    removed = []
-    for f in directory.iterdir():
-        match = TEMP_FILE.fullmatch(f.name)
-        if not match or int(match[1]) == os.getpid() or process_alive(int(match[1])):
-            continue
-        if f.is_symlink() or f.is_file():  # a checkpoint, or a link gpt/checkpoints/dcp.py was switching
-            f.unlink(missing_ok=True)  # missing: another process cleaned it first
-        elif f.is_dir():  # a sharded checkpoint being written (gpt/checkpoints/dcp.py)
-            shutil.rmtree(f, ignore_errors=True)
-        removed.append(f)
-    return removed

@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> None:
         raise SamplingError(f"{args.ckpt} is a seq2seq (encoder-decoder) checkpoint: translate with --source TEXT "
                             f"or --source-file FILE{', not --prompt' if args.prompt is not None or args.prompt_file else ''}")
     if args.compile:
-        model.hidden = torch.compile(model.hidden, dynamic=True)
+        model.compile_decoding()
 
     out = sys.stdout if args.stream else io.StringIO()
 

@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt.errors import StorageError, UserError, storage_error
-from gpt.fsutil import fsync_path, process_alive
+from gpt.fsutil import fsync_path, remove_stale_temps, temp_prefix
 
 FORMAT_VERSION = 1
 VERSION_KEY = "format_version"
@@ -58,7 +58,6 @@ SPLITS = ("train", "val")
 META_FILE = "meta.json"
 RANKS_FILE = "tokenizer.tiktoken"
 DATASET_FILES = (*(f"{s}.{ext}" for s in SPLITS for ext in ("bin", "idx")), RANKS_FILE, META_FILE)
-TMP_MARK = ".prepare-"
 REPREPARE = "prepare the dataset again with --force"
 
 
@@ -144,13 +143,26 @@ def write_meta(directory: Path, meta: dict) -> None:
     (Path(directory) / META_FILE).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def is_dataset(path: str | os.PathLike) -> bool:
-    """Whether `path` holds a prepared dataset (a meta.json with splits), whatever its state."""
+def _raw_meta(path: str | os.PathLike) -> dict | None:
+    """meta.json as it is, unchecked; None where there is none, or it is not a JSON object."""
     try:
         meta = json.loads((Path(path) / META_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(meta, dict) and "splits" in meta
+    except (OSError, ValueError):  # missing, unreadable, not UTF-8, not JSON
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def is_dataset(path: str | os.PathLike) -> bool:
+    """Whether `path` holds a prepared dataset (a meta.json with splits), whatever its state."""
+    meta = _raw_meta(path)
+    return meta is not None and "splits" in meta
+
+
+def dataset_kind(path: str | os.PathLike) -> str:
+    """The kind a dataset directory's meta.json says (`tokens`, or `pairs` for translation pairs); `tokens`
+    where it says none or cannot be read (`read_meta` then reports what is wrong, with its fix)."""
+    kind = (_raw_meta(path) or {}).get("kind", "tokens")
+    return kind if kind in KINDS else "tokens"
 
 
 def read_meta(path: str | os.PathLike, kind: str) -> dict:
@@ -334,7 +346,7 @@ def staged(out: str | os.PathLike, force: bool = False, log: Callable[[str], Non
     made, tmp, touched = [], None, False
     try:
         made = _mkdirs(out.parent)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}{TMP_MARK}{os.getpid()}-", dir=out.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(out), dir=out.parent))
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the dataset gets the usual permissions
@@ -392,13 +404,8 @@ def _check_out(out: Path, force: bool) -> None:
 
 def _remove_stale_tmp(out: Path, log: Callable[[str], None]) -> None:
     """Remove temporary directories left by a prepare of `out` that was killed (its process is gone)."""
-    if not out.parent.is_dir():
-        return
-    mark = f".{out.name}{TMP_MARK}"
-    for tmp in out.parent.glob(f"{mark}*"):
-        pid = tmp.name[len(mark) :].split("-")[0]
-        if tmp.is_dir() and pid.isdigit() and not process_alive(int(pid)):
-            shutil.rmtree(tmp, ignore_errors=True)
+    if out.parent.is_dir():
+        for tmp in remove_stale_temps(out.parent, out.name):
             log(f"removed {tmp}, left by an interrupted prepare")
 
 

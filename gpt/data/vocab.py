@@ -22,13 +22,12 @@ Nothing is ever dropped or replaced silently.
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
-from gpt.data.format import META_FILE, DataError, inline_ranks, is_dataset, read_meta
+from gpt.data.format import DataError, dataset_kind, inline_ranks, is_dataset, read_meta
 
 UNKNOWN_POLICIES = ("refuse", "replace")
 REPLACEMENT_CANDIDATES = ("?", " ")
@@ -49,9 +48,7 @@ def dataset_spec(path: str | os.PathLike) -> Reused | None:
         raise DataError(f"--tokenizer-from {path}: no such run, checkpoint or dataset")
     if not (path.is_dir() and is_dataset(path)):
         return None
-    kind = json.loads((path / META_FILE).read_text(encoding="utf-8")).get("kind", "tokens")
-    return Reused(inline_ranks(path, read_meta(path, kind if kind in ("tokens", "pairs") else "tokens")["tokenizer"]),
-                  str(path))
+    return Reused(inline_ranks(path, read_meta(path, dataset_kind(path))["tokenizer"]), str(path))
 
 
 def unknown_chars(counts: Counter, chars: str) -> Counter:

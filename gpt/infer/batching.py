@@ -94,21 +94,11 @@ class SlotPool:
         self.rows = rows
 
     def caches(self, start: int, stop: int, length: int, pos: torch.Tensor) -> list[KVCache]:
-        return [_RowsView(layer, start, stop, length, pos) for layer in self.layers]
+        return [layer.view(slice(start, stop), length, pos) for layer in self.layers]
 
     def move(self, src: int, dst: int) -> None:
         for layer in self.layers:
-            layer.k[dst] = layer.k[src]
-            layer.v[dst] = layer.v[src]
-
-
-class _RowsView(KVCache):
-    """A KVCache over a block of a pool cache's rows and leading positions (views, no copy)."""
-
-    def __init__(self, pool: KVCache, start: int, stop: int, length: int, pos: torch.Tensor):  # no allocation
-        self.k = pool.k[start:stop, :, :length]
-        self.v = pool.v[start:stop, :, :length]
-        self.pos = pos
+            layer.copy_row(src, dst)
 
 
 @dataclass

@@ -75,11 +75,12 @@ class LoRAConfig:
         return {"rank": self.rank, "alpha": self.alpha, "dropout": self.dropout, "targets": list(self.targets)}
 
 
-class LoRALinear(nn.Linear):
-    """A frozen nn.Linear plus a trained low-rank update; `weight` and `bias` keep their names."""
+class LoRALinear(nn.Module):
+    """A frozen nn.Linear plus a trained low-rank update; `weight` and `bias` keep their names (and are the
+    base layer's own tensors, shared, not copied)."""
 
     def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float = 0.0):
-        nn.Module.__init__(self)
+        super().__init__()
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight = base.weight.requires_grad_(False)
         self.bias = base.bias.requires_grad_(False) if base.bias is not None else None
@@ -106,14 +107,13 @@ class LoRALinear(nn.Linear):
         return out
 
 
-class TiedLoRAEmbedding(nn.Embedding):
+class TiedLoRAEmbedding(nn.Module):
     """The token embedding tied to a LoRALinear output head: rows of (E + scale * B A), the head's update."""
 
     def __init__(self, base: nn.Embedding, head: LoRALinear):
-        nn.Module.__init__(self)
+        super().__init__()
         assert base.weight is head.weight, "the embedding must be tied to the head"
         self.num_embeddings, self.embedding_dim = base.num_embeddings, base.embedding_dim
-        self.padding_idx, self.max_norm, self.norm_type, self.scale_grad_by_freq, self.sparse = None, None, 2.0, False, False
         self.weight, self.lora_A, self.lora_B, self.scale = head.weight, head.lora_A, head.lora_B, head.scale
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:

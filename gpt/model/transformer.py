@@ -34,7 +34,9 @@ Design notes
 
 from __future__ import annotations
 
+import copy
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -96,6 +98,18 @@ class KVCache:
         self.v[:, :, self.pos : self.pos + t] = v
         self.pos += t
         return self.k[:, :, : self.pos], self.v[:, :, : self.pos]
+
+    def view(self, rows: slice, length: int, pos: int | torch.Tensor) -> KVCache:
+        """A cache over `rows` and the first `length` positions of this one, at position(s) `pos`: views, no
+        copy, so what the model writes through it lands here (continuous batching's pool)."""
+        view = copy.copy(self)
+        view.k, view.v, view.pos = self.k[rows, :, :length], self.v[rows, :, :length], pos
+        return view
+
+    def copy_row(self, src: int, dst: int) -> None:
+        """Row `src`'s keys and values over row `dst`'s."""
+        self.k[dst] = self.k[src]
+        self.v[dst] = self.v[src]
 
     def reorder(self, index: torch.Tensor) -> None:
         """Select batch rows (beam search keeps the surviving hypotheses)."""
@@ -224,6 +238,9 @@ class Block(nn.Module):
             self.cross_attn = Attention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
+        # Activation checkpointing (gpt/train/parallel.py): a wrapper the block's computation runs through,
+        # e.g. torch.utils.checkpoint; None runs it directly. Parameter names and state dicts do not change.
+        self.wrapper: Callable | None = None
 
     def _sublayer(self, x, ln, fn):
         return ln(x + fn(x)) if self.post_norm else x + fn(ln(x))
@@ -238,6 +255,11 @@ class Block(nn.Module):
         memory_mask: torch.Tensor | None = None,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
+        if self.wrapper is not None:
+            return self.wrapper(self._compute, x, mask, causal, cache, memory, memory_mask, rope)
+        return self._compute(x, mask, causal, cache, memory, memory_mask, rope)
+
+    def _compute(self, x, mask, causal, cache, memory, memory_mask, rope) -> torch.Tensor:
         x = self._sublayer(x, self.ln_1, lambda h: self.attn(h, mask=mask, causal=causal, cache=cache, rope=rope))
         if memory is not None:
             x = self._sublayer(x, self.ln_cross, lambda h: self.cross_attn(h, kv=memory, mask=memory_mask))
@@ -484,6 +506,11 @@ class GPT(nn.Module):
         ]
         matrices = [p for p in params if id(p) in hidden]
         return ([{"params": matrices, "weight_decay": weight_decay, "muon": True}] if matrices else []) + groups
+
+    def compile_decoding(self) -> None:
+        """Run `hidden` (the decoder stack the sampler calls once per token) through torch.compile, shapes
+        dynamic: `sample.py --compile`. The weights stay this module's; training compiles the whole model."""
+        self.hidden = torch.compile(self.hidden, dynamic=True)
 
     def crop_block_size(self, block_size: int) -> None:
         """Shrink the context (fine-tuning at a shorter block): position embeddings are cropped."""

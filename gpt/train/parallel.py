@@ -20,8 +20,8 @@
   forward runs under `torch.utils.checkpoint` (non-reentrant), so only its input is kept and the
   rest is recomputed in the backward pass: about one more forward per step for activation memory of
   one block instead of all. Dropout recomputes the same masks (the RNG state is replayed). Installed
-  on each block instance (`block.forward`), so parameter names, state dicts and checkpoints do not
-  change.
+  as each block's `wrapper` (gpt/model/transformer.py's `Block`), so parameter names, state dicts and
+  checkpoints do not change.
 
 Footguns
 - `--fsdp` needs torchrun (one process is `--nproc-per-node 1`), and refuses float16: GradScaler's
@@ -35,7 +35,6 @@ Footguns
 
 from __future__ import annotations
 
-import functools
 from contextlib import nullcontext
 
 import torch
@@ -75,7 +74,7 @@ def mixed_precision(dtype: torch.dtype):
 def checkpoint_activations(model: GPT) -> None:
     """Recompute every block's activations in the backward pass instead of keeping them."""
     for block in model.blocks():
-        block.forward = functools.partial(_recomputed, block.forward)
+        block.wrapper = _recomputed
 
 
 def _recomputed(forward, *args, **kwargs):

@@ -14,9 +14,7 @@ resumed run draw exactly the batches the uninterrupted one would.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
+from gpt.data.format import dataset_kind
 from gpt.data.pairs import PairBatches, open_pairs
 from gpt.data.tokens import Batches, eval_batches, open_dataset
 from gpt.errors import ConfigError
@@ -142,12 +140,4 @@ class Translation:
 
 def open_task(path: str):
     """The task for a prepared dataset directory, by its meta.json kind."""
-    meta_path = Path(path) / "meta.json"
-    meta = None
-    if meta_path.is_file():
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (ValueError, OSError):  # not JSON, not UTF-8, unreadable
-            pass  # the dataset loader reports a broken meta.json with its fix
-    kind = meta.get("kind") if isinstance(meta, dict) else None
-    return Translation(path) if kind == "pairs" else LanguageModelling(path)
+    return Translation(path) if dataset_kind(path) == "pairs" else LanguageModelling(path)
