@@ -59,7 +59,8 @@ def worker(mode: str, steps: int) -> None:
     """One rank of the memory benchmark (launched by torchrun)."""
     import torch
 
-    from gpt.model.transformer import GPT, GPTConfig
+    from gpt.model.config import GPTConfig
+    from gpt.model.transformer import GPT
     from gpt.runtime import setup
     from gpt.train import parallel
     from gpt.train.config import TrainConfig
@@ -67,17 +68,17 @@ def worker(mode: str, steps: int) -> None:
 
     rt = setup(device="auto", dtype="float32", threads=1)
     fsdp, ac = MODES[mode]
-    cfg = TrainConfig(fsdp=fsdp, activation_checkpointing=ac, batch_size=MEMORY_BATCH, block_size=MEMORY_MODEL["block_size"])
+    cfg = TrainConfig(fsdp=fsdp, activation_checkpointing=ac, batch_size=MEMORY_BATCH, model=GPTConfig(**MEMORY_MODEL))
     torch.manual_seed(0)
     start_rss = peak_rss()
-    model = GPT(GPTConfig(**MEMORY_MODEL)).to(rt.device)
+    model = GPT(cfg.model).to(rt.device)
     train_model = parallel.wrap(model, cfg, rt)
     optimizer = make_optimizer(model, cfg, rt.device)
     scaler = torch.amp.GradScaler(rt.device.type, enabled=False)
     gen = torch.Generator().manual_seed(rt.rank)
 
     def batch(step, micro):
-        x = torch.randint(0, MEMORY_MODEL["vocab_size"], (cfg.batch_size, cfg.block_size + 1), generator=gen)
+        x = torch.randint(0, MEMORY_MODEL["vocab_size"], (cfg.batch_size, cfg.model.block_size + 1), generator=gen)
         return x[:, :-1].to(rt.device), x[:, 1:].to(rt.device)
 
     t0 = time.time()

@@ -139,6 +139,8 @@ def throughput(steps: int = 60) -> dict:
     import torch
 
     sys.path.insert(0, str(ROOT))
+    from dataclasses import replace
+
     from gpt.model.config import GPTConfig
     from gpt.model.transformer import GPT
     from gpt.runtime import Runtime, cpu_has_native_bf16
@@ -146,11 +148,12 @@ def throughput(steps: int = 60) -> dict:
     from gpt.train.parallel import compile_options
     from gpt.train.trainer import make_optimizer, train_step
 
-    cfg = TrainConfig(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, dropout=0.0, bias=False)
-    mcfg = GPTConfig(vocab_size=128, **cfg.model_kwargs())  # nanoGPT's CPU recipe model, 65 chars padded
+    cfg = TrainConfig(model=GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0, bias=False),
+                      batch_size=12)
+    mcfg = replace(cfg.model, vocab_size=128)  # nanoGPT's CPU recipe model, 65 chars padded
     g = torch.Generator().manual_seed(0)
-    xs = torch.randint(0, 65, (steps, cfg.batch_size, cfg.block_size), generator=g)
-    tokens = steps * cfg.batch_size * cfg.block_size
+    xs = torch.randint(0, 65, (steps, cfg.batch_size, cfg.model.block_size), generator=g)
+    tokens = steps * cfg.batch_size * cfg.model.block_size
 
     def plain():
         model = GPT(mcfg)

@@ -1,6 +1,7 @@
 import pytest
 
 from gpt.errors import ConfigError
+from gpt.model.config import GPTConfig
 from gpt.train.config import TrainConfig, build_config, help_text
 
 
@@ -9,8 +10,8 @@ def test_defaults_file_cli_precedence(tmp_path):
     f.write_text("max_iters = 50\nlearning_rate = 3e-4\n[model]\nn_layer = 2\n")
     cfg = build_config(["--config", str(f), "--max-iters", "100"])
     assert cfg.max_iters == 100  # CLI beats file
-    assert cfg.learning_rate == 3e-4 and cfg.n_layer == 2  # file beats defaults
-    assert cfg.n_head == TrainConfig().n_head  # defaults otherwise
+    assert cfg.learning_rate == 3e-4 and cfg.model.n_layer == 2  # file beats defaults
+    assert cfg.model.n_head == TrainConfig().model.n_head  # defaults otherwise
 
 
 @pytest.mark.parametrize("argv", [["--max-iters", "100"], ["--max_iters=100"], ["--max-iters=100"], ["--max_iters", "1e2"]])
@@ -77,7 +78,7 @@ def test_shipped_configs_load_by_name():
     for name in ("shakespeare_char_cpu", "shakespeare_char_gpu", "gpt2_124m", "finetune"):
         build_config(["--config", name])
     gpu = build_config(["--config", "shakespeare_char_gpu"])
-    assert (gpu.n_layer, gpu.n_head, gpu.n_embd, gpu.block_size) == (6, 6, 384, 256)
+    assert (gpu.model.n_layer, gpu.model.n_head, gpu.model.n_embd, gpu.model.block_size) == (6, 6, 384, 256)
     with pytest.raises(ConfigError, match="shipped: .*gpt2_124m"):
         build_config(["--config", "nope"])
 
@@ -91,6 +92,7 @@ def test_config_files_are_data_not_code(tmp_path):
 
 def test_help_lists_every_option_with_default():
     text = help_text()
-    for name in TrainConfig.__dataclass_fields__:
-        assert "--" + name.replace("_", "-") in text
+    for name in [*TrainConfig.__dataclass_fields__, *GPTConfig.__dataclass_fields__]:
+        if name not in ("model", "vocab_size"):  # the model's fields are flags of their own; vocab from the data
+            assert "--" + name.replace("_", "-") in text
     assert "(default: 2000)" in text

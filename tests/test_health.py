@@ -118,7 +118,7 @@ def test_memory_estimate_counts_what_trains():
 
 def test_preflight_counts_a_seq2seq_step_in_tokens_of_pairs():
     rt = SimpleNamespace(world_size=2, dtype=torch.float32)
-    cfg = SimpleNamespace(batch_size=4, block_size=16, max_tokens=48, max_iters=10, optimizer="adamw")
+    cfg = SimpleNamespace(batch_size=4, model=SimpleNamespace(block_size=16), max_tokens=48, max_iters=10, optimizer="adamw")
     lm = preflight.report(GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16)), cfg, rt, 3)
     assert lm[1] == "preflight: 384 tokens per step (4 x 16 x 3 micro-batches x 2 processes); 10 steps = 3,840 tokens"
     seq2seq = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, n_encoder_layer=1))
@@ -166,9 +166,9 @@ def test_batch_size_auto_with_the_probe_injected(monkeypatch):
     cfg = build_config(["--batch-size", "auto", "--global-batch", "64", "--block-size", "16"])
     said = []
     rt = SimpleNamespace(device=torch.device("cuda"), world_size=1, ddp=False)
-    preflight.auto_batch_size(GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16)), cfg, rt,
-                              said.append)
-    assert (cfg.batch_size, cfg.grad_accum) == (16, 4)
+    chosen = preflight.auto_batch_size(GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16)),
+                                       cfg, rt, said.append)
+    assert chosen == (16, 4)
     assert said == ["batch size auto: micro-batches of up to 20 fit in 90% of cuda's memory; --batch-size 16 "
                     "--grad-accum 4 = 64 sequences per step"]
 

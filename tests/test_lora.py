@@ -12,6 +12,7 @@ from gpt.checkpoints import loader
 from gpt.cli import lora as cli_lora
 from gpt.errors import ConfigError
 from gpt.model import lora
+from gpt.model.config import GPTConfig
 from gpt.model.transformer import GPT
 from gpt.runtime import Runtime
 from gpt.train.config import TrainConfig
@@ -178,7 +179,7 @@ def test_lora_needs_a_pretrained_model(tiny_char_data, tmp_path, capsys):
     err = one_line_error(capsys, train_script.main, "--data", tiny_char_data, "--out-dir", tmp_path / "x", "--lora-rank", "8")
     assert "--lora-rank: LoRA adapts a pretrained model: give --init-from RUN_OR_CHECKPOINT" in err
     with pytest.raises(ConfigError, match="not seq2seq"):
-        TrainConfig(init_from="x", lora_rank=8, n_encoder_layer=2)
+        TrainConfig(init_from="x", lora_rank=8, model=GPTConfig(n_encoder_layer=2))
 
 
 def test_a_full_fine_tune_resumes_with_its_checkpoints_architecture(base, tiny_char_data, tmp_path):

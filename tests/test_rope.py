@@ -158,7 +158,7 @@ def test_the_shipped_rope_config_trains_and_samples_past_its_context(char_data, 
                                       str(out), "--n-layer", "2", "--n-embd", "64", "--block-size", "32",
                                       "--max-iters", "60", "--lr-decay-iters", "60", "--eval-interval", "30",
                                       "--eval-iters", "4", "--threads", "1", "--device", "cpu"])
-    assert cfg.pos_encoding == "rope"
+    assert cfg.model.pos_encoding == "rope"
     summary = train(cfg, explicit)
     assert summary["val_loss"] < 2.9  # from about ln(vocab size) = 4.2 at the start
     model, tok, meta = load_checkpoint(out)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, fields
+from types import SimpleNamespace
 
 from gpt.errors import ConfigError
 
@@ -42,32 +43,9 @@ class GPTConfig:
     activation: str = "gelu_tanh"  # one of ACTIVATIONS
 
     def __post_init__(self):
-        problems = self.problems()
-        if problems:
-            raise ConfigError("invalid model config: " + "; ".join(f"{name}: {why}" for name, why in problems))
-
-    def problems(self) -> list[tuple[str, str]]:
-        """(field, what is wrong) for every invalid field."""
-        out = []
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                out.append((name, f"must be a positive integer, got {value!r}"))
-        if not {"n_head", "n_embd"} & {name for name, _ in out} and self.n_embd % self.n_head:
-            out.append(("n_head", f"must divide n_embd ({self.n_embd}), got {self.n_head}"))
-        if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
-            out.append(("dropout", f"must be in [0, 1), got {self.dropout!r}"))
-        if not isinstance(self.n_encoder_layer, int) or self.n_encoder_layer < 0:
-            out.append(("n_encoder_layer", f"must be an integer >= 0, got {self.n_encoder_layer!r}"))
-        if self.pos_encoding not in POS_ENCODINGS:
-            out.append(("pos_encoding", f"must be one of {', '.join(map(repr, POS_ENCODINGS))}, got {self.pos_encoding!r}"))
-        if self.norm not in ("pre", "post"):
-            out.append(("norm", f"must be 'pre' or 'post', got {self.norm!r}"))
-        if self.activation not in ACTIVATIONS:
-            out.append(("activation", f"must be one of {', '.join(map(repr, ACTIVATIONS))}, got {self.activation!r}"))
-        if not isinstance(self.label_smoothing, (int, float)) or not 0.0 <= self.label_smoothing < 1.0:
-            out.append(("label_smoothing", f"must be in [0, 1), got {self.label_smoothing!r}"))
-        return out
+        found = problems(dataclasses.asdict(self))
+        if found:
+            raise ConfigError("invalid model config: " + "; ".join(f"{name}: {why}" for name, why in found))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -79,3 +57,29 @@ class GPTConfig:
         if unknown:
             raise ConfigError(f"unknown model config fields {unknown}; valid: {sorted(known)}")
         return cls(**d)
+
+
+def problems(values: dict) -> list[tuple[str, str]]:
+    """(field, what is wrong) for every invalid field of a model config's `values` (the config's own check,
+    and the training flags', which report them together with their own)."""
+    c = SimpleNamespace(**values)
+    out = []
+    for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+        value = getattr(c, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            out.append((name, f"must be a positive integer, got {value!r}"))
+    if not {"n_head", "n_embd"} & {name for name, _ in out} and c.n_embd % c.n_head:
+        out.append(("n_head", f"must divide n_embd ({c.n_embd}), got {c.n_head}"))
+    if not isinstance(c.dropout, (int, float)) or not 0.0 <= c.dropout < 1.0:
+        out.append(("dropout", f"must be in [0, 1), got {c.dropout!r}"))
+    if not isinstance(c.n_encoder_layer, int) or c.n_encoder_layer < 0:
+        out.append(("n_encoder_layer", f"must be an integer >= 0, got {c.n_encoder_layer!r}"))
+    if c.pos_encoding not in POS_ENCODINGS:
+        out.append(("pos_encoding", f"must be one of {', '.join(map(repr, POS_ENCODINGS))}, got {c.pos_encoding!r}"))
+    if c.norm not in ("pre", "post"):
+        out.append(("norm", f"must be 'pre' or 'post', got {c.norm!r}"))
+    if c.activation not in ACTIVATIONS:
+        out.append(("activation", f"must be one of {', '.join(map(repr, ACTIVATIONS))}, got {c.activation!r}"))
+    if not isinstance(c.label_smoothing, (int, float)) or not 0.0 <= c.label_smoothing < 1.0:
+        out.append(("label_smoothing", f"must be in [0, 1), got {c.label_smoothing!r}"))
+    return out

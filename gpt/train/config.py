@@ -6,16 +6,17 @@ Config files are plain TOML data, never executed. Keys may use dashes or undersc
 value) is collected and reported together in one `ConfigError`.
 
 Shipped configs live in `gpt/train/configs/` and are usable by short name: `--config shakespeare_char_cpu`.
-Model fields (`n_layer`, `n_embd`, ...) are part of the same flat namespace and are split off into
-a `GPTConfig` by `model_kwargs()`; `vocab_size` always comes from the dataset.
+The model's fields (`n_layer`, `n_embd`, ...) share the flat namespace of the flags and files (a TOML
+`[model]` table may group them) and land in `TrainConfig.model`, a `GPTConfig` that checks them itself;
+`vocab_size` always comes from the dataset. A config is never changed once built: the trainer makes a
+new one with `dataclasses.replace` (e.g. the model of an `--init-from` checkpoint).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 if sys.version_info >= (3, 11):
@@ -25,8 +26,30 @@ else:  # pragma: no cover
 
 from gpt.errors import ConfigError
 from gpt.model.config import LORA_DEFAULT_TARGETS, LORA_TARGETS, GPTConfig
+from gpt.model.config import problems as check_model
 
 CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+MODEL_HELP = {  # the flags of the model's fields (GPTConfig, gpt/model/config.py), but vocab_size
+    "n_layer": "transformer blocks",
+    "n_head": "attention heads",
+    "n_embd": "embedding width",
+    "block_size": "context length in tokens",
+    "dropout": "dropout probability",
+    "bias": "biases in Linear and LayerNorm layers",
+    "n_encoder_layer": "encoder blocks (seq2seq); 0 = decoder-only GPT",
+    "pos_encoding": "position encoding: learned | sinusoidal | rope (rotary)",
+    "norm": "residual norm placement: pre | post",
+    "label_smoothing": "label smoothing of the cross-entropy",
+    "activation": "MLP activation: gelu_tanh (GPT-2) | gelu (exact erf, faster on CPU)",
+}
+
+
+def default_model() -> GPTConfig:
+    """The model a run trains unless told otherwise: small enough for a laptop CPU (GPTConfig's own defaults
+    are GPT-2 124M's). vocab_size is a placeholder until the dataset's is known."""
+    return GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=64, bias=False)
 
 
 AUTO = {"batch_size": 0}  # fields that take `auto`, and the number that stands for it
@@ -49,18 +72,9 @@ class TrainConfig:
     init_from: str = opt("", "fine-tune: start from the weights of a run dir, checkpoint file or HF GPT-2 dir")
     resume: str = opt("", "continue a run exactly from its last.pt (a run dir or checkpoint file)")
     force: bool = opt(False, "allow writing into an out_dir that already holds a run")
-    # model (vocab_size comes from the dataset)
-    n_layer: int = opt(4, "transformer blocks")
-    n_head: int = opt(4, "attention heads")
-    n_embd: int = opt(128, "embedding width")
-    block_size: int = opt(64, "context length in tokens")
-    dropout: float = opt(0.0, "dropout probability")
-    bias: bool = opt(False, "biases in Linear and LayerNorm layers")
-    n_encoder_layer: int = opt(0, "encoder blocks (seq2seq); 0 = decoder-only GPT")
-    pos_encoding: str = opt("learned", "position encoding: learned | sinusoidal | rope (rotary)")
-    norm: str = opt("pre", "residual norm placement: pre | post")
-    label_smoothing: float = opt(0.0, "label smoothing of the cross-entropy")
-    activation: str = opt("gelu_tanh", "MLP activation: gelu_tanh (GPT-2) | gelu (exact erf, faster on CPU)")
+    # the model: its fields are flags of their own (`--n-layer 6`) and a TOML [model] table; vocab_size
+    # always comes from the dataset
+    model: GPTConfig = field(default_factory=lambda: default_model(), metadata={"help": "the model's shape"})
     # batch
     batch_size: int = opt(12, "sequences per micro-batch (per process); auto (CUDA only): the largest that fits, "
                               "with --grad-accum set to keep the global batch")
@@ -124,7 +138,7 @@ class TrainConfig:
             raise ConfigError("\n".join(problems))
 
     def problems(self) -> list[str]:
-        """Every invalid value, as `--flag: what is wrong` lines (the model's fields included)."""
+        """Every invalid value, as `--flag: what is wrong` lines (the model checks its own fields)."""
         out = []
         choices = {
             "sampling": ("random", "epoch"),
@@ -159,9 +173,6 @@ class TrainConfig:
         if self.resume and self.init_from:
             out.append("--resume and --init-from: give one or the other (resume continues a run, init_from starts a new one)")
         out += self.lora_problems()
-        model = GPTConfig.__new__(GPTConfig)  # validated without raising: its problems join ours
-        model.__dict__.update(vocab_size=64, **self.model_kwargs())
-        out += [f"{flag(name)}: {why}" for name, why in model.problems()]
         return out
 
     def lora_problems(self) -> list[str]:
@@ -175,7 +186,7 @@ class TrainConfig:
         out = []
         if not self.init_from and not self.resume:
             out.append("--lora-rank: LoRA adapts a pretrained model: give --init-from RUN_OR_CHECKPOINT")
-        if self.n_encoder_layer:
+        if self.model.n_encoder_layer:
             out.append("--lora-rank: LoRA adapts decoder-only models here, not seq2seq (--n-encoder-layer)")
         if self.fsdp:
             out.append("--lora-rank: not with --fsdp (only the adapters train, so there is little to shard: use DDP)")
@@ -193,12 +204,16 @@ class TrainConfig:
     def lora_target_list(self) -> list[str]:
         return [t.strip() for t in self.lora_targets.split(",") if t.strip()]
 
-    def model_kwargs(self) -> dict:
-        names = {f.name for f in fields(GPTConfig)} - {"vocab_size"}
-        return {k: v for k, v in dataclasses.asdict(self).items() if k in names}
-
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Flat, as the flags and config files spell it (config.json, a checkpoint's train_config, W&B): the
+        model's fields beside the run's, without vocab_size."""
+        flat = {}
+        for f in fields(self):
+            if f.name == "model":
+                flat.update((k, v) for k, v in self.model.to_dict().items() if k in MODEL_HELP)
+            else:
+                flat[f.name] = getattr(self, f.name)
+        return flat
 
 
 # ---- building a TrainConfig from files and the command line ----------------------------------------
@@ -234,8 +249,16 @@ def _coerce(name: str, kind: type, value):
     return value
 
 
+def defaults() -> dict:
+    """Every option's default, flat (the model's fields beside the run's)."""
+    return TrainConfig().to_dict()
+
+
 def _field_types() -> dict[str, type]:
-    return {f.name: {"int": int, "float": float, "bool": bool, "str": str}[str(f.type)] for f in fields(TrainConfig)}
+    """Every option's type, flat: the run's fields, then the model's."""
+    kinds = {"int": int, "float": float, "bool": bool, "str": str}
+    own = {f.name: kinds[str(f.type)] for f in fields(TrainConfig) if f.name != "model"}
+    return own | {f.name: kinds[str(f.type)] for f in fields(GPTConfig) if f.name in MODEL_HELP}
 
 
 def _unknown(key: str, valid, source: str = "") -> str:
@@ -342,7 +365,15 @@ def build_config(argv: list[str] | None = None, base: dict | None = None) -> Tra
     typed.update({key: AUTO[key] for key in auto})
     if problems:
         raise ConfigError("\n".join(problems))
-    return TrainConfig(**typed)
+    model = {key: typed.pop(key) for key in list(typed) if key in MODEL_HELP}
+    model_problems = [f"{flag(name)}: {why}" for name, why in check_model(default_model().to_dict() | model)]
+    try:  # the run's problems first, then the model's, all in one error
+        cfg = TrainConfig(**typed, model=default_model() if model_problems else replace(default_model(), **model))
+    except ConfigError as e:
+        raise ConfigError("\n".join([str(e), *model_problems])) from None
+    if model_problems:
+        raise ConfigError("\n".join(model_problems))
+    return cfg
 
 
 def base_value(base: dict | None, config_name: str | None, key: str):
@@ -353,7 +384,7 @@ def base_value(base: dict | None, config_name: str | None, key: str):
             return _coerce(key, _field_types()[key], data[key])
     if base and key in base:
         return base[key]
-    return next(f.default for f in fields(TrainConfig) if f.name == key)
+    return defaults()[key]
 
 
 def help_text(prog: str = "train.py") -> str:
@@ -366,7 +397,7 @@ def help_text(prog: str = "train.py") -> str:
         f"  --config FILE_OR_NAME  a TOML file, or a shipped config: "
         f"{', '.join(sorted(p.stem for p in CONFIG_DIR.glob('*.toml')))}",
     ]
-    for f in fields(TrainConfig):
-        default = f.default if f.default != "" else '""'
-        lines.append(f"  {flag(f.name):<22} {f.metadata['help']} (default: {default})")
+    helps = {f.name: f.metadata["help"] for f in fields(TrainConfig)} | MODEL_HELP
+    for name, default in defaults().items():
+        lines.append(f"  {flag(name):<22} {helps[name]} (default: {default if default != '' else chr(34) * 2})")
     return "\n".join(lines)

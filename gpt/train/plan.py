@@ -30,7 +30,7 @@ peaked at 21.8 GiB allocated compiled on an H100, where this plan says 24.7 GiB 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -115,13 +115,13 @@ def memory(s: Shape, gpus: int, fsdp: bool, checkpointed: bool) -> Memory:
 
 def plan(cfg: TrainConfig, vocab_size: int, gpus: int, gpu_memory_gb: float, reserve: float) -> dict:
     """Every way to train `cfg` on `gpus` GPUs of `gpu_memory_gb` GB: memory, whether it fits, what to use."""
-    shape = Shape.of(GPTConfig(vocab_size=vocab_size, **cfg.model_kwargs()), cfg.batch_size, cfg.block_size)
+    shape = Shape.of(replace(cfg.model, vocab_size=vocab_size), cfg.batch_size, cfg.model.block_size)
     budget = gpu_memory_gb * 1e9 * (1 - reserve)
     rows = {name: memory(shape, gpus, fsdp, ac) for name, fsdp, ac in MODES}
     fits = [name for name in PREFERENCE if rows[name].total <= budget]
     accum = cfg.grad_accum if cfg.grad_accum % gpus == 0 else gpus * -(-cfg.grad_accum // gpus)
     return {"shape": shape, "gpus": gpus, "budget": budget, "rows": rows, "use": fits[0] if fits else None,
-            "grad_accum": accum, "tokens_per_step": accum * cfg.batch_size * cfg.block_size}
+            "grad_accum": accum, "tokens_per_step": accum * cfg.batch_size * cfg.model.block_size}
 
 
 FLAGS = {"DDP": "(no flag)", "FSDP": "--fsdp", "DDP + AC": "--activation-checkpointing",

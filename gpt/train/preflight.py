@@ -75,10 +75,10 @@ def report(model: torch.nn.Module, cfg, rt, accum: int) -> list[str]:
     """The preflight lines: parameters (trained and frozen), tokens per step, estimated memory."""
     total = sum(t.numel() for t in _unique_tensors(model) if isinstance(t, torch.nn.Parameter))
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    micro = cfg.max_tokens or cfg.batch_size * cfg.block_size if model.config.n_encoder_layer else None
-    tokens = (micro or cfg.batch_size * cfg.block_size) * accum * rt.world_size
-    shape = f"<= {micro:,} tokens of pairs" if micro else f"{cfg.batch_size} x {cfg.block_size}"
-    mem = memory_estimate(model, cfg.batch_size, cfg.block_size, autocast=rt.dtype != torch.float32,
+    micro = cfg.max_tokens or cfg.batch_size * cfg.model.block_size if model.config.n_encoder_layer else None
+    tokens = (micro or cfg.batch_size * cfg.model.block_size) * accum * rt.world_size
+    shape = f"<= {micro:,} tokens of pairs" if micro else f"{cfg.batch_size} x {cfg.model.block_size}"
+    mem = memory_estimate(model, cfg.batch_size, cfg.model.block_size, autocast=rt.dtype != torch.float32,
                           optimizer=cfg.optimizer)
     frozen = f", {total - trained:,} frozen" if trained < total else ""
     return [
@@ -128,18 +128,18 @@ def plan_batch(global_batch: int, largest: int, world_size: int = 1) -> tuple[in
     return micro, math.ceil(share / micro) * world_size
 
 
-def auto_batch_size(model: torch.nn.Module, cfg, rt, log) -> None:
-    """--batch-size auto: probe the largest micro-batch that fits on this GPU, then set cfg.batch_size and
-    cfg.grad_accum to keep cfg.global_batch (every process agrees on the smallest)."""
+def auto_batch_size(model: torch.nn.Module, cfg, rt, log) -> tuple[int, int]:
+    """--batch-size auto: probe the largest micro-batch that fits on this GPU; returns the (batch_size,
+    grad_accum) that keep cfg.global_batch (every process agrees on the smallest)."""
     if rt.device.type != "cuda":
         raise ConfigError(f"--batch-size auto: measures GPU memory, CUDA only (this run is on {rt.device}); give a "
                           f"number, e.g. --batch-size 12")
     if model.config.n_encoder_layer:
         raise ConfigError("--batch-size auto: not for seq2seq (pairs batches are sized by --max-tokens)")
-    optimizer_bytes = memory_estimate(model, 1, cfg.block_size, False, cfg.optimizer)["optimizer"]
+    optimizer_bytes = memory_estimate(model, 1, cfg.model.block_size, False, cfg.optimizer)["optimizer"]
     torch.cuda.set_per_process_memory_fraction(MEMORY_CAP, rt.device)
     try:
-        largest = find_batch_size(lambda b: _fits(model, b, cfg.block_size, optimizer_bytes, rt),
+        largest = find_batch_size(lambda b: _fits(model, b, cfg.model.block_size, optimizer_bytes, rt),
                                   math.ceil(cfg.global_batch / rt.world_size))
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, rt.device)
@@ -148,13 +148,14 @@ def auto_batch_size(model: torch.nn.Module, cfg, rt, log) -> None:
         torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
         largest = int(agreed.item())
     if largest == 0:
-        raise ConfigError(f"--batch-size auto: not even one sequence of {cfg.block_size} tokens fits on {rt.device}; "
+        raise ConfigError(f"--batch-size auto: not even one sequence of {cfg.model.block_size} tokens fits on {rt.device}; "
                           f"use a smaller --block-size or model")
-    cfg.batch_size, cfg.grad_accum = plan_batch(cfg.global_batch, largest, rt.world_size)
-    kept = cfg.batch_size * cfg.grad_accum
+    batch_size, grad_accum = plan_batch(cfg.global_batch, largest, rt.world_size)
+    kept = batch_size * grad_accum
     log(f"batch size auto: micro-batches of up to {largest} fit in {MEMORY_CAP:.0%} of {rt.device}'s memory; "
-        f"--batch-size {cfg.batch_size} --grad-accum {cfg.grad_accum} = {kept} sequences per step"
+        f"--batch-size {batch_size} --grad-accum {grad_accum} = {kept} sequences per step"
         + ("" if kept == cfg.global_batch else f" (asked for {cfg.global_batch})"))
+    return batch_size, grad_accum
 
 
 def _fits(model: torch.nn.Module, batch: int, seq_len: int, optimizer_bytes: int, rt) -> bool:

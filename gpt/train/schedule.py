@@ -65,5 +65,5 @@ def lr_at(step: int, cfg) -> float:
     return get_lr(
         step, schedule=cfg.lr_schedule, lr=cfg.learning_rate, min_lr=cfg.min_lr,
         warmup_iters=cfg.warmup_iters, decay_iters=cfg.lr_decay_iters or cfg.max_iters,
-        decay_fraction=cfg.decay_fraction, d_model=cfg.n_embd,
+        decay_fraction=cfg.decay_fraction, d_model=cfg.model.n_embd,
     )

@@ -90,19 +90,19 @@ def new_model(cfg: TrainConfig, task, explicit: set[str], log, init_from: str = 
     model config used)."""
     init_from = init_from or cfg.init_from
     if not init_from:
-        mcfg = GPTConfig(vocab_size=padded_vocab(task), **cfg.model_kwargs())
+        mcfg = dataclasses.replace(cfg.model, vocab_size=padded_vocab(task))
         return GPT(mcfg), mcfg.to_dict()
     model, meta = loader.load_model(init_from)
     check_tokenizer(init_from, meta["tokenizer"], task, cfg.data)
-    mdict = dict(meta["model_config"], dropout=cfg.dropout)  # architecture from the checkpoint
-    ignored = [f"{flag(k)} {getattr(cfg, k)}" for k in ARCHITECTURE
-               if k in explicit and k != "block_size" and k in mdict and getattr(cfg, k, None) != mdict[k]]
+    mdict = dict(meta["model_config"], dropout=cfg.model.dropout)  # architecture from the checkpoint
+    ignored = [f"{flag(k)} {getattr(cfg.model, k)}" for k in ARCHITECTURE
+               if k in explicit and k != "block_size" and k in mdict and getattr(cfg.model, k) != mdict[k]]
     if ignored:
         log(f"init_from: the architecture comes from {init_from}; ignoring {', '.join(ignored)}")
     state = model.state_dict()
     model = GPT(GPTConfig.from_dict(mdict))
     model.load_state_dict(state)
-    block = cfg.block_size if "block_size" in explicit else mdict["block_size"]
+    block = cfg.model.block_size if "block_size" in explicit else mdict["block_size"]
     if block < mdict["block_size"]:
         log(f"init_from: cropping block_size {mdict['block_size']} -> {block}")
         model.crop_block_size(block)

@@ -45,13 +45,13 @@ class LanguageModelling:
         self.checkpoint_meta: dict = {}
 
     def check_model(self, cfg) -> None:
-        if cfg.n_encoder_layer:
-            raise ConfigError(f"n_encoder_layer: {cfg.n_encoder_layer} needs a pairs dataset (data/prepare.py --pairs)")
+        if cfg.model.n_encoder_layer:
+            raise ConfigError(f"n_encoder_layer: {cfg.model.n_encoder_layer} needs a pairs dataset (data/prepare.py --pairs)")
 
     def start(self, cfg, rt, accum: int) -> None:
         self.cfg, self.device = cfg, rt.device
         self.sampler = Batches(
-            self.dataset.split("train"), cfg.block_size, cfg.batch_size, seed=cfg.seed, mode=cfg.sampling,
+            self.dataset.split("train"), cfg.model.block_size, cfg.batch_size, seed=cfg.seed, mode=cfg.sampling,
             rank=rt.rank, world_size=rt.world_size, grad_accum=accum, device=rt.device,
         )
 
@@ -59,7 +59,7 @@ class LanguageModelling:
         return self.sampler.get(step, micro_step)
 
     def describe_batch(self, cfg) -> str:
-        return f"{cfg.batch_size * cfg.grad_accum} x {cfg.block_size} tokens"
+        return f"{cfg.batch_size * cfg.grad_accum} x {cfg.model.block_size} tokens"
 
     def eval_tokens(self) -> int:
         """Tokens one evaluation reads, both splits (for time estimates)."""
@@ -67,7 +67,7 @@ class LanguageModelling:
         splits = 2 if cfg.eval_train else 1
         if cfg.eval_iters == 0 or cfg.sampling == "epoch":
             return splits * (len(self.dataset.split("val")) - 1)
-        return splits * cfg.eval_iters * (cfg.eval_batch_size or cfg.batch_size) * cfg.block_size
+        return splits * cfg.eval_iters * (cfg.eval_batch_size or cfg.batch_size) * cfg.model.block_size
 
     def eval_batches(self, split: str):
         """The same `eval_iters` random batches at every evaluation; or, with eval_iters = 0 or epoch
@@ -76,10 +76,10 @@ class LanguageModelling:
         cfg, tokens = self.cfg, self.dataset.split(split)
         bs = cfg.eval_batch_size or cfg.batch_size
         if cfg.eval_iters == 0 or cfg.sampling == "epoch":
-            n_val = -(-((len(self.dataset.split("val")) - 1) // cfg.block_size) // bs)
-            n = n_val if split == "val" else min(n_val, -(-((len(tokens) - 1) // cfg.block_size) // bs))
-            return Counted(n, eval_batches(tokens, cfg.block_size, bs, max_batches=n, device=self.device))
-        sampler = Batches(tokens, cfg.block_size, bs, seed=cfg.seed + 1, device=self.device)
+            n_val = -(-((len(self.dataset.split("val")) - 1) // cfg.model.block_size) // bs)
+            n = n_val if split == "val" else min(n_val, -(-((len(tokens) - 1) // cfg.model.block_size) // bs))
+            return Counted(n, eval_batches(tokens, cfg.model.block_size, bs, max_batches=n, device=self.device))
+        sampler = Batches(tokens, cfg.model.block_size, bs, seed=cfg.seed + 1, device=self.device)
         return Counted(cfg.eval_iters, (sampler.get(i) for i in range(cfg.eval_iters)))
 
 
@@ -96,17 +96,17 @@ class Translation:
 
     def check_model(self, cfg) -> None:
         problems = []
-        if cfg.n_encoder_layer < 1:
+        if cfg.model.n_encoder_layer < 1:
             problems.append("n_encoder_layer: a pairs dataset needs an encoder (e.g. --config multi30k_cpu)")
         splits = self.dataset.meta["splits"].values()
         need = 1 + max(max(s["max_src_len"], s["max_tgt_len"]) for s in splits)  # plus the start / end token
-        if cfg.block_size < need:
-            problems.append(f"block_size: {cfg.block_size} is shorter than the dataset's longest side ({need} tokens)")
+        if cfg.model.block_size < need:
+            problems.append(f"block_size: {cfg.model.block_size} is shorter than the dataset's longest side ({need} tokens)")
         if problems:
             raise ConfigError("\n".join(problems))
 
     def _tokens(self, cfg) -> int:
-        return cfg.max_tokens or cfg.batch_size * cfg.block_size
+        return cfg.max_tokens or cfg.batch_size * cfg.model.block_size
 
     def start(self, cfg, rt, accum: int) -> None:
         self.cfg, self.rt = cfg, rt

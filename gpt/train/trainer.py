@@ -25,6 +25,7 @@ import math
 import signal
 import time
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -123,7 +124,7 @@ def explain_oom(cfg: TrainConfig, step: int, out_dir: Path, evaluating: bool = F
             bs = cfg.eval_batch_size or cfg.batch_size
             what, fix = "evaluating", f"evaluate in smaller batches, e.g. --eval-batch-size {max(1, bs // 2)}"
         else:
-            what = f"training (micro-batches of {cfg.batch_size} x {cfg.block_size} tokens)"
+            what = f"training (micro-batches of {cfg.batch_size} x {cfg.model.block_size} tokens)"
             fix = (f"use a smaller --batch-size with more --grad-accum for the same global batch, e.g. "
                    f"--batch-size {max(1, cfg.batch_size // 2)} --grad-accum {cfg.grad_accum * 2}")
         kept = any((out_dir / name).exists() for name in ("last.pt", native.SHARDED["last.pt"]))
@@ -189,7 +190,7 @@ class Run:
         model, self.model_config = start.new_model(cfg, task, {"block_size"} if cfg.resume and base else explicit,
                                                log.print, init_from=str(base or ""))
         self.lora_meta = start.add_adapters(model, cfg, base, log.print) if base else None
-        cfg.block_size = model.config.block_size
+        self.cfg = cfg = replace(cfg, model=model.config)  # the model built: a checkpoint's, cropped, the dataset's vocab
         self.model = model.to(rt.device)
         self.train_model = parallel.wrap(model, cfg, rt)  # before the optimizer: FSDP swaps in sharded parameters
         self.optimizer = make_optimizer(model, cfg, rt.device)
@@ -198,8 +199,9 @@ class Run:
         self.pending_tokens = torch.zeros((), dtype=torch.long, device=rt.device)
         self.health = HealthMonitor(min_history=max(10, cfg.warmup_iters))  # not judged during warmup
         self.figure = plot.FigureWriter(self.out_dir, log.print, enabled=rt.master and cfg.plot)
-        if cfg.batch_size == 0:  # --batch-size auto (CUDA): sets batch_size and grad_accum
-            preflight.auto_batch_size(self.model, cfg, rt, log.print)
+        if cfg.batch_size == 0:  # --batch-size auto (CUDA): the batch size and accumulation that fit
+            batch_size, grad_accum = preflight.auto_batch_size(self.model, cfg, rt, log.print)
+            self.cfg = cfg = replace(cfg, batch_size=batch_size, grad_accum=grad_accum)
         if cfg.resume:
             self._resume()
         run_dir.write_config({"train": cfg.to_dict(), "model": self.model_config})
@@ -208,7 +210,7 @@ class Run:
         self.accum = cfg.grad_accum // rt.world_size
         task.start(cfg, rt, self.accum)
         self.peak = cfg.peak_flops or peak_flops(rt.device)
-        self.flops_per_token = model.flops_per_token(cfg.block_size)
+        self.flops_per_token = model.flops_per_token(cfg.model.block_size)
         self.limit = TimeLimit(cfg.max_minutes, t_start, task.eval_tokens())
 
     def _resume(self) -> None:
