@@ -305,6 +305,7 @@ def test_stale_temporary_files_of_dead_processes_are_removed(tmp_path):
     path = tmp_path / "last.pt"
     writer = textwrap.dedent(f"""
         import time, torch
+        from gpt.checkpoints import native
 
         class Stall:  # pickled inside torch.save, after the temporary file is created
             def __reduce__(self):
