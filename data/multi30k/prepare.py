@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from gpt.cli import ArgumentParser, run_main  # noqa: E402
-from gpt.data.pairs import DEFAULT_BPE_VOCAB, TOKENIZERS, prepare_pairs, summary  # noqa: E402
+from gpt.data.format import TOKENIZERS  # noqa: E402
+from gpt.data.pairs import DEFAULT_BPE_VOCAB, prepare_pairs, summary  # noqa: E402
 
 
 def main(argv=None) -> int:
