@@ -301,7 +301,7 @@ def test_force_removes_a_sharded_run(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with RunDir(tmp_path).claim(resume=False, force=True):
         pass
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "notes.txt"]  # (the lock file stays)
 
 
 def test_convert_mistakes_are_one_line(tmp_path, capsys):
