@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -329,3 +330,29 @@ def test_stale_temporary_files_of_dead_processes_are_removed(tmp_path):
     save_tiny(path)
     assert not temp.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
+
+
+@pytest.mark.parametrize("error", [errno.EXDEV, errno.EPERM])
+def test_link_or_copy_without_hard_links_syncs_the_copy(tmp_path, monkeypatch, error):
+    """Where os.link fails the copy must be on the disk before the rename publishes it (then the directory)."""
+    src = save_tiny(tmp_path / "last.pt", meta(step=1))
+
+    def no_link(*args):
+        raise OSError(error, os.strerror(error))
+
+    synced = []  # (inode, is a directory) of each fsync'ed descriptor
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        st = os.fstat(fd)
+        synced.append((st.st_ino, stat.S_ISDIR(st.st_mode)))
+        real_fsync(fd)
+
+    monkeypatch.setattr(native.os, "link", no_link)
+    monkeypatch.setattr(os, "fsync", fsync)
+    native.link_or_copy(src, tmp_path / "best.pt")
+    best = tmp_path / "best.pt"
+    assert best.read_bytes() == src.read_bytes() and best.stat().st_ino != src.stat().st_ino  # a copy, whole
+    assert (best.stat().st_ino, False) in synced  # the copy itself, before its rename (the inode is kept)
+    assert synced[-1] == (tmp_path.stat().st_ino, True)  # then the directory holding the rename
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "last.pt"]

@@ -146,6 +146,125 @@ def test_a_metadata_file_that_would_run_code_is_refused(tmp_path):
     assert not (tmp_path / "pwned").exists()
 
 
+# ---- hostile .metadata pickles, written opcode by opcode: each would make the directory `marker` ----------
+
+MOD = "torch.distributed.checkpoint.metadata"  # an admitted module, which imports os
+
+
+def _u(text: str) -> bytes:  # SHORT_BINUNICODE
+    data = text.encode()
+    return b"\x8c" + bytes([len(data)]) + data
+
+
+def _global(module: str, name: str) -> bytes:  # STACK_GLOBAL (protocol 4 resolves a dotted name)
+    return _u(module) + _u(name) + b"\x93"
+
+
+def _mkdir(marker) -> bytes:  # ... the callable on the stack, then: (marker,) REDUCE
+    return _u(str(marker)) + b"\x85R"
+
+
+EXT_CODE = 0xE7
+
+HOSTILE = {
+    "dotted STACK_GLOBAL + REDUCE": lambda m: _global(MOD, "os.mkdir") + _mkdir(m),
+    "dotted GLOBAL + REDUCE": lambda m: f"c{MOD}\nos.mkdir\n".encode() + _mkdir(m),
+    "INST": lambda m: b"(" + _u(str(m)) + f"i{MOD}\nos.mkdir\n".encode(),
+    "OBJ": lambda m: b"(" + _global(MOD, "os.mkdir") + _u(str(m)) + b"o",
+    "NEWOBJ of a foreign class": lambda m: _global("subprocess", "Popen") + b"(" + _u(str(m)) + b"t\x81",
+    "NEWOBJ_EX of a dotted class": lambda m: _global(MOD, "os.PathLike") + b")}\x92",
+    "EXT1 (copyreg extension registry)": lambda m: b"\x82" + bytes([EXT_CODE]) + _mkdir(m),
+    "module attribute": lambda m: _global(MOD, "os"),
+    "BytesStorageMetadata": lambda m: _global(MOD, "BytesStorageMetadata") + b")\x81",
+    "a dtype's dotted attribute": lambda m: _global("torch", "float32.__class__"),
+    "a plain GLOBAL": lambda m: _global("os", "mkdir") + _mkdir(m),
+    "BINPERSID": lambda m: _u(str(m)) + b"Q",
+    "PERSID": lambda m: b"P" + str(m).encode() + b"\n",
+    "REDUCE of an admitted class: a path": lambda m: _global("pathlib", "PosixPath") + _mkdir(m),
+    "REDUCE of an admitted function with a bad name": lambda m: _global("torch.serialization", "_get_layout")
+                                                              + _u("nope") + b"\x85R",
+    "REDUCE of Metadata holding a path": lambda m: _global(MOD, "Metadata") + b"}" + _u("model.w")
+                                                   + _global("pathlib", "PosixPath") + _mkdir(m) + b"s\x85R",
+    "BUILD setting Metadata's entries": lambda m: _global(MOD, "Metadata") + b"})\x81}" + _u("state_dict_metadata")
+                                                  + b"}" + _u("k") + _u(str(m)) + b"ssb",
+    "BUILD through TensorProperties.__setstate__": lambda m: _global(MOD, "TensorProperties") + b")\x81("
+                                                             + _u(str(m)) + b"tb",
+}
+
+
+@pytest.mark.parametrize("trick", HOSTILE)
+def test_a_hostile_metadata_pickle_is_one_line_and_runs_nothing(tmp_path, trick):
+    """Every pickle route to a callable (sample.py, the server and --resume all read a run directory so)."""
+    import copyreg
+
+    model, optimizer = trained()
+    save(tmp_path, model, optimizer, step=2)
+    marker = tmp_path / "marker"
+    (tmp_path / "last.dcp" / ".metadata").write_bytes(b"\x80\x04" + HOSTILE[trick](marker) + b".")
+    copyreg.add_extension(MOD, "os.mkdir", EXT_CODE)
+    try:
+        with pytest.raises(native.CheckpointError, match=r"^\S+ is not a readable DCP checkpoint: .+$") as e:
+            loader.load_model(tmp_path)
+        with pytest.raises(native.CheckpointError):
+            dcp.load(tmp_path / "last.dcp", *trained(steps=0))  # --resume --fsdp
+    finally:
+        copyreg.remove_extension(MOD, "os.mkdir", EXT_CODE)
+    assert "\n" not in str(e.value) and not marker.exists()
+
+
+def _rewrite_metadata(step_dir, change) -> None:
+    """Read a real .metadata (trusted here), let `change` edit it, write it back as DCP does."""
+    with open(step_dir / ".metadata", "rb") as f:
+        metadata = pickle.load(f)
+    change(metadata)
+    with open(step_dir / ".metadata", "wb") as f:
+        pickle.dump(metadata, f)
+
+
+def test_an_entry_dcp_would_unpickle_whole_is_refused(tmp_path):
+    """DCP reads a BytesStorageMetadata entry with torch.load(weights_only=False): a .metadata made only of
+    DCP's own classes could name a shard that is any pickle."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
+
+    model, optimizer = trained()
+    save(tmp_path, model, optimizer, step=2)
+    step_dir, marker = tmp_path / "step-000002", tmp_path / "marker"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.mkdir, (str(marker),))
+
+    torch.save(Evil(), step_dir / "evil.distcp")
+    key = "model.transformer.wpe.weight"
+
+    def change(metadata):
+        metadata.state_dict_metadata[key] = BytesStorageMetadata()
+        metadata.storage_data[MetadataIndex(key)] = _StorageInfo("evil.distcp", 0, (step_dir / "evil.distcp").stat().st_size)
+
+    _rewrite_metadata(step_dir, change)
+    with pytest.raises(native.CheckpointError, match="BytesStorageMetadata is not allowed"):
+        dcp.load(tmp_path / "last.dcp", *trained(steps=0))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("name", ["../outside.distcp", "/etc/passwd", ".."])
+def test_storage_outside_the_checkpoint_directory_is_refused(tmp_path, name):
+    model, optimizer = trained()
+    save(tmp_path, model, optimizer, step=2)
+    step_dir = tmp_path / "step-000002"
+    shard = next(step_dir.glob("*.distcp"))
+    (tmp_path / "outside.distcp").write_bytes(shard.read_bytes())
+
+    def change(metadata):
+        for info in metadata.storage_data.values():
+            info.relative_path = name
+
+    _rewrite_metadata(step_dir, change)
+    with pytest.raises(native.CheckpointError, match="is not a file in the checkpoint's directory"):
+        loader.read(tmp_path)
+
+
 def test_every_reader_takes_a_sharded_run_and_convert_writes_one_file(tmp_path, capsys):
     model, optimizer = trained()
     save(tmp_path, model, optimizer, step=2)
@@ -182,7 +301,7 @@ def test_force_removes_a_sharded_run(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with RunDir(tmp_path).claim(resume=False, force=True):
         pass
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "notes.txt"]  # (the lock file stays)
 
 
 def test_convert_mistakes_are_one_line(tmp_path, capsys):

@@ -1,6 +1,7 @@
 """GPT-2 interoperability: import a Hugging Face directory, export one transformers loads."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -217,3 +218,39 @@ def test_weights_that_want_to_run_code_are_refused(hf_model, tmp_path):
                                       "code loading would run; refused$"):
         load_checkpoint(tmp_path)
     assert not marker.exists()
+
+
+def _sharded_hf_dir(hf_model, path, shard_names):
+    """hf_model saved as safetensors shards under the given names (one per half of its tensors) + an index."""
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    hf_model.config.to_json_file(path / "config.json")
+    sd = {k: v.contiguous() for k, v in hf_model.state_dict().items() if k != "lm_head.weight"}
+    keys = sorted(sd)
+    halves = (keys[: len(keys) // 2], keys[len(keys) // 2:])
+    weight_map = {}
+    for name, part in zip(shard_names, halves):
+        if not name.startswith("/"):
+            save_file({k: sd[k] for k in part}, str(path / name))
+        weight_map.update({k: name for k in part})
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return path
+
+
+def test_a_sharded_safetensors_dir_loads(hf_model, tmp_path):
+    path = _sharded_hf_dir(hf_model, tmp_path / "hf", ["model-00001-of-00002.safetensors",
+                                                        "model-00002-of-00002.safetensors"])
+    model, _, _ = load_checkpoint(path)
+    idx = torch.randint(0, 50257, (1, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx)[0], hf_logits(hf_model, idx), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("outside", ["../x.safetensors", "/etc/passwd"])
+def test_an_index_naming_a_shard_outside_the_directory_is_refused(hf_model, tmp_path, outside):
+    path = _sharded_hf_dir(hf_model, tmp_path / "hf", ["model-00001-of-00002.safetensors", outside])
+    with pytest.raises(HFError, match=rf"model.safetensors.index.json: \S+ is in '{re.escape(outside)}', which is not a file "
+                                      rf"in .*; refused") as e:
+        load_checkpoint(path)
+    assert "\n" not in str(e.value)

@@ -167,6 +167,37 @@ def test_a_second_trainer_into_the_same_out_dir_is_refused(char_data, tmp_path):
     train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "1")  # free again once it is released
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="flock: POSIX only")
+def test_a_released_lock_stays_one_lock(tmp_path):
+    """A trainer B that opened .lock while A held it gets the flock once A lets go; a third trainer C must
+    then be refused. (Had A unlinked .lock, C would create and lock a new file: two holders.)"""
+    import fcntl
+
+    with RunDir(tmp_path).claim(resume=False, force=False):  # A
+        b = os.open(tmp_path / ".lock", os.O_RDWR)  # B, waiting on A's lock file
+    try:
+        fcntl.flock(b, fcntl.LOCK_EX | fcntl.LOCK_NB)  # B holds it now
+        with pytest.raises(RunDirError, match="in use by another trainer"):
+            with RunDir(tmp_path).claim(resume=False, force=False):  # C
+                pass
+    finally:
+        os.close(b)
+    with RunDir(tmp_path).claim(resume=False, force=False):  # free again
+        assert (tmp_path / ".lock").read_text().startswith(f"pid {os.getpid()} on ")
+
+
+def test_a_lock_file_that_is_a_symlink_is_refused_and_its_target_kept(tmp_path):
+    precious = tmp_path / "precious.txt"
+    precious.write_text("not a lock\n")
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".lock").symlink_to(precious)
+    with pytest.raises(RunDirError, match=r"\.lock is a symbolic link") as e:
+        with RunDir(out).claim(resume=False, force=False):
+            pass
+    assert "\n" not in str(e.value) and precious.read_text() == "not a lock\n"
+
+
 def test_nonfinite_val_loss_never_replaces_the_last_checkpoint(char_data, tmp_path):
     out = tmp_path / "run"
     train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2")

@@ -57,17 +57,48 @@ class CheckpointError(native.CheckpointError):
 
 
 class _MetadataUnpickler(pickle.Unpickler):
-    """DCP's `.metadata` pickle, admitting only the classes such a file holds."""
+    """DCP's `.metadata` pickle, admitting only the classes the index of a checkpoint of tensors holds (listed
+    from files torch 2.13 writes), each by its exact module and name. Not BytesStorageMetadata: DCP loads a
+    non-tensor entry with `torch.load(weights_only=False)`, which runs code; ours hold tensors only."""
 
-    NAMES = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
-             ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"), ("collections", "OrderedDict"),
-             ("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
+    NAMES = {("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "TensorStorageMetadata", "TensorProperties", "ChunkStorageMetadata", "MetadataIndex",
+        "StorageMeta", "_MEM_FORMAT_ENCODING")} | {
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+        ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),
+        ("collections", "OrderedDict")}
+
+    def __init__(self, file):
+        super().__init__(file, fix_imports=False)  # (no renaming of Python 2 modules behind the check)
 
     def find_class(self, module: str, name: str):
-        if module == "torch.distributed.checkpoint.metadata" or (module, name) in self.NAMES or (
-                module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+        # exact pairs only: pickle resolves a dotted name attribute by attribute (metadata.os.system)
+        if "." not in name and ((module, name) in self.NAMES or (
+                module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a checkpoint's .metadata")
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("a persistent id is not allowed in a checkpoint's .metadata")
+
+
+def _check_metadata(metadata) -> None:
+    """The unpickled index holds what DCP writes for tensors: entries DCP would read as pickled objects,
+    or storage outside the checkpoint's own directory, are refused (ValueError)."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+
+    if type(metadata) is not Metadata:
+        raise ValueError(f"it holds a {type(metadata).__name__}, not DCP's Metadata")
+    entries = metadata.state_dict_metadata
+    if not isinstance(entries, dict) or not all(type(md) is TensorStorageMetadata for md in entries.values()):
+        raise ValueError("an entry other than a tensor")
+    storage = metadata.storage_data
+    for info in storage.values() if isinstance(storage, dict) else [None]:
+        name = getattr(info, "relative_path", None)
+        if type(info) is not _StorageInfo or not isinstance(name, str) or name in ("", ".", "..") or (
+                "/" in name or "\\" in name):
+            raise ValueError(f"storage {name!r} is not a file in the checkpoint's directory")
 
 
 def _reader(path: Path):
@@ -75,8 +106,13 @@ def _reader(path: Path):
 
     class SafeReader(FileSystemReader):
         def read_metadata(self, *args, **kwargs):
-            with open(Path(self.path) / ".metadata", "rb") as f:
-                metadata = _MetadataUnpickler(f).load()
+            try:
+                with open(Path(self.path) / ".metadata", "rb") as f:
+                    metadata = _MetadataUnpickler(f).load()
+                _check_metadata(metadata)
+            except Exception as e:  # a refused class, a truncated or foreign file: data from disk, any error
+                reason = (str(e).splitlines() or [""])[0][:200]
+                raise CheckpointError(f"{path} is not a readable DCP checkpoint: {reason}") from None
             if getattr(metadata, "storage_meta", None) is not None:
                 metadata.storage_meta.load_id = self.load_id
             return metadata
@@ -150,10 +186,7 @@ def read(path: str | os.PathLike, map_location="cpu") -> dict:
     path = Path(path)
     meta, train = _load_side(path, map_location)
     reader = _reader(path)
-    try:
-        metadata = reader.read_metadata()
-    except Exception as e:  # a refused class, a truncated or foreign file: data from disk, any pickle error
-        raise CheckpointError(f"{path} is not a readable DCP checkpoint: {e}") from None
+    metadata = reader.read_metadata()
     flat = {key: torch.empty(md.size, dtype=md.properties.dtype, device=map_location)
             for key, md in metadata.state_dict_metadata.items() if isinstance(md, TensorStorageMetadata)}
     with _one_process():
@@ -197,11 +230,13 @@ def load(source: str | os.PathLike, model: torch.nn.Module, optimizer: torch.opt
     import torch.distributed.checkpoint as tdcp
 
     meta, train = _load_side(source)
+    reader = _reader(source)
+    reader.read_metadata()  # checked here, where a refusal is one line (inside DCP's load it is wrapped)
     model_state, optim_state = get_state_dict(model, optimizer)  # the shapes and shards to fill
     aliases = _aliases(model)
     state = {"model": {k: v for k, v in model_state.items() if k not in aliases}, "optimizer": optim_state["state"]}
     with _one_process():
-        tdcp.load(state, storage_reader=_reader(source), no_dist=not _distributed())
+        tdcp.load(state, storage_reader=reader, no_dist=not _distributed())
     state["model"].update({alias: state["model"][name] for alias, name in aliases.items()})
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict={"state": state["optimizer"], "param_groups": train["param_groups"]})

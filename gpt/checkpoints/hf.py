@@ -148,13 +148,26 @@ def _load_weights(path: Path) -> dict[str, torch.Tensor]:
         if not f.is_file():
             continue
         if name.endswith(".index.json"):
-            shards = sorted(set(json.loads(f.read_text())["weight_map"].values()))
             sd = {}
-            for shard in shards:
+            for shard in _shards(f):
                 sd.update(load_one(path / shard))
             return sd
         return load_one(f)
     raise FileNotFoundError(f"no model weights in {path}: expected one of {', '.join(WEIGHT_FILES)}")
+
+
+def _shards(index: Path) -> list[str]:
+    """The shard files a `*.index.json` names: plain file names beside it, nothing elsewhere. (A shard may
+    be a symbolic link: the Hugging Face cache links every file of a snapshot to its blob store.)"""
+    data = _read_json(index)
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict):
+        raise HFError(f"{index} has no weight_map object")
+    for key, shard in weight_map.items():
+        if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", "..") or "\\" in shard:
+            raise HFError(f"{index}: {key} is in {shard!r}, which is not a file in {index.parent}; refused (an "
+                          f"index names shards beside it)")
+    return sorted(set(weight_map.values()))
 
 
 def read_weights(path) -> dict[str, torch.Tensor]:
@@ -163,6 +176,8 @@ def read_weights(path) -> dict[str, torch.Tensor]:
     path = Path(path)
     try:
         sd = state_dict_from_hf(_load_weights(path))
+    except HFError:
+        raise
     except pickle.UnpicklingError:  # torch.load(weights_only=True) refused
         raise HFError(f"cannot read the weights in {path}: they hold objects other than tensors, whose code "
                       f"loading would run; refused") from None

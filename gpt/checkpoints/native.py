@@ -237,8 +237,9 @@ def link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     def link(tmp: Path) -> None:
         try:
             os.link(src, tmp)
-        except OSError:
+        except OSError:  # no hard links here (or across devices): a copy, on the disk before it is renamed
             shutil.copyfile(src, tmp)
+            fsync_path(tmp)
 
     _replace(Path(dst), link)
 

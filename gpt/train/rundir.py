@@ -6,17 +6,21 @@
 - Usable: a path that is a file, lies under a file or cannot be written is one line naming it.
 - One trainer at a time: a lock file (`.lock`, flock'ed, with the holder's pid and host) is held until
   the run ends; a second trainer into the same directory is refused, naming the first. The kernel
-  drops the lock when its process dies, so a killed run never leaves the directory locked.
+  drops the lock when its process dies, so a killed run never leaves the directory locked. The file
+  itself stays (the flock is the lock: removing the file would let two trainers lock two files of one
+  name), and is never opened through a symbolic link.
 - Never overwritten by accident: a directory holding a run (a checkpoint or a log) is refused for a
   new run without `--force`; with `--force` that run's files are removed first, so two runs never mix.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import socket
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -86,27 +90,33 @@ class RunDir:
 
     def _acquire(self) -> None:
         path = self.path / ".lock"
-        try:
-            f = open(path, "a+")
+        try:  # never through a symbolic link, never truncated before it is ours: the file may be someone else's
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
+                         0o644)
         except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise RunDirError(f"--out-dir {self.path}: {path} is a symbolic link, not a lock file; remove it "
+                                  f"(a trainer never writes through it)") from None
             raise storage_error(e, "write the lock file", path) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise RunDirError(f"--out-dir {self.path}: {path} is not a regular file; remove it")
         if fcntl is not None:
             try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
-                f.seek(0)
-                holder = f.read().strip() or "another process"
-                f.close()
+                holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+                os.close(fd)
                 raise RunDirError(f"--out-dir {self.path} is in use by another trainer ({holder}); wait for it "
                                   f"to finish or choose another --out-dir") from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        f.flush()
-        self._lock = f
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())  # (at offset 0: just opened)
+        self._lock = fd
 
     def _release(self) -> None:
+        """Drop the flock and leave `.lock` in place: unlinking it would let a trainer that opened it before
+        the unlink and one that creates a new `.lock` after it both hold "the" lock."""
         if self._lock is not None:
-            (self.path / ".lock").unlink(missing_ok=True)
-            self._lock.close()  # closing drops the flock
+            os.ftruncate(self._lock, 0)  # (it names no holder once released)
+            os.close(self._lock)  # closing drops the flock
             self._lock = None
