@@ -219,6 +219,9 @@ def test_a_cross_site_post_without_json_content_type_is_refused_and_no_cors_is_g
     assert preflight.status_code >= 400 and not any(h.startswith("access-control-") for h in preflight.headers)
     r = httpx.post(url + "/v1/completions", content=body, headers={"Content-Type": "application/json; charset=utf-8"})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+    page = httpx.get(url + "/").text  # the playground (same-origin) sends JSON with its own headers
+    assert 'fetch("/v1/completions", {method: "POST", headers: headers()' in page
+    assert 'const h = {"Content-Type": "application/json"};' in page
 
 
 def test_without_a_key_only_the_servers_own_host_names_are_answered(server, loaded):

@@ -43,8 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
                    f"{from_env} here; without a key, see --allowed-hosts)")
     p.add_argument("--allowed-hosts", nargs="+", metavar="NAME",
                    help="without an API key, the server answers only requests whose Host header is localhost, "
-                   "127.0.0.1, [::1] or --host (any port), against DNS rebinding; these names are answered too "
-                   "('*': any Host). No CORS headers are sent: browsers refuse cross-origin calls")
+                   "127.0.0.1, [::1] or --host (any port; --host 0.0.0.0 or ::, any IP address), against DNS "
+                   "rebinding; these names are answered too ('*': any Host). No CORS headers are sent: browsers "
+                   "refuse cross-origin calls")
     p.add_argument("--max-batch", type=int, default=32, help="samples decoded together (rows of the batch)")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting for rows; more are answered 429")
     p.add_argument("--max-tokens", type=int, default=1024, help="the largest max_tokens a request may ask for")

@@ -114,15 +114,17 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
     if config.api_key is None:
         app.add_middleware(HostCheck, allowed=config.allowed_hosts)
     open_completions: weakref.WeakSet[asyncio.Queue] = weakref.WeakSet()  # the queues of the answers under way
+    stopping = APIError(503, "The server is shutting down; try again later.", type="server_error",
+                        code="server_shutting_down")
 
     def end_completions() -> None:
-        """End every completion under way with a 503 (on the event loop's thread: the server is stopping)."""
-        stopping = APIError(503, "The server is shutting down; try again later.", type="server_error",
-                            code="server_shutting_down")
+        """End every completion under way with a 503, and refuse new ones (on the event loop's thread)."""
+        app.state.stopping = True
         for queue in list(open_completions):
             queue.put_nowait((0, stopping))
 
     app.state.worker, app.state.config, app.state.end_completions = worker, config, end_completions
+    app.state.stopping = False
 
     @app.exception_handler(APIError)
     async def _api_error(request, e: APIError):
@@ -191,6 +193,8 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
         except ValidationError as e:
             raise validation_error(e) from None
         sample, prompts = check(req)
+        if app.state.stopping:
+            raise stopping
         completion = Completion(config.model_name, config.fingerprint)
         queue: asyncio.Queue = asyncio.Queue()
         open_completions.add(queue)
