@@ -76,9 +76,7 @@ def is_loopback(host: str) -> bool:
 
 def run(args: argparse.Namespace) -> None:
     try:
-        import uvicorn
-
-        from gpt.serve.app import Server, ServeConfig, create_app, fingerprint, listen
+        from gpt.serve.app import ServeConfig, Server, create_app, fingerprint, listen
     except ImportError as e:
         raise ServeError(f"serving needs FastAPI and uvicorn ({e.name} is missing): pip install -e \".[serve]\"") from None
 

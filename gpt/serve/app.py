@@ -36,9 +36,9 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
-import ipaddress
 import socket
 import threading
 import time
