@@ -256,7 +256,7 @@ def test_seq2seq_engine_translates_requests_together_as_translate_does():
     assert results[1]["finish"] == ["length"]
 
 
-def worker_requests(tok, specs):
+def gathered_requests(tok, specs):
     """Requests whose pieces (or error) are gathered; `done[i]` is set when request i ends either way."""
     out = [{"text": [""] * kw.get("num_samples", 1), "error": None, "done": threading.Event(), "finished": 0}
            for _, kw in specs]
@@ -288,21 +288,21 @@ def test_a_request_whose_own_setup_fails_gets_the_error_alone_and_the_batch_goes
     monkeypatch.setattr(gpt.batching, "TextStream", PickyStream)
     model, tok = random_model(), CharTokenizer(CHARS)
     engine = BatchEngine(model, tok, max_rows=8)
-    worker = BatchWorker(engine).start()
     specs = [("running", dict(max_new_tokens=20, temperature=0)),  # decoding already when the others join
              ("big seed", dict(max_new_tokens=5, temperature=1.0, seed=2**64)),  # manual_seed cannot take it
              ("healthy", dict(max_new_tokens=6, temperature=1.0, seed=3, num_samples=2)),
              ("picky", dict(max_new_tokens=5, temperature=0, stop=("boom",))),
              ("last", dict(max_new_tokens=4, temperature=0))]
-    requests, out = worker_requests(tok, specs)
-    try:
-        worker.submit(requests[:1])
-        while not out[0]["text"][0]:
-            time.sleep(0.001)
-        worker.submit(requests[1:])  # admitted together, in one step
-        assert all(o["done"].wait(30) for o in out), [o["done"].is_set() for o in out]
-    finally:
-        worker.stop()
+    requests, out = gathered_requests(tok, specs)
+    engine.submit(requests[0])
+    engine.step()
+    for request in requests[1:]:  # admitted together, at the next step
+        engine.submit(request)
+    engine.step()
+    assert [out[i]["done"].is_set() for i in range(5)] == [False, True, False, True, False]
+    assert [row.request for row in engine.rows] == [requests[i] for i in (0, 2, 2, 4)]
+    run(engine)
+    assert all(o["done"].is_set() for o in out)
     assert isinstance(out[1]["error"], (ValueError, RuntimeError)) and isinstance(out[3]["error"], RuntimeError)
     assert requests[1].cancelled and requests[3].cancelled
     for i in (0, 2, 4):
@@ -328,7 +328,7 @@ def test_a_failing_translation_step_answers_every_request_it_took(monkeypatch):
     monkeypatch.setattr(engine, "_translate", broken)
     specs = [("ein mann", dict(temperature=0)), ("eine frau", dict(temperature=0)),
              ("ein hund", dict(temperature=1.0, seed=1, num_samples=2))]
-    requests, out = worker_requests(tok, [(p, dict(max_new_tokens=8, **kw)) for p, kw in specs])
+    requests, out = gathered_requests(tok, [(p, dict(max_new_tokens=8, **kw)) for p, kw in specs])
     worker = BatchWorker(engine)
     worker.submit(requests)  # all in one step
     worker.start()
@@ -336,8 +336,29 @@ def test_a_failing_translation_step_answers_every_request_it_took(monkeypatch):
         assert all(o["done"].wait(30) for o in out), "a request of the failed step got no answer"
         assert all(isinstance(o["error"], RuntimeError) for o in out) and engine.taken == []
         monkeypatch.setattr(engine, "_translate", translate)  # the engine goes on with new requests
-        again, out = worker_requests(tok, [("ein mann", dict(max_new_tokens=8, temperature=0))])
+        again, out = gathered_requests(tok, [("ein mann", dict(max_new_tokens=8, temperature=0))])
         worker.submit(again)
         assert out[0]["done"].wait(30) and out[0]["error"] is None
     finally:
         worker.stop()
+
+
+def test_a_failed_prefill_answers_the_running_requests_and_every_joining_one():
+    model, tok = random_model(), CharTokenizer(CHARS)
+    engine = BatchEngine(model, tok, max_rows=8)
+    requests, out = gathered_requests(tok, [(p, dict(max_new_tokens=50, temperature=0)) for p in ("a", "b", "c")])
+    engine.submit(requests[0])
+    engine.step()
+
+    def broken(first):
+        raise RuntimeError("boom")
+
+    engine._prefill = broken
+    worker = BatchWorker(engine)
+    worker.submit(requests[1:])
+    worker.start()
+    try:
+        assert all(o["done"].wait(30) for o in out), [o["done"].is_set() for o in out]
+    finally:
+        worker.stop()
+    assert all(isinstance(o["error"], RuntimeError) for o in out) and not engine.rows and not engine.taken
