@@ -253,3 +253,111 @@ def test_seq2seq_engine_translates_requests_together_as_translate_does():
     for r, e, n in zip(results, expected, (10, 4, 32)):
         assert r["text"] == [e[:n]]
     assert results[1]["finish"] == ["length"]
+
+
+def gathered_requests(tok, specs):
+    """Requests whose pieces (or error) are gathered; `done[i]` is set when request i ends either way."""
+    out = [{"text": [""] * kw.get("num_samples", 1), "error": None, "done": threading.Event(), "finished": 0}
+           for _, kw in specs]
+
+    def emit_to(o):
+        def emit(item):
+            if isinstance(item, Exception):
+                o["error"] = item
+                o["done"].set()
+                return
+            o["text"][item.sample] += item.text
+            o["finished"] += item.finish is not None
+            if o["finished"] == len(o["text"]):
+                o["done"].set()
+        return emit
+
+    return [Request(tok.encode(p), SampleConfig(stop_at_eot=False, **kw), emit_to(o)) for (p, kw), o in zip(specs, out)], out
+
+
+def test_a_request_whose_own_setup_fails_gets_the_error_alone_and_the_batch_goes_on(monkeypatch):
+    import gpt.infer.batching
+
+    class PickyStream(gpt.infer.batching.TextStream):
+        def __init__(self, tokenizer, stops=()):
+            if "boom" in stops:
+                raise RuntimeError("this stop string breaks the setup")
+            super().__init__(tokenizer, stops)
+
+    monkeypatch.setattr(gpt.infer.batching, "TextStream", PickyStream)
+    model, tok = random_model(), CharTokenizer(CHARS)
+    engine = BatchEngine(model, tok, max_rows=8)
+    specs = [("running", dict(max_new_tokens=20, temperature=0)),  # decoding already when the others join
+             ("big seed", dict(max_new_tokens=5, temperature=1.0, seed=2**64)),  # manual_seed cannot take it
+             ("healthy", dict(max_new_tokens=6, temperature=1.0, seed=3, num_samples=2)),
+             ("picky", dict(max_new_tokens=5, temperature=0, stop=("boom",))),
+             ("last", dict(max_new_tokens=4, temperature=0))]
+    requests, out = gathered_requests(tok, specs)
+    engine.submit(requests[0])
+    engine.step()
+    for request in requests[1:]:  # admitted together, at the next step
+        engine.submit(request)
+    engine.step()
+    assert [out[i]["done"].is_set() for i in range(5)] == [False, True, False, True, False]
+    assert [row.request for row in engine.rows] == [requests[i] for i in (0, 2, 2, 4)]
+    run(engine)
+    assert all(o["done"].is_set() for o in out)
+    assert isinstance(out[1]["error"], (ValueError, RuntimeError)) and isinstance(out[3]["error"], RuntimeError)
+    assert requests[1].cancelled and requests[3].cancelled
+    for i in (0, 2, 4):
+        assert out[i]["error"] is None
+        p, kw = specs[i]
+        assert out[i]["text"] == complete(model, tok, p, stop_at_eot=False, **kw)
+    assert not engine.busy and engine.taken == []
+
+
+def test_a_failing_translation_step_answers_every_request_it_took(monkeypatch):
+    tok = CharTokenizer(CHARS)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=len(CHARS) + 1, block_size=32, n_layer=2, n_head=2, n_embd=32,
+                          n_encoder_layer=2)).eval()
+    eos = tok.eot_token
+    meta = {"model_config": model.config.to_dict(), "seq2seq": {"bos": eos, "eos": eos, "pad": eos}}
+    engine = Seq2seqEngine(model, tok, meta, max_rows=8)
+    translate = engine._translate
+
+    def broken(group):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(engine, "_translate", broken)
+    specs = [("ein mann", dict(temperature=0)), ("eine frau", dict(temperature=0)),
+             ("ein hund", dict(temperature=1.0, seed=1, num_samples=2))]
+    requests, out = gathered_requests(tok, [(p, dict(max_new_tokens=8, **kw)) for p, kw in specs])
+    worker = BatchWorker(engine)
+    worker.submit(requests)  # all in one step
+    worker.start()
+    try:
+        assert all(o["done"].wait(30) for o in out), "a request of the failed step got no answer"
+        assert all(isinstance(o["error"], RuntimeError) for o in out) and engine.taken == []
+        monkeypatch.setattr(engine, "_translate", translate)  # the engine goes on with new requests
+        again, out = gathered_requests(tok, [("ein mann", dict(max_new_tokens=8, temperature=0))])
+        worker.submit(again)
+        assert out[0]["done"].wait(30) and out[0]["error"] is None
+    finally:
+        worker.stop()
+
+
+def test_a_failed_prefill_answers_the_running_requests_and_every_joining_one():
+    model, tok = random_model(), CharTokenizer(CHARS)
+    engine = BatchEngine(model, tok, max_rows=8)
+    requests, out = gathered_requests(tok, [(p, dict(max_new_tokens=50, temperature=0)) for p in ("a", "b", "c")])
+    engine.submit(requests[0])
+    engine.step()
+
+    def broken(first):
+        raise RuntimeError("boom")
+
+    engine._prefill = broken
+    worker = BatchWorker(engine)
+    worker.submit(requests[1:])
+    worker.start()
+    try:
+        assert all(o["done"].wait(30) for o in out), [o["done"].is_set() for o in out]
+    finally:
+        worker.stop()
+    assert all(isinstance(o["error"], RuntimeError) for o in out) and not engine.rows and not engine.taken

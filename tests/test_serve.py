@@ -4,8 +4,12 @@ A server runs on a thread of the test process (uvicorn on a free port); a few te
 `python -m gpt.serve` command itself.
 """
 
+import contextlib
 import json
 import os
+import select
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -156,6 +160,8 @@ def test_models_and_health(client, server):
     (dict(extra_body={"temprature": 0.5}), openai.BadRequestError, "temprature", "Unrecognized request argument"),
     (dict(extra_body={"max_tokens": "ten"}), openai.BadRequestError, "max_tokens", "valid integer"),
     (dict(extra_body={"seed": 1.5}), openai.BadRequestError, "seed", "valid integer"),
+    (dict(seed=2**64), openai.BadRequestError, "seed", "less than 9223372036854775808"),
+    (dict(seed=-(2**63) - 1), openai.BadRequestError, "seed", "greater than or equal to -9223372036854775808"),
     (dict(extra_body={"stream": "yes"}), openai.BadRequestError, "stream", "valid boolean"),
 ])
 def test_bad_requests_are_openai_errors(client, kwargs, error, param, words):
@@ -183,6 +189,114 @@ def test_malformed_bodies_are_4xx_and_the_server_lives_on(server, body, status, 
     error = r.json()["error"]
     assert words in error["message"] and set(error) == {"message", "type", "param", "code"}
     assert httpx.get(url + "/health").status_code == 200
+
+
+def test_a_seed_out_of_range_is_a_400_and_a_stream_beside_it_goes_on(server, client, loaded):
+    body = {"model": NAME, "prompt": "ROMEO:", "max_tokens": 200, "temperature": 0, "stream": True}
+    with httpx.stream("POST", server[0] + "/v1/completions", json=body, timeout=30) as r:
+        events = (line[6:] for line in r.iter_lines() if line.startswith("data: "))
+        text = json.loads(next(events))["choices"][0]["text"]  # decoding when the bad request comes
+        with pytest.raises(openai.BadRequestError) as e:  # (before the fix: no answer, and this stream's end a 500)
+            client.with_options(timeout=10).completions.create(model=NAME, prompt="A", max_tokens=5, seed=2**64)
+        assert e.value.param == "seed"
+        rest = list(events)
+    assert rest[-1] == "[DONE]"
+    text += "".join(json.loads(event)["choices"][0]["text"] for event in rest[:-1])
+    assert text == reference(loaded, "ROMEO:", max_new_tokens=200, temperature=0)[0]
+    assert httpx.get(server[0] + "/health").json()["status"] == "ok"
+
+
+def test_a_cross_site_post_without_json_content_type_is_refused_and_no_cors_is_granted(server):
+    url = server[0]
+    body = json.dumps({"model": NAME, "prompt": "A", "max_tokens": 2}).encode()
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", None):  # what a page sends unasked
+        headers = {"Origin": "http://evil.example", **({"Content-Type": content_type} if content_type else {})}
+        r = httpx.post(url + "/v1/completions", content=body, headers=headers)
+        assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type", r.text
+        assert not any(h.startswith("access-control-") for h in r.headers)
+    preflight = httpx.options(url + "/v1/completions", headers={
+        "Origin": "http://evil.example", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type"})
+    assert preflight.status_code >= 400 and not any(h.startswith("access-control-") for h in preflight.headers)
+    r = httpx.post(url + "/v1/completions", content=body, headers={"Content-Type": "application/json; charset=utf-8"})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+    page = httpx.get(url + "/").text  # the playground (same-origin) sends JSON with its own headers
+    assert 'fetch("/v1/completions", {method: "POST", headers: headers()' in page
+    assert 'const h = {"Content-Type": "application/json"};' in page
+
+
+def test_without_a_key_only_the_servers_own_host_names_are_answered(server, loaded):
+    url = server[0]
+    port = url.rsplit(":", 1)[1]
+    for path in ("/", "/health", "/v1/models"):
+        r = httpx.get(url + path, headers={"Host": "evil.example"})  # a rebound name pointing at 127.0.0.1
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_host", (path, r.text)
+        assert "--allowed-hosts" in r.json()["error"]["message"]
+    r = httpx.post(url + "/v1/completions", json={"model": NAME, "prompt": "A", "max_tokens": 2},
+                   headers={"Host": f"evil.example:{port}"})
+    assert r.status_code == 400
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "LOCALHOST"):
+        assert httpx.get(url + "/v1/models", headers={"Host": host}).status_code == 200, host
+
+    model, tok, meta = loaded
+    for config in (ServeConfig(model_name=NAME, allowed_hosts=("evil.example",)),  # named on purpose
+                   ServeConfig(model_name=NAME, api_key="s3cret")):  # with a key, the key is the check
+        with running(create_app(model, tok, meta, config)) as url:
+            client = openai.OpenAI(base_url=url + "/v1", api_key="s3cret", max_retries=0, timeout=60,
+                                   default_headers={"Host": "evil.example"})
+            assert client.completions.create(model=NAME, prompt="A", max_tokens=2).usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize("allowed,host,ok", [
+    ((), "localhost:8000", True), ((), "127.0.0.1", True), ((), "[::1]:8000", True), ((), "", False),
+    ((), "evil.example", False), ((), "localhost.evil.example", False), ((), "127.0.0.1.nip.io:8000", False),
+    ((), "192.168.1.5:8000", False), (("0.0.0.0",), "192.168.1.5:8000", True), (("0.0.0.0",), "my.lan", False),
+    (("My.Lan",), "my.lan:8000", True), (("*",), "anything", True), (("::",), "[fe80::1]:8000", True),
+])
+def test_host_check(allowed, host, ok):
+    from gpt.serve.app import HostCheck
+
+    assert HostCheck(None, allowed).allows(host) == ok
+
+
+def test_a_slow_body_is_a_408_and_the_server_answers_others(loaded):
+    model, tok, meta = loaded
+    app = create_app(model, tok, meta, ServeConfig(model_name=NAME, body_timeout=0.5))
+    with running(app) as url:
+        host, port = url[len("http://"):].split(":")
+        body = json.dumps({"model": NAME, "prompt": "A" * 40, "max_tokens": 2}).encode()
+        start = time.monotonic()
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json"
+                         f"\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+            for byte in body:  # one byte every 0.1 s: 6 s for the whole body
+                if select.select([sock], [], [], 0.1)[0]:  # the server has answered
+                    break
+                sock.sendall(bytes([byte]))
+                assert httpx.get(url + "/health").status_code == 200  # the server answers others meanwhile
+            answer = b""
+            with contextlib.suppress(OSError):  # (the server closes the connection after its answer)
+                while chunk := sock.recv(4096):
+                    answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+        assert time.monotonic() - start < 3
+        assert b'"request_timeout"' in answer
+        assert httpx.post(url + "/v1/completions", json=json.loads(body)).status_code == 200
+
+
+def test_connections_past_the_limit_are_refused(loaded):
+    assert ServeConfig(model_name=NAME, max_batch=8, max_queue=16).max_connections == 48
+    model, tok, meta = loaded
+    with running(create_app(model, tok, meta, ServeConfig(model_name=NAME, max_connections=2))) as url:
+        host, port = url[len("http://"):].split(":")
+        assert httpx.get(url + "/health").status_code == 200
+        with socket.create_connection((host, int(port))):  # an idle connection takes a place
+            time.sleep(0.2)
+            assert httpx.get(url + "/health").status_code == 503
+        deadline = time.monotonic() + 10
+        while httpx.get(url + "/health").status_code != 200:  # once the server has seen it close
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
 
 
 def test_unknown_urls_and_methods_are_openai_errors(server):
@@ -302,6 +416,37 @@ def test_the_command_serves_on_a_free_port(trained_run, capsys):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGTERM") or sys.platform == "win32", reason="POSIX signals")
+def test_sigterm_ends_open_streams_with_an_error_event(trained_run):
+    cmd = [sys.executable, "-m", "gpt.serve", "--ckpt", str(trained_run), "--port", "0", "--threads", "1",
+           "--max-tokens", "100000"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        url = proc.stderr.readline().split(" at ")[1].split("/ ")[0]
+        body = {"model": NAME, "prompt": "A", "max_tokens": 100000, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
+            events = (line[6:] for line in r.iter_lines() if line.startswith("data: "))
+            assert json.loads(next(events))["choices"]
+            proc.send_signal(signal.SIGTERM)
+            start = time.monotonic()
+            rest = list(events)  # (before the fix: cut after 3 s, no last event)
+        assert time.monotonic() - start < 2.5
+        assert json.loads(rest[-1])["error"]["code"] == "server_shutting_down", rest[-3:]
+        assert proc.wait(30) in (0, -signal.SIGTERM)  # (uvicorn raises the signal again once it has stopped)
+    finally:
+        proc.kill()
+        proc.wait(30)
+
+
+def test_help_never_prints_the_api_key(monkeypatch, capsys):
+    monkeypatch.setenv("GPT_SERVE_API_KEY", "s3cret-from-the-environment")
+    with pytest.raises(SystemExit) as e:
+        serve_main("--help")
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "$GPT_SERVE_API_KEY, set here" in out and "s3cret" not in out
 
 
 def serve_main(*args):

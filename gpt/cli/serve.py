@@ -5,7 +5,8 @@
 
 Binds to 127.0.0.1 unless `--host` says otherwise; `--port 0` picks a free port. The first line on
 stderr says where it listens (`serving NAME at http://HOST:PORT ...`). Mistakes (a missing
-checkpoint, a port in use, bad settings) are one `error: ...` line and exit code 2.
+checkpoint, a port in use, bad settings) are one `error: ...` line and exit code 2. The API key
+(`--api-key`, else $GPT_SERVE_API_KEY) is never printed, not even by --help.
 """
 
 from __future__ import annotations
@@ -21,22 +22,41 @@ from gpt.cli import ArgumentParser, run_main
 from gpt.serve import ServeError
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults in the help, but not a None one (the help says what unset means)."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog="python -m gpt.serve", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    p = ArgumentParser(prog="python -m gpt.serve", formatter_class=_Help,
                        description="Serve a gpt checkpoint over OpenAI's completions API, with a web "
                        "playground at /.")
     p.add_argument("--ckpt", required=True, help="run directory (best.pt, else last.pt), checkpoint file or HF GPT-2 dir")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one")
     p.add_argument("--model-name", help="the model id clients ask for (default: the checkpoint's directory name)")
-    p.add_argument("--api-key", default=os.environ.get("GPT_SERVE_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1 (default: $GPT_SERVE_API_KEY, else none)")
+    from_env = "set" if os.environ.get("GPT_SERVE_API_KEY") else "not set"
+    p.add_argument("--api-key",  # no default from the environment: --help would print it
+                   help="require 'Authorization: Bearer KEY' on /v1 (default: $GPT_SERVE_API_KEY, "
+                   f"{from_env} here; without a key, see --allowed-hosts)")
+    p.add_argument("--allowed-hosts", nargs="+", metavar="NAME",
+                   help="without an API key, the server answers only requests whose Host header is localhost, "
+                   "127.0.0.1, [::1] or --host (any port; --host 0.0.0.0 or ::, any IP address), against DNS "
+                   "rebinding; these names are answered too ('*': any Host). No CORS headers are sent: browsers "
+                   "refuse cross-origin calls")
     p.add_argument("--max-batch", type=int, default=32, help="samples decoded together (rows of the batch)")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting for rows; more are answered 429")
     p.add_argument("--max-tokens", type=int, default=1024, help="the largest max_tokens a request may ask for")
     p.add_argument("--max-prompt-tokens", type=int, default=None,
                    help="longest prompt in tokens (default: the model's block_size)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body")
+    p.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds a request body may take to arrive; a slower one is answered 408")
+    p.add_argument("--max-connections", type=int, default=None,
+                   help="open connections at most (uvicorn's limit_concurrency); more are answered 503 "
+                   "(default: 2 x (max-batch + max-queue))")
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 (CUDA only)")
     p.add_argument("--quantize", default="none", choices=["none", "int8"],
@@ -56,9 +76,7 @@ def is_loopback(host: str) -> bool:
 
 def run(args: argparse.Namespace) -> None:
     try:
-        import uvicorn
-
-        from gpt.serve.app import ServeConfig, create_app, fingerprint, listen
+        from gpt.serve.app import ServeConfig, Server, create_app, fingerprint, listen
     except ImportError as e:
         raise ServeError(f"serving needs FastAPI and uvicorn ({e.name} is missing): pip install -e \".[serve]\"") from None
 
@@ -67,9 +85,12 @@ def run(args: argparse.Namespace) -> None:
     )
 
     name = args.model_name or Path(args.ckpt).resolve().with_suffix("").name
-    config = ServeConfig(model_name=name, api_key=args.api_key, max_batch=args.max_batch, max_queue=args.max_queue,
+    api_key = args.api_key or os.environ.get("GPT_SERVE_API_KEY") or None
+    config = ServeConfig(model_name=name, api_key=api_key, max_batch=args.max_batch, max_queue=args.max_queue,
                          max_tokens=args.max_tokens, max_prompt_tokens=args.max_prompt_tokens,
-                         max_body_bytes=args.max_body_bytes)  # checked before anything slow
+                         max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout,
+                         max_connections=args.max_connections,
+                         allowed_hosts=(args.host, *(args.allowed_hosts or ())))  # checked before anything slow
     rt, model, tokenizer, meta, n_params = load_for_inference(args.ckpt, args.device, args.dtype, args.threads,
                                                               args.quantize)
     device, dtype = rt.device, rt.dtype
@@ -85,8 +106,7 @@ def run(args: argparse.Namespace) -> None:
     if not is_loopback(host) and not config.api_key:
         print(f"warning: listening on {host} without --api-key: anyone who can reach this port can use the model",
               file=sys.stderr, flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=3))
-    server.run(sockets=[sock])
+    Server(app, log_level=args.log_level, timeout_graceful_shutdown=3).run(sockets=[sock])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

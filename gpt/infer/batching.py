@@ -124,6 +124,7 @@ class _Engine:
         self.max_rows = max_rows
         self.rows: list = []  # the batch's rows (BatchEngine: row i of the caches is rows[i])
         self.waiting: deque[Request] = deque()
+        self.taken: list[Request] = []  # taken off the queue at this step and not yet in rows or answered
         self.steps = 0
         self._queue_lock = threading.Lock()  # submit (any thread) vs. admit (the engine's thread)
 
@@ -143,16 +144,27 @@ class _Engine:
         with self._queue_lock:
             self.waiting.append(request)
 
+    def in_flight(self) -> list[Request]:
+        """The requests a failed step would leave without an answer: those in rows and those taken."""
+        return list(dict.fromkeys([row.request for row in self.rows] + self.taken))
+
     def _admit(self) -> list[Request]:
-        joined = []
+        """Take the waiting requests that fit the free rows (first come, first served) into `taken`."""
         free = self.max_rows - len(self.rows)
         with self._queue_lock:
             while self.waiting and (self.waiting[0].cancelled or self.waiting[0].config.num_samples <= free):
                 request = self.waiting.popleft()
                 if not request.cancelled:
-                    joined.append(request)
+                    self.taken.append(request)
                     free -= request.config.num_samples
-        return joined
+        return list(self.taken)
+
+    def _reject(self, request: Request, error: Exception) -> None:
+        """Answer one request with `error` (a fault of its own, e.g. its seed): the others go on."""
+        if request in self.taken:
+            self.taken.remove(request)
+        request.cancel()
+        request.emit(error)
 
 
 class BatchEngine(_Engine):
@@ -182,9 +194,10 @@ class BatchEngine(_Engine):
         self._leave([i for i, row in enumerate(self.rows) if row.request.cancelled])
         n_old = len(self.rows)
         logits = [self._decode_step()] if n_old else []
-        joined = self._admit()
-        if joined:
-            logits.append(self._prefill(n_old, joined))
+        self._join(self._admit())
+        self.taken.clear()  # in rows now, or answered
+        if len(self.rows) > n_old:
+            logits.append(self._prefill(n_old))
         if not logits:
             return
         logits = torch.cat(logits)
@@ -263,15 +276,21 @@ class BatchEngine(_Engine):
             row.written += 1
         return logits
 
-    def _prefill(self, first: int, requests: list[Request]) -> torch.Tensor:
-        """Prompts of joining requests into rows [first, ...), in one forward; their next-token logits."""
+    def _join(self, requests: list[Request]) -> None:
+        """Rows after the active ones for the joining requests; one whose own setup fails (its seed, its
+        stop strings) is answered with the error, and the others go on."""
         for request in requests:
-            generator = seeded_generator(request.config.seed, self.device)
             start = max(0, len(request.ids) - self.block_size)
-            for sample in range(request.config.num_samples):
-                stream = TextStream(self.tokenizer, request.config.stop)
-                self.rows.append(_Row(request, sample, list(request.ids), stream, written=len(request.ids) - start,
-                                      start=start, generator=generator))
+            try:
+                generator = seeded_generator(request.config.seed, self.device)
+                self.rows += [_Row(request, sample, list(request.ids), TextStream(self.tokenizer, request.config.stop),
+                                   written=len(request.ids) - start, start=start, generator=generator)
+                              for sample in range(request.config.num_samples)]
+            except Exception as e:
+                self._reject(request, e)
+
+    def _prefill(self, first: int) -> torch.Tensor:
+        """Prompts of the rows from `first` on (the joining requests), in one forward; their next-token logits."""
         joined = self.rows[first:]
         return self._forward([row.tokens[row.start :] for row in joined], first, [0] * len(joined))
 
@@ -301,11 +320,18 @@ class Seq2seqEngine(_Engine):
 
     @torch.no_grad()
     def step(self) -> None:
+        """Translate the waiting requests that fit; a group that fails answers its requests with the error
+        (a sampling group is one request: its own fault), and the other groups go on."""
         requests = self._admit()
         greedy = [r for r in requests if r.config.temperature == 0]
         groups = ([greedy] if greedy else []) + [[r] for r in requests if r.config.temperature > 0]
         for group in groups:
-            self._translate(group)
+            try:
+                self._translate(group)
+            except Exception as e:
+                for request in group:
+                    if request in self.taken:  # not answered yet
+                        self._reject(request, e)
         self.steps += bool(requests)
 
     def _translate(self, group: list[Request]) -> None:
@@ -327,13 +353,16 @@ class Seq2seqEngine(_Engine):
                 finish = "stop" if hit else ("length" if len(ids) == limit else "eot")
                 if not request.cancelled:
                     request.emit(Piece(sample, text + stops.flush(), ids, finish))
+            self.taken.remove(request)  # answered
 
 
 class BatchWorker:
     """Runs an engine on a daemon thread: `submit` from any thread, at most `max_waiting` waiting.
 
     The thread sleeps while there is nothing to do. An exception inside a step (a bug, or running
-    out of memory) is handed to every request then in the engine, which goes on with new ones.
+    out of memory) is handed to every request the step had taken (in rows, or just taken off the
+    queue), and the engine goes on with new ones; a fault of one request's own is the engines' to
+    answer to that request alone.
     """
 
     def __init__(self, engine: BatchEngine | Seq2seqEngine, max_waiting: int = 64):
@@ -383,8 +412,9 @@ class BatchWorker:
                 self._fail(e)
 
     def _fail(self, error: Exception) -> None:
-        requests = {row.request for row in self.engine.rows}
+        requests = self.engine.in_flight()
         self.engine.rows.clear()
+        self.engine.taken.clear()
         for request in requests:
             request.cancel()
             request.emit(error)

@@ -8,10 +8,10 @@ stream sends the same object per chunk with the new text, then `data: [DONE]`. E
 make.
 
 Supported: prompt (text, texts, token ids, lists of token ids), max_tokens, temperature, top_p, n,
-stop, seed, stream, stream_options.include_usage, echo, user; extensions top_k and
-repetition_penalty (the openai client sends them with `extra_body`). Asked for with other than their
-neutral value, logprobs, best_of, suffix, logit_bias and the presence / frequency penalties are a
-400 that says so; unknown fields are a 400 that names them.
+stop, seed (a signed 64-bit integer, as OpenAI's), stream, stream_options.include_usage, echo, user;
+extensions top_k and repetition_penalty (the openai client sends them with `extra_body`). Asked for
+with other than their neutral value, logprobs, best_of, suffix, logit_bias and the presence /
+frequency penalties are a 400 that says so; unknown fields are a 400 that names them.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class CompletionRequest(BaseModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)  # OpenAI's int64 range (torch's manual_seed takes it)
     echo: bool | None = False
     user: str | None = None
     # accepted at their neutral value only

@@ -7,6 +7,17 @@ Routes: `POST /v1/completions` (OpenAI's completions API, streamed as server-sen
 `"stream": true`), `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`, and the playground page
 at `/` (`playground.html`). With an API key, `/v1/*` needs `Authorization: Bearer KEY`.
 
+Browsers. Without an API key, every route answers only a `Host` this server goes by (`HostCheck`:
+the loopback names, `--host`, `--allowed-hosts`), so a web page cannot reach it through a name of its
+own (DNS rebinding). The POST route takes `Content-Type: application/json` only (415 otherwise): a
+cross-site page cannot send that without the browser asking first (a CORS preflight), and the server
+sends no CORS headers at all, so browsers refuse every cross-origin call and read. The playground is
+same-origin and unaffected.
+
+Limits. A body is read up to `max_body_bytes` (413) within `body_timeout` seconds (408); uvicorn
+answers 503 past `max_connections` open connections; at shutdown (SIGTERM, Ctrl-C) every open
+completion ends at once with a 503 error (a stream's last event) before uvicorn closes the connections.
+
 How a request flows: the body is read up to `max_body_bytes`, validated (`api.CompletionRequest`),
 checked against the server's limits and the model, and encoded; each prompt becomes one engine
 `Request` with `n` samples, all queued together or answered 429 when the waiting queue is full. The
@@ -25,11 +36,13 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import socket
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from importlib import resources
 
@@ -72,18 +85,26 @@ class ServeConfig:
     max_tokens: int = 1024  # the largest max_tokens a request may ask for
     max_prompt_tokens: int | None = None  # None: the model's block_size
     max_body_bytes: int = 1 << 20
+    body_timeout: float = 30.0  # seconds a request body may take to arrive; then 408
+    max_connections: int | None = None  # uvicorn's limit_concurrency (503 beyond); None: 2 x (max_batch + max_queue)
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered without an API key besides the loopback ones; "*": any
     fingerprint: str = ""  # system_fingerprint: what the backend runs (device, dtype, quantisation)
 
     def __post_init__(self):
         problems = [f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(self, name)!r}"
                     for name in ("max_batch", "max_queue", "max_tokens", "max_body_bytes")
                     if not isinstance(getattr(self, name), int) or getattr(self, name) < 1]
-        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
-            problems.append(f"--max-prompt-tokens must be an integer >= 1, got {self.max_prompt_tokens!r}")
+        for name in ("max_prompt_tokens", "max_connections"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                problems.append(f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(self, name)!r}")
+        if not self.body_timeout > 0:
+            problems.append(f"--body-timeout must be a number of seconds > 0, got {self.body_timeout!r}")
         if not self.model_name:
             problems.append("--model-name must not be empty")
         if problems:
             raise ServeError("invalid server settings: " + "; ".join(problems))
+        if self.max_connections is None:
+            self.max_connections = 2 * (self.max_batch + self.max_queue)
 
 
 def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
@@ -103,11 +124,24 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
 
     app = FastAPI(title="gpt.serve", description="OpenAI-compatible completions for a gpt checkpoint",
                   lifespan=lifespan, docs_url="/docs", redoc_url=None)
-    app.state.worker = worker
+    if config.api_key is None:
+        app.add_middleware(HostCheck, allowed=config.allowed_hosts)
+    open_completions: weakref.WeakSet[asyncio.Queue] = weakref.WeakSet()  # the queues of the answers under way
+    stopping = APIError(503, "The server is shutting down; try again later.", type="server_error",
+                        code="server_shutting_down")
+
+    def end_completions() -> None:
+        """End every completion under way with a 503, and refuse new ones (on the event loop's thread)."""
+        app.state.stopping = True
+        for queue in list(open_completions):
+            queue.put_nowait((0, stopping))
+
+    app.state.worker, app.state.config, app.state.end_completions = worker, config, end_completions
+    app.state.stopping = False
 
     @app.exception_handler(APIError)
     async def _api_error(request, e: APIError):
-        headers = {"Retry-After": "1"} if e.status == 429 else None
+        headers = {429: {"Retry-After": "1"}, 408: {"Connection": "close"}}.get(e.status)
         return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
@@ -162,14 +196,21 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
         "application/json": {"schema": CompletionRequest.model_json_schema()}}}})
     async def completions(request: HTTPRequest):
         authorize(request)
-        body = await read_body(request, config.max_body_bytes)
+        media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media_type != "application/json":
+            raise APIError(415, "The request body must be JSON sent with 'Content-Type: application/json' (got "
+                           f"{repr(media_type) if media_type else 'no Content-Type'}).", code="unsupported_media_type")
+        body = await read_body(request, config.max_body_bytes, config.body_timeout)
         try:
             req = CompletionRequest.model_validate_json(body)
         except ValidationError as e:
             raise validation_error(e) from None
         sample, prompts = check(req)
+        if app.state.stopping:
+            raise stopping
         completion = Completion(config.model_name, config.fingerprint)
         queue: asyncio.Queue = asyncio.Queue()
+        open_completions.add(queue)
         loop = asyncio.get_running_loop()
         requests = [Request(ids, sample, emit_to(loop, queue, i * sample.num_samples))
                     for i, ids in enumerate(prompts)]
@@ -229,20 +270,72 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
     return app
 
 
-async def read_body(request: HTTPRequest, limit: int) -> bytes:
-    """The request body, or a 413 as soon as it is known to be longer than `limit` bytes."""
+async def read_body(request: HTTPRequest, limit: int, timeout: float) -> bytes:
+    """The request body; a 413 as soon as it is known to be longer than `limit` bytes, a 408 when it has not
+    all arrived after `timeout` seconds."""
     too_long = APIError(413, f"The request body is larger than this server's limit of {limit} bytes.",
                         code="request_too_large")
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise too_long
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_long
-        chunks.append(chunk)
-    return b"".join(chunks)
+
+    async def read() -> bytes:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_long
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    try:
+        return await asyncio.wait_for(read(), timeout)
+    except asyncio.TimeoutError:
+        raise APIError(408, f"The request body did not arrive within {timeout:g} s.", code="request_timeout") from None
+
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+class HostCheck:
+    """ASGI middleware: answer only requests whose `Host` names this server (a 400 otherwise).
+
+    A web page can point a name of its own at 127.0.0.1 (DNS rebinding) and then read this server as
+    if it were same-origin; its requests carry that name in `Host`. Allowed: the loopback names and
+    `allowed` (`--host`, `--allowed-hosts`), any port; `*` allows any Host; an unspecified address
+    (`0.0.0.0`, `::`) allows every IP address, which no rebinding can use. Used without an API key.
+    """
+
+    def __init__(self, app, allowed: tuple[str, ...] = ()):
+        self.app = app
+        self.names = {name.lower().strip("[]") for name in (*LOOPBACK_NAMES, *allowed)}
+        self.any_ip = any(_is_ip(name) and ipaddress.ip_address(name).is_unspecified for name in self.names)
+
+    def allows(self, host: str) -> bool:
+        if "*" in self.names:
+            return True
+        name = host.lower()
+        name = name[1 : name.find("]")] if name.startswith("[") else name.rpartition(":")[0] if ":" in name else name
+        return name in self.names or (self.any_ip and _is_ip(name))
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            if not self.allows(host):
+                error = APIError(400, f"This server does not answer to the Host {host!r} without an API key (a guard "
+                                 "against DNS rebinding): add the name with --allowed-hosts, or set --api-key.",
+                                 code="invalid_host")
+                await JSONResponse(error.body(), status_code=400)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def emit_to(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, first_index: int):
@@ -259,10 +352,12 @@ def emit_to(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, first_index: 
 
 
 async def pieces(queue: asyncio.Queue, total: int):
-    """(choice index, Piece) until every choice has finished; a failed step is a 500."""
+    """(choice index, Piece) until every choice has finished; a failed step is a 500, an APIError itself."""
     finished = 0
     while finished < total:
         index, item = await queue.get()
+        if isinstance(item, APIError):
+            raise item
         if isinstance(item, Exception):
             log.error("decoding failed: %r", item)
             raise APIError(500, f"Decoding failed on the server ({type(item).__name__}).", type="server_error")
@@ -353,6 +448,19 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+class Server(uvicorn.Server):
+    """uvicorn serving one of our apps: its connection limit, and every open completion ended (a stream's
+    last event is a 503 error) when it begins to shut down, before uvicorn waits for the connections."""
+
+    def __init__(self, app: FastAPI, **settings):
+        super().__init__(uvicorn.Config(app, limit_concurrency=app.state.config.max_connections, **settings))
+        self.app = app
+
+    async def shutdown(self, sockets=None) -> None:
+        self.app.state.end_completions()
+        await super().shutdown(sockets)
+
+
 @contextlib.contextmanager
 def running(app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
     """Serve `app` with uvicorn on a thread of this process (tests, notebooks); yields the base URL.
@@ -361,7 +469,7 @@ def running(app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str
             OpenAI(base_url=url + "/v1", api_key="unused").completions.create(model="m", prompt="Hi")
     """
     sock = listen(host, port)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level))
+    server = Server(app, log_level=log_level)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="gpt-serve", daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
