@@ -334,7 +334,7 @@ class Run:
         if not parallel.all_finite(self.model, rt):
             raise TrainingError(
                 f"the weights are no longer finite at step {self.step}: not saved; {self._kept()}; lower "
-                f"--learning-rate (or --grad-clip)")
+                f"--learning-rate (or --grad-clip){self._way_back()}")
         self._count_tokens()  # (those of steps since the last log step, which a resume would lose)
         rng = _rng_state(rt.device)
         if rt.ddp:  # every rank's dropout stream, so a same-size resume continues them all
@@ -366,6 +366,24 @@ class Run:
         last = checkpoint.SHARDED["last.pt"] if self.cfg.fsdp else "last.pt"
         return f"{self.out_dir / last} still holds step {self.saved_step}"
 
+    def _way_back(self) -> str:
+        """When best.pt holds an earlier, better state than last.pt (a run that diverged, saved, and then
+        stopped on non-finite values), how to continue from it exactly: "" otherwise."""
+        try:
+            last = checkpoint.read_meta(self.out_dir, names=checkpoint.LATEST)
+            best_path = checkpoint.resolve(self.out_dir, names=("best.pt",))
+            best = checkpoint.read_meta(best_path)
+        except checkpoint.CheckpointError:
+            return ""
+        last_val, best_val = last.get("val_loss"), best.get("val_loss")
+        if best.get("step", 0) >= last.get("step", 0) or best_val is None or (last_val is not None and
+                                                                                best_val >= last_val):
+            return ""
+        than = f", last.pt {last_val:.4f} at step {last['step']}" if last_val is not None else ""
+        return (f"; or go back to {best_path.name}, the state before the divergence (step {best['step']}, val "
+                f"{best_val:.4f}{than}), and continue from it exactly with: python train.py --resume {best_path} "
+                f"--max-iters {self.cfg.max_iters}")
+
     def evaluate(self, stop: StopSignal) -> dict[str, float]:
         """Losses on both splits; saves last.pt (and best.pt when val improved)."""
         t_eval = time.time()
@@ -382,7 +400,7 @@ class Run:
                         elapsed=time.time() - self.t_start)
         if not math.isfinite(val):
             raise TrainingError(f"non-finite val loss ({val}) at step {self.step}: not saved; {self._kept()}; "
-                                f"lower --learning-rate, then --resume")
+                                f"lower --learning-rate, then --resume{self._way_back()}")
         improved = val < self.best_val
         self.best_val = min(self.best_val, val)
         self.save("last.pt", val, stop)
@@ -412,7 +430,7 @@ class Run:
                     raise TrainingError(
                         f"non-finite loss ({loss_f:.4g}) or gradient norm ({norm_f:.4g}) at step "
                         f"{self.step}; stopped before the optimizer step; {self._kept()}: lower --learning-rate, "
-                        f"or pass --skip-nonfinite to skip such steps")
+                        f"or pass --skip-nonfinite to skip such steps{self._way_back()}")
                 self.skipped += 1
             else:
                 with self.health.measure_update(optimizer, enabled=self._is_log_step(self.step + 1)):

@@ -444,3 +444,35 @@ def test_tokens_seen_is_counted_at_saves_between_log_steps(char_data, tmp_path):
     run("--resume", out, "--max-iters", "5", "--eval-interval", "3", "--log-interval", "100", "--target-val-loss", "0")
     assert checkpoint.read(out / "last.pt")["meta"]["tokens_seen"] == 5 * per_step
     assert records(out, "train")[-1]["tokens"] == 5 * per_step
+
+
+def test_a_diverged_run_names_best_pt_and_the_command_that_continues_from_it_exactly(char_data, tmp_path):
+    import shlex
+    import shutil
+
+    out = tmp_path / "run"
+    run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "4", "--eval-interval", "2")
+    shutil.copytree(out, tmp_path / "twin")  # the same run, never diverged
+    # a resume at an absurd LR saves a finite but diverged last.pt (step 5, val worse than best.pt's step 4)...
+    run("--resume", out, "--learning-rate", "1e6", "--lr-schedule", "constant", "--warmup-iters", "0",
+        "--eval-interval", "1", "--max-iters", "5")
+    last, best = (checkpoint.read_meta(out / name) for name in ("last.pt", "best.pt"))
+    assert (last["step"], best["step"]) == (5, 4) and math.isfinite(last["val_loss"])
+    assert last["val_loss"] > best["val_loss"]
+    # ...and resuming that stops on non-finite values: the error says where the good state is, and how to go on
+    with pytest.raises(TrainingError, match="non-finite") as e:
+        run("--resume", out, "--max-iters", "8")
+    message = str(e.value)
+    assert "\n" not in message and "last.pt still holds step 5" in message
+    assert (f"or go back to best.pt, the state before the divergence (step 4, val {best['val_loss']:.4f}, last.pt "
+            f"{last['val_loss']:.4f} at step 5), and continue from it exactly with: python train.py --resume "
+            f"{out / 'best.pt'} --max-iters 8") in message
+    command = shlex.split(message.split("continue from it exactly with: ")[1])
+    assert command[:2] == ["python", "train.py"]
+    summary = run(*command[2:])
+    assert summary["step"] == 8 and math.isfinite(summary["val_loss"])
+    run("--resume", tmp_path / "twin", "--max-iters", "8")
+    continued = [(r["step"], r["loss"], r["grad_norm"]) for r in records(out, "train")][-4:]
+    twin = [(r["step"], r["loss"], r["grad_norm"]) for r in records(tmp_path / "twin", "train")][-4:]
+    assert [s for s, *_ in continued] == [5, 6, 7, 8] and continued == twin  # as if it had never diverged
+    assert records(out, "eval")[-1]["val_loss"] == records(tmp_path / "twin", "eval")[-1]["val_loss"]
