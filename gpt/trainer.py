@@ -469,7 +469,8 @@ class Run:
                 step_seconds = sorted(recent)[len(recent) // 2]  # median: robust to pauses
                 if self.step == first + preflight.PREFLIGHT_STEPS and self.step < cfg.max_iters:  # step 1 warms up
                     measured = sorted(list(recent)[1:])[(len(recent) - 1) // 2]
-                    log.print(preflight.eta_line(measured, preflight.PREFLIGHT_STEPS, cfg.max_iters - self.step))
+                    log.print(preflight.eta_line(measured, preflight.PREFLIGHT_STEPS, cfg.max_iters - self.step,
+                                                 self.limit, now))
 
                 if self._is_log_step(self.step):
                     tok_s = self._log_step(loss, grad_norm, lr, interval, step_seconds, now)
@@ -520,15 +521,16 @@ class Run:
         tok_s = interval["tokens"] / interval["seconds"]
         mfu = self.flops_per_token * tok_s / (self.peak * rt.world_size) if self.peak else None  # per device
         mem = rt.peak_memory_gib()
-        eta = step_seconds * (cfg.max_iters - self.step)
-        if self.limit.end:
-            eta = min(eta, self.limit.end - now)
+        eta = f"eta {format_duration(step_seconds * (cfg.max_iters - self.step))}"
+        ahead = self.limit.ahead(now, step_seconds, cfg.max_iters - self.step)
+        if ahead:  # the time limit ends the run first: its end, not the step count's
+            eta = f"eta {format_duration(ahead[0])} at the {cfg.max_minutes:g}-minute limit (~{ahead[1]:,} steps)"
         interval.update(steps=0, seconds=0.0, tokens=0)
         loss, grad_norm = loss.item(), grad_norm.item()
         self.log.print(
             f"step {self.step:>6} | loss {loss:.4f} | lr {lr:.2e} | {tok_s / 1e3:,.1f}k tok/s | "
             f"{dt * 1e3:.0f} ms/step" + (f" | mfu {mfu:.1%}" if mfu is not None else "") +
-            (f" | mem {mem:.1f} GiB" if mem is not None else "") + f" | eta {format_duration(eta)}"
+            (f" | mem {mem:.1f} GiB" if mem is not None else "") + f" | {eta}"
             + (f" | upd/w {self.health.update_ratio:.1e}" if self.health.update_ratio else ""))
         self.log.record("train", self.step, loss=loss, lr=lr, grad_norm=grad_norm, tokens_per_s=tok_s,
                         ms_per_step=dt * 1e3, mfu=mfu, peak_mem_gib=mem, skipped_steps=self.skipped,

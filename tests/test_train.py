@@ -476,3 +476,24 @@ def test_a_diverged_run_names_best_pt_and_the_command_that_continues_from_it_exa
     twin = [(r["step"], r["loss"], r["grad_norm"]) for r in records(tmp_path / "twin", "train")][-4:]
     assert [s for s, *_ in continued] == [5, 6, 7, 8] and continued == twin  # as if it had never diverged
     assert records(out, "eval")[-1]["val_loss"] == records(tmp_path / "twin", "eval")[-1]["val_loss"]
+
+
+def test_with_a_time_limit_the_etas_count_to_the_limit_not_the_step_count(char_data, tmp_path, capsys):
+    from gpt.preflight import eta_line
+
+    limit = TimeLimit(minutes=20, t_start=0.0, eval_tokens=1)
+    line = eta_line(0.012, 5, 99_994, limit, now=4.0)  # multi30k_cpu: 99,994 steps would take 20 minutes
+    assert line == ("preflight: measured 12 ms/step over 5 steps: the run stops at the 20-minute limit (--max-minutes) "
+                    "in about 19m56s, after about 99,666 of the 99,994 steps left to --max-iters")
+    line = eta_line(1.0, 5, 99_994, limit, now=4.0)  # (it said "the remaining 99,994 steps take about 27h46m")
+    assert "stops at the 20-minute limit (--max-minutes) in about 19m56s, after about 1,196 of the 99,994" in line
+    assert eta_line(1.0, 5, 60, limit, now=4.0).endswith("the remaining 60 steps take about 1m00s")  # steps first
+    assert eta_line(1.0, 5, 60) == eta_line(1.0, 5, 60, TimeLimit(0, 0.0, 1), now=4.0)
+
+    run("--data", char_data, "--out-dir", tmp_path / "run", *TINY, "--max-iters", "100000", "--eval-interval",
+        "100000", "--max-minutes", "0.3")
+    out = capsys.readouterr().out
+    assert re.search(r"^preflight: measured \d+ ms/step over 5 steps: the run stops at the 0.3-minute limit "
+                     r"\(--max-minutes\) in about \d+s, after about [\d,]+ of the 99,99\d steps left", out, re.M), out
+    steps = [line for line in out.splitlines() if line.startswith("step ")]
+    assert all(re.search(r"\| eta \d+s at the 0.3-minute limit \(~[\d,]+ steps\)", line) for line in steps), steps
