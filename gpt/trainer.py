@@ -379,8 +379,8 @@ class Run:
         if best.get("step", 0) >= last.get("step", 0) or best_val is None or (last_val is not None and
                                                                                 best_val >= last_val):
             return ""
-        than = f", last.pt {last_val:.4f} at step {last['step']}" if last_val is not None else ""
-        return (f"; or go back to {best_path.name}, the state before the divergence (step {best['step']}, val "
+        than = f"; last.pt: step {last['step']}, val {last_val:.4f}" if last_val is not None else ""
+        return (f"; or go back to {best_path.name}, an earlier and better state (step {best['step']}, val "
                 f"{best_val:.4f}{than}), and continue from it exactly with: python train.py --resume {best_path} "
                 f"--max-iters {self.cfg.max_iters}")
 

@@ -464,8 +464,8 @@ def test_a_diverged_run_names_best_pt_and_the_command_that_continues_from_it_exa
         run("--resume", out, "--max-iters", "8")
     message = str(e.value)
     assert "\n" not in message and "last.pt still holds step 5" in message
-    assert (f"or go back to best.pt, the state before the divergence (step 4, val {best['val_loss']:.4f}, last.pt "
-            f"{last['val_loss']:.4f} at step 5), and continue from it exactly with: python train.py --resume "
+    assert (f"or go back to best.pt, an earlier and better state (step 4, val {best['val_loss']:.4f}; last.pt: step 5, "
+            f"val {last['val_loss']:.4f}), and continue from it exactly with: python train.py --resume "
             f"{out / 'best.pt'} --max-iters 8") in message
     command = shlex.split(message.split("continue from it exactly with: ")[1])
     assert command[:2] == ["python", "train.py"]
