@@ -78,7 +78,8 @@ class TokenDataset:
 
     def id_guard(self, name: str) -> IdGuard:
         """The per-batch vocabulary check of split `name`, for `Batches(..., guard=)` and `eval_batches`."""
-        return IdGuard(self.split(name), self.vocab_size, self.path, name, self.path / self.meta["splits"][name]["file"])
+        file = self.path / self.meta["splits"][name]["file"]
+        return IdGuard(self.split(name), self.vocab_size, self.path, name, file)
 
     def verify_checksums(self) -> None:
         """Hash every file in full and compare with meta.json (reads the whole dataset once)."""

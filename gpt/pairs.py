@@ -59,8 +59,8 @@ from typing import Sequence
 import numpy as np
 
 from gpt.dataformat import (
-    REPREPARE, SPLITS, TOKENIZERS, DataError, IdGuard, check_ids, inline_ranks, memmap_ids, new_meta, prepare_hint, read_meta,
-    staged, store_ranks, write_meta,
+    REPREPARE, SPLITS, TOKENIZERS, DataError, IdGuard, check_ids, inline_ranks, memmap_ids, new_meta, prepare_hint,
+    read_meta, staged, store_ranks, write_meta,
 )
 from gpt.prepare import DEFAULT_BPE_VOCAB, TOKENIZER_FILE_FLAG, check_tokenizer_options
 from gpt.tokenizer import CharTokenizer, Tokenizer, TokenizerError, get_tokenizer, gpt2_tokenizer
@@ -239,8 +239,8 @@ class PairDataset:
         self.bos, self.eos, self.pad = self.meta["bos"], self.meta["eos"], self.meta["pad"]
         self.vocab_size = self.meta["vocab_size"]
         self._splits = {name: self._open_split(name) for name in SPLITS}
-        self._guards = {name: IdGuard(self._splits[name][0], self.vocab_size, self.path, name, self.path / f"{name}.bin")
-                        for name in SPLITS}
+        self._guards = {name: IdGuard(ids, self.vocab_size, self.path, name, self.path / f"{name}.bin")
+                        for name, (ids, _) in self._splits.items()}
 
     def _open_split(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         """The split's ids (memory-mapped) and offsets, checked against meta.json and the vocabulary."""
