@@ -1,15 +1,17 @@
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from conftest import ROOT
 
-from gpt.data.format import dtype_for_vocab
+from gpt.data.format import IdGuard, dtype_for_vocab
 from gpt.data.prepare import prepare
 from gpt.data.tokens import Batches, DataError, eval_batches, gather_windows, open_dataset
 
@@ -288,3 +290,79 @@ def test_sparse_file_past_4_gib(tmp_path):
     with open(path / "train.bin", "rb") as f:
         direct = np.frombuffer(os.pread(f.fileno(), 2 * 257, 2 * int(r.window_starts(3)[0])), dtype=np.uint16)
     assert np.array_equal(x[0].numpy(), direct[:-1]) and np.array_equal(y[0].numpy(), direct[1:])
+
+
+# ---- every batch's ids are checked ----------------------------------------------------------------
+
+
+DAMAGED = slice(4296, 15670)  # between the windows the spot check at open reads in a ~1M-token split
+
+
+@pytest.fixture(scope="module")
+def large(tmp_path_factory):
+    """A char dataset (28 ids, padded to 64 in the model) with ~1M tokens in each split."""
+    rng = np.random.default_rng(0)
+    src = tmp_path_factory.mktemp("corpus") / "words.txt"
+    src.write_text(" ".join(rng.choice(["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog"], 420_000)))
+    out = tmp_path_factory.mktemp("ds") / "large"
+    prepare([src], out, "char", val_fraction=0.5, block_size=32, progress=False)
+    return out
+
+
+def _damage(dataset, split, bad_id, tmp_path):
+    copy = shutil.copytree(dataset, tmp_path / "damaged")
+    ids = np.memmap(copy / f"{split}.bin", dtype=np.uint16, mode="r+")
+    ids[DAMAGED] = bad_id
+    ids.flush()
+    ds = open_dataset(copy)  # meta.json untouched: the spot check at open does not see it
+    assert ds.vocab_size == 28
+    return copy
+
+
+def _train_py(data, out, *args):
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "--data", str(data), "--out-dir", str(out), "--device", "cpu",
+         "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32", "--batch-size", "64",
+         "--eval-interval", "1000", "--log-interval", "1000", *args],
+        capture_output=True, text=True, cwd=ROOT, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+# 40: between the tokenizer's 28 ids and the model's padded 64 (trained on silently before); 1000: past the
+# padded vocabulary (an IndexError from the embedding before)
+@pytest.mark.parametrize("bad_id", [40, 1000])
+def test_training_refuses_a_damaged_region_the_open_check_misses(large, tmp_path, bad_id):
+    data = _damage(large, "train", bad_id, tmp_path)
+    r = _train_py(data, tmp_path / "run", "--max-iters", "40", "--eval-iters", "1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert re.fullmatch(rf"error: dataset {re.escape(str(data))}, train split: id {bad_id} at token offset "
+                        rf"[\d,]+ of train.bin is outside the vocabulary of 28 ids \(the file was damaged after it "
+                        rf"was prepared.*--force\n", r.stderr), r.stderr
+    offset = int(re.search(r"offset ([\d,]+)", r.stderr).group(1).replace(",", ""))
+    assert DAMAGED.start <= offset < DAMAGED.stop
+
+
+@pytest.mark.parametrize("bad_id", [40, 1000])
+def test_evaluation_refuses_a_damaged_region_the_open_check_misses(large, tmp_path, bad_id):
+    data = _damage(large, "val", bad_id, tmp_path)
+    r = _train_py(data, tmp_path / "run", "--max-iters", "1", "--eval-iters", "0",
+                  "--eval-train", "false")  # the whole val split
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    first = DAMAGED.start - DAMAGED.start % 32  # eval windows start at multiples of the block size...
+    assert r.stderr.startswith(f"error: dataset {data}, val split: id {bad_id} at token offset {DAMAGED.start:,} of "
+                               f"val.bin is outside the vocabulary of 28 ids"), r.stderr
+    assert first < DAMAGED.start and r.stderr.count("\n") == 1  # ...but the offset is the first bad id's own
+
+
+def test_batches_check_every_batch_and_name_the_first_bad_offset():
+    ids = np.zeros(200, dtype=np.uint16)
+    ids[[150, 120]] = [80, 70]
+    guard = IdGuard(ids, 66, Path("ds"), "train", Path("ds/train.bin"))
+    batches = eval_batches(ids, 10, 4, guard=guard)
+    for _ in range(2):
+        next(batches)  # windows 0..7, tokens 0..80: clean
+    message = r"^dataset ds, train split: id 70 at token offset 120 of train.bin is outside the vocabulary of 66 ids"
+    with pytest.raises(DataError, match=message):
+        next(batches)
+    with pytest.raises(DataError, match=message):  # one batch of every window: the first bad id in file order
+        Batches(ids, 10, 19, guard=guard, mode="epoch").get(0)

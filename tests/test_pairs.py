@@ -1,6 +1,7 @@
 """Pairs datasets: preparing (format, filtering, errors), opening, and the length-bucketed batcher."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -408,3 +409,34 @@ def test_a_full_disk_is_one_line_and_keeps_the_dataset(toy, tmp_path, capsys, mo
     assert err == f"error: could not write {out}: the disk is full; free some space; the dataset in {out} was left as it was\n"
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "train.de", "train.en"]  # no temporary directory
+
+
+@pytest.mark.parametrize("bad_id", ["vocab", "padded"])
+def test_every_batch_is_checked_where_the_open_check_misses_damage(tmp_path, bad_id):
+    src, tgt = random_corpus(tmp_path, n=20_000)
+    out = tmp_path / "ds"
+    meta = prepare_pairs(src, tgt, out, tokenizer="char", val_fraction=0.1)
+    assert meta["splits"]["train"]["src_tokens"] + meta["splits"]["train"]["tgt_tokens"] > 500_000
+    vocab = meta["vocab_size"]  # 12 ids, 64 in the model: an id of 40 was trained on silently before,
+    bad = 40 if bad_id == "vocab" else 1000  # 1000 an IndexError from the embedding
+    ids = np.memmap(out / "train.bin", dtype=np.uint16, mode="r+")
+    gap = (len(ids) - 4096) / 63  # the spot check at open reads 64 runs of 4096 ids this far apart
+    damaged = range(int(gap) + 4096 + 1, int(2 * gap))  # between its second and third run
+    ids[damaged.start : damaged.stop] = bad  # meta.json untouched
+    ids.flush()
+    ds = open_pairs(out)
+    message = (rf"^dataset {out}, train split: id {bad} at token offset ([\d,]+) of train.bin is outside the "
+               rf"vocabulary of {vocab} ids \(the file was damaged after it was prepared")
+    with pytest.raises(DataError, match=message) as e:
+        for _ in PairBatches(ds, "train", max_tokens=2000):
+            pass
+    assert int(re.search(message, str(e.value)).group(1).replace(",", "")) in damaged
+    if bad_id == "padded":
+        return
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "--data", str(out), "--out-dir", str(tmp_path / "run"), "--device",
+         "cpu", "--n-layer", "1", "--n-encoder-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "64",
+         "--max-tokens", "2000", "--max-iters", "40", "--eval-interval", "1000", "--log-interval", "1000"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 2 and re.match(message[1:].replace("^", ""), r.stderr[len("error: "):]), r.stderr
+    assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1

@@ -173,3 +173,57 @@ def test_stop_takes_the_escapes_a_shell_passes(tmp_path, capsys):
     assert 0 < text.index("\n") < len(text) - 1  # a line break after some other characters
     stopped = cli(capsys, *base, "--stop", r"\n")[1]  # what `--stop "\n"` passes: a backslash and an n
     assert stopped == "A" + text[: text.index("\n")] + "\n"
+
+
+def test_any_number_of_samples_decodes_in_bounded_batches(run_dir, monkeypatch):
+    from gpt.checkpoint import load_checkpoint
+    from gpt.infer import sampling
+
+    model, tok, _ = load_checkpoint(run_dir)
+    per_row = 2 * 2 * 16 * 16 * 4 + 2 * 62 * 4  # keys and values of 2 layers x 16 positions x 16 wide; 2 logits rows
+    assert sampling.batch_rows(model, budget=10 * per_row) == 10 >= sampling.batch_rows(model, budget=1) == 1
+    batches = []
+    real = sampling.Decoder
+
+    def recording(model, idx, *args, **kwargs):
+        batches.append(idx.size(0))
+        return real(model, idx, *args, **kwargs)
+
+    monkeypatch.setattr(sampling, "Decoder", recording)
+    monkeypatch.setattr(sampling, "BATCH_BYTES", 10 * per_row)
+    sampling.complete(model, tok, "A", num_samples=25, max_new_tokens=1, seed=0)
+    assert batches == [10, 10, 5]  # (--num-samples 2000000 was one batch of 16 GB)
+    monkeypatch.undo()
+    monkeypatch.setattr(sampling, "Decoder", recording)
+    settings = dict(max_new_tokens=12, temperature=1.0, top_k=None, seed=3, stop_at_eot=False)
+    batches.clear()
+    seven = sampling.complete(model, tok, "A", num_samples=7, batch_rows=3, **settings)
+    assert batches == [3, 3, 1] and len(set(seven)) == 7
+    assert seven == sampling.complete(model, tok, "A", num_samples=7, batch_rows=3, **settings)  # the same seed
+    assert seven[:3] == sampling.complete(model, tok, "A", num_samples=3, **settings)  # the first batch: one batch
+
+
+def test_many_samples_print_in_order_with_bounded_buffers(run_dir, capsys, monkeypatch):
+    from gpt.infer import sampling
+
+    monkeypatch.setattr(sampling, "BATCH_BYTES", 1)  # one sample per batch
+    code, out, err = cli(capsys, "--ckpt", run_dir, "--prompt", "AB", "--num-samples", 4, "--max-new-tokens", 5,
+                         "--seed", 2, "--no-stop-at-eot")
+    samples = out.split(sample.SEPARATOR)
+    assert code == 0 and len(samples) == 4 and all(s.startswith("AB") for s in samples)
+    assert samples[-1].endswith("\n") and "4 sample(s), 20 tokens" in err
+    assert out == cli(capsys, "--ckpt", run_dir, "--prompt", "AB", "--num-samples", 4, "--max-new-tokens", 5,
+                      "--seed", 2, "--no-stop-at-eot", "--no-stream")[1]
+
+
+@pytest.mark.parametrize("args", [["--num-samples", "2000000", "--max-new-tokens", "1"],  # 5: the same, slower to start
+                                  ["--num-samples", "3", "--max-new-tokens", "100000", "--no-stop-at-eot"]])
+def test_a_reader_that_quits_ends_sample_py_quietly(run_dir, args):
+    proc = subprocess.Popen([sys.executable, str(ROOT / "sample.py"), "--ckpt", str(run_dir), "--seed", "0",
+                             "--threads", "1", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    head = proc.stdout.read(50)  # what `| head -c 50` reads, then it quits
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 141 and len(head) == 50
+    assert err == b""  # no traceback, no "Exception ignored", no summary

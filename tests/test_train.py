@@ -469,3 +469,56 @@ def test_tokens_seen_is_counted_at_saves_between_log_steps(char_data, tmp_path):
     train_run("--resume", out, "--max-iters", "5", "--eval-interval", "3", "--log-interval", "100", "--target-val-loss", "0")
     assert loader.read(out / "last.pt")["meta"]["tokens_seen"] == 5 * per_step
     assert records(out, "train")[-1]["tokens"] == 5 * per_step
+
+
+def test_a_diverged_run_names_best_pt_and_the_command_that_continues_from_it_exactly(char_data, tmp_path):
+    import shlex
+    import shutil
+
+    out = tmp_path / "run"
+    train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "4", "--eval-interval", "2")
+    shutil.copytree(out, tmp_path / "twin")  # the same run, never diverged
+    # a resume at an absurd LR saves a finite but diverged last.pt (step 5, val worse than best.pt's step 4)...
+    train_run("--resume", out, "--learning-rate", "1e6", "--lr-schedule", "constant", "--warmup-iters", "0",
+        "--eval-interval", "1", "--max-iters", "5")
+    last, best = (loader.read_meta(out / name) for name in ("last.pt", "best.pt"))
+    assert (last["step"], best["step"]) == (5, 4) and math.isfinite(last["val_loss"])
+    assert last["val_loss"] > best["val_loss"]
+    # ...and resuming that stops on non-finite values: the error says where the good state is, and how to go on
+    with pytest.raises(TrainingError, match="non-finite") as e:
+        train_run("--resume", out, "--max-iters", "8")
+    message = str(e.value)
+    assert "\n" not in message and "last.pt still holds step 5" in message
+    assert (f"or go back to best.pt, an earlier and better state (step 4, val {best['val_loss']:.4f}; last.pt: step 5, "
+            f"val {last['val_loss']:.4f}), and continue from it exactly with: python train.py --resume "
+            f"{out / 'best.pt'} --max-iters 8") in message
+    command = shlex.split(message.split("continue from it exactly with: ")[1])
+    assert command[:2] == ["python", "train.py"]
+    summary = train_run(*command[2:])
+    assert summary["step"] == 8 and math.isfinite(summary["val_loss"])
+    train_run("--resume", tmp_path / "twin", "--max-iters", "8")
+    continued = [(r["step"], r["loss"], r["grad_norm"]) for r in records(out, "train")][-4:]
+    twin = [(r["step"], r["loss"], r["grad_norm"]) for r in records(tmp_path / "twin", "train")][-4:]
+    assert [s for s, *_ in continued] == [5, 6, 7, 8] and continued == twin  # as if it had never diverged
+    assert records(out, "eval")[-1]["val_loss"] == records(tmp_path / "twin", "eval")[-1]["val_loss"]
+
+
+def test_with_a_time_limit_the_etas_count_to_the_limit_not_the_step_count(char_data, tmp_path, capsys):
+    from gpt.train.preflight import eta_line
+
+    limit = TimeLimit(minutes=20, t_start=0.0, eval_tokens=1)
+    line = eta_line(0.012, 5, 99_994, limit, now=4.0)  # multi30k_cpu: 99,994 steps would take 20 minutes
+    assert line == ("preflight: measured 12 ms/step over 5 steps: the run stops at the 20-minute limit (--max-minutes) "
+                    "in about 19m56s, after about 99,666 of the 99,994 steps left to --max-iters")
+    line = eta_line(1.0, 5, 99_994, limit, now=4.0)  # (it said "the remaining 99,994 steps take about 27h46m")
+    assert "stops at the 20-minute limit (--max-minutes) in about 19m56s, after about 1,196 of the 99,994" in line
+    assert eta_line(1.0, 5, 60, limit, now=4.0).endswith("the remaining 60 steps take about 1m00s")  # steps first
+    assert eta_line(1.0, 5, 60) == eta_line(1.0, 5, 60, TimeLimit(0, 0.0, 1), now=4.0)
+
+    train_run("--data", char_data, "--out-dir", tmp_path / "run", *TINY, "--max-iters", "100000", "--eval-interval",
+        "100000", "--max-minutes", "0.3")
+    out = capsys.readouterr().out
+    assert re.search(r"^preflight: measured \d+ ms/step over 5 steps: the run stops at the 0.3-minute limit "
+                     r"\(--max-minutes\) in about \d+s, after about [\d,]+ of the 99,99\d steps left", out, re.M), out
+    steps = [line for line in out.splitlines() if line.startswith("step ")]
+    assert all(re.search(r"\| eta \d+s at the 0.3-minute limit \(~[\d,]+ steps\)", line) for line in steps), steps

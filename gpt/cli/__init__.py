@@ -11,12 +11,15 @@ One module per verb: `sample`, `serve`, `evaluate`, `export`, `plan`, `plot`, `d
 
 Every entry point (train.py, sample.py, data/*.py, `python -m gpt.evaluate`, `python -m gpt.hf`) runs
 its body through `run_main`. A `gpt.errors.UserError` becomes its message (exit 2); anything else is
-a bug and keeps its traceback. Ctrl-C prints one line and exits 130.
+a bug and keeps its traceback. Ctrl-C prints one line and exits 130. A reader that closes stdout early
+(`python sample.py ... | head`) ends the script quietly, as it ends `cat`: no traceback, no "Exception
+ignored" at exit, status 141 (128 + SIGPIPE, what a shell shows for `cat` killed by the broken pipe).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -30,15 +33,30 @@ def run_main(body: Callable[[], str | None], interrupted: str = "") -> int:
     warnings.showwarning = lambda message, *args, **kwargs: print(f"warning: {message}", file=sys.stderr)
     try:
         message = body()
+        if message:
+            print(message)
+    except BrokenPipeError:
+        return closed_stdout()
     except UserError as e:
         print(f"error: {e}".replace("\n", "\n  "), file=sys.stderr)  # a multi-problem message stays indented
         return 2
     except KeyboardInterrupt:
         print("error: interrupted" + (f"; {interrupted}" if interrupted else ""), file=sys.stderr)
         return 130
-    if message:
-        print(message)
     return 0
+
+
+CLOSED_STDOUT = 141  # 128 + SIGPIPE
+
+
+def closed_stdout() -> int:
+    """The reader of stdout went away: point stdout at /dev/null, so the flush at exit of what is still
+    buffered cannot fail again (Python would print "Exception ignored ... BrokenPipeError"), and return
+    the status to exit with."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return CLOSED_STDOUT
 
 
 def fail(message: str) -> int:

@@ -5,9 +5,11 @@
     python sample.py --ckpt out/multi30k --source "Ein Mann fährt Fahrrad." --beam-size 4
     python sample.py --ckpt out/multi30k --source-file test.de --batch-size 64 > test.hyp.en
 
-Samples are generated as one batch; the first streams live, each later one as soon as those before
-it are done. A separator line goes between samples; a summary (tokens/s, time to first token, the
-seed that reproduces the run) goes to stderr. Mistakes print one `error: ...` line and exit 2.
+Samples are generated in batches (as many as 1 GiB of KV cache holds: gpt.sampling.batch_rows), so any
+--num-samples runs in bounded memory; the first sample streams live, each later one as soon as those
+before it are done. A separator line goes between samples; a summary (tokens/s, time to first token, the
+seed that reproduces the run) goes to stderr. Mistakes print one `error: ...` line and exit 2; a reader
+that closes stdout early (`| head`) ends the command quietly (gpt/cli/__init__.py).
 
 Translation (`--source`, repeatable, or `--source-file`, one sentence per line) needs a checkpoint
 whose meta has "seq2seq" (trained on a pairs dataset) and prints exactly one line per source, in
@@ -61,7 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     src.add_argument("--source", action="append", metavar="TEXT",
                      help="seq2seq checkpoints: a sentence to translate; repeatable, one output line each")
     src.add_argument("--source-file", help="seq2seq checkpoints: translate each line of this UTF-8 file")
-    p.add_argument("--num-samples", type=int, default=1, help="samples, generated as one batch (default: 1)")
+    p.add_argument("--num-samples", type=int, default=1,
+                   help="samples, generated together in batches that fit 1 GiB (default: 1)")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="tokens generated per sample at most (default: 500; translation: source length + 50, "
                    "at most block_size)")
@@ -127,12 +130,13 @@ def mode_error(args: argparse.Namespace) -> str | None:
 
 
 class OrderedPrinter:
-    """Prints samples in order: sample i streams live once samples before it are finished."""
+    """Prints samples in order: sample i streams live once samples before it are finished. Only the
+    samples still waiting their turn are held (in memory as large as the batch decoded at once)."""
 
     def __init__(self, n: int, prompt: str, write):
         self.n, self.prompt, self.write = n, prompt, write
-        self.buffers = [[] for _ in range(n)]
-        self.done = [False] * n
+        self.buffers: dict[int, list[str]] = {}
+        self.done: set[int] = set()
         self.current = 0
         self.write(prompt)
 
@@ -140,12 +144,14 @@ class OrderedPrinter:
         if sample == self.current:
             self.write(text)
         else:
-            self.buffers[sample].append(text)
-        self.done[sample] = self.done[sample] or finished
-        while self.current < self.n and self.done[self.current]:
+            self.buffers.setdefault(sample, []).append(text)
+        if finished:
+            self.done.add(sample)
+        while self.current in self.done:
+            self.done.discard(self.current)
             self.current += 1
             if self.current < self.n:
-                self.write(SEPARATOR + self.prompt + "".join(self.buffers[self.current]))
+                self.write(SEPARATOR + self.prompt + "".join(self.buffers.pop(self.current, ())))
             else:
                 self.write("\n")
 

@@ -62,6 +62,7 @@ from gpt.data.format import (
     REPREPARE,
     SPLITS,
     DataError,
+    IdGuard,
     check_ids,
     inline_ranks,
     memmap_ids,
@@ -257,6 +258,8 @@ class PairDataset:
         self.bos, self.eos, self.pad = self.meta["bos"], self.meta["eos"], self.meta["pad"]
         self.vocab_size = self.meta["vocab_size"]
         self._splits = {name: self._open_split(name) for name in SPLITS}
+        self._guards = {name: IdGuard(ids, self.vocab_size, self.path, name, self.path / f"{name}.bin")
+                        for name, (ids, _) in self._splits.items()}
 
     def _open_split(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         """The split's ids (memory-mapped) and offsets, checked against meta.json and the vocabulary."""
@@ -292,6 +295,11 @@ class PairDataset:
         """Source and target lengths in tokens (without special tokens), one per pair."""
         n = np.diff(self._split(split)[1])
         return n[0::2], n[1::2]
+
+    def check_ids(self, split: str, batch: np.ndarray, pairs: np.ndarray) -> None:
+        """Every id of `batch`, read from `pairs` of `split`, is in the vocabulary (see IdGuard)."""
+        offsets = self._split(split)[1]
+        self._guards[split].check(batch, lambda: ((offsets[2 * i], offsets[2 * i + 2]) for i in pairs.tolist()))
 
     def pair(self, split: str, i: int) -> tuple[np.ndarray, np.ndarray]:
         tokens, off = self._split(split)
@@ -425,6 +433,8 @@ class PairBatches:
             src[row, : len(s)], src[row, len(s)] = s, ds.eos
             tgt_in[row, 0], tgt_in[row, 1 : len(t) + 1] = ds.bos, t
             tgt_out[row, : len(t)], tgt_out[row, len(t)] = t, ds.eos
+        ds.check_ids(self.split, src, idx)  # the sources, and the targets (padded with -1) as labels
+        ds.check_ids(self.split, tgt_out, idx)
         src_mask = np.arange(S)[None, :] < self.src_len[idx][:, None]
         import torch
 

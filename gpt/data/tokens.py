@@ -1,9 +1,10 @@
 """Token datasets on disk, read through np.memmap, and deterministic batches of windows.
 
     ds = open_dataset("data/shakespeare_char")          # checks meta.json against the files
-    train = Batches(ds.split("train"), block_size=256, batch_size=64, seed=1337, device="cuda")
+    train = Batches(ds.split("train"), block_size=256, batch_size=64, seed=1337, device="cuda",
+                    guard=ds.id_guard("train"))          # every batch's ids checked against the vocabulary
     x, y = train.get(step)                               # int64 (64, 256); y is x shifted by one
-    for x, y in eval_batches(ds.split("val"), 256, 64, max_batches=20): ...
+    for x, y in eval_batches(ds.split("val"), 256, 64, max_batches=20, guard=ds.id_guard("val")): ...
 
 A dataset directory (written by `python data/prepare.py`, see gpt/data/prepare.py) holds `train.bin` and
 `val.bin` (flat token ids, little-endian uint16 or uint32), `meta.json`, and for a trained BPE its
@@ -34,6 +35,7 @@ import torch
 from gpt.data.format import (
     SPLITS,
     DataError,
+    IdGuard,
     check_ids,
     check_sha256,
     inline_ranks,
@@ -80,6 +82,11 @@ class TokenDataset:
         if name not in SPLITS:
             raise ValueError(f"unknown split {name!r}; expected one of {', '.join(SPLITS)}")
         return self._splits[name]
+
+    def id_guard(self, name: str) -> IdGuard:
+        """The per-batch vocabulary check of split `name`, for `Batches(..., guard=)` and `eval_batches`."""
+        file = self.path / self.meta["splits"][name]["file"]
+        return IdGuard(self.split(name), self.vocab_size, self.path, name, file)
 
     def verify_checksums(self) -> None:
         """Hash every file in full and compare with meta.json (reads the whole dataset once)."""
@@ -133,6 +140,14 @@ def _to_device(x: np.ndarray, y: np.ndarray, device: torch.device) -> tuple[torc
     return x.to(device), y.to(device)
 
 
+def _windows_to_device(tokens: np.ndarray, starts: np.ndarray, block_size: int, guard: IdGuard | None, device):
+    """(x, y) of the windows at `starts`, their ids checked by `guard` (if any) before they become tensors."""
+    xy = gather_windows(tokens, starts, block_size + 1)
+    if guard is not None:
+        guard.check(xy, lambda: ((s, s + block_size + 1) for s in starts.tolist()))
+    return _to_device(xy[:, :-1].copy(), xy[:, 1:].copy(), device)
+
+
 def _check_tokens(tokens, block_size: int) -> np.ndarray:
     if not isinstance(tokens, np.ndarray):
         tokens = np.asarray(tokens)
@@ -171,8 +186,10 @@ class Batches:
         world_size: int = 1,
         grad_accum: int = 1,
         device="cpu",
+        guard: IdGuard | None = None,
     ):
         self.tokens = _check_tokens(tokens, block_size)
+        self.guard = guard
         if mode not in MODES:
             raise ValueError(f"unknown batch mode {mode!r}; expected one of {', '.join(MODES)}")
         if batch_size < 1 or grad_accum < 1 or world_size < 1:
@@ -222,13 +239,13 @@ class Batches:
             raise ValueError(f"micro_step {micro_step} is outside 0..{self.grad_accum - 1} (grad_accum {self.grad_accum})")
         k = self.rank * self.grad_accum + micro_step
         starts = self.window_starts(step)[k * self.batch_size : (k + 1) * self.batch_size]
-        xy = gather_windows(self.tokens, starts, self.block_size + 1)
-        return _to_device(xy[:, :-1].copy(), xy[:, 1:].copy(), self.device)
+        return _windows_to_device(self.tokens, starts, self.block_size, self.guard, self.device)
 
 
-def eval_batches(tokens, block_size: int, batch_size: int, max_batches: int | None = None, device="cpu"):
+def eval_batches(tokens, block_size: int, batch_size: int, max_batches: int | None = None, device="cpu",
+                 guard: IdGuard | None = None):
     """Yield (x, y) over consecutive non-overlapping windows from the start of the split (the whole
-    split when max_batches is None; the last partial batch may be smaller)."""
+    split when max_batches is None; the last partial batch may be smaller); `guard` checks each batch's ids."""
     tokens = _check_tokens(tokens, block_size)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -240,5 +257,4 @@ def eval_batches(tokens, block_size: int, batch_size: int, max_batches: int | No
     for b in range(n_batches):
         first = b * batch_size
         starts = np.arange(first, min(first + batch_size, n_windows), dtype=np.int64) * block_size
-        xy = gather_windows(tokens, starts, block_size + 1)
-        yield _to_device(xy[:, :-1].copy(), xy[:, 1:].copy(), device)
+        yield _windows_to_device(tokens, starts, block_size, guard, device)

@@ -85,6 +85,7 @@ class SampleConfig:
     seed: int | None = None  # None: a fresh random seed
     window_keep: int | None = None  # tokens kept when the context slides; None: block_size // 2
     cuda_graph: bool = True  # on CUDA, replay each one-token step as a CUDA graph (see Decoder)
+    batch_rows: int | None = None  # samples decoded at once; None: as many as BATCH_BYTES allows (`batch_rows`)
 
     def __post_init__(self):
         self.stop = tuple(self.stop)
@@ -111,6 +112,8 @@ class SampleConfig:
             problems.append(f"--seed must be an integer, got {self.seed!r}")
         if self.window_keep is not None and (not is_int(self.window_keep) or self.window_keep < 1):
             problems.append(f"window_keep must be an integer >= 1, got {self.window_keep!r}")
+        if self.batch_rows is not None and (not is_int(self.batch_rows) or self.batch_rows < 1):
+            problems.append(f"batch_rows must be an integer >= 1, got {self.batch_rows!r}")
         if problems:
             raise SamplingError("invalid sampling settings: " + "; ".join(problems))
 
@@ -412,7 +415,13 @@ def generate(
     generator: torch.Generator | None = None,
     **settings,
 ) -> Iterator[Piece]:
-    """Sample `num_samples` continuations of `prompt` as one batch, yielding `Piece`s as they come.
+    """Sample `num_samples` continuations of `prompt`, yielding `Piece`s as they come.
+
+    The samples are decoded in batches of `batch_rows` (at most BATCH_BYTES of KV cache and logits), one
+    after the other, all drawing from the one generator: any number of samples fits in bounded memory.
+    Up to one batch's worth they are exactly one batch; after that, the samples of later batches differ
+    from what one huge batch would draw (the draws come in another order), but the same seed and
+    `batch_rows` still give the same output.
 
     Settings are `SampleConfig` fields, as a config and/or keywords (keywords win), e.g.
     `generate(model, tok, "ROMEO:", max_new_tokens=100, temperature=0, stop=["\\n\\n"])`.
@@ -436,7 +445,28 @@ def generate(
     if generator is None:
         generator = seeded_generator(cfg.seed, device)
     model.eval()
-    return _generate(model, tokenizer, ids, cfg, generator)
+    return _generate_batches(model, tokenizer, ids, cfg, generator)
+
+
+BATCH_BYTES = 1 << 30  # the KV cache and logits of one batch of samples, at most (one row always fits)
+
+
+def batch_rows(model: GPT, budget: int | None = None) -> int:
+    """How many samples one decoding batch holds: as many as keep the KV cache (keys and values of
+    every layer over the whole context) and the float32 logits within `budget` bytes (default
+    BATCH_BYTES), at least 1."""
+    c = model.config
+    itemsize = next(model.parameters()).element_size()
+    per_row = 2 * c.n_layer * c.block_size * c.n_embd * itemsize + 2 * c.vocab_size * 4
+    return max(1, (budget or BATCH_BYTES) // per_row)
+
+
+def _generate_batches(model: GPT, tokenizer: Tokenizer, ids: list[int], cfg: SampleConfig, generator):
+    rows = cfg.batch_rows or batch_rows(model)
+    for first in range(0, cfg.num_samples, rows):
+        for piece in _generate(model, tokenizer, ids, min(rows, cfg.num_samples - first), cfg, generator):
+            piece.sample += first
+            yield piece
 
 
 def seeded_generator(seed: int | None, device) -> torch.Generator:
@@ -447,11 +477,13 @@ def seeded_generator(seed: int | None, device) -> torch.Generator:
 
 
 @torch.no_grad()
-def _generate(model: GPT, tokenizer: Tokenizer, ids: list[int], cfg: SampleConfig, generator) -> Iterator[Piece]:
+def _generate(model: GPT, tokenizer: Tokenizer, ids: list[int], n: int, cfg: SampleConfig,
+              generator) -> Iterator[Piece]:
+    """`n` samples as one batch (numbered from 0)."""
     device = generator.device
-    idx = torch.tensor([ids] * cfg.num_samples, dtype=torch.long, device=device)
+    idx = torch.tensor([ids] * n, dtype=torch.long, device=device)
     dec = Decoder(model, idx, cfg.window_keep, graph=cfg.cuda_graph and device.type == "cuda")
-    rows = list(range(cfg.num_samples))  # the sample each batch row belongs to
+    rows = list(range(n))  # the sample each batch row belongs to
     streams = [TextStream(tokenizer, cfg.stop) for _ in rows]
     eot = tokenizer.eot_token if cfg.stop_at_eot else None
     vocab_size = tokenizer.vocab_size if tokenizer.vocab_size < model.config.vocab_size else None

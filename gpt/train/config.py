@@ -70,7 +70,8 @@ class TrainConfig:
     data: str = opt("", "prepared dataset directory (from data/prepare.py)")
     out_dir: str = opt("out/run", "run directory for checkpoints, config.json and log.jsonl")
     init_from: str = opt("", "fine-tune: start from the weights of a run dir, checkpoint file or HF GPT-2 dir")
-    resume: str = opt("", "continue a run exactly from its last.pt (a run dir or checkpoint file)")
+    resume: str = opt("", "continue a run exactly from its last.pt (a run dir), or from a checkpoint file of it "
+                          "(RUN/best.pt: back to its best state)")
     force: bool = opt(False, "allow writing into an out_dir that already holds a run")
     # the model: its fields are flags of their own (`--n-layer 6`) and a TOML [model] table; vocab_size
     # always comes from the dataset

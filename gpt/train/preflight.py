@@ -1,7 +1,7 @@
 """Preflight: what a run will cost, said before step 1, and `--batch-size auto` on CUDA.
 
     for line in report(model, cfg, rt, accum, world_size): print(line)   # parameters, tokens/step, memory
-    eta_line(step_seconds, steps_left)                                    # after the first few steps
+    eta_line(step_seconds, steps_done, steps_left, limit, now)            # after the first few steps
     find_batch_size(fits, upper)                                          # the largest micro-batch that fits
 
 The memory estimate is per process, in bytes:
@@ -91,9 +91,16 @@ def report(model: torch.nn.Module, cfg, rt, accum: int) -> list[str]:
     ]
 
 
-def eta_line(step_seconds: float, steps_done: int, steps_left: int) -> str:
-    return (f"preflight: measured {step_seconds * 1e3:.0f} ms/step over {steps_done} steps: the remaining "
-            f"{steps_left:,} steps take about {format_duration(step_seconds * steps_left)}")
+def eta_line(step_seconds: float, steps_done: int, steps_left: int, limit=None, now: float = 0.0) -> str:
+    """The run's time to go, from the measured step time: to the last step, or to the --max-minutes
+    `limit` (a gpt.stopping.TimeLimit) when that comes first."""
+    measured = f"preflight: measured {step_seconds * 1e3:.0f} ms/step over {steps_done} steps: "
+    ahead = limit.ahead(now, step_seconds, steps_left) if limit is not None else None
+    if ahead is None:
+        return measured + f"the remaining {steps_left:,} steps take about {format_duration(step_seconds * steps_left)}"
+    seconds, steps = ahead
+    return (measured + f"the run stops at the {limit.minutes:g}-minute limit (--max-minutes) in about "
+            f"{format_duration(seconds)}, after about {steps:,} of the {steps_left:,} steps left to --max-iters")
 
 
 # ---- --batch-size auto -----------------------------------------------------------------------------

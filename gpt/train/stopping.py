@@ -5,6 +5,7 @@ checkpoint write) and `--max-minutes` (stop early enough that the final evaluati
         ... if stop.signum is not None: save and stop
         with stop.deferred(): write a checkpoint
     limit = TimeLimit(minutes, t_start, eval_tokens); limit.out_of_time(now, step_seconds, tok_s, eval_due)
+    limit.ahead(now, step_seconds, steps_left)   # (seconds, steps) to the limit, if it ends the run first
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class TimeLimit:
     first, estimated from the training throughput (a forward pass costs about a third of a step)."""
 
     def __init__(self, minutes: float, t_start: float, eval_tokens: int):
+        self.minutes = minutes
         self.end = t_start + 60 * minutes if minutes else None
         self.eval_seconds = None
         self.eval_tokens = eval_tokens
@@ -67,3 +69,11 @@ class TimeLimit:
             return False
         evaluation = self.eval_seconds if self.eval_seconds is not None else self.eval_tokens / max(tokens_per_s, 1) / 2
         return now + step_seconds + evaluation * (2 if eval_due else 1) >= self.end
+
+    def ahead(self, now: float, step_seconds: float, steps_left: int) -> tuple[float, int] | None:
+        """(seconds, steps) until the limit stops the run, when it comes before the last of `steps_left`
+        steps (what an ETA must then count to); None when the steps end first or there is no limit."""
+        if self.end is None or step_seconds * steps_left <= self.end - now:
+            return None
+        seconds = max(self.end - now, 0.0)
+        return seconds, int(seconds / step_seconds) if step_seconds > 0 else steps_left

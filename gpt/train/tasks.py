@@ -53,6 +53,7 @@ class LanguageModelling:
         self.sampler = Batches(
             self.dataset.split("train"), cfg.model.block_size, cfg.batch_size, seed=cfg.seed, mode=cfg.sampling,
             rank=rt.rank, world_size=rt.world_size, grad_accum=accum, device=rt.device,
+            guard=self.dataset.id_guard("train"),
         )
 
     def train_batch(self, step: int, micro_step: int):
@@ -73,13 +74,13 @@ class LanguageModelling:
         """The same `eval_iters` random batches at every evaluation; or, with eval_iters = 0 or epoch
         sampling, the whole val split, and as many train tokens (the train split is usually ~10x
         larger, and the comparison wants equal counts)."""
-        cfg, tokens = self.cfg, self.dataset.split(split)
+        cfg, tokens, guard = self.cfg, self.dataset.split(split), self.dataset.id_guard(split)
         bs = cfg.eval_batch_size or cfg.batch_size
         if cfg.eval_iters == 0 or cfg.sampling == "epoch":
             n_val = -(-((len(self.dataset.split("val")) - 1) // cfg.model.block_size) // bs)
             n = n_val if split == "val" else min(n_val, -(-((len(tokens) - 1) // cfg.model.block_size) // bs))
-            return Counted(n, eval_batches(tokens, cfg.model.block_size, bs, max_batches=n, device=self.device))
-        sampler = Batches(tokens, cfg.model.block_size, bs, seed=cfg.seed + 1, device=self.device)
+            return Counted(n, eval_batches(tokens, cfg.model.block_size, bs, max_batches=n, device=self.device, guard=guard))
+        sampler = Batches(tokens, cfg.model.block_size, bs, seed=cfg.seed + 1, device=self.device, guard=guard)
         return Counted(cfg.eval_iters, (sampler.get(i) for i in range(cfg.eval_iters)))
 
 

@@ -245,7 +245,7 @@ class Run:
         if not parallel.all_finite(self.model, rt):
             raise TrainingError(
                 f"the weights are no longer finite at step {self.step}: not saved; {self._kept()}; lower "
-                f"--learning-rate (or --grad-clip)")
+                f"--learning-rate (or --grad-clip){self._way_back()}")
         self._count_tokens()  # (those of steps since the last log step, which a resume would lose)
         rng = _rng_state(rt.device)
         if rt.ddp:  # every rank's dropout stream, so a same-size resume continues them all
@@ -277,6 +277,24 @@ class Run:
         last = native.SHARDED["last.pt"] if self.cfg.fsdp else "last.pt"
         return f"{self.out_dir / last} still holds step {self.saved_step}"
 
+    def _way_back(self) -> str:
+        """When best.pt holds an earlier, better state than last.pt (a run that diverged, saved, and then
+        stopped on non-finite values), how to continue from it exactly: "" otherwise."""
+        try:
+            last = loader.read_meta(self.out_dir, names=native.LATEST)
+            best_path = loader.resolve(self.out_dir, names=("best.pt",))
+            best = loader.read_meta(best_path)
+        except native.CheckpointError:
+            return ""
+        last_val, best_val = last.get("val_loss"), best.get("val_loss")
+        if best.get("step", 0) >= last.get("step", 0) or best_val is None or (last_val is not None and
+                                                                                best_val >= last_val):
+            return ""
+        than = f"; last.pt: step {last['step']}, val {last_val:.4f}" if last_val is not None else ""
+        return (f"; or go back to {best_path.name}, an earlier and better state (step {best['step']}, val "
+                f"{best_val:.4f}{than}), and continue from it exactly with: python train.py --resume {best_path} "
+                f"--max-iters {self.cfg.max_iters}")
+
     def evaluate(self, stop: StopSignal) -> dict[str, float]:
         """Losses on both splits; saves last.pt (and best.pt when val improved)."""
         t_eval = time.time()
@@ -293,7 +311,7 @@ class Run:
                         elapsed=time.time() - self.t_start)
         if not math.isfinite(val):
             raise TrainingError(f"non-finite val loss ({val}) at step {self.step}: not saved; {self._kept()}; "
-                                f"lower --learning-rate, then --resume")
+                                f"lower --learning-rate, then --resume{self._way_back()}")
         improved = val < self.best_val
         self.best_val = min(self.best_val, val)
         self.save("last.pt", val, stop)
@@ -323,7 +341,7 @@ class Run:
                     raise TrainingError(
                         f"non-finite loss ({loss_f:.4g}) or gradient norm ({norm_f:.4g}) at step "
                         f"{self.step}; stopped before the optimizer step; {self._kept()}: lower --learning-rate, "
-                        f"or pass --skip-nonfinite to skip such steps")
+                        f"or pass --skip-nonfinite to skip such steps{self._way_back()}")
                 self.skipped += 1
             else:
                 with self.health.measure_update(optimizer, enabled=self._is_log_step(self.step + 1)):
@@ -362,7 +380,8 @@ class Run:
                 step_seconds = sorted(recent)[len(recent) // 2]  # median: robust to pauses
                 if self.step == first + preflight.PREFLIGHT_STEPS and self.step < cfg.max_iters:  # step 1 warms up
                     measured = sorted(list(recent)[1:])[(len(recent) - 1) // 2]
-                    log.print(preflight.eta_line(measured, preflight.PREFLIGHT_STEPS, cfg.max_iters - self.step))
+                    log.print(preflight.eta_line(measured, preflight.PREFLIGHT_STEPS, cfg.max_iters - self.step,
+                                                 self.limit, now))
 
                 if self._is_log_step(self.step):
                     tok_s = self._log_step(loss, grad_norm, lr, interval, step_seconds, now)
@@ -413,15 +432,16 @@ class Run:
         tok_s = interval["tokens"] / interval["seconds"]
         mfu = self.flops_per_token * tok_s / (self.peak * rt.world_size) if self.peak else None  # per device
         mem = rt.peak_memory_gib()
-        eta = step_seconds * (cfg.max_iters - self.step)
-        if self.limit.end:
-            eta = min(eta, self.limit.end - now)
+        eta = f"eta {format_duration(step_seconds * (cfg.max_iters - self.step))}"
+        ahead = self.limit.ahead(now, step_seconds, cfg.max_iters - self.step)
+        if ahead:  # the time limit ends the run first: its end, not the step count's
+            eta = f"eta {format_duration(ahead[0])} at the {cfg.max_minutes:g}-minute limit (~{ahead[1]:,} steps)"
         interval.update(steps=0, seconds=0.0, tokens=0)
         loss, grad_norm = loss.item(), grad_norm.item()
         self.log.print(
             f"step {self.step:>6} | loss {loss:.4f} | lr {lr:.2e} | {tok_s / 1e3:,.1f}k tok/s | "
             f"{dt * 1e3:.0f} ms/step" + (f" | mfu {mfu:.1%}" if mfu is not None else "") +
-            (f" | mem {mem:.1f} GiB" if mem is not None else "") + f" | eta {format_duration(eta)}"
+            (f" | mem {mem:.1f} GiB" if mem is not None else "") + f" | {eta}"
             + (f" | upd/w {self.health.update_ratio:.1e}" if self.health.update_ratio else ""))
         self.log.record("train", self.step, loss=loss, lr=lr, grad_norm=grad_norm, tokens_per_s=tok_s,
                         ms_per_step=dt * 1e3, mfu=mfu, peak_mem_gib=mem, skipped_steps=self.skipped,
