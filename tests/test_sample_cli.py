@@ -176,7 +176,7 @@ def test_stop_takes_the_escapes_a_shell_passes(tmp_path, capsys):
 
 
 def test_any_number_of_samples_decodes_in_bounded_batches(run_dir, monkeypatch):
-    from gpt.checkpoint import load_checkpoint
+    from gpt.checkpoints.loader import load_checkpoint
     from gpt.infer import sampling
 
     model, tok, _ = load_checkpoint(run_dir)
