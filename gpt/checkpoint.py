@@ -74,7 +74,7 @@ from gpt.fsutil import fsync_path, process_alive, replacing
 from gpt.errors import UserError, storage_error
 from gpt.model import GPT, GPTConfig
 from gpt.quantize import dtype_flag, quantize as quantize_model
-from gpt.runtime import Runtime, decode_threads, setup
+from gpt.runtime import Runtime, decode_threads, resolve_dtype, setup
 
 FORMAT_VERSION = 1
 LATEST = ("last.pt",)  # resuming continues the latest state, never the best one
@@ -306,9 +306,12 @@ def load_for_inference(path: str | os.PathLike, device: str = "auto", dtype: str
     --threads, the checkpoint in that precision, its Linear layers in int8 with --quantize int8.
     `single_stream` (one sequence decoded at a time, sample.py): on CPU without --threads, the thread
     count `decode_threads` picks for the model's size."""
-    rt = setup(device, dtype_flag(dtype, quantize), threads, distributed=False)
+    dtype = dtype_flag(dtype, quantize)
+    rt = setup(device, dtype, threads, distributed=False)
     model, tokenizer, meta = load_checkpoint(path, device=rt.device)
     n_params = model.num_params()
+    if dtype == "auto":  # inference's rule, which depends on the model's size
+        rt.dtype, rt.reason = resolve_dtype(dtype, rt.device, inference_params=n_params)
     if single_stream and rt.device.type == "cpu" and not threads:
         torch.set_num_threads(decode_threads(n_params))
     return Inference(rt, quantize_model(model.to(rt.dtype), quantize), tokenizer, meta, n_params)

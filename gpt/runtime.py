@@ -32,6 +32,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from gpt.errors import UserError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Inference on a CPU with native bf16: below this many parameters bf16 weights decode slower than float32
+# (bench/results/sampling-dtype.md: MEASUREMENT)
+INFERENCE_BF16_MIN_PARAMS = 5_000_000
 
 
 class DeviceError(UserError, ValueError):
@@ -55,9 +58,23 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+BF16_OVERRIDE = "GPT_CPU_BF16"  # 0: behave as a CPU without native bf16, 1: as one with it; unset: detect
+
+
+def cpu_bf16_override() -> bool | None:
+    """What $GPT_CPU_BF16 says (None when unset), so either CPU class can run the other's precision path."""
+    value = os.environ.get(BF16_OVERRIDE, "").strip()
+    if value not in ("", "0", "1"):
+        raise DeviceError(f"{BF16_OVERRIDE}={value!r}: use 0 (as a CPU without native bf16), 1 (as one with it) "
+                          f"or leave it unset (detect)")
+    return None if value == "" else value == "1"
+
+
 def cpu_has_native_bf16() -> bool:
-    """True where the CPU has bf16 arithmetic instructions (x86 AVX-512 BF16 or AMX-BF16)."""
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+    """True where the CPU has bf16 arithmetic instructions (x86 AVX-512 BF16 or AMX-BF16), or where
+    $GPT_CPU_BF16=1 says to behave as if it had (0: as if it had not)."""
+    override = cpu_bf16_override()
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags()) if override is None else override
 
 
 def cpu_name() -> str:
@@ -72,9 +89,11 @@ def cpu_name() -> str:
 
 
 def cpu_description() -> str:
-    """e.g. 'AMD EPYC (AVX2, no native bf16)' for headers and benchmark records."""
+    """e.g. 'AMD EPYC (AVX2, no native bf16)' for headers and benchmark records (with ', GPT_CPU_BF16=1'
+    where the override decides)."""
     capability = torch.backends.cpu.get_cpu_capability()
-    return f"{cpu_name()} ({capability}, {'native' if cpu_has_native_bf16() else 'no native'} bf16)"
+    override = f", {BF16_OVERRIDE}={int(cpu_bf16_override())}" if cpu_bf16_override() is not None else ""
+    return f"{cpu_name()} ({capability}, {'native' if cpu_has_native_bf16() else 'no native'} bf16{override})"
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -101,8 +120,10 @@ def resolve_device(name: str = "auto") -> torch.device:
     return device
 
 
-def resolve_dtype(name: str, device: torch.device) -> tuple[torch.dtype, str]:
-    """The compute precision for `name` on `device`, and the reason (see the module notes)."""
+def resolve_dtype(name: str, device: torch.device, inference_params: int | None = None) -> tuple[torch.dtype, str]:
+    """The compute precision for `name` on `device`, and the reason (see the module notes).
+    `inference_params`: the model's parameter count when it only runs forward (sampling, serving,
+    evaluation), where `auto` on a CPU with native bf16 depends on the model's size."""
     if name != "auto" and name not in DTYPES:
         raise DeviceError(f"--dtype {name!r} is not one of auto, {', '.join(DTYPES)}")
     if name == "float16" and device.type != "cuda":
@@ -118,10 +139,14 @@ def resolve_dtype(name: str, device: torch.device) -> tuple[torch.dtype, str]:
         if torch.cuda.is_bf16_supported():
             return torch.bfloat16, "this GPU supports bf16"
         return torch.float16, "this GPU has no bf16: fp16 with loss scaling"
-    if native_bf16:
-        return torch.bfloat16, "this CPU has native bf16"
     if device.type == "cpu":
-        return torch.float32, "this CPU has no native bf16"
+        has = "has" if native_bf16 else "has no"
+        why = f"this CPU {has} native bf16" if cpu_bf16_override() is None else \
+            f"{BF16_OVERRIDE}={int(native_bf16)}: as a CPU that {has} native bf16"
+        if native_bf16 and inference_params is not None and inference_params < INFERENCE_BF16_MIN_PARAMS:
+            return torch.float32, f"{why}, but decodes faster in float32 below " \
+                                  f"{INFERENCE_BF16_MIN_PARAMS / 1e6:g}M parameters"
+        return (torch.bfloat16 if native_bf16 else torch.float32), why
     return torch.float32, f"{device.type} default"
 
 
@@ -156,9 +181,13 @@ class Runtime:
     def master(self) -> bool:
         return self.rank == 0
 
+    def precision(self) -> str:
+        """The precision and why: `float32 (this CPU has no native bf16)`."""
+        return str(self.dtype).removeprefix("torch.") + (f" ({self.reason})" if self.reason else "")
+
     def describe(self) -> str:
         """The run header's words: `cpu float32 (this CPU has no native bf16), 2 threads`."""
-        what = f"{self.device} {str(self.dtype).removeprefix('torch.')}" + (f" ({self.reason})" if self.reason else "")
+        what = f"{self.device} {self.precision()}"
         if self.device.type == "cpu":
             what += f", {torch.get_num_threads()} threads"
         return what
