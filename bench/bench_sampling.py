@@ -439,7 +439,8 @@ def main() -> None:
     dtypes = [r for r in results if r["run"] == "dtype"]
     if dtypes:
         md += ["", f"float32 against bf16 weights ({SAMPLES} x {NEW_TOKENS} new tokens, {args.threads} thread(s), "
-               f"{args.repeats} interleaved pairs in one process, medians):", "",
+               f"{args.repeats} interleaved pairs in one process, medians; load average {load_before[0]:.1f} before, "
+               f"{env['load_avg_after'][0]:.1f} after: other jobs may share the CPU, the ratios are the figures to read):", "",
                "| model | parameters | float32 tokens/s | bf16 tokens/s | bf16 / float32 |", "|---|---|---|---|---|"]
         md += [f"| {r['model']} | {r['n_params'] / 1e6:.1f}M | {r['tokens_per_s_float32']:.0f} | "
                f"{r['tokens_per_s_bfloat16']:.0f} | {r['bf16_vs_float32']:.2f} |" for r in dtypes]
