@@ -11,7 +11,9 @@ Precision policy (`dtype="auto"`)
 - CPU: bf16 autocast only where the CPU computes bf16 natively (AVX-512 BF16 or AMX: the cpuinfo
   flags `avx512_bf16` / `amx_bf16`); float32 elsewhere. Without those instructions a bf16 matrix
   product is emulated and can be 50-200x slower than float32 (measured: 1 vs 179 GFLOP/s on an
-  AVX2-only EPYC), so an explicit `--dtype bfloat16` there warns.
+  AVX2-only EPYC), so an explicit `--dtype bfloat16` there warns. Inference (bf16 weights, no
+  autocast) only from INFERENCE_BF16_MIN_PARAMS parameters: smaller models decode faster in float32.
+  $GPT_CPU_BF16=0|1 overrides the CPU check (tests and developers run the other CPU class's path).
 - Other devices (mps): float32.
 `Runtime.reason` says why, for the run header.
 """
@@ -32,9 +34,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from gpt.errors import UserError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# Inference on a CPU with native bf16: below this many parameters bf16 weights decode slower than float32
-# (bench/results/sampling-dtype.md: MEASUREMENT)
-INFERENCE_BF16_MIN_PARAMS = 5_000_000
+# Inference on a CPU with native bf16 (sampling, serving, evaluation): below this many parameters bf16
+# weights decode no faster than float32, and the smallest models slower: bf16 / float32 tokens/s 0.68
+# (char 4x4x128, 0.8M; 0.81 reported on a Sapphire Rapids), 0.92 (1.8M), 1.03 (3.2M), 1.01 (6.3M), then
+# 1.19 (7.1M), 1.47 (10.7M), 1.56 (30M): bench/results/sampling-dtype*.md, Zen 4. A decode step of a
+# small model is dispatch overhead, which bf16's conversions add to; wide matmuls are where bf16 pays.
+INFERENCE_BF16_MIN_PARAMS = 7_000_000
 
 
 class DeviceError(UserError, ValueError):
