@@ -84,7 +84,8 @@ def spec(name: str) -> dict:
     try:
         n_layer, n_head, n_embd = map(int, shape.split("x"))
     except ValueError:
-        raise SystemExit(f"--models: {name!r} is neither one of {', '.join(MODELS)} nor char-LxHxE / bpe-LxHxE") from None
+        raise SystemExit(f"--models: {name!r} is neither one of {', '.join(MODELS)} nor char-LxHxE / bpe-LxHxE") \
+            from None
     return dict(tokenizer="char" if kind == "char" else "gpt2", n_layer=n_layer, n_head=n_head, n_embd=n_embd,
                 block_size=256)
 
@@ -152,7 +153,7 @@ def run_dtypes(model, tok, prompt, repeats: int) -> dict:
     return {"tokens_per_s_float32": statistics.median(speed["float32"]),
             "tokens_per_s_bfloat16": statistics.median(speed["bfloat16"]),
             "bf16_vs_float32": statistics.median(ratios), "repeats": repeats,
-            "all_float32": [round(x, 1) for x in speed["float32"]], "all_bfloat16": [round(x, 1) for x in speed["bfloat16"]]}
+            **{f"all_{name}": [round(x, 1) for x in values] for name, values in speed.items()}}
 
 
 @torch.no_grad()

@@ -15,7 +15,8 @@
    steps: full fine-tuning, LoRA (--lora-rank, the tied embedding included), LoRA on the blocks'
    projections only, and from scratch. Val loss, trainable parameters, checkpoint size, step time and
    peak memory (RSS of each training process) side by side.
-4. precision (a CPU with native bf16, or GPT_CPU_BF16=1; `OMP_NUM_THREADS=1` on a shared CPU): ms per step of the main job's training step
+4. precision (a CPU with native bf16, or GPT_CPU_BF16=1; `OMP_NUM_THREADS=1` on a shared CPU): ms per
+   step of the main job's training step
    (`--config shakespeare_char_cpu`: model, batch, Muon + AdamW) in float32, as on a CPU without
    native bf16 (GPT_CPU_BF16=0: float32 Newton-Schulz too), and in what `--dtype auto` picks with it
    (bf16 autocast and bf16 Newton-Schulz), interleaved in one process, medians.

@@ -146,11 +146,11 @@ def resolve_dtype(name: str, device: torch.device, inference_params: int | None 
         return torch.float16, "this GPU has no bf16: fp16 with loss scaling"
     if device.type == "cpu":
         has = "has" if native_bf16 else "has no"
-        why = f"this CPU {has} native bf16" if cpu_bf16_override() is None else \
-            f"{BF16_OVERRIDE}={int(native_bf16)}: as a CPU that {has} native bf16"
+        why = (f"this CPU {has} native bf16" if cpu_bf16_override() is None
+               else f"{BF16_OVERRIDE}={int(native_bf16)}: as a CPU that {has} native bf16")
         if native_bf16 and inference_params is not None and inference_params < INFERENCE_BF16_MIN_PARAMS:
-            return torch.float32, f"{why}, but decodes faster in float32 below " \
-                                  f"{INFERENCE_BF16_MIN_PARAMS / 1e6:g}M parameters"
+            below = f"{INFERENCE_BF16_MIN_PARAMS / 1e6:g}M parameters"
+            return torch.float32, f"{why}, but decodes faster in float32 below {below}"
         return (torch.bfloat16 if native_bf16 else torch.float32), why
     return torch.float32, f"{device.type} default"
 

@@ -4,6 +4,7 @@ what runs under it tiny). Every entry point says what it picked and why."""
 
 import pytest
 import torch
+from test_sample_seq2seq import save_seq2seq
 
 from gpt import GPT, GPTConfig, checkpoint, evaluate, runtime
 from gpt import sample_cli as sample
@@ -11,8 +12,6 @@ from gpt.config import config_from_argv
 from gpt.runtime import INFERENCE_BF16_MIN_PARAMS, DeviceError, resolve_dtype
 from gpt.tokenizer import CharTokenizer
 from gpt.trainer import train
-
-from test_sample_seq2seq import save_seq2seq
 
 pytestmark = [pytest.mark.precision, pytest.mark.usefixtures("one_thread")]  # see conftest.py
 
