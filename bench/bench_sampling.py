@@ -4,6 +4,7 @@ transformers' GPT2LMHeadModel.generate on the same (exported) weights.
     python bench/bench_sampling.py                       # ~5 minutes; writes bench/results/sampling.{json,md}
     python bench/bench_sampling.py --threads 0 --budget 10     # torch's default thread count
     python bench/bench_sampling.py --runs cached,int8,val-loss --out bench/results/sampling-int8   # int8 only
+    python bench/bench_sampling.py --runs dtype --out bench/results/sampling-dtype   # bf16 against float32
 
 Models (random weights: speed does not depend on them; end-of-text never stops a run, so every run
 generates exactly the tokens asked for):
@@ -25,6 +26,9 @@ top-k 200, after a short warm-up:
   GPT-2 cannot go past n_positions), ours vs `generate(do_sample=True, top_k=200, use_cache=True)`.
 - `int8`: `cached` with the Linear layers in dynamic int8 (`gpt.model.quantize`, what `--quantize int8`
   does), on the same random weights.
+- `dtype`: `cached` in float32 and in bf16 weights (what `sample.py --dtype bfloat16` runs), alternated
+  `--repeats` times in one process so both see the same load on a shared CPU; medians and the
+  bf16 / float32 ratio of each pair (what `--dtype auto` for inference on CPU is chosen from).
 - `val-loss`: the same shapes trained briefly on tiny-shakespeare (bench/models.py, cached in
   out/bench-models/; trained on first use, about 12 minutes), mean loss over up to `--val-windows`
   evenly spaced block_size windows of the validation split, float32 and int8 on the same windows.
@@ -38,6 +42,7 @@ The int8 goals: tokens/s >= 1.5x float32 (`int8` / `cached`) and val loss within
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import platform
@@ -65,9 +70,24 @@ MODELS = {
 SAMPLES, NEW_TOKENS, SHORT_PROMPT, TOP_K = 5, 500, 16, 200
 # run -> its prompt length (None: a full block_size prompt)
 RUNS = {"cached": None, "recompute": None, "cached-in-context": SHORT_PROMPT, "hf": SHORT_PROMPT, "int8": None,
-        "val-loss": None, "scripts": None}
+        "dtype": None, "val-loss": None, "scripts": None}
 SCRIPT_SHORT = 20  # scripts: new tokens of the short run whose time (start-up, loading) is subtracted
 SCRIPT_TOKENS = {"char-cpu": 1500}  # scripts: the models compared and the new tokens of the long run
+
+
+def spec(name: str) -> dict:
+    """A model of MODELS, or another shape named `char-LxHxE` / `bpe-LxHxE` (block 256; the dtype run's
+    sizes between the shipped ones)."""
+    if name in MODELS:
+        return MODELS[name]
+    kind, _, shape = name.partition("-")
+    try:
+        n_layer, n_head, n_embd = map(int, shape.split("x"))
+    except ValueError:
+        raise SystemExit(f"--models: {name!r} is neither one of {', '.join(MODELS)} nor char-LxHxE / bpe-LxHxE") \
+            from None
+    return dict(tokenizer="char" if kind == "char" else "gpt2", n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                block_size=256)
 
 
 def tokenizer_and_text(name: str):
@@ -75,7 +95,7 @@ def tokenizer_and_text(name: str):
     from gpt.data.tokenizer import CharTokenizer, get_tokenizer
 
     text = (SHARED / "tinyshakespeare.txt").read_text(encoding="utf-8")
-    tok = CharTokenizer.from_text(text) if MODELS[name]["tokenizer"] == "char" else get_tokenizer("gpt2")
+    tok = CharTokenizer.from_text(text) if spec(name)["tokenizer"] == "char" else get_tokenizer("gpt2")
     return tok, tok.encode(text[:5000])
 
 
@@ -83,10 +103,10 @@ def build(name: str, tok):
     """The benchmark model, seeded random weights."""
     from gpt import GPT, GPTConfig
 
-    spec = MODELS[name]
-    vocab = tok.vocab_size if spec["tokenizer"] == "char" else 50304  # GPT-2's 50257 padded to 64s
+    shape = spec(name)
+    vocab = tok.vocab_size if shape["tokenizer"] == "char" else 50304  # GPT-2's 50257 padded to 64s
     torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=vocab, **{k: v for k, v in spec.items() if k != "tokenizer"})).eval()
+    return GPT(GPTConfig(vocab_size=vocab, **{k: v for k, v in shape.items() if k != "tokenizer"})).eval()
 
 
 def rss_mb() -> float:
@@ -117,6 +137,23 @@ def run_ours(model, tok, prompt, new_tokens):
 
     once(prompt[:8], 4)  # warm-up
     return once(prompt, new_tokens)
+
+
+def run_dtypes(model, tok, prompt, repeats: int) -> dict:
+    """`run_ours` in float32 and in bf16 weights, alternated (which goes first alternates too), medians."""
+    import statistics
+
+    models = {"float32": model, "bfloat16": copy.deepcopy(model).to(torch.bfloat16)}
+    speed = {name: [] for name in models}
+    for i in range(repeats):
+        for name in (("float32", "bfloat16") if i % 2 == 0 else ("bfloat16", "float32")):
+            _, count, elapsed = run_ours(models[name], tok, prompt, NEW_TOKENS)
+            speed[name].append(count / elapsed)
+    ratios = [b / f for b, f in zip(speed["bfloat16"], speed["float32"])]
+    return {"tokens_per_s_float32": statistics.median(speed["float32"]),
+            "tokens_per_s_bfloat16": statistics.median(speed["bfloat16"]),
+            "bf16_vs_float32": statistics.median(ratios), "repeats": repeats,
+            **{f"all_{name}": [round(x, 1) for x in values] for name, values in speed.items()}}
 
 
 @torch.no_grad()
@@ -208,7 +245,12 @@ def child(args) -> None:
         print(json.dumps(dict(job, threads=torch.get_num_threads(), **run_val_loss(job["model"], args.val_windows))))
         return
     tok, text_ids = tokenizer_and_text(job["model"])
-    block = MODELS[job["model"]]["block_size"]
+    block = spec(job["model"])["block_size"]
+    if job["run"] == "dtype":
+        model = build(job["model"], tok)
+        print(json.dumps(dict(job, threads=torch.get_num_threads(), n_params=model.num_params(),
+                              **run_dtypes(model, tok, text_ids[:block], args.repeats))))
+        return
     if job["run"] == "hf":
         rss_loaded, (first, count, elapsed) = run_hf(job["hf_dir"], text_ids[:SHORT_PROMPT], block - SHORT_PROMPT)
     else:
@@ -249,7 +291,7 @@ def scripts(name: str, tmp: Path, repeats: int = 3) -> dict:
     from gpt.checkpoints import native
 
     tok, text_ids = tokenizer_and_text(name)
-    model, block = build(name, tok), MODELS[name]["block_size"]
+    model, block = build(name, tok), spec(name)["block_size"]
     cfg = model.config
     work = tmp / f"scripts-{name}"
     prompt = work / "prompt.txt"
@@ -305,7 +347,7 @@ def table(results: list[dict]) -> str:
     rows = ["| model | run | prompt -> new tokens (x5 samples) | time to first token | tokens/s | peak RSS |",
             "|---|---|---|---|---|---|"]
     for r in results:
-        if r["run"] == "val-loss":
+        if r["run"] in ("val-loss", "dtype"):
             continue
         new = r["tokens"] // SAMPLES
         rows.append(f"| {r['model']} | {r['run']} | {r['prompt']} -> {new} | {r['ttft_ms']:.0f} ms | "
@@ -320,6 +362,7 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=15.0, help="seconds for each no-cache recompute run (default: 15)")
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
     p.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)}")
+    p.add_argument("--repeats", type=int, default=7, help="float32/bf16 pairs of the dtype run (default: 7)")
     p.add_argument("--val-windows", type=int, default=64, help="block_size windows of the val split for val-loss")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "sampling"), help="results path, without suffix")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -328,14 +371,14 @@ def main() -> None:
         return child(args)
 
     from gpt.checkpoints.hf import export_hf
-    from gpt.runtime import cpu_name
+    from gpt.runtime import cpu_has_native_bf16, cpu_name
 
     load_before = os.getloadavg()
     results, scripts_result = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             tok, _ = tokenizer_and_text(name)
-            block = MODELS[name]["block_size"]
+            block = spec(name)["block_size"]
             hf_dir = export_hf(build(name, tok), tok, Path(tmp) / name)
             for run in args.runs.split(","):
                 if run == "scripts":
@@ -347,12 +390,18 @@ def main() -> None:
                     continue
                 job = dict(model=name, run=run, prompt=RUNS[run] or block, hf_dir=str(hf_dir))
                 cmd = [sys.executable, __file__, "--child", json.dumps(job), "--budget", str(args.budget),
-                       "--threads", str(args.threads), "--val-windows", str(args.val_windows)]
+                       "--threads", str(args.threads), "--val-windows", str(args.val_windows),
+                       "--repeats", str(args.repeats)]
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
                 result = json.loads(out.strip().splitlines()[-1])
                 result.pop("hf_dir")
                 result["load_avg"] = os.getloadavg()
                 results.append(result)
+                if run == "dtype":
+                    print(f"{name:10s} {run:18s} float32 {result['tokens_per_s_float32']:6.0f} tokens/s  bf16 "
+                          f"{result['tokens_per_s_bfloat16']:6.0f} tokens/s  bf16/float32 {result['bf16_vs_float32']:.2f}",
+                          flush=True)
+                    continue
                 if run == "val-loss":
                     print(f"{name:10s} {run:18s} float32 {result['val_loss_fp32']:.4f}  int8 "
                           f"{result['val_loss_int8']:.4f}  ({100 * result['val_loss_rel_diff']:+.2f}%)", flush=True)
@@ -370,22 +419,32 @@ def main() -> None:
             speedups[name]["int8_val_loss_rel_diff"] = by["val-loss"]["val_loss_rel_diff"]
     env = dict(
         python=platform.python_version(), torch=torch.__version__, cpu=cpu_name(),
-        capability=torch.backends.cpu.get_cpu_capability(), cores=os.cpu_count(), threads=args.threads,
+        capability=torch.backends.cpu.get_cpu_capability(), native_bf16=cpu_has_native_bf16(),
+        mkldnn_bf16=bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()), cores=os.cpu_count(), threads=args.threads,
         load_avg_before=load_before, load_avg_after=os.getloadavg(),
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(dict(env=env, results=results, speedups=speedups, scripts=scripts_result), indent=2) + "\n")
-    md = [f"Environment: {json.dumps(env)}", "", table(results), "", "| model | cached / recompute | "
-          "ours / transformers (in context) | int8 / float32 tokens/s | int8 val loss vs float32 |",
-          "|---|---|---|---|---|"]
+    md = [f"Environment: {json.dumps(env)}"]
 
     def cell(v: dict, key: str, fmt: str, unit: str = "") -> str:
         return format(v[key], fmt) + unit if key in v else "-"
 
-    md += [f"| {k} | {cell(v, 'cached_vs_recompute', '.1f', 'x')} | {cell(v, 'cached_vs_hf_in_context', '.2f', 'x')} | "
-           f"{cell(v, 'int8_vs_float32', '.2f', 'x')} | {cell(v, 'int8_val_loss_rel_diff', '+.2%')} |"
-           for k, v in speedups.items()]
+    if any(r["run"] not in ("val-loss", "dtype") for r in results):
+        md += ["", table(results), "", "| model | cached / recompute | ours / transformers (in context) | "
+               "int8 / float32 tokens/s | int8 val loss vs float32 |", "|---|---|---|---|---|"]
+        md += [f"| {k} | {cell(v, 'cached_vs_recompute', '.1f', 'x')} | {cell(v, 'cached_vs_hf_in_context', '.2f', 'x')} | "
+               f"{cell(v, 'int8_vs_float32', '.2f', 'x')} | {cell(v, 'int8_val_loss_rel_diff', '+.2%')} |"
+               for k, v in speedups.items()]
+    dtypes = [r for r in results if r["run"] == "dtype"]
+    if dtypes:
+        md += ["", f"float32 against bf16 weights ({SAMPLES} x {NEW_TOKENS} new tokens, {args.threads} thread(s), "
+               f"{args.repeats} interleaved pairs in one process, medians; load average {load_before[0]:.1f} before, "
+               f"{env['load_avg_after'][0]:.1f} after: other jobs may share the CPU, the ratios are the figures to read):", "",
+               "| model | parameters | float32 tokens/s | bf16 tokens/s | bf16 / float32 |", "|---|---|---|---|---|"]
+        md += [f"| {r['model']} | {r['n_params'] / 1e6:.1f}M | {r['tokens_per_s_float32']:.0f} | "
+               f"{r['tokens_per_s_bfloat16']:.0f} | {r['bf16_vs_float32']:.2f} |" for r in dtypes]
     losses = [r for r in results if r["run"] == "val-loss"]
     if losses:
         md += ["", "| model | val loss float32 | val loss int8 | difference | val tokens |", "|---|---|---|---|---|"]

@@ -1,7 +1,7 @@
 """Training benchmarks on this machine, each measured side by side in one run.
 
     python bench/bench_train.py                      # all three; results in bench/results/train.json
-    python bench/bench_train.py --only speedrun      # or throughput / finetune
+    python bench/bench_train.py --only speedrun      # or throughput / finetune / precision
 
 1. speedrun: wall-clock seconds from launching `train.py --config shakespeare_char_cpu` to the first
    evaluation with val loss <= 1.88 on char-level tiny-shakespeare (val = the last 10%, loss over the
@@ -15,6 +15,11 @@
    steps: full fine-tuning, LoRA (--lora-rank, the tied embedding included), LoRA on the blocks'
    projections only, and from scratch. Val loss, trainable parameters, checkpoint size, step time and
    peak memory (RSS of each training process) side by side.
+4. precision (a CPU with native bf16, or GPT_CPU_BF16=1; `OMP_NUM_THREADS=1` on a shared CPU): ms per
+   step of the main job's training step
+   (`--config shakespeare_char_cpu`: model, batch, Muon + AdamW) in float32, as on a CPU without
+   native bf16 (GPT_CPU_BF16=0: float32 Newton-Schulz too), and in what `--dtype auto` picks with it
+   (bf16 autocast and bf16 Newton-Schulz), interleaved in one process, medians.
 
 Every result records the machine (CPU model, AVX2 / AVX-512 / native bf16, threads, torch, load).
 """
@@ -37,7 +42,7 @@ import harness
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from gpt.runtime import cpu_description  # noqa: E402
+from gpt.runtime import cpu_description, cpu_has_native_bf16  # noqa: E402
 
 SHARED = harness.SHARED_DATA
 RESULTS = ROOT / "bench" / "results" / "train.json"
@@ -200,6 +205,52 @@ def throughput(steps: int = 60) -> dict:
     return medians
 
 
+def precision(steps: int = 30, repeats: int = 5) -> dict:
+    """The main job's step in float32 and in bf16 (see the module notes), interleaved, medians."""
+    from dataclasses import replace
+
+    import torch
+
+    from gpt.model.transformer import GPT
+    from gpt.runtime import BF16_OVERRIDE, Runtime
+    from gpt.train.start import config_from_argv
+    from gpt.train.trainer import make_optimizer, train_step
+
+    cfg, _ = config_from_argv(["--config", "shakespeare_char_cpu", "--data", "unused"])
+    mcfg = replace(cfg.model, vocab_size=128)  # 65 chars padded
+    g = torch.Generator().manual_seed(0)
+    xs = torch.randint(0, 65, (steps + 3, cfg.batch_size, cfg.model.block_size), generator=g)
+    before = os.environ.get(BF16_OVERRIDE)
+
+    def ms_per_step(dtype) -> float:
+        os.environ[BF16_OVERRIDE] = "1" if dtype == torch.bfloat16 else "0"  # Muon's Newton-Schulz follows it
+        torch.manual_seed(0)
+        model = GPT(mcfg)
+        opt = make_optimizer(model, cfg, torch.device("cpu"))
+        rt = Runtime(torch.device("cpu"), dtype)
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        for step in range(steps + 3):
+            if step == 3:  # after warm-up
+                t0 = time.perf_counter()
+            train_step(model, opt, scaler, lambda s, m: (xs[s], xs[s]), step, 1, rt, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return 1000 * (time.perf_counter() - t0) / steps
+
+    times = {"float32": [], "bfloat16": []}
+    try:
+        for i in range(repeats):
+            for name in (("float32", "bfloat16") if i % 2 == 0 else ("bfloat16", "float32")):
+                times[name].append(ms_per_step(getattr(torch, name)))
+    finally:
+        os.environ.pop(BF16_OVERRIDE, None) if before is None else os.environ.__setitem__(BF16_OVERRIDE, before)
+    ratios = [f / b for f, b in zip(times["float32"], times["bfloat16"])]
+    return {"ms_per_step_float32": round(statistics.median(times["float32"]), 1),
+            "ms_per_step_bfloat16": round(statistics.median(times["bfloat16"]), 1),
+            "bf16_speedup": round(statistics.median(ratios), 2), "steps": steps, "repeats": repeats,
+            "threads": torch.get_num_threads(), "all": {k: [round(x, 1) for x in v] for k, v in times.items()}}
+
+
 MEASURED = ("import resource, runpy, sys\nsys.argv = ['train.py', *sys.argv[1:]]\ntry:\n"
             "    runpy.run_path('train.py', run_name='__main__')\nfinally:\n"
             "    print('peak_rss_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)")
@@ -307,7 +358,7 @@ def finetune(data: dict, tmp: Path, pretrain_steps: int = 300, steps: int = 160)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["speedrun", "throughput", "finetune"])
+    parser.add_argument("--only", choices=["speedrun", "throughput", "finetune", "precision"])
     parser.add_argument("--pretrain-steps", type=int, default=300, help="finetune: WikiText-2 steps (default: 300)")
     parser.add_argument("--finetune-steps", type=int, default=160, help="finetune: steps of each run (default: 160)")
     args = parser.parse_args()
@@ -315,10 +366,11 @@ def main() -> None:
     results.pop("machine", None)  # each section records its own
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        data = prepare(tmp) if args.only != "throughput" else {}
+        data = prepare(tmp) if args.only not in ("throughput", "precision") else {}
         for name, fn in (("speedrun", lambda: speedrun(data, tmp)), ("throughput", throughput),
-                         ("finetune", lambda: finetune(data, tmp, args.pretrain_steps, args.finetune_steps))):
-            if args.only in (None, name):
+                         ("finetune", lambda: finetune(data, tmp, args.pretrain_steps, args.finetune_steps)),
+                         ("precision", precision)):
+            if args.only == name or (args.only is None and (name != "precision" or cpu_has_native_bf16())):
                 t0 = time.time()
                 load_before = harness.machine()["load_avg"]
                 results[name] = dict(fn(), machine=dict(harness.machine(), load_avg_before=load_before))

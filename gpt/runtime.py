@@ -11,7 +11,9 @@ Precision policy (`dtype="auto"`)
 - CPU: bf16 autocast only where the CPU computes bf16 natively (AVX-512 BF16 or AMX: the cpuinfo
   flags `avx512_bf16` / `amx_bf16`); float32 elsewhere. Without those instructions a bf16 matrix
   product is emulated and can be 50-200x slower than float32 (measured: 1 vs 179 GFLOP/s on an
-  AVX2-only EPYC), so an explicit `--dtype bfloat16` there warns.
+  AVX2-only EPYC), so an explicit `--dtype bfloat16` there warns. Inference (bf16 weights, no
+  autocast) only from INFERENCE_BF16_MIN_PARAMS parameters: smaller models decode faster in float32.
+  $GPT_CPU_BF16=0|1 overrides the CPU check (tests and developers run the other CPU class's path).
 - Other devices (mps): float32.
 `Runtime.reason` says why, for the run header.
 """
@@ -32,6 +34,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from gpt.errors import UserError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Inference on a CPU with native bf16 (sampling, serving, evaluation): below this many parameters bf16
+# weights decode no faster than float32, and the smallest models slower: bf16 / float32 tokens/s 0.68
+# (char 4x4x128, 0.8M; 0.81 reported on a Sapphire Rapids), 0.92 (1.8M), 1.03 (3.2M), 1.01 (6.3M), then
+# 1.19 (7.1M), 1.47 (10.7M), 1.56 (30M): bench/results/sampling-dtype*.md, Zen 4. A decode step of a
+# small model is dispatch overhead, which bf16's conversions add to; wide matmuls are where bf16 pays.
+INFERENCE_BF16_MIN_PARAMS = 7_000_000
 
 
 class DeviceError(UserError, ValueError):
@@ -55,9 +63,23 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+BF16_OVERRIDE = "GPT_CPU_BF16"  # 0: behave as a CPU without native bf16, 1: as one with it; unset: detect
+
+
+def cpu_bf16_override() -> bool | None:
+    """What $GPT_CPU_BF16 says (None when unset), so either CPU class can run the other's precision path."""
+    value = os.environ.get(BF16_OVERRIDE, "").strip()
+    if value not in ("", "0", "1"):
+        raise DeviceError(f"{BF16_OVERRIDE}={value!r}: use 0 (as a CPU without native bf16), 1 (as one with it) "
+                          f"or leave it unset (detect)")
+    return None if value == "" else value == "1"
+
+
 def cpu_has_native_bf16() -> bool:
-    """True where the CPU has bf16 arithmetic instructions (x86 AVX-512 BF16 or AMX-BF16)."""
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+    """True where the CPU has bf16 arithmetic instructions (x86 AVX-512 BF16 or AMX-BF16), or where
+    $GPT_CPU_BF16=1 says to behave as if it had (0: as if it had not)."""
+    override = cpu_bf16_override()
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags()) if override is None else override
 
 
 def cpu_name() -> str:
@@ -72,9 +94,11 @@ def cpu_name() -> str:
 
 
 def cpu_description() -> str:
-    """e.g. 'AMD EPYC (AVX2, no native bf16)' for headers and benchmark records."""
+    """e.g. 'AMD EPYC (AVX2, no native bf16)' for headers and benchmark records (with ', GPT_CPU_BF16=1'
+    where the override decides)."""
     capability = torch.backends.cpu.get_cpu_capability()
-    return f"{cpu_name()} ({capability}, {'native' if cpu_has_native_bf16() else 'no native'} bf16)"
+    override = f", {BF16_OVERRIDE}={int(cpu_bf16_override())}" if cpu_bf16_override() is not None else ""
+    return f"{cpu_name()} ({capability}, {'native' if cpu_has_native_bf16() else 'no native'} bf16{override})"
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -101,8 +125,10 @@ def resolve_device(name: str = "auto") -> torch.device:
     return device
 
 
-def resolve_dtype(name: str, device: torch.device) -> tuple[torch.dtype, str]:
-    """The compute precision for `name` on `device`, and the reason (see the module notes)."""
+def resolve_dtype(name: str, device: torch.device, inference_params: int | None = None) -> tuple[torch.dtype, str]:
+    """The compute precision for `name` on `device`, and the reason (see the module notes).
+    `inference_params`: the model's parameter count when it only runs forward (sampling, serving,
+    evaluation), where `auto` on a CPU with native bf16 depends on the model's size."""
     if name != "auto" and name not in DTYPES:
         raise DeviceError(f"--dtype {name!r} is not one of auto, {', '.join(DTYPES)}")
     if name == "float16" and device.type != "cuda":
@@ -118,10 +144,14 @@ def resolve_dtype(name: str, device: torch.device) -> tuple[torch.dtype, str]:
         if torch.cuda.is_bf16_supported():
             return torch.bfloat16, "this GPU supports bf16"
         return torch.float16, "this GPU has no bf16: fp16 with loss scaling"
-    if native_bf16:
-        return torch.bfloat16, "this CPU has native bf16"
     if device.type == "cpu":
-        return torch.float32, "this CPU has no native bf16"
+        has = "has" if native_bf16 else "has no"
+        why = (f"this CPU {has} native bf16" if cpu_bf16_override() is None
+               else f"{BF16_OVERRIDE}={int(native_bf16)}: as a CPU that {has} native bf16")
+        if native_bf16 and inference_params is not None and inference_params < INFERENCE_BF16_MIN_PARAMS:
+            below = f"{INFERENCE_BF16_MIN_PARAMS / 1e6:g}M parameters"
+            return torch.float32, f"{why}, but decodes faster in float32 below {below}"
+        return (torch.bfloat16 if native_bf16 else torch.float32), why
     return torch.float32, f"{device.type} default"
 
 
@@ -156,9 +186,13 @@ class Runtime:
     def master(self) -> bool:
         return self.rank == 0
 
+    def precision(self) -> str:
+        """The precision and why: `float32 (this CPU has no native bf16)`."""
+        return str(self.dtype).removeprefix("torch.") + (f" ({self.reason})" if self.reason else "")
+
     def describe(self) -> str:
         """The run header's words: `cpu float32 (this CPU has no native bf16), 2 threads`."""
-        what = f"{self.device} {str(self.dtype).removeprefix('torch.')}" + (f" ({self.reason})" if self.reason else "")
+        what = f"{self.device} {self.precision()}"
         if self.device.type == "cpu":
             what += f", {torch.get_num_threads()} threads"
         return what

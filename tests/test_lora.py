@@ -108,6 +108,7 @@ def test_lora_run_checkpoint_holds_only_adapters_and_loads_everywhere(base, tiny
                        merged.transformer.h[0].attn.c_attn.weight)
 
 
+@pytest.mark.precision
 def test_exact_resume_of_a_lora_run(base, tiny_char_data, tmp_path):
     common = ["--data", tiny_char_data, "--init-from", base, "--lora-rank", "4", "--lora-dropout", "0.1", *TRAIN,
               "--grad-accum", "2", "--lr-decay-iters", "8", "--eval-interval", "4"]

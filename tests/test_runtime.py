@@ -16,6 +16,9 @@ CPU = torch.device("cpu")
 
 @pytest.fixture
 def native_bf16(monkeypatch):
+    """Set the CPU's flags (and clear $GPT_CPU_BF16, which would overrule them)."""
+    monkeypatch.delenv(runtime.BF16_OVERRIDE, raising=False)
+
     def set_flags(*flags):
         monkeypatch.setattr(runtime, "cpu_flags", lambda: frozenset(flags))
     return set_flags
@@ -73,14 +76,20 @@ def test_compiled_tanh_gelu_matches_eager():
     torch.testing.assert_close(grad, eager_grad, atol=1e-5, rtol=1e-5)
 
 
-def test_cpu_flags_are_read_from_cpuinfo():
+def test_cpu_flags_are_read_from_cpuinfo(monkeypatch):
     flags = runtime.cpu_flags()
     assert isinstance(flags, frozenset)
     if sys.platform.startswith("linux"):
         assert flags  # every Linux CPU lists some
-    assert runtime.cpu_description().count("(") == 1
+    monkeypatch.setattr(runtime, "cpu_name", lambda: "Intel(R) Xeon(R) Processor")  # a name with its own "("
+    capability = torch.backends.cpu.get_cpu_capability()
+    native = "native" if runtime.cpu_has_native_bf16() else "no native"
+    override = runtime.cpu_bf16_override()
+    assert runtime.cpu_description() == f"Intel(R) Xeon(R) Processor ({capability}, {native} bf16" + (
+        f", GPT_CPU_BF16={int(override)})" if override is not None else ")")
 
 
+@pytest.mark.precision
 def test_the_run_header_says_the_precision_and_why_and_bf16_trains_on_cpu(tmp_path):
     """A short bf16 CPU run through train.py: it trains, and says what it runs on and why (with the
     one-line warning where this CPU only emulates bf16)."""
@@ -93,9 +102,8 @@ def test_the_run_header_says_the_precision_and_why_and_bf16_trains_on_cpu(tmp_pa
     res = subprocess.run([sys.executable, *common, "--out-dir", str(tmp_path / "auto")], cwd=ROOT, capture_output=True,
                          text=True)
     assert res.returncode == 0, res.stderr
-    reason = "native bf16" if runtime.cpu_has_native_bf16() else "no native bf16"
-    dtype = "bfloat16" if runtime.cpu_has_native_bf16() else "float32"
-    assert f"cpu {dtype} (this CPU has {reason})" in res.stdout and "threads" in res.stdout
+    dtype, reason = resolve_dtype("auto", CPU)  # this CPU's (or $GPT_CPU_BF16's) answer
+    assert f"cpu {str(dtype).removeprefix('torch.')} ({reason})" in res.stdout and "threads" in res.stdout
     res = subprocess.run([sys.executable, *common, "--dtype", "bfloat16", "--out-dir", str(tmp_path / "bf16")],
                          cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr

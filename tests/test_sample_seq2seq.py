@@ -69,7 +69,9 @@ def source_file(tmp_path):
 
 
 def cli(capsys, *argv):
-    code = sample.main(["--device", "cpu", *map(str, argv)])  # like the in-process references (flags may override)
+    """sample.py in this process, on CPU in float32 like the in-process references (flags may override): in
+    bf16 the translations would differ from theirs, and a source's with its batch mates."""
+    code = sample.main(["--device", "cpu", "--dtype", "float32", *map(str, argv)])
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -29,13 +29,14 @@ def records(out_dir, kind):
     return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
+@pytest.mark.precision
 def test_end_to_end_loss_falls_and_checkpoints_load(char_data, tmp_path):
     out = tmp_path / "run"
     summary = train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "60", "--eval-interval", "30",
                   "--learning-rate", "3e-3")
     evals = records(out, "eval")
     assert [e["step"] for e in evals] == [30, 60]
-    assert summary["val_loss"] < 3.3 < 4.2  # from ~ln(66) = 4.19 at init
+    assert summary["val_loss"] < 3.4 < 4.2  # from ~ln(66) = 4.19 at init; measured 3.28 float32, 3.29-3.30 bf16
     assert evals[1]["val_loss"] < evals[0]["val_loss"]
     for name in ("last.pt", "best.pt", "config.json", "log.jsonl"):
         assert (out / name).exists()
@@ -48,6 +49,7 @@ def test_end_to_end_loss_falls_and_checkpoints_load(char_data, tmp_path):
     assert config["train"]["max_iters"] == 60 and config["model"]["n_embd"] == 32
 
 
+@pytest.mark.precision
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_exact_resume_bit_identical(char_data, tmp_path, optimizer):
     common = ["--data", char_data, *TINY, "--dropout", "0.1", "--grad-accum", "2", "--lr-decay-iters", "12",
@@ -379,6 +381,7 @@ def test_wandb_failure_never_stops_training(char_data, tmp_path, monkeypatch, ca
     assert "warning: Weights & Biases disabled (RuntimeError: wandb is down)" in capsys.readouterr().err
 
 
+@pytest.mark.precision
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_ddp_two_processes_match_one_and_resume_in_one(char_data, tmp_path, optimizer):
     common = [*TINY, "--data", str(char_data), "--grad-accum", "4", "--lr-decay-iters", "6", "--eval-interval", "3",
@@ -414,6 +417,7 @@ def reverse_pairs(tmp_path_factory):
     return d / "rev"
 
 
+@pytest.mark.precision
 def test_seq2seq_trains_with_the_same_loop_and_resumes_exactly(reverse_pairs, tmp_path):
     s2s = ["--data", reverse_pairs, "--n-encoder-layer", "2", "--n-layer", "2", "--n-head", "2", "--n-embd", "32",
            "--block-size", "16", "--norm", "post", "--pos-encoding", "sinusoidal", "--label-smoothing", "0.1",

@@ -46,7 +46,7 @@ from gpt.model import lora
 from gpt.model.quantize import dtype_flag
 from gpt.model.quantize import quantize as quantize_model
 from gpt.model.transformer import GPT
-from gpt.runtime import Runtime, decode_threads, setup
+from gpt.runtime import Runtime, decode_threads, resolve_dtype, setup
 
 
 def resolve(path: str | os.PathLike, names: tuple[str, ...] = BEST_FIRST) -> Path:
@@ -131,9 +131,12 @@ def load_for_inference(path: str | os.PathLike, device: str = "auto", dtype: str
     --threads, the checkpoint in that precision, its Linear layers in int8 with --quantize int8.
     `single_stream` (one sequence decoded at a time, sample.py): on CPU without --threads, the thread
     count `decode_threads` picks for the model's size."""
-    rt = setup(device, dtype_flag(dtype, quantize), threads, distributed=False)
+    dtype = dtype_flag(dtype, quantize)
+    rt = setup(device, dtype, threads, distributed=False)
     model, tokenizer, meta = load_checkpoint(path, device=rt.device)
     n_params = model.num_params()
+    if dtype == "auto":  # inference's rule, which depends on the model's size
+        rt.dtype, rt.reason = resolve_dtype(dtype, rt.device, inference_params=n_params)
     if single_stream and rt.device.type == "cpu" and not threads:
         torch.set_num_threads(decode_threads(n_params))
     return Inference(rt, quantize_model(model.to(rt.dtype), quantize), tokenizer, meta, n_params)

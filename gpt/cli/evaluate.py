@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> str:
     sources, references = read_lines(args.source_file), read_lines(args.reference)
     if args.limit:
         sources, references = sources[: args.limit], references[: args.limit]
-    _, model, tok, meta, _ = load_for_inference(args.ckpt, args.device, args.dtype, args.threads, args.quantize)
+    rt, model, tok, meta, _ = load_for_inference(args.ckpt, args.device, args.dtype, args.threads, args.quantize)
     bos, eos = seq2seq_ids(meta)
     check_vocab(tok, model)
     result = evaluate(model, tok, sources, references, bos, eos, args.beam_size, args.length_penalty,
@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> str:
             raise storage_error(e, "write", args.output) from None
     return (
         f"BLEU {result['bleu']:.2f} | beam {args.beam_size} | {result['sentences']} sentences in "
-        f"{result['seconds']:.1f} s = {result['sentences_per_s']:.1f} sentences/s | {result['bleu_text']} | "
+        f"{result['seconds']:.1f} s = {result['sentences_per_s']:.1f} sentences/s | {rt.device}, {rt.precision()} | "
+        f"{result['bleu_text']} | "
         f"{result['signature']}"
     )
 

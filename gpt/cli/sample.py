@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> None:
 
     rt, model, tokenizer, _, _ = load_for_inference(args.ckpt, args.device, args.dtype, args.threads, args.quantize,
                                                     single_stream=True)
-    device, dtype = rt.device, rt.dtype
+    device = rt.device
     if model.config.n_encoder_layer:
         raise SamplingError(f"{args.ckpt} is a seq2seq (encoder-decoder) checkpoint: translate with --source TEXT "
                             f"or --source-file FILE{', not --prompt' if args.prompt is not None or args.prompt_file else ''}")
@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> None:
         sys.stdout.flush()
     print(
         f"{cfg.num_samples} sample(s), {n_tokens} tokens in {elapsed:.2f} s: {n_tokens / elapsed:.1f} tokens/s "
-        f"(first token after {1000 * (first or 0):.0f} ms); seed {seed}, {device}, {str(dtype).replace('torch.', '')}"
+        f"(first token after {1000 * (first or 0):.0f} ms); seed {seed}, {device}, {rt.precision()}"
         + (f", {torch.get_num_threads()} thread(s)" if device.type == "cpu" else ""),
         file=sys.stderr,
     )
@@ -253,7 +253,7 @@ def translate(args: argparse.Namespace) -> None:
     if not sources:
         raise TranslateError(f"{args.source_file} is empty: nothing to translate")
     rt, model, tokenizer, meta, _ = load_for_inference(args.ckpt, args.device, args.dtype, args.threads, args.quantize)
-    device, dtype = rt.device, rt.dtype
+    device = rt.device
     if not is_seq2seq(meta):
         raise TranslateError(f"--source needs a seq2seq (encoder-decoder) checkpoint; {args.ckpt} is decoder-only: "
                              f"continue text with --prompt instead")
@@ -264,7 +264,7 @@ def translate(args: argparse.Namespace) -> None:
     sys.stdout.flush()
     print(
         f"{len(lines)} sentence(s) in {elapsed:.2f} s: {len(lines) / elapsed:.1f} sentences/s; {cfg.describe()}"
-        f"{f'; seed {seed}' if cfg.sampling else ''}; {device}, {str(dtype).replace('torch.', '')}",
+        f"{f'; seed {seed}' if cfg.sampling else ''}; {device}, {rt.precision()}",
         file=sys.stderr,
     )
 

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> None:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(f"serving {name} at http://{shown}:{port}/ (playground; API at /v1, docs at /docs): "
-          f"{n_params / 1e6:.2f}M parameters, {device}, {str(dtype).replace('torch.', '')}"
+          f"{n_params / 1e6:.2f}M parameters, {device}, {rt.precision()}"
           f"{', int8 Linear layers' if args.quantize == 'int8' else ''}, up to {config.max_batch} samples at once",
           file=sys.stderr, flush=True)
     if not is_loopback(host) and not config.api_key:

@@ -1,0 +1,148 @@
+"""What `--dtype auto` picks on CPU, and $GPT_CPU_BF16, which lets either CPU class run the other's path:
+0 behaves as a CPU without native bf16, 1 as one with it (emulated, slow, where the CPU has none: keep
+what runs under it tiny). Every entry point says what it picked and why."""
+
+import pytest
+import torch
+from test_sample_seq2seq import save_seq2seq
+
+from gpt import GPT, GPTConfig, runtime
+from gpt.checkpoints import native
+from gpt.cli import evaluate, sample
+from gpt.data.tokenizer import CharTokenizer
+from gpt.runtime import INFERENCE_BF16_MIN_PARAMS, DeviceError, resolve_dtype
+from gpt.train.start import config_from_argv
+from gpt.train.trainer import train
+
+pytestmark = [pytest.mark.precision, pytest.mark.usefixtures("one_thread")]  # see conftest.py
+
+CPU = torch.device("cpu")
+# the shipped benchmark models (bench/bench_sampling.py: 65 tiny-shakespeare chars + end-of-text, GPT-2's BPE)
+BENCH = {"char-cpu": dict(vocab_size=66, n_layer=4, n_head=4, n_embd=128, block_size=64),
+         "char-gpu": dict(vocab_size=66, n_layer=6, n_head=6, n_embd=384, block_size=256),
+         "bpe-6x384": dict(vocab_size=50304, n_layer=6, n_head=6, n_embd=384, block_size=256)}
+BF16 = {"0": torch.float32, "1": torch.bfloat16}
+
+
+@pytest.fixture(params=["0", "1"])
+def override(request, monkeypatch):
+    monkeypatch.setenv(runtime.BF16_OVERRIDE, request.param)
+    return request.param
+
+
+def test_the_override_decides_over_the_cpu_flags(monkeypatch):
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: frozenset({"avx2"}))
+    monkeypatch.setenv("GPT_CPU_BF16", "1")
+    assert runtime.cpu_has_native_bf16()
+    assert resolve_dtype("auto", CPU) == (torch.bfloat16, "GPT_CPU_BF16=1: as a CPU that has native bf16")
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: frozenset({"avx512_bf16", "amx_bf16"}))
+    monkeypatch.setenv("GPT_CPU_BF16", "0")
+    assert not runtime.cpu_has_native_bf16()
+    assert resolve_dtype("auto", CPU) == (torch.float32, "GPT_CPU_BF16=0: as a CPU that has no native bf16")
+    assert runtime.cpu_description().endswith(", no native bf16, GPT_CPU_BF16=0)")
+    monkeypatch.setenv("GPT_CPU_BF16", "")
+    assert runtime.cpu_has_native_bf16()  # empty is unset: detect
+    monkeypatch.setenv("GPT_CPU_BF16", "yes")
+    with pytest.raises(DeviceError, match=r"^GPT_CPU_BF16='yes': use 0 \(as a CPU without native bf16\), 1 "):
+        runtime.cpu_has_native_bf16()
+
+
+def params(name: str) -> int:
+    with torch.device("meta"):  # counted, never allocated
+        return GPT(GPTConfig(**BENCH[name])).num_params()
+
+
+@pytest.mark.parametrize("name,dtype", [("char-cpu", torch.float32), ("char-gpu", torch.bfloat16),
+                                        ("bpe-6x384", torch.bfloat16)])
+def test_inference_on_a_cpu_with_native_bf16_picks_by_model_size(monkeypatch, name, dtype):
+    """bench/results/sampling-dtype.md: bf16 decodes the 4x4x128 model slower than float32, the 6x6x384 ones faster."""
+    monkeypatch.setenv("GPT_CPU_BF16", "1")
+    picked, reason = resolve_dtype("auto", CPU, inference_params=params(name))
+    assert picked == dtype
+    if dtype == torch.float32:
+        assert reason == (f"GPT_CPU_BF16=1: as a CPU that has native bf16, but decodes faster in float32 below "
+                          f"{INFERENCE_BF16_MIN_PARAMS / 1e6:g}M parameters")
+    assert resolve_dtype("bfloat16", CPU, inference_params=1)[0] == torch.bfloat16  # asked for: never overruled
+    monkeypatch.setenv("GPT_CPU_BF16", "0")
+    assert resolve_dtype("auto", CPU, inference_params=params(name))[0] == torch.float32
+
+
+def test_training_on_a_cpu_with_native_bf16_picks_bf16_at_any_size(monkeypatch):
+    monkeypatch.setenv("GPT_CPU_BF16", "1")
+    assert resolve_dtype("auto", CPU) == (torch.bfloat16, "GPT_CPU_BF16=1: as a CPU that has native bf16")
+
+
+# ---- every entry point honours the override and says so -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lm_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("lm")
+    tok = CharTokenizer("\n abcdefgh")
+    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16)
+    native.save(path / "best.pt", {"model": GPT(cfg).state_dict()},
+                    {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec})
+    return path
+
+
+@pytest.fixture
+def any_size(monkeypatch):
+    """Inference's bf16 for tiny models too, so that the entry points show what the override does."""
+    monkeypatch.setattr(runtime, "INFERENCE_BF16_MIN_PARAMS", 0)
+
+
+def said(dtype: torch.dtype, override: str) -> str:
+    has = "has" if override == "1" else "has no"
+    return f"cpu, {str(dtype).removeprefix('torch.')} (GPT_CPU_BF16={override}: as a CPU that {has} native bf16"
+
+
+def test_train_py(override, char_data, tmp_path, capsys):
+    cfg, explicit = config_from_argv(["--data", str(char_data), "--out-dir", str(tmp_path / "o"), "--n-layer", "1",
+                                      "--n-head", "1", "--n-embd", "16", "--block-size", "16", "--batch-size", "2",
+                                      "--max-iters", "1", "--eval-iters", "1", "--device", "cpu"])
+    train(cfg, explicit)
+    assert said(BF16[override], override).replace("cpu, ", "cpu ") + ")" in capsys.readouterr().out
+
+
+def test_sample_py(override, lm_dir, capsys):
+    assert sample.main(["--ckpt", str(lm_dir), "--device", "cpu", "--prompt", "a", "--max-new-tokens", "2"]) == 0
+    err = capsys.readouterr().err
+    if override == "1":  # a tiny model: float32, and why
+        assert said(torch.float32, "1") + ", but decodes faster in float32 below" in err, err
+    else:
+        assert said(torch.float32, "0") + ")" in err, err
+
+
+def test_sample_py_bf16(any_size, override, lm_dir, capsys):
+    assert sample.main(["--ckpt", str(lm_dir), "--device", "cpu", "--prompt", "a", "--max-new-tokens", "2"]) == 0
+    assert said(BF16[override], override) + ")" in capsys.readouterr().err
+
+
+def test_evaluate(any_size, override, tmp_path, capsys):
+    pytest.importorskip("sacrebleu")
+    save_seq2seq(tmp_path / "run")
+    (tmp_path / "src.txt").write_text("abc\n")
+    (tmp_path / "ref.txt").write_text("cba\n")
+    assert evaluate.main(["--ckpt", str(tmp_path / "run"), "--source-file", str(tmp_path / "src.txt"), "--reference",
+                          str(tmp_path / "ref.txt"), "--device", "cpu", "--max-new-tokens", "4"]) == 0
+    assert f"| {said(BF16[override], override)}) |" in capsys.readouterr().out
+
+
+def test_the_server(any_size, override, lm_dir, monkeypatch, capsys):
+    """`python -m gpt.serve`'s banner, up to where uvicorn would start serving."""
+    uvicorn = pytest.importorskip("uvicorn")
+    pytest.importorskip("fastapi")
+    from gpt.cli.serve import main
+
+    class NotServing:
+        def __init__(self, config):
+            pass
+
+        def run(self, sockets):
+            for sock in sockets:
+                sock.close()
+
+    monkeypatch.setattr(uvicorn, "Server", NotServing)
+    assert main(["--ckpt", str(lm_dir), "--device", "cpu", "--port", "0"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("serving ") and said(BF16[override], override) + ")" in err, err
