@@ -21,6 +21,7 @@ val loss; a resume must use the same tokenizer and architecture; the run directo
 from __future__ import annotations
 
 import collections
+import enum
 import math
 import signal
 import time
@@ -130,6 +131,14 @@ def explain_oom(cfg: TrainConfig, step: int, out_dir: Path, evaluating: bool = F
         kept = any((out_dir / name).exists() for name in ("last.pt", native.SHARDED["last.pt"]))
         saved = f"the last checkpoint in {out_dir} is intact" if kept else "nothing was saved"
         raise TrainingError(f"CUDA out of memory at step {step} while {what}: {fix}; {saved}") from None
+
+
+class Halt(enum.IntEnum):
+    """Why the loop stops after a step; ordered, so processes agree on the most urgent (all_reduce MAX)."""
+
+    GO_ON = 0
+    OUT_OF_TIME = 1  # --max-minutes: evaluate, save, stop
+    SIGNALLED = 2  # SIGINT / SIGTERM: save, stop
 
 
 # ---- the run's random state ---------------------------------------------------------------------------
@@ -366,6 +375,7 @@ class Run:
         t_step, recent = time.time(), collections.deque(maxlen=50)  # recent step times, for the ETA
         interval = {"steps": 0, "seconds": 0.0, "tokens": 0}
         first = self.first_step = self.step + 1  # its log line comes at once: the first sign of life and speed
+        tok_s = 0.0  # tokens per second at the last log step (the time limit estimates the final evaluation by it)
         with StopSignal() as stop:
             while self.step < cfg.max_iters:
                 loss, grad_norm, loss_f, norm_f, lr = self.train_one_step()
@@ -383,24 +393,28 @@ class Run:
                     log.print(preflight.eta_line(measured, preflight.PREFLIGHT_STEPS, cfg.max_iters - self.step,
                                                  self.limit, now))
 
-                if self._is_log_step(self.step):
+                if self._is_log_step(self.step):  # (the first step is one: tok_s is set from then on)
                     tok_s = self._log_step(loss, grad_norm, lr, interval, step_seconds, now)
 
-                # 0 = go on, 1 = out of time (evaluate, save, stop), 2 = signalled (save, stop)
                 due = self.step % cfg.eval_interval == 0 or self.step == cfg.max_iters
-                halt = 2 if stop.signum is not None else int(self.limit.out_of_time(now, step_seconds, tok_s, due))
+                if stop.signum is not None:
+                    halt = Halt.SIGNALLED
+                elif self.limit.out_of_time(now, step_seconds, tok_s, due):
+                    halt = Halt.OUT_OF_TIME
+                else:
+                    halt = Halt.GO_ON
                 if rt.ddp:  # every rank stops at the same step, for the same reason, if any of them must
                     flag_ = torch.tensor([float(halt)], device=rt.device)
                     torch.distributed.all_reduce(flag_, op=torch.distributed.ReduceOp.MAX)
-                    halt = int(flag_.item())
-                evaluate = due or halt == 1
+                    halt = Halt(int(flag_.item()))
+                evaluate = due or halt is Halt.OUT_OF_TIME
                 if evaluate:
                     last_eval = self.evaluate(stop)
                     t_step = time.time()  # evaluation time is not step time
                     if cfg.target_val_loss and last_eval["val"] <= cfg.target_val_loss:
                         log.print(f"reached val loss {last_eval['val']:.4f} <= {cfg.target_val_loss} at step {self.step}")
                         break
-                if halt:
+                if halt is not Halt.GO_ON:
                     if not evaluate:
                         self.save("last.pt", None, stop)
                     reason = signal.Signals(stop.signum).name if stop.signum else f"--max-minutes {cfg.max_minutes}"
