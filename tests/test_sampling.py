@@ -20,7 +20,7 @@ from gpt.infer.sampling import (
     top_k_filter,
     top_p_filter,
 )
-from gpt.model.transformer import KVCache
+from gpt.model.cache import KVCache
 
 CHARS = "abcdefghijklmnopqrstuvwxyz .,\n"
 

@@ -173,7 +173,7 @@ def test_tgt_mask_hides_target_keys():
 
 
 def test_cached_decoding_equals_full_decode():
-    from gpt.model.transformer import KVCache
+    from gpt.model.cache import KVCache
 
     model = seq2seq()
     src, src_mask = padded_batch([10, 6])

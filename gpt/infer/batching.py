@@ -56,7 +56,8 @@ from gpt.infer.sampling import (
 )
 from gpt.infer.translate import check_vocab, seq2seq_ids
 from gpt.infer.translate import generate as translate_ids
-from gpt.model.transformer import GPT, KVCache
+from gpt.model.cache import KVCache
+from gpt.model.transformer import GPT
 
 
 class QueueFull(UserError, RuntimeError):
