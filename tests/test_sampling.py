@@ -395,7 +395,7 @@ def test_prompt_longer_than_context_keeps_its_tail_with_a_warning():
     "field,value,flag",
     [("top_k", 0, "--top-k"), ("top_p", 0.0, "--top-p"), ("top_p", 1.5, "--top-p"), ("temperature", -0.1, "--temperature"),
      ("max_new_tokens", 0, "--max-new-tokens"), ("num_samples", 0, "--num-samples"),
-     ("repetition_penalty", 0.0, "--repetition-penalty"), ("stop", ("",), "--stop")],
+     ("repetition_penalty", 0.0, "--repetition-penalty"), ("stop", ("",), "--stop"), ("seed", 2**64, "--seed")],
 )
 def test_invalid_settings_name_the_flag_and_value(field, value, flag):
     with pytest.raises(SamplingError, match=re.escape(flag) + " must .*got " + re.escape(repr(value))):

@@ -108,8 +108,8 @@ class SampleConfig:
             problems.append(f"--repetition-penalty must be > 0 (1 disables it), got {self.repetition_penalty!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             problems.append(f"--stop must be non-empty text, got {self.stop!r}")
-        if self.seed is not None and not is_int(self.seed):
-            problems.append(f"--seed must be an integer, got {self.seed!r}")
+        if self.seed is not None and not (is_int(self.seed) and -(2**63) <= self.seed < 2**63):
+            problems.append(f"--seed must be an integer in [-2**63, 2**63), got {self.seed!r}")
         if self.window_keep is not None and (not is_int(self.window_keep) or self.window_keep < 1):
             problems.append(f"window_keep must be an integer >= 1, got {self.window_keep!r}")
         if self.batch_rows is not None and (not is_int(self.batch_rows) or self.batch_rows < 1):
