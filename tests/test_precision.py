@@ -130,19 +130,20 @@ def test_evaluate(any_size, override, tmp_path, capsys):
 
 def test_the_server(any_size, override, lm_dir, monkeypatch, capsys):
     """`python -m gpt.serve`'s banner, up to where uvicorn would start serving."""
-    uvicorn = pytest.importorskip("uvicorn")
+    pytest.importorskip("uvicorn")
     pytest.importorskip("fastapi")
     from gpt.cli.serve import main
+    from gpt.serve import app
 
     class NotServing:
-        def __init__(self, config):
+        def __init__(self, app, **settings):
             pass
 
         def run(self, sockets):
             for sock in sockets:
                 sock.close()
 
-    monkeypatch.setattr(uvicorn, "Server", NotServing)
+    monkeypatch.setattr(app, "Server", NotServing)
     assert main(["--ckpt", str(lm_dir), "--device", "cpu", "--port", "0"]) == 0
     err = capsys.readouterr().err
     assert err.startswith("serving ") and said(BF16[override], override) + ")" in err, err
