@@ -8,7 +8,7 @@ import torch
 from gpt import GPT, GPTConfig
 from gpt.data.tokenizer import CharTokenizer
 from gpt.infer.batching import BatchEngine, BatchWorker, QueueFull, Request, Seq2seqEngine
-from gpt.infer.sampling import SampleConfig, complete
+from gpt.infer.sampling import SampleConfig, complete, seeded_generator
 
 CHARS = "\n !,.?abcdefghijklmnopqrstuvwxyz"
 
@@ -284,11 +284,17 @@ def test_a_request_whose_own_setup_fails_gets_the_error_alone_and_the_batch_goes
                 raise RuntimeError("this stop string breaks the setup")
             super().__init__(tokenizer, stops)
 
+    def picky_generator(seed, device):  # (SampleConfig refuses seeds torch cannot take: this one is refused late)
+        if seed == 666:
+            raise RuntimeError("this seed breaks the setup")
+        return seeded_generator(seed, device)
+
     monkeypatch.setattr(gpt.infer.batching, "TextStream", PickyStream)
+    monkeypatch.setattr(gpt.infer.batching, "seeded_generator", picky_generator)
     model, tok = random_model(), CharTokenizer(CHARS)
     engine = BatchEngine(model, tok, max_rows=8)
     specs = [("running", dict(max_new_tokens=20, temperature=0)),  # decoding already when the others join
-             ("big seed", dict(max_new_tokens=5, temperature=1.0, seed=2**64)),  # manual_seed cannot take it
+             ("bad seed", dict(max_new_tokens=5, temperature=1.0, seed=666)),  # its generator fails
              ("healthy", dict(max_new_tokens=6, temperature=1.0, seed=3, num_samples=2)),
              ("picky", dict(max_new_tokens=5, temperature=0, stop=("boom",))),
              ("last", dict(max_new_tokens=4, temperature=0))]
