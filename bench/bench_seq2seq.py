@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 sys.path.insert(0, str(ROOT / "bench"))  # harness.py, also when this file is loaded by path (tests)
 
 import harness  # noqa: E402
+from gpt.translate import DEFAULT_LENGTH_PENALTY  # noqa: E402
 
 SHARED = harness.SHARED_DATA
 MULTI30K = SHARED / "multi30k"
@@ -69,7 +70,8 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
                    "removed at the end)")
     p.add_argument("--limit", type=int, help=f"evaluate on the first N sentences of {TEST} (default: all)")
     p.add_argument("--beam-size", type=int, default=4, help="beam size of the beam-search column (default: 4)")
-    p.add_argument("--length-penalty", type=float, default=0.6, help="GNMT alpha for beam search (default: 0.6)")
+    p.add_argument("--length-penalty", type=float, default=DEFAULT_LENGTH_PENALTY,
+                   help=f"GNMT alpha for beam search (default: {DEFAULT_LENGTH_PENALTY:g})")
     p.add_argument("--batch-size", type=int, default=64, help="sentences decoded together (default: 64)")
     p.add_argument("--eval-threads", type=int, default=None, help="torch threads for evaluation (default: torch's)")
     p.add_argument("--results", default=str(ROOT / "bench" / "results"), help="where seq2seq.{json,md} go")
@@ -132,7 +134,7 @@ def train_minutes(records: list[dict], step: int) -> float | None:
     return round(evals[-1]["elapsed"] / 60, 2) if evals else None
 
 
-def evaluate_checkpoint(path, sources: list[str], references: list[str], beam_size: int = 4, alpha: float = 0.6,
+def evaluate_checkpoint(path, sources: list[str], references: list[str], beam_size: int = 4, alpha: float = DEFAULT_LENGTH_PENALTY,
                         batch_size: int = 64, device: str = "cpu") -> dict:
     """BLEU and sentences/s of one checkpoint: greedy, then beam search."""
     from gpt.checkpoint import load_checkpoint

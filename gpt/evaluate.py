@@ -24,7 +24,7 @@ from typing import Sequence
 
 from gpt.errors import UserError, storage_error
 from gpt.pairs import read_lines
-from gpt.translate import TranslateConfig, check_vocab, one_line, seq2seq_ids, translate
+from gpt.translate import DEFAULT_LENGTH_PENALTY, TranslateConfig, check_vocab, one_line, seq2seq_ids, translate
 
 
 class EvaluateError(UserError, ValueError):
@@ -48,7 +48,7 @@ def evaluate(
     bos: int,
     eos: int,
     beam_size: int = 1,
-    alpha: float = 0.6,
+    alpha: float = DEFAULT_LENGTH_PENALTY,
     batch_size: int = 64,
     max_new_tokens: int | None = None,
 ) -> dict:
@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source-file", required=True, help="source sentences, one per line")
     p.add_argument("--reference", required=True, help="reference translations, line i for source line i")
     p.add_argument("--beam-size", type=int, default=1, help="1 = greedy")
-    p.add_argument("--length-penalty", type=float, default=0.6, help="GNMT alpha for beam search")
+    p.add_argument("--length-penalty", type=float, default=DEFAULT_LENGTH_PENALTY, help="GNMT alpha for beam search")
     p.add_argument("--batch-size", type=int, default=64, help="sentences decoded together")
     p.add_argument("--max-new-tokens", type=int, help="output length limit (default: source length + 50)")
     p.add_argument("--limit", type=int, help="evaluate only the first N lines")
