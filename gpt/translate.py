@@ -23,8 +23,8 @@ hypotheses none worse than the best its best live one could still reach (`reacha
 only falls as tokens are added, but with alpha > 0 the penalty grows, up to lp(the length limit),
 so a live hypothesis behind the finished ones now may finish ahead of them later (tensor2tensor's
 rule; comparing it at its current length, Hugging Face's default, stopped before the longer
-outputs the penalty prefers and made translations short). At the length limit the live ones count
-as finished. With alpha <= 0, beam size 1 is exactly greedy.
+outputs the penalty prefers: on Multi30k at alpha 1.5, length ratio 0.948 instead of 0.996). At
+the length limit the live ones count as finished. With alpha <= 0, beam size 1 is exactly greedy.
 
 Greedy and sampled decoding pick each token with `gpt.sampling.next_token`, the same logits -> token
 step as text generation: argmax at temperature 0 (the generator is never touched), else a draw
