@@ -80,7 +80,7 @@ def test_one_checkpoint_is_filed_under_decoding(tmp_path, monkeypatch):
     """--ckpt FILE --label L: no training; the row joins seq2seq.json's "decoding" (replacing one of the
     same label), the training table stays, and seq2seq.md shows both."""
     run = tmp_path / "run"
-    model, tok, meta = save_seq2seq(run)
+    model, _, meta = save_seq2seq(run)
     checkpoint.save(run / "last.pt", {"model": model.state_dict()}, dict(meta, step=700, val_loss=1.5))
     data = tmp_path / "m30k"
     data.mkdir()
