@@ -3,6 +3,7 @@
     python bench/bench_seq2seq.py                                    # 60 minutes; BLEU at 10/20/30/45/60
     python bench/bench_seq2seq.py --minutes 1 --at 0.5 --limit 50    # smoke test, a few minutes in all
     python bench/bench_seq2seq.py --minutes 30 -- --eval-interval 250   # after --: more train.py options
+    python bench/bench_seq2seq.py --ckpt RUN/last.pt --label "after"    # one checkpoint, no training
 
 1. prepare: `data/multi30k/prepare.py` (byte-level BPE of 8192 ids over both languages) into a
    temporary directory (or `--data DIR`, an existing pairs dataset).
@@ -15,10 +16,15 @@
 3. evaluate, after training (nothing competes with it for the CPU): corpus BLEU (sacrebleu's
    default 13a tokenization, the same as `python -m gpt.evaluate`) of each checkpoint on
    test_2016_flickr (1000 sentences, `--limit N` for fewer), greedy and beam search (`--beam-size`,
-   GNMT length penalty `--length-penalty`), and decoding speed in sentences/s.
+   GNMT length penalty `--length-penalty`), the length ratio (sacrebleu's hypothesis / reference
+   length; below 1 costs the brevity penalty BP) and decoding speed in sentences/s.
+
+`--ckpt FILE --label TEXT` skips 1 and 2: it scores one existing checkpoint the same way and files
+the result under "decoding" in the existing seq2seq.json, replacing an entry of the same label (how
+a change to the decoder is compared before / after on the same checkpoint).
 
 Results: `bench/results/seq2seq.json` (everything, the val-loss curve included) and
-`bench/results/seq2seq.md` (the table); `--results DIR` writes them elsewhere.
+`bench/results/seq2seq.md` (the tables); `--results DIR` writes them elsewhere.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 sys.path.insert(0, str(ROOT / "bench"))  # harness.py, also when this file is loaded by path (tests)
 
 import harness  # noqa: E402
+
+from gpt.translate import DEFAULT_LENGTH_PENALTY  # noqa: E402
 
 SHARED = harness.SHARED_DATA
 MULTI30K = SHARED / "multi30k"
@@ -63,11 +71,15 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
                    "removed at the end)")
     p.add_argument("--limit", type=int, help=f"evaluate on the first N sentences of {TEST} (default: all)")
     p.add_argument("--beam-size", type=int, default=4, help="beam size of the beam-search column (default: 4)")
-    p.add_argument("--length-penalty", type=float, default=0.6, help="GNMT alpha for beam search (default: 0.6)")
+    p.add_argument("--length-penalty", type=float, default=DEFAULT_LENGTH_PENALTY,
+                   help=f"GNMT alpha for beam search (default: {DEFAULT_LENGTH_PENALTY:g})")
     p.add_argument("--batch-size", type=int, default=64, help="sentences decoded together (default: 64)")
     p.add_argument("--eval-threads", type=int, default=None, help="torch threads for evaluation (default: torch's)")
     p.add_argument("--results", default=str(ROOT / "bench" / "results"), help="where seq2seq.{json,md} go")
     p.add_argument("--poll", type=float, default=2.0, help="seconds between looks at the run directory")
+    p.add_argument("--ckpt", help="evaluate this checkpoint only (no training) into seq2seq.json's \"decoding\"")
+    p.add_argument("--label", help="with --ckpt: the row's name, e.g. what the decoder is (required with --ckpt)")
+    p.add_argument("--note", default="", help="with --ckpt: a remark kept with the row (machine, load)")
     args = p.parse_args(argv)
     try:
         args.at = sorted({float(a) for a in args.at.split(",") if a.strip()})
@@ -75,6 +87,8 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
         p.error(f"--at must be minutes separated by commas, got {args.at!r}")
     if args.minutes <= 0 or any(a <= 0 for a in args.at):
         p.error("--minutes and the --at times must be > 0")
+    if bool(args.ckpt) != bool(args.label):
+        p.error("--ckpt and --label go together: the checkpoint to evaluate and the name of its row")
     return args, extra
 
 
@@ -121,7 +135,7 @@ def train_minutes(records: list[dict], step: int) -> float | None:
     return round(evals[-1]["elapsed"] / 60, 2) if evals else None
 
 
-def evaluate_checkpoint(path, sources: list[str], references: list[str], beam_size: int = 4, alpha: float = 0.6,
+def evaluate_checkpoint(path, sources: list[str], references: list[str], beam_size: int = 4, alpha: float = DEFAULT_LENGTH_PENALTY,
                         batch_size: int = 64, device: str = "cpu") -> dict:
     """BLEU and sentences/s of one checkpoint: greedy, then beam search."""
     from gpt.checkpoints.loader import load_checkpoint
@@ -134,27 +148,81 @@ def evaluate_checkpoint(path, sources: list[str], references: list[str], beam_si
     out = {}
     for name, k in (("greedy", 1), ("beam", beam_size)):
         r = evaluate(model, tok, sources, references, bos, eos, beam_size=k, alpha=alpha, batch_size=batch_size)
-        out[name] = {"bleu": round(r["bleu"], 2), "sentences_per_s": round(r["sentences_per_s"], 1),
-                     "seconds": round(r["seconds"], 1), "signature": r["signature"], "sample": r["hypotheses"][:3]}
+        out[name] = {"bleu": round(r["bleu"], 2), "ratio": round(r["ratio"], 3), "bp": round(r["bp"], 3),
+                     "sentences_per_s": round(r["sentences_per_s"], 1), "seconds": round(r["seconds"], 1),
+                     "signature": r["signature"], "sample": r["hypotheses"][:3]}
     return out
 
 
+def _scores(r: dict) -> str:
+    """BLEU greedy | ratio greedy | BLEU beam | ratio beam | greedy sent/s | beam sent/s (ratio "-" if not measured)."""
+    g, b = r["greedy"], r["beam"]
+    ratio = [f"{d['ratio']:.3f}" if d.get("ratio") is not None else "-" for d in (g, b)]
+    return (f"{g['bleu']:.2f} | {ratio[0]} | {b['bleu']:.2f} | {ratio[1]} | {g['sentences_per_s']:.1f} | "
+            f"{b['sentences_per_s']:.1f}")
+
+
+def _score_header(beam_size: int) -> str:
+    return (f"BLEU greedy | ratio greedy | BLEU beam {beam_size} | ratio beam {beam_size} | greedy sent/s | "
+            f"beam {beam_size} sent/s")
+
+
 def markdown(rows: list[dict], beam_size: int) -> str:
-    lines = [
-        f"| minutes | trained (min) | step | val loss | BLEU greedy | BLEU beam {beam_size} | greedy sent/s | "
-        f"beam {beam_size} sent/s |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    lines = [f"| minutes | trained (min) | step | val loss | {_score_header(beam_size)} |", "|---" * 10 + "|"]
     for r in rows:
         if r.get("step") is None:
-            lines.append(f"| {r['minutes']:g} | - | no checkpoint yet | | | | | |")
+            lines.append(f"| {r['minutes']:g} | - | no checkpoint yet |" + " |" * 7)
             continue
-        g, b = r["greedy"], r["beam"]
         val = f"{r['val_loss']:.3f}" if r.get("val_loss") is not None else "-"
         trained = f"{r['train_minutes']:g}" if r.get("train_minutes") is not None else "-"
-        lines.append(f"| {r['minutes']:g} | {trained} | {r['step']} | {val} | {g['bleu']:.2f} | {b['bleu']:.2f} | "
-                     f"{g['sentences_per_s']:.1f} | {b['sentences_per_s']:.1f} |")
+        lines.append(f"| {r['minutes']:g} | {trained} | {r['step']} | {val} | {_scores(r)} |")
     return "\n".join(lines) + "\n"
+
+
+def decoding_markdown(entries: list[dict]) -> str:
+    """The --ckpt rows: one checkpoint scored by different decoders (label, length penalty, step)."""
+    lines = [f"| decoding | length penalty | step | val loss | {_score_header(entries[0]['beam_size'])} | note |",
+             "|---" * 11 + "|"]
+    for e in entries:
+        val = f"{e['val_loss']:.3f}" if e.get("val_loss") is not None else "-"
+        lines.append(f"| {e['label']} | {e['length_penalty']:g} | {e['step']} | {val} | {_scores(e)} | "
+                     f"{e.get('note', '')} |")
+    return "\n".join(lines) + "\n"
+
+
+def render(result: dict) -> str:
+    """seq2seq.md from seq2seq.json: the training table, then the --ckpt rows if there are any."""
+    text = ""
+    if result.get("rows"):
+        text = (f"Multi30k de->en ({result['test_set']}, {result['sentences']} sentences), `{result['command']}`\n\n"
+                + markdown(result["rows"], result["beam_size"]))
+    for test_set, entries in _by_test(result.get("decoding", [])):
+        text += (("\n" if text else "") + f"Decoding compared on one checkpoint ({test_set}), "
+                 f"`bench/bench_seq2seq.py --ckpt FILE --label LABEL`:\n\n" + decoding_markdown(entries))
+    return text
+
+
+def _by_test(entries: list[dict]) -> list[tuple[str, list[dict]]]:
+    groups: dict[str, list[dict]] = {}
+    for e in entries:
+        groups.setdefault(f"{e['test_set']}, {e['sentences']} sentences, {e['checkpoint']}", []).append(e)
+    return list(groups.items())
+
+
+def evaluate_one(args, sources: list[str], references: list[str], results: Path) -> dict:
+    """--ckpt: score one checkpoint and file it under "decoding" in results/seq2seq.json (same label replaced)."""
+    from gpt import checkpoint
+
+    meta = checkpoint.read_meta(args.ckpt)
+    entry = {"label": args.label, "checkpoint": str(args.ckpt), "step": meta.get("step"),
+             "val_loss": meta.get("val_loss"), "test_set": TEST, "sentences": len(sources),
+             "beam_size": args.beam_size, "length_penalty": args.length_penalty, "note": args.note,
+             **evaluate_checkpoint(args.ckpt, sources, references, args.beam_size, args.length_penalty,
+                                   args.batch_size)}
+    path = results / "seq2seq.json"
+    result = json.loads(path.read_text()) if path.is_file() else {}
+    result["decoding"] = [e for e in result.get("decoding", []) if e["label"] != args.label] + [entry]
+    return result
 
 
 # ---- the run ------------------------------------------------------------------------------------------
@@ -224,6 +292,12 @@ def main(argv=None) -> int:
 
     sources = read_lines(Path(args.input) / f"{TEST}.de")[: args.limit]
     references = read_lines(Path(args.input) / f"{TEST}.en")[: args.limit]
+    results = Path(args.results)
+    if args.ckpt:
+        if args.eval_threads:
+            torch.set_num_threads(args.eval_threads)
+        write_results(evaluate_one(args, sources, references, results), results)
+        return 0
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench_seq2seq-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
@@ -263,18 +337,20 @@ def main(argv=None) -> int:
                         "cpus": os.cpu_count(), "torch": torch.__version__, "eval_threads": torch.get_num_threads(),
                         "load_average": os.getloadavg()},
         }
-        results = Path(args.results)
-        results.mkdir(parents=True, exist_ok=True)
-        (results / "seq2seq.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
-        table = markdown(rows, args.beam_size)
-        (results / "seq2seq.md").write_text(
-            f"Multi30k de->en ({TEST}, {len(sources)} sentences), `{' '.join(cmd)}`\n\n{table}")
-        print(table, end="")
-        print(f"wrote {results / 'seq2seq.json'} and {results / 'seq2seq.md'}")
+        write_results(result, results)
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def write_results(result: dict, results: Path) -> None:
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "seq2seq.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    text = render(result)
+    (results / "seq2seq.md").write_text(text)
+    print(text, end="")
+    print(f"wrote {results / 'seq2seq.json'} and {results / 'seq2seq.md'}")
 
 
 if __name__ == "__main__":

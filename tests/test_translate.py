@@ -106,8 +106,9 @@ def test_generation_stops_at_the_end_token_or_the_limit():
     assert generate(model, src, mask, EOS, EOS, max_new_tokens=5) == [[], []]
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+@pytest.mark.parametrize("alpha", [0.0, -0.5])
 def test_beam_size_one_is_greedy(alpha):
+    """Without a reward for length, one beam is greedy (with alpha > 0 it may prefer a longer output)."""
     for seed in range(3):
         model = random_model(seed=seed)
         src, mask = random_sources([9, 4, 6, 1], seed=seed)
@@ -129,11 +130,78 @@ def reference_beam(model, src, mask, eos, K, alpha, n):
         finished += [(s / length_penalty(t + 1, alpha), toks) for s, toks, v in top[:K] if v == eos]
         beams = [(s, toks + [v]) for s, toks, v in top if v != eos][:K]
         finished = sorted(finished, key=lambda f: -f[0])[:K]
-        if len(finished) == K and finished[-1][0] >= beams[0][0] / length_penalty(t + 1, alpha):
+        # the best a live beam can still reach: its log-probability only falls; lp grows up to lp(n) if alpha > 0
+        if len(finished) == K and finished[-1][0] >= beams[0][0] / length_penalty(n if alpha > 0 else t + 2, alpha):
             break
     else:
         finished += [(s / length_penalty(len(toks), alpha), toks) for s, toks in beams]
     return max(finished, key=lambda f: f[0])[1]
+
+
+class ScriptedModel:
+    """A stand-in for GPT whose next-token log-probabilities depend only on the output so far: `table` maps
+    an output (a tuple of ids) to {id: log-probability}; ids not listed share what is left equally."""
+
+    def __init__(self, table: dict, vocab_size: int):
+        self.table, self.V = table, vocab_size
+        self.config = GPTConfig(vocab_size=vocab_size, block_size=16)
+
+    def encode(self, src, src_mask):
+        return src.float()
+
+    def cross_kv(self, memory):
+        return [(memory, memory)]
+
+    def new_caches(self, rows, max_len):
+        return [ScriptedCache(rows)]
+
+    def decode(self, kv, mask, tokens, caches):
+        (cache,) = caches
+        out = torch.empty(tokens.size(0), 1, self.V)
+        for r, t in enumerate(tokens[:, 0].tolist()):
+            cache.outputs[r].append(t)
+            given = self.table.get(tuple(cache.outputs[r][1:]), {})  # (after the start token)
+            out[r, 0] = math.log((1 - sum(math.exp(v) for v in given.values())) / (self.V - len(given)))
+            for i, v in given.items():
+                out[r, 0, i] = v
+        return out
+
+    def lm_head(self, h):
+        return h  # decode already returns log-probabilities
+
+
+class ScriptedCache:
+    def __init__(self, rows):
+        self.outputs = [[] for _ in range(rows)]
+
+    def reorder(self, index):
+        self.outputs = [list(self.outputs[i]) for i in index.tolist()]
+
+
+def test_beam_search_waits_for_a_longer_hypothesis_the_length_penalty_prefers():
+    """Two short outputs finish first; the live beam B C is worse than both at its length, but its next
+    tokens are near-certain, and finished at length 6 it beats them under GNMT's length penalty.
+    Stopping as soon as the finished ones beat the live beam *at its current length* returned A."""
+    A, B, C, eos = 0, 1, 2, 7
+    log = math.log
+    table = {(): {A: log(0.36), eos: log(0.34), B: log(0.25)}, (A,): {eos: log(0.9)},
+             **{(B,) + (C,) * i: {C: log(0.99)} for i in range(4)}, (B, C, C, C, C): {eos: log(0.99)}}
+    model = ScriptedModel(table, 8)
+    src, mask = torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.bool)
+
+    def normalised(hyp, alpha):
+        out, total = (), 0.0
+        for t in hyp + [eos]:
+            total += table.get(out, {}).get(t, float("nan"))
+            out += (t,)
+        return total / length_penalty(len(hyp) + 1, alpha)
+
+    for alpha in (0.6, 1.0):
+        assert normalised([B, C, C, C, C], alpha) > normalised([A], alpha) > normalised([], alpha)
+        assert beam_search(model, src, mask, eos, eos, beam_size=2, alpha=alpha, max_new_tokens=10) == [[B, C, C, C, C]]
+    # without a reward for length the shortest is best
+    assert normalised([], 0.0) > normalised([A], 0.0) > normalised([B, C, C, C, C], 0.0)
+    assert beam_search(model, src, mask, eos, eos, beam_size=2, alpha=0.0, max_new_tokens=10) == [[]]
 
 
 def test_beam_search_arguments():

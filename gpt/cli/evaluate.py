@@ -11,7 +11,7 @@ from gpt.cli import ArgumentParser, run_main
 from gpt.data.pairs import read_lines
 from gpt.errors import storage_error
 from gpt.infer.evaluate import EvaluateError, evaluate
-from gpt.infer.translate import TranslateConfig, check_vocab, one_line, seq2seq_ids
+from gpt.infer.translate import DEFAULT_LENGTH_PENALTY, TranslateConfig, check_vocab, one_line, seq2seq_ids
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source-file", required=True, help="source sentences, one per line")
     p.add_argument("--reference", required=True, help="reference translations, line i for source line i")
     p.add_argument("--beam-size", type=int, default=1, help="1 = greedy")
-    p.add_argument("--length-penalty", type=float, default=0.6, help="GNMT alpha for beam search")
+    p.add_argument("--length-penalty", type=float, default=DEFAULT_LENGTH_PENALTY, help="GNMT alpha for beam search")
     p.add_argument("--batch-size", type=int, default=64, help="sentences decoded together")
     p.add_argument("--max-new-tokens", type=int, help="output length limit (default: source length + 50)")
     p.add_argument("--limit", type=int, help="evaluate only the first N lines")

@@ -99,7 +99,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     t = p.add_argument_group("translation (--source / --source-file, seq2seq checkpoints)")
     t.add_argument("--beam-size", type=int, default=None, help="beams; 1 is greedy (or sampling) (default: 1)")
     t.add_argument("--length-penalty", type=float, default=None,
-                   help="GNMT length penalty alpha for beam search; larger favours longer output (default: 0.6)")
+                   help="GNMT length penalty alpha for beam search; larger favours longer output (default: 1.5, "
+                   "gpt.translate.DEFAULT_LENGTH_PENALTY)")
     t.add_argument("--batch-size", type=int, default=None, help="sentences decoded together (default: 64)")
     return p.parse_args(argv)
 
@@ -236,6 +237,7 @@ def translate(args: argparse.Namespace) -> None:
     )
     from gpt.data.pairs import read_lines
     from gpt.infer.translate import (
+        DEFAULT_LENGTH_PENALTY,
         TranslateConfig,
         TranslateError,
         is_seq2seq,
@@ -244,7 +246,7 @@ def translate(args: argparse.Namespace) -> None:
 
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") >> 1
     cfg = TranslateConfig(
-        beam_size=_given(args.beam_size, 1), length_penalty=_given(args.length_penalty, 0.6),
+        beam_size=_given(args.beam_size, 1), length_penalty=_given(args.length_penalty, DEFAULT_LENGTH_PENALTY),
         temperature=_given(args.temperature, 0.0), top_k=args.top_k, top_p=args.top_p,
         batch_size=_given(args.batch_size, 64),
         max_new_tokens=args.max_new_tokens, seed=seed,

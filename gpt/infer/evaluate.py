@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 
 from gpt.errors import UserError
-from gpt.infer.translate import translate
+from gpt.infer.translate import DEFAULT_LENGTH_PENALTY, translate
 
 
 class EvaluateError(UserError, ValueError):
@@ -43,11 +43,13 @@ def evaluate(
     bos: int,
     eos: int,
     beam_size: int = 1,
-    alpha: float = 0.6,
+    alpha: float = DEFAULT_LENGTH_PENALTY,
     batch_size: int = 64,
     max_new_tokens: int | None = None,
 ) -> dict:
-    """Translate `sources`, score them against `references`; BLEU, timing and the translations."""
+    """Translate `sources`, score them against `references`; BLEU, the length ratio (sacrebleu's
+    hypothesis / reference length after its tokenization, and the brevity penalty BP it costs), timing
+    and the translations."""
     if len(sources) != len(references):
         raise EvaluateError(f"{len(sources)} source lines but {len(references)} reference lines: they must pair up")
     if not sources:
@@ -59,5 +61,6 @@ def evaluate(
     bleu, signature = corpus_bleu(hyps, references)
     return {
         "bleu": bleu.score, "bleu_text": str(bleu), "signature": str(signature), "sentences": len(sources),
+        "ratio": bleu.ratio, "bp": bleu.bp, "hyp_len": bleu.sys_len, "ref_len": bleu.ref_len,
         "seconds": seconds, "sentences_per_s": len(sources) / seconds, "hypotheses": hyps,
     }
