@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "bench"))  # harness.py, also when this file is lo
 
 import harness  # noqa: E402
 
-from gpt.translate import DEFAULT_LENGTH_PENALTY  # noqa: E402
+from gpt.infer.translate import DEFAULT_LENGTH_PENALTY  # noqa: E402
 
 SHARED = harness.SHARED_DATA
 MULTI30K = SHARED / "multi30k"
@@ -211,9 +211,9 @@ def _by_test(entries: list[dict]) -> list[tuple[str, list[dict]]]:
 
 def evaluate_one(args, sources: list[str], references: list[str], results: Path) -> dict:
     """--ckpt: score one checkpoint and file it under "decoding" in results/seq2seq.json (same label replaced)."""
-    from gpt import checkpoint
+    from gpt.checkpoints import loader
 
-    meta = checkpoint.read_meta(args.ckpt)
+    meta = loader.read_meta(args.ckpt)
     entry = {"label": args.label, "checkpoint": str(args.ckpt), "step": meta.get("step"),
              "val_loss": meta.get("val_loss"), "test_set": TEST, "sentences": len(sources),
              "beam_size": args.beam_size, "length_penalty": args.length_penalty, "note": args.note,

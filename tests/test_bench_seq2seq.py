@@ -81,7 +81,7 @@ def test_one_checkpoint_is_filed_under_decoding(tmp_path, monkeypatch):
     same label), the training table stays, and seq2seq.md shows both."""
     run = tmp_path / "run"
     model, _, meta = save_seq2seq(run)
-    checkpoint.save(run / "last.pt", {"model": model.state_dict()}, dict(meta, step=700, val_loss=1.5))
+    native.save(run / "last.pt", {"model": model.state_dict()}, dict(meta, step=700, val_loss=1.5))
     data = tmp_path / "m30k"
     data.mkdir()
     (data / "test_2016_flickr.de").write_text("abc\nhgf edc\n")
