@@ -21,6 +21,7 @@ def main(argv: list[str]) -> int:
     if "-h" in argv or "--help" in argv:
         print(help_text())
         return 0
+
     def body():
         cfg, explicit = config_from_argv(argv)
         train(cfg, explicit)

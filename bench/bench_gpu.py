@@ -77,8 +77,12 @@ class GpuMemory:
     @staticmethod
     def _used() -> int:
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, timeout=10).stdout
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout
             return sum(int(x) for x in out.split())  # MiB
         except (OSError, ValueError, subprocess.TimeoutExpired):
             return 0
@@ -124,11 +128,25 @@ def prepare_data(shared: Path, work: Path) -> dict[str, Path]:
     out = {"char": work / "shakespeare_char", "gpt2": work / "gpt2_corpus"}
     for args in (
         [data / "tinyshakespeare.txt", "--out", out["char"], "--tokenizer", "char", "--block-size", "256"],
-        [data / "tinyshakespeare.txt", data / "wikitext2-valid.txt", data / "wikitext2-test.txt",
-         "--out", out["gpt2"], "--tokenizer", "gpt2", "--val-fraction", "0.34"],
+        [
+            data / "tinyshakespeare.txt",
+            data / "wikitext2-valid.txt",
+            data / "wikitext2-test.txt",
+            "--out",
+            out["gpt2"],
+            "--tokenizer",
+            "gpt2",
+            "--val-fraction",
+            "0.34",
+        ],
     ):
-        subprocess.run([sys.executable, "data/prepare.py", *map(str, args), "--force", "--quiet"], cwd=ROOT,
-                       env=env, check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "data/prepare.py", *map(str, args), "--force", "--quiet"],
+            cwd=ROOT,
+            env=env,
+            check=True,
+            capture_output=True,
+        )
     return out
 
 
@@ -187,16 +205,23 @@ def section_env(args) -> dict:
 
 def section_tests(args) -> dict:
     timeout = max(60, min(args.tests_timeout, args.deadline - time.time()))
-    run = launch([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"], ROOT,
-                 args.out / "tests.log", timeout=timeout,
-                 env={"GPT_SHARED_DATA": str(args.shared / "data")})
+    run = launch(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"],
+        ROOT,
+        args.out / "tests.log",
+        timeout=timeout,
+        env={"GPT_SHARED_DATA": str(args.shared / "data")},
+    )
     text = [line for _, line in run["lines"]]
     summary = next((ln for ln in reversed(text) if re.search(r"\d+ (passed|failed)", ln)), "")
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", summary)}
     return {
-        "command": "python -m pytest -q", "returncode": run["returncode"], "seconds": round(run["seconds"], 1),
+        "command": "python -m pytest -q",
+        "returncode": run["returncode"],
+        "seconds": round(run["seconds"], 1),
         "timed_out": run["timed_out"],
-        "summary": summary.strip("= "), **counts,
+        "summary": summary.strip("= "),
+        **counts,
         "failures": [ln for ln in text if ln.startswith(("FAILED", "ERROR"))][:30],
         "skipped": [ln for ln in text if ln.startswith("SKIPPED")][:30],
         "cuda_tests": [ln for ln in text if "test_cuda" in ln][:30],
@@ -217,9 +242,32 @@ def flops_per_token(cfg: dict) -> float:
 def ours_gpt2(args, data: Path, batch: int, accum: int, steps: int, name: str, extra=(), env=None) -> dict:
     out = args.work / f"gpt2_{name}"
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "train.py", "--config", "gpt2_124m", "--data", data, "--out-dir", out,
-           "--batch-size", batch, "--grad-accum", accum, "--max-iters", steps, "--warmup-iters", 10,
-           "--log-interval", 1, "--eval-interval", 10**6, "--eval-iters", 1, *extra, *args.ours_args]
+    cmd = [
+        sys.executable,
+        "train.py",
+        "--config",
+        "gpt2_124m",
+        "--data",
+        data,
+        "--out-dir",
+        out,
+        "--batch-size",
+        batch,
+        "--grad-accum",
+        accum,
+        "--max-iters",
+        steps,
+        "--warmup-iters",
+        10,
+        "--log-interval",
+        1,
+        "--eval-interval",
+        10**6,
+        "--eval-iters",
+        1,
+        *extra,
+        *args.ours_args,
+    ]
     run = launch(cmd, ROOT, args.out / f"gpt2_{name}.log", timeout=args.step_timeout, env=env)
     steps_ = records(out, "train")
     warm = [r for r in steps_ if r["step"] > args.skip_steps]
@@ -227,26 +275,49 @@ def ours_gpt2(args, data: Path, batch: int, accum: int, steps: int, name: str, e
         return {"error": tail(run), "returncode": run["returncode"]}
     tok_s = median([r["tokens_per_s"] for r in warm])
     return {
-        "run": "ours: train.py --config gpt2_124m", "micro_batch": batch, "grad_accum": accum,
-        "tokens_per_step": batch * accum * GPT2["block_size"], "steps_timed": len(warm),
-        "tokens_per_s": round(tok_s), "ms_per_step": round(median([r["ms_per_step"] for r in warm]), 1),
+        "run": "ours: train.py --config gpt2_124m",
+        "micro_batch": batch,
+        "grad_accum": accum,
+        "tokens_per_step": batch * accum * GPT2["block_size"],
+        "steps_timed": len(warm),
+        "tokens_per_s": round(tok_s),
+        "ms_per_step": round(median([r["ms_per_step"] for r in warm]), 1),
         "mfu": round(args.fpt * tok_s / H100_PEAK, 4),
         "peak_mem_allocated_gib": round(max(r.get("peak_mem_gib") or 0 for r in warm), 2),
-        "gpu_mem_used_gib": run["gpu_mem_gib"], "process_seconds": round(run["seconds"], 1),
+        "gpu_mem_used_gib": run["gpu_mem_gib"],
+        "process_seconds": round(run["seconds"], 1),
         "first_step_seconds": round(steps_[0]["elapsed"], 1) if steps_ else None,
-        "extra_args": list(map(str, extra)), "env": env or {},
+        "extra_args": list(map(str, extra)),
+        "env": env or {},
     }
 
 
 def nanogpt_gpt2(args, nano: Path, batch: int, accum: int, steps: int) -> dict:
-    cmd = [sys.executable, "train.py", "--dataset=gpt2bench", f"--batch_size={batch}", "--block_size=1024",
-           f"--gradient_accumulation_steps={accum}", f"--max_iters={steps}", "--eval_interval=1000000",
-           "--eval_iters=1", "--log_interval=1", "--compile=True", "--bias=True", "--dtype=bfloat16",
-           "--always_save_checkpoint=False", "--warmup_iters=10", f"--out_dir={args.work / 'nano_gpt2_out'}",
-           *args.nanogpt_args]
+    cmd = [
+        sys.executable,
+        "train.py",
+        "--dataset=gpt2bench",
+        f"--batch_size={batch}",
+        "--block_size=1024",
+        f"--gradient_accumulation_steps={accum}",
+        f"--max_iters={steps}",
+        "--eval_interval=1000000",
+        "--eval_iters=1",
+        "--log_interval=1",
+        "--compile=True",
+        "--bias=True",
+        "--dtype=bfloat16",
+        "--always_save_checkpoint=False",
+        "--warmup_iters=10",
+        f"--out_dir={args.work / 'nano_gpt2_out'}",
+        *args.nanogpt_args,
+    ]
     run = launch(cmd, nano, args.out / "gpt2_nanogpt.log", timeout=args.step_timeout)
-    its = [(t, int(m.group(1)), float(m.group(2))) for t, line in run["lines"]
-           if (m := re.match(r"iter (\d+): loss [\d.na]+, time ([\d.]+)ms", line))]
+    its = [
+        (t, int(m.group(1)), float(m.group(2)))
+        for t, line in run["lines"]
+        if (m := re.match(r"iter (\d+): loss [\d.na]+, time ([\d.]+)ms", line))
+    ]
     # each log line follows loss.item(), a sync: the time between lines is one iteration's wall time
     gaps = [b[0] - a[0] for a, b in zip(its, its[1:]) if a[1] >= args.skip_steps]
     if run["returncode"] or not gaps:
@@ -254,11 +325,16 @@ def nanogpt_gpt2(args, nano: Path, batch: int, accum: int, steps: int) -> dict:
     sec = median(gaps)
     tok_s = batch * accum * 1024 / sec
     return {
-        "run": "nanoGPT: train.py (its own code, compile=True, bias=True, bf16)", "micro_batch": batch,
-        "grad_accum": accum, "tokens_per_step": batch * accum * 1024, "steps_timed": len(gaps),
-        "tokens_per_s": round(tok_s), "ms_per_step": round(sec * 1e3, 1),
+        "run": "nanoGPT: train.py (its own code, compile=True, bias=True, bf16)",
+        "micro_batch": batch,
+        "grad_accum": accum,
+        "tokens_per_step": batch * accum * 1024,
+        "steps_timed": len(gaps),
+        "tokens_per_s": round(tok_s),
+        "ms_per_step": round(sec * 1e3, 1),
         "ms_per_step_own_print": round(median([dt for _, i, dt in its if i >= args.skip_steps]), 1),
-        "mfu": round(args.fpt * tok_s / H100_PEAK, 4), "gpu_mem_used_gib": run["gpu_mem_gib"],
+        "mfu": round(args.fpt * tok_s / H100_PEAK, 4),
+        "gpu_mem_used_gib": run["gpu_mem_gib"],
         "process_seconds": round(run["seconds"], 1),
     }
 
@@ -268,14 +344,17 @@ def attention_backends(batch: int = 12) -> dict:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    q, k, v = (torch.randn(batch, 12, 1024, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-               for _ in range(3))
+    q, k, v = (
+        torch.randn(batch, 12, 1024, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
+    )
     out = {}
     for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
         try:
             with sdpa_kernel(backend):
+
                 def step():
                     torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+
                 for _ in range(3):
                     step()
                 torch.cuda.synchronize()
@@ -304,15 +383,23 @@ def section_gpt2(args, data, nano) -> dict:
             continue
         log(f"gpt2: {who} micro-batch {batch} x accum {accum} {env}")
         if who == "ours":
-            r = ours_gpt2(args, data["gpt2"], batch, accum, args.gpt2_steps, f"b{batch}x{accum}{len(result['runs'])}", env=env)
+            r = ours_gpt2(
+                args, data["gpt2"], batch, accum, args.gpt2_steps, f"b{batch}x{accum}{len(result['runs'])}", env=env
+            )
         else:
             r = nanogpt_gpt2(args, nano, batch, accum, args.gpt2_steps)
         log(f"  -> {r.get('tokens_per_s')} tok/s, mfu {r.get('mfu')}, {r.get('error', '')[-300:]}")
         result["runs"].append(r)
     timed = [r for r in result["runs"] if "tokens_per_s" in r]
     nano_runs = [r for r in timed if r["run"].startswith("nanoGPT")]
-    ours_same = [r for r in timed if r["run"].startswith("ours") and not r["env"] and nano_runs
-                 and (r["micro_batch"], r["grad_accum"]) == (nano_runs[0]["micro_batch"], nano_runs[0]["grad_accum"])]
+    ours_same = [
+        r
+        for r in timed
+        if r["run"].startswith("ours")
+        and not r["env"]
+        and nano_runs
+        and (r["micro_batch"], r["grad_accum"]) == (nano_runs[0]["micro_batch"], nano_runs[0]["grad_accum"])
+    ]
     if nano_runs and ours_same:
         result["ours_over_nanogpt_same_batch"] = round(ours_same[0]["tokens_per_s"] / nano_runs[0]["tokens_per_s"], 3)
     return result
@@ -321,8 +408,20 @@ def section_gpt2(args, data, nano) -> dict:
 def ours_time_to_target(args, data: Path, name: str, extra=()) -> dict:
     out = args.work / f"sc_{name}"
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "train.py", "--config", "shakespeare_char_gpu", "--data", data, "--out-dir", out,
-           "--target-val-loss", TARGET, *extra, *args.ours_args]
+    cmd = [
+        sys.executable,
+        "train.py",
+        "--config",
+        "shakespeare_char_gpu",
+        "--data",
+        data,
+        "--out-dir",
+        out,
+        "--target-val-loss",
+        TARGET,
+        *extra,
+        *args.ours_args,
+    ]
     run = launch(cmd, ROOT, args.out / f"sc_{name}.log", timeout=args.step_timeout)
     evals = records(out, "eval")
     hit = next((r for r in evals if r["val_loss"] <= TARGET), None)
@@ -335,7 +434,8 @@ def ours_time_to_target(args, data: Path, name: str, extra=()) -> dict:
         "ms_per_step": round(median([r["ms_per_step"] for r in steps[2:]]) or 0, 2),
         "first_log_seconds": round(steps[0]["time"] - run["t0"], 1) if steps else None,
         "evals": [(r["step"], round(r["val_loss"], 4), round(r["time"] - run["t0"], 1)) for r in evals],
-        "gpu_mem_used_gib": run["gpu_mem_gib"], "returncode": run["returncode"],
+        "gpu_mem_used_gib": run["gpu_mem_gib"],
+        "returncode": run["returncode"],
         **({"error": tail(run)} if run["returncode"] else {}),
     }
 
@@ -347,20 +447,31 @@ def nanogpt_time_to_target(args, nano: Path) -> dict:
         m = hit_re.search(line)
         return bool(m) and float(m.group(3)) <= TARGET
 
-    cmd = [sys.executable, "train.py", "config/train_shakespeare_char.py", f"--out_dir={args.work / 'nano_sc_out'}",
-           *args.nanogpt_args]
+    cmd = [
+        sys.executable,
+        "train.py",
+        "config/train_shakespeare_char.py",
+        f"--out_dir={args.work / 'nano_sc_out'}",
+        *args.nanogpt_args,
+    ]
     run = launch(cmd, nano, args.out / "sc_nanogpt.log", timeout=args.nanogpt_sc_timeout, stop_when=reached)
-    evals = [(int(m.group(1)), float(m.group(3)), round(t, 1)) for t, line in run["lines"] if (m := hit_re.search(line))]
+    evals = [
+        (int(m.group(1)), float(m.group(3)), round(t, 1)) for t, line in run["lines"] if (m := hit_re.search(line))
+    ]
     hit = next((e for e in evals if e[1] <= TARGET), None)
     its = [(t, int(m.group(1))) for t, line in run["lines"] if (m := re.match(r"iter (\d+):", line))]
     per_it = [(b[0] - a[0]) / (b[1] - a[1]) for a, b in zip(its, its[1:]) if a[1] >= 100 and b[1] > a[1]]
     return {
         "run": "nanoGPT: train.py config/train_shakespeare_char.py (its own code and recipe, compile, bf16)",
-        "seconds_to_target": hit[2] if hit else None, "step_at_target": hit[0] if hit else None,
+        "seconds_to_target": hit[2] if hit else None,
+        "step_at_target": hit[0] if hit else None,
         "val_loss": hit[1] if hit else (min(e[1] for e in evals) if evals else None),
         "ms_per_step": round(1e3 * median(per_it), 2) if per_it else None,
-        "evals": evals, "gpu_mem_used_gib": run["gpu_mem_gib"], "timed_out": run["timed_out"] and not hit,
-        "returncode": run["returncode"], **({"error": tail(run)} if run["returncode"] and not hit else {}),
+        "evals": evals,
+        "gpu_mem_used_gib": run["gpu_mem_gib"],
+        "timed_out": run["timed_out"] and not hit,
+        "returncode": run["returncode"],
+        **({"error": tail(run)} if run["returncode"] and not hit else {}),
     }
 
 
@@ -392,12 +503,34 @@ def section_sweep(args, data, nano) -> dict:
     for i, extra in enumerate(args.sweep):
         out = args.work / f"sweep{i}"
         shutil.rmtree(out, ignore_errors=True)
-        cmd = [sys.executable, "train.py", "--config", "shakespeare_char_gpu", "--data", data["char"],
-               "--out-dir", out, "--compile", "false", "--eval-interval", "100", "--eval-iters", "0",
-               "--eval-batch-size", "512", "--log-interval", "100", "--max-minutes", str(args.sweep_minutes),
-               *extra.split(), *args.ours_args]
+        cmd = [
+            sys.executable,
+            "train.py",
+            "--config",
+            "shakespeare_char_gpu",
+            "--data",
+            data["char"],
+            "--out-dir",
+            out,
+            "--compile",
+            "false",
+            "--eval-interval",
+            "100",
+            "--eval-iters",
+            "0",
+            "--eval-batch-size",
+            "512",
+            "--log-interval",
+            "100",
+            "--max-minutes",
+            str(args.sweep_minutes),
+            *extra.split(),
+            *args.ours_args,
+        ]
         f = open(args.out / f"sweep{i}.log", "w")
-        procs.append((extra, out, subprocess.Popen([str(c) for c in cmd], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT), f))
+        procs.append(
+            (extra, out, subprocess.Popen([str(c) for c in cmd], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT), f)
+        )
     for extra, out, proc, f in procs:
         try:
             proc.wait(timeout=max(10, args.deadline - time.time() - 30))
@@ -406,9 +539,11 @@ def section_sweep(args, data, nano) -> dict:
         f.close()
         evals = records(out, "eval")
         hit = next((r for r in evals if r["val_loss"] <= TARGET), None)
-        result[extra] = {"step_at_target": hit["step"] if hit else None,
-                         "best": min((r["val_loss"] for r in evals), default=None),
-                         "evals": [(r["step"], round(r["val_loss"], 4)) for r in evals]}
+        result[extra] = {
+            "step_at_target": hit["step"] if hit else None,
+            "best": min((r["val_loss"] for r in evals), default=None),
+            "evals": [(r["step"], round(r["val_loss"], 4)) for r in evals],
+        }
         log(f"sweep {extra}: first <= {TARGET} at {result[extra]['step_at_target']}, best {result[extra]['best']}")
     return result
 
@@ -431,13 +566,20 @@ def section_sampling(args) -> dict:
     text = (args.shared / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")[:2000]
     prompt = tok.encode(text)[:16]
     new = args.new_tokens
-    out = {"model": "GPT-2 124M shape, random weights, bf16", "prompt_tokens": len(prompt), "new_tokens": new,
-           "decoding": "greedy", "transformers": transformers.__version__, "runs": []}
+    out = {
+        "model": "GPT-2 124M shape, random weights, bf16",
+        "prompt_tokens": len(prompt),
+        "new_tokens": new,
+        "decoding": "greedy",
+        "transformers": transformers.__version__,
+        "runs": [],
+    }
 
     def ours(batch, graph, n=new):
         ids = []
-        for piece in generate(model, tok, prompt, num_samples=batch, max_new_tokens=n, temperature=0,
-                              stop_at_eot=False, cuda_graph=graph):
+        for piece in generate(
+            model, tok, prompt, num_samples=batch, max_new_tokens=n, temperature=0, stop_at_eot=False, cuda_graph=graph
+        ):
             if piece.sample == 0:
                 ids += piece.ids
         return ids
@@ -445,9 +587,15 @@ def section_sampling(args) -> dict:
     def theirs(batch, n=new):
         x = torch.tensor([prompt] * batch, device="cuda")
         with torch.no_grad():
-            y = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
-                            do_sample=False, pad_token_id=tok.eot_token)
-        return y[0, len(prompt):].tolist()
+            y = hf.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=tok.eot_token,
+            )
+        return y[0, len(prompt) :].tolist()
 
     def timed(fn, *a):
         fn(*a, n=8)  # warm-up: kernels, cuBLAS handles, graph capture
@@ -463,18 +611,30 @@ def section_sampling(args) -> dict:
 
     for batch in (1, 16):
         row = {"batch": batch}
-        for name, fn, extra in (("ours_cuda_graph", ours, (True,)), ("ours_eager", ours, (False,)),
-                                ("transformers", theirs, ())):
+        for name, fn, extra in (
+            ("ours_cuda_graph", ours, (True,)),
+            ("ours_eager", ours, (False,)),
+            ("transformers", theirs, ()),
+        ):
             sec, ids, mem = timed(fn, batch, *extra)
-            row[name] = {"tokens_per_s": round(batch * new / sec, 1), "seconds": round(sec, 3),
-                         "peak_mem_gib": round(mem, 2)}
+            row[name] = {
+                "tokens_per_s": round(batch * new / sec, 1),
+                "seconds": round(sec, 3),
+                "peak_mem_gib": round(mem, 2),
+            }
             row[name + "_ids"] = ids
         ref = row.pop("transformers_ids")
         for name in ("ours_cuda_graph", "ours_eager"):
             ids = row.pop(name + "_ids")
-            row[name]["same_tokens_as_transformers"] = next((i for i, (a, b) in enumerate(zip(ids, ref)) if a != b), len(ref))
-        row["speedup_graph_vs_transformers"] = round(row["ours_cuda_graph"]["tokens_per_s"] / row["transformers"]["tokens_per_s"], 2)
-        row["speedup_eager_vs_transformers"] = round(row["ours_eager"]["tokens_per_s"] / row["transformers"]["tokens_per_s"], 2)
+            row[name]["same_tokens_as_transformers"] = next(
+                (i for i, (a, b) in enumerate(zip(ids, ref)) if a != b), len(ref)
+            )
+        row["speedup_graph_vs_transformers"] = round(
+            row["ours_cuda_graph"]["tokens_per_s"] / row["transformers"]["tokens_per_s"], 2
+        )
+        row["speedup_eager_vs_transformers"] = round(
+            row["ours_eager"]["tokens_per_s"] / row["transformers"]["tokens_per_s"], 2
+        )
         log(f"sampling batch {batch}: {row}")
         out["runs"].append(row)
     return out
@@ -485,33 +645,48 @@ def section_sampling(args) -> dict:
 
 def markdown(res: dict) -> str:
     env = res.get("env", {})
-    lines = [f"GPU: {env.get('gpu')} ({env.get('gpu_memory_gib')} GiB), driver {env.get('driver')}, CUDA "
-             f"{env.get('cuda')}, torch {env.get('torch')}; measured bf16 matmul {env.get('bf16_matmul_8192_tflops')} "
-             f"TFLOP/s; MFU against {H100_PEAK / 1e12:.0f} TFLOP/s.", ""]
+    lines = [
+        f"GPU: {env.get('gpu')} ({env.get('gpu_memory_gib')} GiB), driver {env.get('driver')}, CUDA "
+        f"{env.get('cuda')}, torch {env.get('torch')}; measured bf16 matmul {env.get('bf16_matmul_8192_tflops')} "
+        f"TFLOP/s; MFU against {H100_PEAK / 1e12:.0f} TFLOP/s.",
+        "",
+    ]
     if "gpt2" in res:
-        lines += ["| GPT-2 124M run | micro-batch x accum | tokens/s | MFU | ms/step | GPU memory used |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "| GPT-2 124M run | micro-batch x accum | tokens/s | MFU | ms/step | GPU memory used |",
+            "|---|---|---|---|---|---|",
+        ]
         for r in res["gpt2"].get("runs", []):
             if "tokens_per_s" in r:
-                lines.append(f"| {r['run']} | {r['micro_batch']} x {r['grad_accum']} | {r['tokens_per_s']:,} | "
-                             f"{r['mfu']:.1%} | {r['ms_per_step']} | {r['gpu_mem_used_gib']} GiB |")
+                lines.append(
+                    f"| {r['run']} | {r['micro_batch']} x {r['grad_accum']} | {r['tokens_per_s']:,} | "
+                    f"{r['mfu']:.1%} | {r['ms_per_step']} | {r['gpu_mem_used_gib']} GiB |"
+                )
         lines.append("")
     if "shakespeare" in res:
-        lines += ["| shakespeare-char run | val <= 1.47 after | at step | val there | ms/step |", "|---|---|---|---|---|"]
+        lines += [
+            "| shakespeare-char run | val <= 1.47 after | at step | val there | ms/step |",
+            "|---|---|---|---|---|",
+        ]
         sc = res["shakespeare"]
         for r in [sc.get("ours"), *sc.get("ours_variants", []), sc.get("nanogpt")]:
             if r:
                 val = f"{r['val_loss']:.4f}" if r["val_loss"] is not None else None
-                lines.append(f"| {r['run']} | {r['seconds_to_target']} s | {r['step_at_target']} | {val} | "
-                             f"{r['ms_per_step']} |")
+                lines.append(
+                    f"| {r['run']} | {r['seconds_to_target']} s | {r['step_at_target']} | {val} | {r['ms_per_step']} |"
+                )
         lines.append("")
     if "sampling" in res:
-        lines += ["| sampling, 256 new tokens | ours, CUDA graph | ours, eager | transformers | graph / transformers |",
-                  "|---|---|---|---|---|"]
+        lines += [
+            "| sampling, 256 new tokens | ours, CUDA graph | ours, eager | transformers | graph / transformers |",
+            "|---|---|---|---|---|",
+        ]
         for r in res["sampling"]["runs"]:
-            lines.append(f"| batch {r['batch']} | {r['ours_cuda_graph']['tokens_per_s']:,} tok/s | "
-                         f"{r['ours_eager']['tokens_per_s']:,} tok/s | {r['transformers']['tokens_per_s']:,} tok/s | "
-                         f"{r['speedup_graph_vs_transformers']}x |")
+            lines.append(
+                f"| batch {r['batch']} | {r['ours_cuda_graph']['tokens_per_s']:,} tok/s | "
+                f"{r['ours_eager']['tokens_per_s']:,} tok/s | {r['transformers']['tokens_per_s']:,} tok/s | "
+                f"{r['speedup_graph_vs_transformers']}x |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -534,14 +709,22 @@ def save(res: dict, args) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections: {', '.join(SECTIONS)}, sweep")
-    p.add_argument("--shared", type=Path, default=ROOT.parent / "shared", help="folder with data/ and baselines/nanoGPT")
+    p.add_argument(
+        "--shared", type=Path, default=ROOT.parent / "shared", help="folder with data/ and baselines/nanoGPT"
+    )
     p.add_argument("--out", type=Path, default=None, help="folder for logs and a copy of the results (default: temp)")
     p.add_argument("--results", type=Path, default=RESULTS / "gpu.json")
     p.add_argument("--budget", type=float, default=3600, help="seconds for the whole run; later parts are skipped")
-    p.add_argument("--gpt2-ours", default="12x4,32x4", help="our runs: micro-batch x accumulation, each "
-                   "optionally with environment variables: 32x4+TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1")
+    p.add_argument(
+        "--gpt2-ours",
+        default="12x4,32x4",
+        help="our runs: micro-batch x accumulation, each "
+        "optionally with environment variables: 32x4+TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1",
+    )
     p.add_argument("--gpt2-nanogpt", default="12x4", help="nanoGPT's runs (the first is the side-by-side one)")
     p.add_argument("--gpt2-steps", type=int, default=30)
     p.add_argument("--skip-steps", type=int, default=8, help="steps left out of the timing (compilation)")
@@ -553,8 +736,12 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--sampling-repeats", type=int, default=3)
     p.add_argument("--step-timeout", type=float, default=240)
-    p.add_argument("--ours-args", type=str.split, default=[], help="appended to our train.py runs, one string "
-                   "(e.g. a CPU smoke run: --ours-args='--device cpu --n-layer 2')")
+    p.add_argument(
+        "--ours-args",
+        type=str.split,
+        default=[],
+        help="appended to our train.py runs, one string (e.g. a CPU smoke run: --ours-args='--device cpu --n-layer 2')",
+    )
     p.add_argument("--nanogpt-args", type=str.split, default=[], help="appended to nanoGPT's train.py runs, one string")
     p.add_argument("--tests-timeout", type=float, default=420)
     args = p.parse_args()
@@ -594,8 +781,11 @@ def main() -> None:
         if name == "sweep" and background:
             background.join(timeout=max(1, args.deadline - time.time()))
         if isinstance(value, dict):
-            value["measured"] = {"date": time.strftime("%Y-%m-%d %H:%M"), "seconds": round(time.time() - t, 1),
-                                 "gpu": res.get("env", {}).get("gpu")}
+            value["measured"] = {
+                "date": time.strftime("%Y-%m-%d %H:%M"),
+                "seconds": round(time.time() - t, 1),
+                "gpu": res.get("env", {}).get("gpu"),
+            }
         res[name] = value
         save(res, args)
         log(f"== {name} done in {time.time() - t:.0f} s")

@@ -86,21 +86,41 @@ def bench_size(megabytes: int, shared: Path, ranks: Path, tmp: Path, first: bool
     corpus = tmp / f"corpus-{megabytes}"
     nbytes = build_corpus(corpus, shared, megabytes)
     mb = nbytes / 1e6
-    out, wall, rss = run([sys.executable, str(ROOT / "data" / "prepare.py"), str(corpus), "--out", str(tmp / f"ds-{megabytes}"),
-                          "--tokenizer", "gpt2", "--tokenizer-file", str(ranks), "--quiet"])
+    out, wall, rss = run(
+        [
+            sys.executable,
+            str(ROOT / "data" / "prepare.py"),
+            str(corpus),
+            "--out",
+            str(tmp / f"ds-{megabytes}"),
+            "--tokenizer",
+            "gpt2",
+            "--tokenizer-file",
+            str(ranks),
+            "--quiet",
+        ]
+    )
     inner = mb / float(re.search(r"\(([\d.,]+) MB/s\)", out).group(1).replace(",", ""))  # prepare's own seconds
     meta = json.loads((tmp / f"ds-{megabytes}" / "meta.json").read_text())
     shutil.rmtree(tmp / f"ds-{megabytes}")
-    base_out, _, base_rss = run([sys.executable, "-c", BASELINE, str(corpus), str(ranks), str(ROOT), "numpy" if first else "-"])
+    base_out, _, base_rss = run(
+        [sys.executable, "-c", BASELINE, str(corpus), str(ranks), str(ROOT), "numpy" if first else "-"]
+    )
     base = json.loads(base_out)
     shutil.rmtree(corpus)
     # ours appends one end-of-text per document: the same ids otherwise
     assert meta["tokens"] == base["tokens"] + meta["documents"], (meta["tokens"], base["tokens"])
     row = {
-        "corpus_mb": round(mb, 1), "documents": meta["documents"], "tokens": meta["tokens"],
-        "ours_mb_s": round(mb / inner, 2), "ours_wall_mb_s": round(mb / wall, 2), "ours_peak_rss_mb": round(rss),
-        "tiktoken_batch_mb_s": round(mb / base["seconds"], 2), "tiktoken_peak_rss_mb": round(base_rss),
-        "ratio": round(base["seconds"] / inner, 3), "ratio_wall": round(base["seconds"] / wall, 3),
+        "corpus_mb": round(mb, 1),
+        "documents": meta["documents"],
+        "tokens": meta["tokens"],
+        "ours_mb_s": round(mb / inner, 2),
+        "ours_wall_mb_s": round(mb / wall, 2),
+        "ours_peak_rss_mb": round(rss),
+        "tiktoken_batch_mb_s": round(mb / base["seconds"], 2),
+        "tiktoken_peak_rss_mb": round(base_rss),
+        "ratio": round(base["seconds"] / inner, 3),
+        "ratio_wall": round(base["seconds"] / wall, 3),
         "threads": base["threads"],
     }
     if "numpy_seconds" in base:
@@ -117,8 +137,12 @@ def bench_bpe(shared: Path, vocab_size: int = 8192) -> dict:
     t0 = time.perf_counter()
     tok = train_bpe(chunks, vocab_size)
     seconds = time.perf_counter() - t0
-    return {"corpus_mb": round(len(text.encode()) / 1e6, 2), "vocab_size": tok.vocab_size, "seconds": round(seconds, 2),
-            "tokens_per_byte": round(len(tok.encode(text)) / len(text.encode()), 4)}
+    return {
+        "corpus_mb": round(len(text.encode()) / 1e6, 2),
+        "vocab_size": tok.vocab_size,
+        "seconds": round(seconds, 2),
+        "tokens_per_byte": round(len(tok.encode(text)) / len(text.encode()), 4),
+    }
 
 
 def main() -> None:
@@ -138,9 +162,14 @@ def main() -> None:
     bpe = bench_bpe(shared)
     print(json.dumps({"bpe": bpe}), flush=True)
     result = {
-        "machine": {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "platform": platform.platform(),
-                    "python": platform.python_version(), "load_average_before": [round(x, 2) for x in load_before],
-                    "load_average_after": [round(x, 2) for x in os.getloadavg()]},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "affinity": len(os.sched_getaffinity(0)),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        },
         "prepare_gpt2": rows,
         "bpe_training": bpe,
         "date": time.strftime("%Y-%m-%d"),
@@ -150,8 +179,10 @@ def main() -> None:
     print("\n| corpus | ours (prepare) | ours (process) | tiktoken batch | ratio | ours peak RSS | tiktoken peak RSS |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['corpus_mb']} MB | {r['ours_mb_s']} MB/s | {r['ours_wall_mb_s']} MB/s | {r['tiktoken_batch_mb_s']} MB/s "
-              f"| {r['ratio']:.0%} | {r['ours_peak_rss_mb']} MB | {r['tiktoken_peak_rss_mb']} MB |")
+        print(
+            f"| {r['corpus_mb']} MB | {r['ours_mb_s']} MB/s | {r['ours_wall_mb_s']} MB/s | {r['tiktoken_batch_mb_s']} MB/s "
+            f"| {r['ratio']:.0%} | {r['ours_peak_rss_mb']} MB | {r['tiktoken_peak_rss_mb']} MB |"
+        )
     print(f"\nBPE {bpe['vocab_size']} ids on {bpe['corpus_mb']} MB: {bpe['seconds']} s; results in {args.out}")
 
 

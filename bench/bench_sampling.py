@@ -69,8 +69,16 @@ MODELS = {
 }
 SAMPLES, NEW_TOKENS, SHORT_PROMPT, TOP_K = 5, 500, 16, 200
 # run -> its prompt length (None: a full block_size prompt)
-RUNS = {"cached": None, "recompute": None, "cached-in-context": SHORT_PROMPT, "hf": SHORT_PROMPT, "int8": None,
-        "dtype": None, "val-loss": None, "scripts": None}
+RUNS = {
+    "cached": None,
+    "recompute": None,
+    "cached-in-context": SHORT_PROMPT,
+    "hf": SHORT_PROMPT,
+    "int8": None,
+    "dtype": None,
+    "val-loss": None,
+    "scripts": None,
+}
 SCRIPT_SHORT = 20  # scripts: new tokens of the short run whose time (start-up, loading) is subtracted
 SCRIPT_TOKENS = {"char-cpu": 1500}  # scripts: the models compared and the new tokens of the long run
 
@@ -84,10 +92,12 @@ def spec(name: str) -> dict:
     try:
         n_layer, n_head, n_embd = map(int, shape.split("x"))
     except ValueError:
-        raise SystemExit(f"--models: {name!r} is neither one of {', '.join(MODELS)} nor char-LxHxE / bpe-LxHxE") \
-            from None
-    return dict(tokenizer="char" if kind == "char" else "gpt2", n_layer=n_layer, n_head=n_head, n_embd=n_embd,
-                block_size=256)
+        raise SystemExit(
+            f"--models: {name!r} is neither one of {', '.join(MODELS)} nor char-LxHxE / bpe-LxHxE"
+        ) from None
+    return dict(
+        tokenizer="char" if kind == "char" else "gpt2", n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=256
+    )
 
 
 def tokenizer_and_text(name: str):
@@ -129,8 +139,17 @@ def run_ours(model, tok, prompt, new_tokens):
 
     def once(p, n):
         t0, first, count = time.perf_counter(), None, 0
-        for piece in generate(model, tok, p, num_samples=SAMPLES, max_new_tokens=n, temperature=1.0,
-                              top_k=TOP_K, stop_at_eot=False, generator=torch.Generator().manual_seed(0)):
+        for piece in generate(
+            model,
+            tok,
+            p,
+            num_samples=SAMPLES,
+            max_new_tokens=n,
+            temperature=1.0,
+            top_k=TOP_K,
+            stop_at_eot=False,
+            generator=torch.Generator().manual_seed(0),
+        ):
             first = first if first is not None else time.perf_counter() - t0
             count += len(piece.ids)
         return first, count, time.perf_counter() - t0
@@ -146,14 +165,17 @@ def run_dtypes(model, tok, prompt, repeats: int) -> dict:
     models = {"float32": model, "bfloat16": copy.deepcopy(model).to(torch.bfloat16)}
     speed = {name: [] for name in models}
     for i in range(repeats):
-        for name in (("float32", "bfloat16") if i % 2 == 0 else ("bfloat16", "float32")):
+        for name in ("float32", "bfloat16") if i % 2 == 0 else ("bfloat16", "float32"):
             _, count, elapsed = run_ours(models[name], tok, prompt, NEW_TOKENS)
             speed[name].append(count / elapsed)
     ratios = [b / f for b, f in zip(speed["bfloat16"], speed["float32"])]
-    return {"tokens_per_s_float32": statistics.median(speed["float32"]),
-            "tokens_per_s_bfloat16": statistics.median(speed["bfloat16"]),
-            "bf16_vs_float32": statistics.median(ratios), "repeats": repeats,
-            **{f"all_{name}": [round(x, 1) for x in values] for name, values in speed.items()}}
+    return {
+        "tokens_per_s_float32": statistics.median(speed["float32"]),
+        "tokens_per_s_bfloat16": statistics.median(speed["bfloat16"]),
+        "bf16_vs_float32": statistics.median(ratios),
+        "repeats": repeats,
+        **{f"all_{name}": [round(x, 1) for x in values] for name, values in speed.items()},
+    }
 
 
 @torch.no_grad()
@@ -203,8 +225,17 @@ def run_hf(hf_dir, prompt, new_tokens):
         t0 = time.perf_counter()
         with torch.no_grad():
             out = model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=True, temperature=1.0,
-                top_k=TOP_K, top_p=1.0, use_cache=True, pad_token_id=0, eos_token_id=None, streamer=Clock(),
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                do_sample=True,
+                temperature=1.0,
+                top_k=TOP_K,
+                top_p=1.0,
+                use_cache=True,
+                pad_token_id=0,
+                eos_token_id=None,
+                streamer=Clock(),
             )
         elapsed = time.perf_counter() - t0
         return times[1] - t0, (out.size(1) - ids.size(1)) * SAMPLES, elapsed  # put #0 is the prompt
@@ -233,8 +264,13 @@ def run_val_loss(name: str, windows: int) -> dict:
 
     fp32 = loss(model)
     int8 = loss(quantize(model, "int8"))
-    return {"val_loss_fp32": fp32, "val_loss_int8": int8, "val_loss_rel_diff": (int8 - fp32) / fp32,
-            "val_windows": len(x), "val_tokens": len(x) * block}
+    return {
+        "val_loss_fp32": fp32,
+        "val_loss_int8": int8,
+        "val_loss_rel_diff": (int8 - fp32) / fp32,
+        "val_windows": len(x),
+        "val_tokens": len(x) * block,
+    }
 
 
 def child(args) -> None:
@@ -248,8 +284,16 @@ def child(args) -> None:
     block = spec(job["model"])["block_size"]
     if job["run"] == "dtype":
         model = build(job["model"], tok)
-        print(json.dumps(dict(job, threads=torch.get_num_threads(), n_params=model.num_params(),
-                              **run_dtypes(model, tok, text_ids[:block], args.repeats))))
+        print(
+            json.dumps(
+                dict(
+                    job,
+                    threads=torch.get_num_threads(),
+                    n_params=model.num_params(),
+                    **run_dtypes(model, tok, text_ids[:block], args.repeats),
+                )
+            )
+        )
         return
     if job["run"] == "hf":
         rss_loaded, (first, count, elapsed) = run_hf(job["hf_dir"], text_ids[:SHORT_PROMPT], block - SHORT_PROMPT)
@@ -266,10 +310,20 @@ def child(args) -> None:
             first, count, elapsed = run_ours(model, tok, text_ids[:SHORT_PROMPT], block - SHORT_PROMPT)
         else:
             first, count, elapsed = run_recompute(model, text_ids[:block], NEW_TOKENS, args.budget)
-    print(json.dumps(dict(
-        job, threads=torch.get_num_threads(), ttft_ms=1000 * first, tokens=count, seconds=elapsed,
-        tokens_per_s=count / elapsed, peak_rss_mb=peak_rss_mb(), rss_loaded_mb=rss_loaded,
-    )))
+    print(
+        json.dumps(
+            dict(
+                job,
+                threads=torch.get_num_threads(),
+                ttft_ms=1000 * first,
+                tokens=count,
+                seconds=elapsed,
+                tokens_per_s=count / elapsed,
+                peak_rss_mb=peak_rss_mb(),
+                rss_loaded_mb=rss_loaded,
+            )
+        )
+    )
 
 
 # ---- sample.py against nanoGPT's own sample.py (parent) ------------------------------------------
@@ -298,29 +352,71 @@ def scripts(name: str, tmp: Path, repeats: int = 3) -> dict:
     work.mkdir()
     prompt.write_text(tok.decode(text_ids[:block]), encoding="utf-8")
     ours = work / "ours"  # our checkpoint
-    native.save(ours / "best.pt", {"model": model.state_dict()},
-                    {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec})
+    native.save(
+        ours / "best.pt",
+        {"model": model.state_dict()},
+        {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec},
+    )
     nano = nanogpt_copy(tmp)  # its checkpoint: the same tensors under the same names, its meta.pkl for chars
     dataset = f"bench_{name}"
     (nano / "data" / dataset).mkdir(exist_ok=True)
     itos = dict(enumerate(tok.chars + "\n"))  # the end-of-text id (never in the prompt) decodes as a newline
     with open(nano / "data" / dataset / "meta.pkl", "wb") as f:
         pickle.dump({"vocab_size": cfg.vocab_size, "itos": itos, "stoi": tok.stoi}, f)
-    model_args = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size,
-                      bias=cfg.bias, vocab_size=cfg.vocab_size, dropout=0.0)
+    model_args = dict(
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        n_embd=cfg.n_embd,
+        block_size=cfg.block_size,
+        bias=cfg.bias,
+        vocab_size=cfg.vocab_size,
+        dropout=0.0,
+    )
     (work / "nano").mkdir()
-    torch.save({"model": model.state_dict(), "model_args": model_args, "config": {"dataset": dataset}},
-               work / "nano" / "ckpt.pt")
+    torch.save(
+        {"model": model.state_dict(), "model_args": model_args, "config": {"dataset": dataset}},
+        work / "nano" / "ckpt.pt",
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
 
     def command(which: str, n: int) -> tuple[list, Path]:
         if which == "ours":
-            return [sys.executable, ROOT / "sample.py", "--ckpt", ours, "--prompt-file", prompt, "--device", "cpu",
-                    "--dtype", "float32", "--num-samples", SAMPLES, "--max-new-tokens", n, "--temperature", 1,
-                    "--top-k", TOP_K, "--seed", 0, "--no-stop-at-eot"], ROOT
-        return [sys.executable, "sample.py", f"--out_dir={work / 'nano'}", f"--start=FILE:{prompt}", "--device=cpu",
-                "--dtype=float32", "--compile=False", f"--num_samples={SAMPLES}", f"--max_new_tokens={n}",
-                "--temperature=1.0", f"--top_k={TOP_K}"], nano
+            return [
+                sys.executable,
+                ROOT / "sample.py",
+                "--ckpt",
+                ours,
+                "--prompt-file",
+                prompt,
+                "--device",
+                "cpu",
+                "--dtype",
+                "float32",
+                "--num-samples",
+                SAMPLES,
+                "--max-new-tokens",
+                n,
+                "--temperature",
+                1,
+                "--top-k",
+                TOP_K,
+                "--seed",
+                0,
+                "--no-stop-at-eot",
+            ], ROOT
+        return [
+            sys.executable,
+            "sample.py",
+            f"--out_dir={work / 'nano'}",
+            f"--start=FILE:{prompt}",
+            "--device=cpu",
+            "--dtype=float32",
+            "--compile=False",
+            f"--num_samples={SAMPLES}",
+            f"--max_new_tokens={n}",
+            "--temperature=1.0",
+            f"--top_k={TOP_K}",
+        ], nano
 
     def seconds(which: str, n: int) -> float:
         cmd, cwd = command(which, n)
@@ -333,8 +429,11 @@ def scripts(name: str, tmp: Path, repeats: int = 3) -> dict:
     for which in ("ours", "nanogpt"):
         runs = [(seconds(which, SCRIPT_SHORT), seconds(which, n)) for _ in range(repeats)]
         short, full = min(r[0] for r in runs), min(r[1] for r in runs)
-        result[which] = {"seconds_short": round(short, 2), "seconds_full": round(full, 2),
-                         "tokens_per_s": round(SAMPLES * (n - SCRIPT_SHORT) / (full - short), 1)}
+        result[which] = {
+            "seconds_short": round(short, 2),
+            "seconds_full": round(full, 2),
+            "tokens_per_s": round(SAMPLES * (n - SCRIPT_SHORT) / (full - short), 1),
+        }
     result["new_tokens"] = n
     result["ours_vs_nanogpt"] = round(result["ours"]["tokens_per_s"] / result["nanogpt"]["tokens_per_s"], 2)
     return result
@@ -344,21 +443,29 @@ def scripts(name: str, tmp: Path, repeats: int = 3) -> dict:
 
 
 def table(results: list[dict]) -> str:
-    rows = ["| model | run | prompt -> new tokens (x5 samples) | time to first token | tokens/s | peak RSS |",
-            "|---|---|---|---|---|---|"]
+    rows = [
+        "| model | run | prompt -> new tokens (x5 samples) | time to first token | tokens/s | peak RSS |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in results:
         if r["run"] in ("val-loss", "dtype"):
             continue
         new = r["tokens"] // SAMPLES
-        rows.append(f"| {r['model']} | {r['run']} | {r['prompt']} -> {new} | {r['ttft_ms']:.0f} ms | "
-                    f"{r['tokens_per_s']:.0f} | {r['peak_rss_mb']:.0f} MB |")
+        rows.append(
+            f"| {r['model']} | {r['run']} | {r['prompt']} -> {new} | {r['ttft_ms']:.0f} ms | "
+            f"{r['tokens_per_s']:.0f} | {r['peak_rss_mb']:.0f} MB |"
+        )
     return "\n".join(rows)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads, 0 for torch's default (default: 1: on a shared CPU more threads stall)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads, 0 for torch's default (default: 1: on a shared CPU more threads stall)",
+    )
     p.add_argument("--budget", type=float, default=15.0, help="seconds for each no-cache recompute run (default: 15)")
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
     p.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)}")
@@ -384,76 +491,136 @@ def main() -> None:
                 if run == "scripts":
                     if name in SCRIPT_TOKENS:
                         scripts_result[name] = dict(scripts(name, Path(tmp)), load_avg=os.getloadavg())
-                        print(f"{name:10s} sample.py {scripts_result[name]['ours']['tokens_per_s']:.0f} tokens/s, "
-                              f"nanoGPT's sample.py {scripts_result[name]['nanogpt']['tokens_per_s']:.0f} tokens/s",
-                              flush=True)
+                        print(
+                            f"{name:10s} sample.py {scripts_result[name]['ours']['tokens_per_s']:.0f} tokens/s, "
+                            f"nanoGPT's sample.py {scripts_result[name]['nanogpt']['tokens_per_s']:.0f} tokens/s",
+                            flush=True,
+                        )
                     continue
                 job = dict(model=name, run=run, prompt=RUNS[run] or block, hf_dir=str(hf_dir))
-                cmd = [sys.executable, __file__, "--child", json.dumps(job), "--budget", str(args.budget),
-                       "--threads", str(args.threads), "--val-windows", str(args.val_windows),
-                       "--repeats", str(args.repeats)]
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    json.dumps(job),
+                    "--budget",
+                    str(args.budget),
+                    "--threads",
+                    str(args.threads),
+                    "--val-windows",
+                    str(args.val_windows),
+                    "--repeats",
+                    str(args.repeats),
+                ]
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
                 result = json.loads(out.strip().splitlines()[-1])
                 result.pop("hf_dir")
                 result["load_avg"] = os.getloadavg()
                 results.append(result)
                 if run == "dtype":
-                    print(f"{name:10s} {run:18s} float32 {result['tokens_per_s_float32']:6.0f} tokens/s  bf16 "
-                          f"{result['tokens_per_s_bfloat16']:6.0f} tokens/s  bf16/float32 {result['bf16_vs_float32']:.2f}",
-                          flush=True)
+                    print(
+                        f"{name:10s} {run:18s} float32 {result['tokens_per_s_float32']:6.0f} tokens/s  bf16 "
+                        f"{result['tokens_per_s_bfloat16']:6.0f} tokens/s  bf16/float32 {result['bf16_vs_float32']:.2f}",
+                        flush=True,
+                    )
                     continue
                 if run == "val-loss":
-                    print(f"{name:10s} {run:18s} float32 {result['val_loss_fp32']:.4f}  int8 "
-                          f"{result['val_loss_int8']:.4f}  ({100 * result['val_loss_rel_diff']:+.2f}%)", flush=True)
+                    print(
+                        f"{name:10s} {run:18s} float32 {result['val_loss_fp32']:.4f}  int8 "
+                        f"{result['val_loss_int8']:.4f}  ({100 * result['val_loss_rel_diff']:+.2f}%)",
+                        flush=True,
+                    )
                     continue
-                print(f"{name:10s} {run:18s} {result['tokens_per_s']:8.0f} tokens/s  "
-                      f"ttft {result['ttft_ms']:6.0f} ms  peak {result['peak_rss_mb']:5.0f} MB", flush=True)
+                print(
+                    f"{name:10s} {run:18s} {result['tokens_per_s']:8.0f} tokens/s  "
+                    f"ttft {result['ttft_ms']:6.0f} ms  peak {result['peak_rss_mb']:5.0f} MB",
+                    flush=True,
+                )
     speedups = {}
     for name in args.models.split(","):
         by = {r["run"]: r for r in results if r["model"] == name}
-        ratios = {"cached_vs_recompute": ("cached", "recompute"), "cached_vs_hf_in_context": ("cached-in-context", "hf"),
-                  "int8_vs_float32": ("int8", "cached")}
-        speedups[name] = {k: by[a]["tokens_per_s"] / by[b]["tokens_per_s"] for k, (a, b) in ratios.items()
-                          if a in by and b in by}
+        ratios = {
+            "cached_vs_recompute": ("cached", "recompute"),
+            "cached_vs_hf_in_context": ("cached-in-context", "hf"),
+            "int8_vs_float32": ("int8", "cached"),
+        }
+        speedups[name] = {
+            k: by[a]["tokens_per_s"] / by[b]["tokens_per_s"] for k, (a, b) in ratios.items() if a in by and b in by
+        }
         if "val-loss" in by:
             speedups[name]["int8_val_loss_rel_diff"] = by["val-loss"]["val_loss_rel_diff"]
     env = dict(
-        python=platform.python_version(), torch=torch.__version__, cpu=cpu_name(),
-        capability=torch.backends.cpu.get_cpu_capability(), native_bf16=cpu_has_native_bf16(),
-        mkldnn_bf16=bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()), cores=os.cpu_count(), threads=args.threads,
-        load_avg_before=load_before, load_avg_after=os.getloadavg(),
+        python=platform.python_version(),
+        torch=torch.__version__,
+        cpu=cpu_name(),
+        capability=torch.backends.cpu.get_cpu_capability(),
+        native_bf16=cpu_has_native_bf16(),
+        mkldnn_bf16=bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+        cores=os.cpu_count(),
+        threads=args.threads,
+        load_avg_before=load_before,
+        load_avg_after=os.getloadavg(),
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(dict(env=env, results=results, speedups=speedups, scripts=scripts_result), indent=2) + "\n")
+    out.with_suffix(".json").write_text(
+        json.dumps(dict(env=env, results=results, speedups=speedups, scripts=scripts_result), indent=2) + "\n"
+    )
     md = [f"Environment: {json.dumps(env)}"]
 
     def cell(v: dict, key: str, fmt: str, unit: str = "") -> str:
         return format(v[key], fmt) + unit if key in v else "-"
 
     if any(r["run"] not in ("val-loss", "dtype") for r in results):
-        md += ["", table(results), "", "| model | cached / recompute | ours / transformers (in context) | "
-               "int8 / float32 tokens/s | int8 val loss vs float32 |", "|---|---|---|---|---|"]
-        md += [f"| {k} | {cell(v, 'cached_vs_recompute', '.1f', 'x')} | {cell(v, 'cached_vs_hf_in_context', '.2f', 'x')} | "
-               f"{cell(v, 'int8_vs_float32', '.2f', 'x')} | {cell(v, 'int8_val_loss_rel_diff', '+.2%')} |"
-               for k, v in speedups.items()]
+        md += [
+            "",
+            table(results),
+            "",
+            "| model | cached / recompute | ours / transformers (in context) | "
+            "int8 / float32 tokens/s | int8 val loss vs float32 |",
+            "|---|---|---|---|---|",
+        ]
+        md += [
+            f"| {k} | {cell(v, 'cached_vs_recompute', '.1f', 'x')} | {cell(v, 'cached_vs_hf_in_context', '.2f', 'x')} | "
+            f"{cell(v, 'int8_vs_float32', '.2f', 'x')} | {cell(v, 'int8_val_loss_rel_diff', '+.2%')} |"
+            for k, v in speedups.items()
+        ]
     dtypes = [r for r in results if r["run"] == "dtype"]
     if dtypes:
-        md += ["", f"float32 against bf16 weights ({SAMPLES} x {NEW_TOKENS} new tokens, {args.threads} thread(s), "
-               f"{args.repeats} interleaved pairs in one process, medians; load average {load_before[0]:.1f} before, "
-               f"{env['load_avg_after'][0]:.1f} after: other jobs may share the CPU, the ratios are the figures to read):", "",
-               "| model | parameters | float32 tokens/s | bf16 tokens/s | bf16 / float32 |", "|---|---|---|---|---|"]
-        md += [f"| {r['model']} | {r['n_params'] / 1e6:.1f}M | {r['tokens_per_s_float32']:.0f} | "
-               f"{r['tokens_per_s_bfloat16']:.0f} | {r['bf16_vs_float32']:.2f} |" for r in dtypes]
+        md += [
+            "",
+            f"float32 against bf16 weights ({SAMPLES} x {NEW_TOKENS} new tokens, {args.threads} thread(s), "
+            f"{args.repeats} interleaved pairs in one process, medians; load average {load_before[0]:.1f} before, "
+            f"{env['load_avg_after'][0]:.1f} after: other jobs may share the CPU, the ratios are the figures to read):",
+            "",
+            "| model | parameters | float32 tokens/s | bf16 tokens/s | bf16 / float32 |",
+            "|---|---|---|---|---|",
+        ]
+        md += [
+            f"| {r['model']} | {r['n_params'] / 1e6:.1f}M | {r['tokens_per_s_float32']:.0f} | "
+            f"{r['tokens_per_s_bfloat16']:.0f} | {r['bf16_vs_float32']:.2f} |"
+            for r in dtypes
+        ]
     losses = [r for r in results if r["run"] == "val-loss"]
     if losses:
         md += ["", "| model | val loss float32 | val loss int8 | difference | val tokens |", "|---|---|---|---|---|"]
-        md += [f"| {r['model']} | {r['val_loss_fp32']:.4f} | {r['val_loss_int8']:.4f} | "
-               f"{r['val_loss_rel_diff']:+.2%} | {r['val_tokens']} |" for r in losses]
+        md += [
+            f"| {r['model']} | {r['val_loss_fp32']:.4f} | {r['val_loss_int8']:.4f} | "
+            f"{r['val_loss_rel_diff']:+.2%} | {r['val_tokens']} |"
+            for r in losses
+        ]
     if scripts_result:
-        md += ["", f"sample.py against nanoGPT's sample.py (default threads, {SAMPLES} samples, start-up subtracted):", "", "| model | ours tokens/s | nanoGPT tokens/s | ours / nanoGPT |", "|---|---|---|---|"]
-        md += [f"| {k} | {v['ours']['tokens_per_s']:.0f} | {v['nanogpt']['tokens_per_s']:.0f} | {v['ours_vs_nanogpt']:.1f}x |"
-               for k, v in scripts_result.items()]
+        md += [
+            "",
+            f"sample.py against nanoGPT's sample.py (default threads, {SAMPLES} samples, start-up subtracted):",
+            "",
+            "| model | ours tokens/s | nanoGPT tokens/s | ours / nanoGPT |",
+            "|---|---|---|---|",
+        ]
+        md += [
+            f"| {k} | {v['ours']['tokens_per_s']:.0f} | {v['nanogpt']['tokens_per_s']:.0f} | {v['ours_vs_nanogpt']:.1f}x |"
+            for k, v in scripts_result.items()
+        ]
     out.with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 

@@ -89,10 +89,16 @@ def worker(mode: str, steps: int) -> None:
         optimizer.zero_grad(set_to_none=True)
     seconds = (time.time() - t0) / steps
     state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
-    result = dict(rank=rt.rank, params=held_bytes(model.parameters()), grads=grads, optimizer=held_bytes(state),
-                  peak=(torch.cuda.max_memory_allocated(rt.device) if rt.device.type == "cuda" else
-                        peak_rss() - start_rss), peak_kind="cuda allocated" if rt.device.type == "cuda" else "RSS growth",
-                  seconds_per_step=seconds, loss=loss.item())
+    result = dict(
+        rank=rt.rank,
+        params=held_bytes(model.parameters()),
+        grads=grads,
+        optimizer=held_bytes(state),
+        peak=(torch.cuda.max_memory_allocated(rt.device) if rt.device.type == "cuda" else peak_rss() - start_rss),
+        peak_kind="cuda allocated" if rt.device.type == "cuda" else "RSS growth",
+        seconds_per_step=seconds,
+        loss=loss.item(),
+    )
     gathered = [None] * rt.world_size
     torch.distributed.all_gather_object(gathered, result)
     if rt.master:
@@ -101,24 +107,49 @@ def worker(mode: str, steps: int) -> None:
 
 
 def memory(steps: int = 3) -> dict:
-    out = {"model": MEMORY_MODEL, "micro_batch": [MEMORY_BATCH, MEMORY_MODEL["block_size"]], "processes": 2, "modes": {}}
+    out = {
+        "model": MEMORY_MODEL,
+        "micro_batch": [MEMORY_BATCH, MEMORY_MODEL["block_size"]],
+        "processes": 2,
+        "modes": {},
+    }
     for mode in MODES:
-        res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                              __file__, "--worker", mode, "--steps", str(steps)], cwd=ROOT, capture_output=True,
-                             text=True, env=dict(os.environ, OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_=str(1 << 17)))
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                __file__,
+                "--worker",
+                mode,
+                "--steps",
+                str(steps),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_=str(1 << 17)),
+        )
         lines = [line for line in res.stdout.splitlines() if line.startswith("RESULT ")]
         if res.returncode or not lines:
             raise RuntimeError(f"{mode} failed:\n{res.stderr[-3000:]}")
         ranks = json.loads(lines[0].removeprefix("RESULT "))
         out["modes"][mode] = ranks
         r = ranks[0]
-        print(f"{mode}: rank 0 holds params {r['params'] / 2**20:.0f} MiB, grads {r['grads'] / 2**20:.0f} MiB, "
-              f"AdamW {r['optimizer'] / 2**20:.0f} MiB; peak {r['peak'] / 2**20:.0f} MiB ({r['peak_kind']}); "
-              f"{r['seconds_per_step']:.2f} s/step", flush=True)
+        print(
+            f"{mode}: rank 0 holds params {r['params'] / 2**20:.0f} MiB, grads {r['grads'] / 2**20:.0f} MiB, "
+            f"AdamW {r['optimizer'] / 2**20:.0f} MiB; peak {r['peak'] / 2**20:.0f} MiB ({r['peak_kind']}); "
+            f"{r['seconds_per_step']:.2f} s/step",
+            flush=True,
+        )
     state = {m: max(r["params"] + r["grads"] + r["optimizer"] for r in ranks) for m, ranks in out["modes"].items()}
     out["state_drop_fsdp_vs_ddp"] = 1 - state["FSDP"] / state["DDP"]
     out["peak_drop_fsdp_vs_ddp"] = 1 - max(r["peak"] for r in out["modes"]["FSDP"]) / max(
-        r["peak"] for r in out["modes"]["DDP"])
+        r["peak"] for r in out["modes"]["DDP"]
+    )
     return out
 
 
@@ -151,8 +182,9 @@ def recompute(repeats: int = 5, steps: int = 4) -> dict:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), rt.autocast():
             model(*batch(0, 0))
         params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        runs[ac] = dict(model=model, optimizer=optimizer, times=[],
-                        saved=sum(n for ptr, n in saved.items() if ptr not in params))
+        runs[ac] = dict(
+            model=model, optimizer=optimizer, times=[], saved=sum(n for ptr, n in saved.items() if ptr not in params)
+        )
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     for _ in range(repeats):  # interleaved: the machine's load hits both alike
         for run in runs.values():
@@ -176,31 +208,46 @@ def markdown(results: dict) -> str:
     lines = [f"Measured on {results['machine']}.", ""]
     if "memory" in results:
         m = results["memory"]
-        lines += [f"**Memory per rank, 2 processes** ({sum(1 for _ in m['modes'])} runs of 3 steps; model "
-                  f"{m['model']['n_layer']}x{m['model']['n_head']}x{m['model']['n_embd']}, vocab "
-                  f"{m['model']['vocab_size']}, micro-batch {m['micro_batch'][0]} x {m['micro_batch'][1]}, float32, one "
-                  f"thread each; load average {m['load_at_start']} at the start)", "",
-                  "| mode | parameters | gradients | AdamW state | params + grads + state | peak | s/step |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            f"**Memory per rank, 2 processes** ({sum(1 for _ in m['modes'])} runs of 3 steps; model "
+            f"{m['model']['n_layer']}x{m['model']['n_head']}x{m['model']['n_embd']}, vocab "
+            f"{m['model']['vocab_size']}, micro-batch {m['micro_batch'][0]} x {m['micro_batch'][1]}, float32, one "
+            f"thread each; load average {m['load_at_start']} at the start)",
+            "",
+            "| mode | parameters | gradients | AdamW state | params + grads + state | peak | s/step |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for mode, ranks in m["modes"].items():
             r = max(ranks, key=lambda r: r["params"] + r["grads"] + r["optimizer"])
             mib = lambda b: f"{b / 2**20:,.0f} MiB"  # noqa: E731
-            lines.append(f"| {mode} | {mib(r['params'])} | {mib(r['grads'])} | {mib(r['optimizer'])} | "
-                         f"{mib(r['params'] + r['grads'] + r['optimizer'])} | {mib(max(x['peak'] for x in ranks))} "
-                         f"({r['peak_kind']}) | {r['seconds_per_step']:.2f} |")
-        lines += ["", f"FSDP holds {m['state_drop_fsdp_vs_ddp']:.0%} less training state per rank than DDP; its peak "
-                      f"is {m['peak_drop_fsdp_vs_ddp']:.0%} lower.", ""]
+            lines.append(
+                f"| {mode} | {mib(r['params'])} | {mib(r['grads'])} | {mib(r['optimizer'])} | "
+                f"{mib(r['params'] + r['grads'] + r['optimizer'])} | {mib(max(x['peak'] for x in ranks))} "
+                f"({r['peak_kind']}) | {r['seconds_per_step']:.2f} |"
+            )
+        lines += [
+            "",
+            f"FSDP holds {m['state_drop_fsdp_vs_ddp']:.0%} less training state per rank than DDP; its peak "
+            f"is {m['peak_drop_fsdp_vs_ddp']:.0%} lower.",
+            "",
+        ]
     if "recompute" in results:
         r = results["recompute"]
-        lines += [f"**Activation checkpointing, one process** (model {r['model']['n_layer']}x{r['model']['n_head']}x"
-                  f"{r['model']['n_embd']}, micro-batch {r['micro_batch'][0]} x {r['micro_batch'][1]}, float32, "
-                  f"{r['threads']} thread; median of interleaved repeats; load average {r['load_at_start']} at the start)",
-                  "",
-                  "| | ms/step | activations kept for the backward |", "|---|---|---|"]
+        lines += [
+            f"**Activation checkpointing, one process** (model {r['model']['n_layer']}x{r['model']['n_head']}x"
+            f"{r['model']['n_embd']}, micro-batch {r['micro_batch'][0]} x {r['micro_batch'][1]}, float32, "
+            f"{r['threads']} thread; median of interleaved repeats; load average {r['load_at_start']} at the start)",
+            "",
+            "| | ms/step | activations kept for the backward |",
+            "|---|---|---|",
+        ]
         for name in ("without AC", "with AC"):
             lines.append(f"| {name} | {r[name]['ms_per_step']:.0f} | {r[name]['saved_bytes'] / 2**20:,.0f} MiB |")
-        lines += ["", f"Recomputing costs {r['step_time_cost']:.0%} more time per step for {r['saved_drop']:.0%} "
-                      f"less activation memory."]
+        lines += [
+            "",
+            f"Recomputing costs {r['step_time_cost']:.0%} more time per step for {r['saved_drop']:.0%} "
+            f"less activation memory.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -219,8 +266,10 @@ def main() -> None:
     json_path = RESULTS.with_suffix(".json")
     results = json.loads(json_path.read_text()) if json_path.exists() else {}
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
-    results.update(machine=f"{cpu_description()}, {os.cpu_count()} cores, {device}, torch {torch.__version__}, "
-                           f"Python {platform.python_version()}")
+    results.update(
+        machine=f"{cpu_description()}, {os.cpu_count()} cores, {device}, torch {torch.__version__}, "
+        f"Python {platform.python_version()}"
+    )
     for name, fn in (("memory", memory), ("recompute", recompute)):
         if args.only in (None, name):
             load = os.getloadavg()[0]  # the machine may be shared: each part says how busy it was

@@ -61,23 +61,31 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     argv = argv[: argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--minutes", type=float, default=60, help="training budget, train.py --max-minutes (default: 60)")
-    p.add_argument("--at", default="10,20,30,45,60",
-                   help="minutes after launch at which to take the latest checkpoint; those at or past --minutes "
-                   "are the end of training (default: 10,20,30,45,60)")
+    p.add_argument(
+        "--at",
+        default="10,20,30,45,60",
+        help="minutes after launch at which to take the latest checkpoint; those at or past --minutes "
+        "are the end of training (default: 10,20,30,45,60)",
+    )
     p.add_argument("--config", default="multi30k_cpu", help="train.py --config (default: multi30k_cpu)")
     p.add_argument("--data", help="an existing pairs dataset (default: prepare Multi30k de-en, bpe 8192, in --work)")
     p.add_argument("--input", default=str(MULTI30K), help=f"raw Multi30k files (default: {MULTI30K})")
-    p.add_argument("--work", help="directory for the dataset, run and checkpoints (default: a temporary one, "
-                   "removed at the end)")
+    p.add_argument(
+        "--work", help="directory for the dataset, run and checkpoints (default: a temporary one, removed at the end)"
+    )
     p.add_argument("--limit", type=int, help=f"evaluate on the first N sentences of {TEST} (default: all)")
     p.add_argument("--beam-size", type=int, default=4, help="beam size of the beam-search column (default: 4)")
-    p.add_argument("--length-penalty", type=float, default=DEFAULT_LENGTH_PENALTY,
-                   help=f"GNMT alpha for beam search (default: {DEFAULT_LENGTH_PENALTY:g})")
+    p.add_argument(
+        "--length-penalty",
+        type=float,
+        default=DEFAULT_LENGTH_PENALTY,
+        help=f"GNMT alpha for beam search (default: {DEFAULT_LENGTH_PENALTY:g})",
+    )
     p.add_argument("--batch-size", type=int, default=64, help="sentences decoded together (default: 64)")
     p.add_argument("--eval-threads", type=int, default=None, help="torch threads for evaluation (default: torch's)")
     p.add_argument("--results", default=str(ROOT / "bench" / "results"), help="where seq2seq.{json,md} go")
     p.add_argument("--poll", type=float, default=2.0, help="seconds between looks at the run directory")
-    p.add_argument("--ckpt", help="evaluate this checkpoint only (no training) into seq2seq.json's \"decoding\"")
+    p.add_argument("--ckpt", help='evaluate this checkpoint only (no training) into seq2seq.json\'s "decoding"')
     p.add_argument("--label", help="with --ckpt: the row's name, e.g. what the decoder is (required with --ckpt)")
     p.add_argument("--note", default="", help="with --ckpt: a remark kept with the row (machine, load)")
     args = p.parse_args(argv)
@@ -135,8 +143,15 @@ def train_minutes(records: list[dict], step: int) -> float | None:
     return round(evals[-1]["elapsed"] / 60, 2) if evals else None
 
 
-def evaluate_checkpoint(path, sources: list[str], references: list[str], beam_size: int = 4, alpha: float = DEFAULT_LENGTH_PENALTY,
-                        batch_size: int = 64, device: str = "cpu") -> dict:
+def evaluate_checkpoint(
+    path,
+    sources: list[str],
+    references: list[str],
+    beam_size: int = 4,
+    alpha: float = DEFAULT_LENGTH_PENALTY,
+    batch_size: int = 64,
+    device: str = "cpu",
+) -> dict:
     """BLEU and sentences/s of one checkpoint: greedy, then beam search."""
     from gpt.checkpoints.loader import load_checkpoint
     from gpt.infer.evaluate import evaluate
@@ -148,9 +163,15 @@ def evaluate_checkpoint(path, sources: list[str], references: list[str], beam_si
     out = {}
     for name, k in (("greedy", 1), ("beam", beam_size)):
         r = evaluate(model, tok, sources, references, bos, eos, beam_size=k, alpha=alpha, batch_size=batch_size)
-        out[name] = {"bleu": round(r["bleu"], 2), "ratio": round(r["ratio"], 3), "bp": round(r["bp"], 3),
-                     "sentences_per_s": round(r["sentences_per_s"], 1), "seconds": round(r["seconds"], 1),
-                     "signature": r["signature"], "sample": r["hypotheses"][:3]}
+        out[name] = {
+            "bleu": round(r["bleu"], 2),
+            "ratio": round(r["ratio"], 3),
+            "bp": round(r["bp"], 3),
+            "sentences_per_s": round(r["sentences_per_s"], 1),
+            "seconds": round(r["seconds"], 1),
+            "signature": r["signature"],
+            "sample": r["hypotheses"][:3],
+        }
     return out
 
 
@@ -158,13 +179,17 @@ def _scores(r: dict) -> str:
     """BLEU greedy | ratio greedy | BLEU beam | ratio beam | greedy sent/s | beam sent/s (ratio "-" if not measured)."""
     g, b = r["greedy"], r["beam"]
     ratio = [f"{d['ratio']:.3f}" if d.get("ratio") is not None else "-" for d in (g, b)]
-    return (f"{g['bleu']:.2f} | {ratio[0]} | {b['bleu']:.2f} | {ratio[1]} | {g['sentences_per_s']:.1f} | "
-            f"{b['sentences_per_s']:.1f}")
+    return (
+        f"{g['bleu']:.2f} | {ratio[0]} | {b['bleu']:.2f} | {ratio[1]} | {g['sentences_per_s']:.1f} | "
+        f"{b['sentences_per_s']:.1f}"
+    )
 
 
 def _score_header(beam_size: int) -> str:
-    return (f"BLEU greedy | ratio greedy | BLEU beam {beam_size} | ratio beam {beam_size} | greedy sent/s | "
-            f"beam {beam_size} sent/s")
+    return (
+        f"BLEU greedy | ratio greedy | BLEU beam {beam_size} | ratio beam {beam_size} | greedy sent/s | "
+        f"beam {beam_size} sent/s"
+    )
 
 
 def markdown(rows: list[dict], beam_size: int) -> str:
@@ -181,12 +206,15 @@ def markdown(rows: list[dict], beam_size: int) -> str:
 
 def decoding_markdown(entries: list[dict]) -> str:
     """The --ckpt rows: one checkpoint scored by different decoders (label, length penalty, step)."""
-    lines = [f"| decoding | length penalty | step | val loss | {_score_header(entries[0]['beam_size'])} | note |",
-             "|---" * 11 + "|"]
+    lines = [
+        f"| decoding | length penalty | step | val loss | {_score_header(entries[0]['beam_size'])} | note |",
+        "|---" * 11 + "|",
+    ]
     for e in entries:
         val = f"{e['val_loss']:.3f}" if e.get("val_loss") is not None else "-"
-        lines.append(f"| {e['label']} | {e['length_penalty']:g} | {e['step']} | {val} | {_scores(e)} | "
-                     f"{e.get('note', '')} |")
+        lines.append(
+            f"| {e['label']} | {e['length_penalty']:g} | {e['step']} | {val} | {_scores(e)} | {e.get('note', '')} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -194,11 +222,15 @@ def render(result: dict) -> str:
     """seq2seq.md from seq2seq.json: the training table, then the --ckpt rows if there are any."""
     text = ""
     if result.get("rows"):
-        text = (f"Multi30k de->en ({result['test_set']}, {result['sentences']} sentences), `{result['command']}`\n\n"
-                + markdown(result["rows"], result["beam_size"]))
+        text = (
+            f"Multi30k de->en ({result['test_set']}, {result['sentences']} sentences), `{result['command']}`\n\n"
+            + markdown(result["rows"], result["beam_size"])
+        )
     for test_set, entries in _by_test(result.get("decoding", [])):
-        text += (("\n" if text else "") + f"Decoding compared on one checkpoint ({test_set}), "
-                 f"`bench/bench_seq2seq.py --ckpt FILE --label LABEL`:\n\n" + decoding_markdown(entries))
+        text += (
+            ("\n" if text else "") + f"Decoding compared on one checkpoint ({test_set}), "
+            f"`bench/bench_seq2seq.py --ckpt FILE --label LABEL`:\n\n" + decoding_markdown(entries)
+        )
     return text
 
 
@@ -214,11 +246,18 @@ def evaluate_one(args, sources: list[str], references: list[str], results: Path)
     from gpt.checkpoints import loader
 
     meta = loader.read_meta(args.ckpt)
-    entry = {"label": args.label, "checkpoint": str(args.ckpt), "step": meta.get("step"),
-             "val_loss": meta.get("val_loss"), "test_set": TEST, "sentences": len(sources),
-             "beam_size": args.beam_size, "length_penalty": args.length_penalty, "note": args.note,
-             **evaluate_checkpoint(args.ckpt, sources, references, args.beam_size, args.length_penalty,
-                                   args.batch_size)}
+    entry = {
+        "label": args.label,
+        "checkpoint": str(args.ckpt),
+        "step": meta.get("step"),
+        "val_loss": meta.get("val_loss"),
+        "test_set": TEST,
+        "sentences": len(sources),
+        "beam_size": args.beam_size,
+        "length_penalty": args.length_penalty,
+        "note": args.note,
+        **evaluate_checkpoint(args.ckpt, sources, references, args.beam_size, args.length_penalty, args.batch_size),
+    }
     path = results / "seq2seq.json"
     result = json.loads(path.read_text()) if path.is_file() else {}
     result["decoding"] = [e for e in result.get("decoding", []) if e["label"] != args.label] + [entry]
@@ -234,8 +273,21 @@ def prepare(args, work: Path) -> tuple[Path, float]:
     out = work / "multi30k-de-en"
     t0 = time.time()
     res = subprocess.run(
-        [sys.executable, str(ROOT / "data" / "multi30k" / "prepare.py"), "--input", args.input, "--out", str(out),
-         "--tokenizer", "bpe", "--vocab-size", "8192"], cwd=ROOT, capture_output=True, text=True,
+        [
+            sys.executable,
+            str(ROOT / "data" / "multi30k" / "prepare.py"),
+            "--input",
+            args.input,
+            "--out",
+            str(out),
+            "--tokenizer",
+            "bpe",
+            "--vocab-size",
+            "8192",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     if res.returncode:
         raise SystemExit(f"error: preparing Multi30k failed: {res.stderr.strip()}")
@@ -246,8 +298,19 @@ def prepare(args, work: Path) -> tuple[Path, float]:
 def train(args, extra: list[str], data: Path, work: Path) -> tuple[list[dict], dict, list[str]]:
     """Run train.py for the budget, snapshotting last.pt on schedule; (snapshots, timing, command)."""
     run_dir, snaps_dir = work / "run", work / "snapshots"
-    cmd = [sys.executable, "train.py", "--config", args.config, "--data", str(data), "--out-dir", str(run_dir),
-           "--max-minutes", f"{args.minutes:g}", *extra]
+    cmd = [
+        sys.executable,
+        "train.py",
+        "--config",
+        args.config,
+        "--data",
+        str(data),
+        "--out-dir",
+        str(run_dir),
+        "--max-minutes",
+        f"{args.minutes:g}",
+        *extra,
+    ]
     print("$ " + " ".join(cmd[1:]), flush=True)
     log = open(work / "train.out", "w")
     t0 = time.time()
@@ -260,8 +323,10 @@ def train(args, extra: list[str], data: Path, work: Path) -> tuple[list[dict], d
                 at = pending.pop(0)
                 snap = take_snapshot(run_dir, snaps_dir / f"{at:g}min.pt") or {"step": None}
                 snaps.append({"minutes": at, "wall_s": round(elapsed, 1), **snap})
-                print(f"  {at:g} min: " + (f"step {snap['step']}" if snap["step"] is not None else "no checkpoint yet"),
-                      flush=True)
+                print(
+                    f"  {at:g} min: " + (f"step {snap['step']}" if snap["step"] is not None else "no checkpoint yet"),
+                    flush=True,
+                )
             if not termed and elapsed > 60 * args.minutes + GRACE_S:
                 print(f"  the trainer is {GRACE_S} s past its budget: SIGTERM", flush=True)
                 proc.send_signal(signal.SIGTERM)  # it finishes the step, saves last.pt and stops
@@ -313,8 +378,9 @@ def main(argv=None) -> int:
                 row["train_minutes"] = train_minutes(records, snap["step"])
                 if snap["step"] not in done:  # the same checkpoint twice (no eval in between): evaluate once
                     print(f"evaluating step {snap['step']} on {len(sources)} sentences ...", flush=True)
-                    done[snap["step"]] = evaluate_checkpoint(snap["file"], sources, references, args.beam_size,
-                                                             args.length_penalty, args.batch_size)
+                    done[snap["step"]] = evaluate_checkpoint(
+                        snap["file"], sources, references, args.beam_size, args.length_penalty, args.batch_size
+                    )
                 row.update(done[snap["step"]])
             row.pop("file", None)
             rows.append(row)
@@ -330,12 +396,20 @@ def main(argv=None) -> int:
             "prepare_s": round(prepare_s, 1),
             **timing,
             "rows": rows,
-            "val_curve": [(r["step"], round(r["val_loss"], 4), round(r.get("elapsed", 0) / 60, 2))
-                          for r in records if r.get("kind") == "eval"],
+            "val_curve": [
+                (r["step"], round(r["val_loss"], 4), round(r.get("elapsed", 0) / 60, 2))
+                for r in records
+                if r.get("kind") == "eval"
+            ],
             "train_summary": next((r for r in reversed(records) if r.get("kind") == "summary"), None),
-            "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                        "cpus": os.cpu_count(), "torch": torch.__version__, "eval_threads": torch.get_num_threads(),
-                        "load_average": os.getloadavg()},
+            "machine": {
+                "platform": platform.platform(),
+                "processor": platform.processor() or platform.machine(),
+                "cpus": os.cpu_count(),
+                "torch": torch.__version__,
+                "eval_threads": torch.get_num_threads(),
+                "load_average": os.getloadavg(),
+            },
         }
         write_results(result, results)
     finally:

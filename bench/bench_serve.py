@@ -35,8 +35,23 @@ from models import ENV, ensure, val_tokens  # noqa: E402
 
 
 def start_server(run_dir: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "gpt.serve", "--ckpt", str(run_dir), "--port", "0", "--max-batch", "32",
-           "--max-queue", "256", "--max-tokens", str(args.max_tokens), "--model-name", "bench"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gpt.serve",
+        "--ckpt",
+        str(run_dir),
+        "--port",
+        "0",
+        "--max-batch",
+        "32",
+        "--max-queue",
+        "256",
+        "--max-tokens",
+        str(args.max_tokens),
+        "--model-name",
+        "bench",
+    ]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -48,8 +63,15 @@ def start_server(run_dir: Path, args: argparse.Namespace) -> tuple[subprocess.Po
 
 
 async def one_request(client, url: str, prompt: str, seed: int, max_tokens: int) -> dict:
-    body = {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "temperature": 1.0, "seed": seed,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": "bench",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 1.0,
+        "seed": seed,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     sent = time.perf_counter()
     first, tokens, done = None, 0, False
     try:
@@ -73,8 +95,13 @@ async def one_request(client, url: str, prompt: str, seed: int, max_tokens: int)
     except Exception as e:
         return {"ok": False, "error": f"{type(e).__name__}: {e}"}
     latency = time.perf_counter() - sent
-    return {"ok": done, "latency": latency, "ttft": first if first is not None else latency, "tokens": tokens,
-            **({} if done else {"error": "stream ended before [DONE]"})}
+    return {
+        "ok": done,
+        "latency": latency,
+        "ttft": first if first is not None else latency,
+        "tokens": tokens,
+        **({} if done else {"error": "stream ended before [DONE]"}),
+    }
 
 
 async def level(url: str, clients: int, requests: int, prompts: list[str], max_tokens: int) -> dict:
@@ -82,6 +109,7 @@ async def level(url: str, clients: int, requests: int, prompts: list[str], max_t
 
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(300.0), limits=limits) as client:
+
         async def user(u: int) -> list[dict]:
             out = []
             for i in range(requests):
@@ -101,11 +129,21 @@ async def level(url: str, clients: int, requests: int, prompts: list[str], max_t
     def pct(xs, q):
         return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
-    return {"clients": clients, "requests": len(results), "failed": len(results) - len(ok),
-            "errors": sorted({r["error"] for r in results if not r["ok"]})[:5], "tokens": tokens, "seconds": wall,
-            "tokens_per_s": tokens / wall, "latency_p50_s": pct(lat, 0.5), "latency_p99_s": pct(lat, 0.99),
-            "ttft_p50_s": pct(ttft, 0.5), "ttft_p99_s": pct(ttft, 0.99), "load_avg_before": load_before,
-            "load_avg_after": os.getloadavg()}
+    return {
+        "clients": clients,
+        "requests": len(results),
+        "failed": len(results) - len(ok),
+        "errors": sorted({r["error"] for r in results if not r["ok"]})[:5],
+        "tokens": tokens,
+        "seconds": wall,
+        "tokens_per_s": tokens / wall,
+        "latency_p50_s": pct(lat, 0.5),
+        "latency_p99_s": pct(lat, 0.99),
+        "ttft_p50_s": pct(ttft, 0.5),
+        "ttft_p99_s": pct(ttft, 0.99),
+        "load_avg_before": load_before,
+        "load_avg_after": os.getloadavg(),
+    }
 
 
 def prompts_for(name: str, n: int, prompt_tokens: int) -> list[str]:
@@ -116,8 +154,10 @@ def prompts_for(name: str, n: int, prompt_tokens: int) -> list[str]:
     tok = get_tokenizer(read_meta(ensure(name))["tokenizer"])
     ids = val_tokens(name)
     rng = random.Random(0)
-    return [tok.decode(ids[s : s + prompt_tokens].tolist()) for s in (rng.randrange(len(ids) - prompt_tokens)
-                                                                     for _ in range(n))]
+    return [
+        tok.decode(ids[s : s + prompt_tokens].tolist())
+        for s in (rng.randrange(len(ids) - prompt_tokens) for _ in range(n))
+    ]
 
 
 def main() -> None:
@@ -127,8 +167,12 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=20, help="requests per client")
     p.add_argument("--max-tokens", type=int, default=64, help="new tokens per request")
     p.add_argument("--prompt-tokens", type=int, default=16, help="prompt length in tokens")
-    p.add_argument("--threads", type=int, default=1,
-                   help="server's torch threads, 0 for torch's default (default: 1: on a shared CPU more threads stall)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="server's torch threads, 0 for torch's default (default: 1: on a shared CPU more threads stall)",
+    )
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve"), help="results path, without suffix")
     args = p.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
@@ -145,10 +189,13 @@ def main() -> None:
             for clients in levels:
                 r = {"model": name, **asyncio.run(level(url, clients, args.requests, prompts, args.max_tokens))}
                 results.append(r)
-                print(f"{name:10s} {clients:3d} clients: {r['tokens_per_s']:8.1f} tokens/s | latency p50 "
-                      f"{r['latency_p50_s']:.2f} s p99 {r['latency_p99_s']:.2f} s | first token p50 "
-                      f"{1000 * r['ttft_p50_s']:.0f} ms p99 {1000 * r['ttft_p99_s']:.0f} ms | {r['failed']} failed | "
-                      f"load {r['load_avg_before'][0]:.1f}", flush=True)
+                print(
+                    f"{name:10s} {clients:3d} clients: {r['tokens_per_s']:8.1f} tokens/s | latency p50 "
+                    f"{r['latency_p50_s']:.2f} s p99 {r['latency_p99_s']:.2f} s | first token p50 "
+                    f"{1000 * r['ttft_p50_s']:.0f} ms p99 {1000 * r['ttft_p99_s']:.0f} ms | {r['failed']} failed | "
+                    f"load {r['load_avg_before'][0]:.1f}",
+                    flush=True,
+                )
         finally:
             proc.terminate()
             proc.wait(30)
@@ -163,23 +210,42 @@ def main() -> None:
     settings = {k: getattr(args, k) for k in ("requests", "max_tokens", "prompt_tokens", "threads")}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"env": env, "settings": settings, "results": results,
-                                                    "ratio_vs_1_client": ratios, "goal_met": goal,
-                                                    "failed": failed}, indent=2) + "\n")
-    md = [f"CPU: {env['cpu']}, {env['cores']} cores, torch CPU capability {env['capability']}, torch {env['torch']}; "
-          f"load average {env['load_avg_start'][0]:.1f} at the start, {env['load_avg_end'][0]:.1f} at the end",
-          f"Settings: {json.dumps(settings)}", "",
-          "| model | clients | requests | failed | total tokens/s | vs 1 client | latency p50 / p99 | "
-          "first token p50 / p99 | load avg |", "|---|---|---|---|---|---|---|---|---|"]
+    out.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                "env": env,
+                "settings": settings,
+                "results": results,
+                "ratio_vs_1_client": ratios,
+                "goal_met": goal,
+                "failed": failed,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    md = [
+        f"CPU: {env['cpu']}, {env['cores']} cores, torch CPU capability {env['capability']}, torch {env['torch']}; "
+        f"load average {env['load_avg_start'][0]:.1f} at the start, {env['load_avg_end'][0]:.1f} at the end",
+        f"Settings: {json.dumps(settings)}",
+        "",
+        "| model | clients | requests | failed | total tokens/s | vs 1 client | latency p50 / p99 | "
+        "first token p50 / p99 | load avg |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         ratio = ratios.get(r["model"], {}).get(r["clients"], float("nan"))
-        md.append(f"| {r['model']} | {r['clients']} | {r['requests']} | {r['failed']} | {r['tokens_per_s']:.0f} | "
-                  f"{ratio:.1f}x | {r['latency_p50_s']:.2f} / {r['latency_p99_s']:.2f} s | "
-                  f"{1000 * r['ttft_p50_s']:.0f} / {1000 * r['ttft_p99_s']:.0f} ms | {r['load_avg_before'][0]:.1f} |")
+        md.append(
+            f"| {r['model']} | {r['clients']} | {r['requests']} | {r['failed']} | {r['tokens_per_s']:.0f} | "
+            f"{ratio:.1f}x | {r['latency_p50_s']:.2f} / {r['latency_p99_s']:.2f} s | "
+            f"{1000 * r['ttft_p50_s']:.0f} / {1000 * r['ttft_p99_s']:.0f} ms | {r['load_avg_before'][0]:.1f} |"
+        )
     md.append("")
     verdicts = ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in goal.items())
-    md.append(f"Goal ({max(levels)} clients >= 4x one client's total tokens/s, no failed request): {verdicts}; "
-              f"{failed} failed requests")
+    md.append(
+        f"Goal ({max(levels)} clients >= 4x one client's total tokens/s, no failed request): {verdicts}; "
+        f"{failed} failed requests"
+    )
     out.with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 

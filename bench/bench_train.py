@@ -46,9 +46,21 @@ from gpt.runtime import cpu_description, cpu_has_native_bf16  # noqa: E402
 
 SHARED = harness.SHARED_DATA
 RESULTS = ROOT / "bench" / "results" / "train.json"
-NANOGPT_CPU = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
-               "--log_interval=1", "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4",
-               "--n_embd=128", "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]  # its README's line
+NANOGPT_CPU = [
+    "config/train_shakespeare_char.py",
+    "--device=cpu",
+    "--compile=False",
+    "--eval_iters=20",
+    "--log_interval=1",
+    "--block_size=64",
+    "--batch_size=12",
+    "--n_layer=4",
+    "--n_head=4",
+    "--n_embd=128",
+    "--max_iters=2000",
+    "--lr_decay_iters=2000",
+    "--dropout=0.0",
+]  # its README's line
 TARGET = 1.88
 
 
@@ -66,19 +78,51 @@ def prepare(tmp: Path) -> dict[str, Path]:
     """tiny-shakespeare in characters; a 4096-id BPE trained on WikiText-2 and tiny-shakespeare encoded with
     that same vocabulary (--tokenizer-from), so a WikiText model can be fine-tuned on it."""
     out = {"char": tmp / "shakespeare_char", "shakespeare": tmp / "shakespeare", "wikitext": tmp / "wikitext"}
-    sh("data/prepare.py", SHARED / "tinyshakespeare.txt", "--out", out["char"], "--tokenizer", "char",
-       "--block-size", "64")
-    sh("data/prepare.py", SHARED / "wikitext2-valid.txt", SHARED / "wikitext2-test.txt", "--out", out["wikitext"],
-       "--tokenizer", "bpe", "--vocab-size", "4096", "--block-size", "64")
-    sh("data/prepare.py", SHARED / "tinyshakespeare.txt", "--out", out["shakespeare"], "--tokenizer-from",
-       out["wikitext"], "--block-size", "64")
+    sh(
+        "data/prepare.py",
+        SHARED / "tinyshakespeare.txt",
+        "--out",
+        out["char"],
+        "--tokenizer",
+        "char",
+        "--block-size",
+        "64",
+    )
+    sh(
+        "data/prepare.py",
+        SHARED / "wikitext2-valid.txt",
+        SHARED / "wikitext2-test.txt",
+        "--out",
+        out["wikitext"],
+        "--tokenizer",
+        "bpe",
+        "--vocab-size",
+        "4096",
+        "--block-size",
+        "64",
+    )
+    sh(
+        "data/prepare.py",
+        SHARED / "tinyshakespeare.txt",
+        "--out",
+        out["shakespeare"],
+        "--tokenizer-from",
+        out["wikitext"],
+        "--block-size",
+        "64",
+    )
     return out
 
 
 def time_to_target(data: Path, out: Path, args: list[str]) -> dict:
     """Launch our train.py and read its log: seconds from launch to the first eval at or under TARGET."""
-    run = harness.launch([sys.executable, "train.py", "--data", data, "--out-dir", out, *args,
-                          "--target-val-loss", TARGET], ROOT, out.with_suffix(".log"), timeout=900, env=ENV)
+    run = harness.launch(
+        [sys.executable, "train.py", "--data", data, "--out-dir", out, *args, "--target-val-loss", TARGET],
+        ROOT,
+        out.with_suffix(".log"),
+        timeout=900,
+        env=ENV,
+    )
     if run["returncode"]:
         raise RuntimeError(harness.tail(run))
     records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
@@ -99,20 +143,28 @@ def nanogpt_time_to_target(nano: Path, tmp: Path) -> dict:
     """nanoGPT's own train.py and CPU recipe: its evaluations (20 random batches per split) with the time
     since launch; the first at or under TARGET, else its best."""
     found = re.compile(r"step (\d+): train loss ([\d.]+), val loss ([\d.]+)")
-    run = harness.launch([sys.executable, "train.py", *NANOGPT_CPU, f"--out_dir={tmp / 'nano_out'}"], nano,
-                         tmp / "nanogpt.log", timeout=900, env=ENV,
-                         stop_when=lambda line: bool(m := found.search(line)) and float(m[3]) <= TARGET)
+    run = harness.launch(
+        [sys.executable, "train.py", *NANOGPT_CPU, f"--out_dir={tmp / 'nano_out'}"],
+        nano,
+        tmp / "nanogpt.log",
+        timeout=900,
+        env=ENV,
+        stop_when=lambda line: bool(m := found.search(line)) and float(m[3]) <= TARGET,
+    )
     evals = [(int(m[1]), float(m[3]), round(t, 1)) for t, line in run["lines"] if (m := found.search(line))]
     iters = [(t, int(m[1])) for t, line in run["lines"] if (m := re.match(r"iter (\d+):", line))]
     per_iter = [(b[0] - a[0]) / (b[1] - a[1]) for a, b in zip(iters, iters[1:]) if b[1] > a[1] > 10]
     hit = next((e for e in evals if e[1] <= TARGET), None)
     best = min(evals, key=lambda e: e[1]) if evals else None
     return {
-        "seconds_to_target": hit[2] if hit else None, "step_at_target": hit[0] if hit else None,
-        "best_val_loss": best[1] if best else None, "seconds_to_best": best[2] if best else None,
+        "seconds_to_target": hit[2] if hit else None,
+        "step_at_target": hit[0] if hit else None,
+        "best_val_loss": best[1] if best else None,
+        "seconds_to_best": best[2] if best else None,
         "seconds_to_last_eval": evals[-1][2] if evals else None,
         "ms_per_step": round(1e3 * sorted(per_iter)[len(per_iter) // 2], 2) if per_iter else None,
-        "process_seconds": round(run["seconds"], 1), "evals": evals,
+        "process_seconds": round(run["seconds"], 1),
+        "evals": evals,
     }
 
 
@@ -133,7 +185,10 @@ def speedrun(data: dict, tmp: Path, repeats: int = 2) -> dict:
     theirs = median(nano, "seconds_to_target") or median(nano, "seconds_to_last_eval")  # it may never reach it
     mine = median(ours, "seconds_to_target")
     return {
-        "shipped_config": ours, "nanogpt": nano, "ours_median_seconds": mine, "nanogpt_median_seconds": theirs,
+        "shipped_config": ours,
+        "nanogpt": nano,
+        "ours_median_seconds": mine,
+        "nanogpt_median_seconds": theirs,
         "speedup_vs_nanogpt": round(theirs / mine, 2) if mine else None,
         "nanogpt_reached_target": all(r["seconds_to_target"] is not None for r in nano),
     }
@@ -153,8 +208,9 @@ def throughput(steps: int = 60) -> dict:
     from gpt.train.parallel import compile_options
     from gpt.train.trainer import make_optimizer, train_step
 
-    cfg = TrainConfig(model=GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0, bias=False),
-                      batch_size=12)
+    cfg = TrainConfig(
+        model=GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0, bias=False), batch_size=12
+    )
     mcfg = replace(cfg.model, vocab_size=128)  # nanoGPT's CPU recipe model, 65 chars padded
     g = torch.Generator().manual_seed(0)
     xs = torch.randint(0, 65, (steps, cfg.batch_size, cfg.model.block_size), generator=g)
@@ -188,8 +244,11 @@ def throughput(steps: int = 60) -> dict:
     t0 = time.perf_counter()
     ours(torch.float32, compiled=True)  # compiles once; later models reuse the compiled code
     compile_s = time.perf_counter() - t0
-    runs = {"fp32": (torch.float32, False), "fp32_compiled": (torch.float32, True),
-            **({"bf16": (torch.bfloat16, False)} if cpu_has_native_bf16() else {})}
+    runs = {
+        "fp32": (torch.float32, False),
+        "fp32_compiled": (torch.float32, True),
+        **({"bf16": (torch.bfloat16, False)} if cpu_has_native_bf16() else {}),
+    }
     result = {"plain_eager_fp32_tok_s": [], **{f"ours_{k}_tok_s": [] for k in runs}}
     for _ in range(5):  # interleaved repeats, the median of five each (this VM's speed drifts)
         result["plain_eager_fp32_tok_s"].append(plain())
@@ -240,22 +299,37 @@ def precision(steps: int = 30, repeats: int = 5) -> dict:
     times = {"float32": [], "bfloat16": []}
     try:
         for i in range(repeats):
-            for name in (("float32", "bfloat16") if i % 2 == 0 else ("bfloat16", "float32")):
+            for name in ("float32", "bfloat16") if i % 2 == 0 else ("bfloat16", "float32"):
                 times[name].append(ms_per_step(getattr(torch, name)))
     finally:
         os.environ.pop(BF16_OVERRIDE, None) if before is None else os.environ.__setitem__(BF16_OVERRIDE, before)
     ratios = [f / b for f, b in zip(times["float32"], times["bfloat16"])]
-    return {"ms_per_step_float32": round(statistics.median(times["float32"]), 1),
-            "ms_per_step_bfloat16": round(statistics.median(times["bfloat16"]), 1),
-            "bf16_speedup": round(statistics.median(ratios), 2), "steps": steps, "repeats": repeats,
-            "threads": torch.get_num_threads(), "all": {k: [round(x, 1) for x in v] for k, v in times.items()}}
+    return {
+        "ms_per_step_float32": round(statistics.median(times["float32"]), 1),
+        "ms_per_step_bfloat16": round(statistics.median(times["bfloat16"]), 1),
+        "bf16_speedup": round(statistics.median(ratios), 2),
+        "steps": steps,
+        "repeats": repeats,
+        "threads": torch.get_num_threads(),
+        "all": {k: [round(x, 1) for x in v] for k, v in times.items()},
+    }
 
 
-MEASURED = ("import resource, runpy, sys\nsys.argv = ['train.py', *sys.argv[1:]]\ntry:\n"
-            "    runpy.run_path('train.py', run_name='__main__')\nfinally:\n"
-            "    print('peak_rss_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)")
-LORA = ["--lora-rank", "4", "--lora-alpha", "8", "--learning-rate", "1e-2", "--lora-targets",
-        "attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj,wte"]  # wte: token frequencies move (see the README)
+MEASURED = (
+    "import resource, runpy, sys\nsys.argv = ['train.py', *sys.argv[1:]]\ntry:\n"
+    "    runpy.run_path('train.py', run_name='__main__')\nfinally:\n"
+    "    print('peak_rss_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)"
+)
+LORA = [
+    "--lora-rank",
+    "4",
+    "--lora-alpha",
+    "8",
+    "--learning-rate",
+    "1e-2",
+    "--lora-targets",
+    "attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj,wte",
+]  # wte: token frequencies move (see the README)
 
 
 def finetune_run(out: Path, args: list) -> dict:
@@ -265,15 +339,21 @@ def finetune_run(out: Path, args: list) -> dict:
     res = sh("-c", MEASURED, "--out-dir", out, *args)
     records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     steps = [r["ms_per_step"] for r in records if r["kind"] == "train" and r["step"] > 1]
-    total, trained = (int(n.replace(",", "")) for n in
-                      re.search(r"preflight: ([\d,]+) parameters, ([\d,]+) trained", res.stdout).groups())
+    total, trained = (
+        int(n.replace(",", ""))
+        for n in re.search(r"preflight: ([\d,]+) parameters, ([\d,]+) trained", res.stdout).groups()
+    )
     weights = torch.load(out / "last.pt", weights_only=True, mmap=True)["model"]
     return {
         "val_loss_by_step": [(r["step"], round(r["val_loss"], 4)) for r in records if r["kind"] == "eval"],
-        "params": total, "trainable_params": trained,
+        "params": total,
+        "trainable_params": trained,
         "checkpoint_mb": round((out / "last.pt").stat().st_size / 1e6, 3),
-        "weights_mb": round(sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                                 for t in weights.values()}.values()) / 1e6, 3),
+        "weights_mb": round(
+            sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in weights.values()}.values())
+            / 1e6,
+            3,
+        ),
         "ms_per_step": round(statistics.median(steps), 1),
         "peak_rss_mb": round(int(re.search(r"peak_rss_kb (\d+)", res.stderr)[1]) / 1024),
         "estimated_mb": re.search(r"estimated memory per process .* = (.+)", res.stdout)[1],
@@ -320,20 +400,73 @@ def step_times(base: Path, data: Path, steps: int = 20, repeats: int = 3) -> dic
 
 def finetune(data: dict, tmp: Path, pretrain_steps: int = 300, steps: int = 160) -> dict:
     """Pretrain on WikiText-2, then on tiny-shakespeare: full fine-tuning vs LoRA vs from scratch."""
-    model = ["--n-layer", "4", "--n-head", "4", "--n-embd", "128", "--block-size", "64", "--batch-size", "8",
-             "--dropout", "0.0", "--eval-iters", "8", "--eval-batch-size", "16", "--log-interval", "10",
-             "--dtype", "auto", "--threads", "1"]
-    sh("train.py", "--data", data["wikitext"], "--out-dir", tmp / "wiki", *model, "--max-iters", pretrain_steps,
-       "--learning-rate", "3e-3", "--min-lr", "3e-4", "--warmup-iters", "20", "--eval-interval", pretrain_steps)
+    model = [
+        "--n-layer",
+        "4",
+        "--n-head",
+        "4",
+        "--n-embd",
+        "128",
+        "--block-size",
+        "64",
+        "--batch-size",
+        "8",
+        "--dropout",
+        "0.0",
+        "--eval-iters",
+        "8",
+        "--eval-batch-size",
+        "16",
+        "--log-interval",
+        "10",
+        "--dtype",
+        "auto",
+        "--threads",
+        "1",
+    ]
+    sh(
+        "train.py",
+        "--data",
+        data["wikitext"],
+        "--out-dir",
+        tmp / "wiki",
+        *model,
+        "--max-iters",
+        pretrain_steps,
+        "--learning-rate",
+        "3e-3",
+        "--min-lr",
+        "3e-4",
+        "--warmup-iters",
+        "20",
+        "--eval-interval",
+        pretrain_steps,
+    )
     load = [os.getloadavg()[0]]
     runs = {}
-    for name, extra in {"full": ["--init-from", tmp / "wiki", "--learning-rate", "1e-3"],
-                        "lora": ["--init-from", tmp / "wiki", *LORA],
-                        "lora_projections_only": ["--init-from", tmp / "wiki", *LORA[:-2]],
-                        "scratch": ["--learning-rate", "2e-3"]}.items():
-        runs[name] = finetune_run(tmp / f"shakes_{name}", ["--data", data["shakespeare"], *model, *extra,
-                                                           "--max-iters", steps, "--min-lr", "1e-4",
-                                                           "--warmup-iters", "10", "--eval-interval", steps // 2])
+    for name, extra in {
+        "full": ["--init-from", tmp / "wiki", "--learning-rate", "1e-3"],
+        "lora": ["--init-from", tmp / "wiki", *LORA],
+        "lora_projections_only": ["--init-from", tmp / "wiki", *LORA[:-2]],
+        "scratch": ["--learning-rate", "2e-3"],
+    }.items():
+        runs[name] = finetune_run(
+            tmp / f"shakes_{name}",
+            [
+                "--data",
+                data["shakespeare"],
+                *model,
+                *extra,
+                "--max-iters",
+                steps,
+                "--min-lr",
+                "1e-4",
+                "--warmup-iters",
+                "10",
+                "--eval-interval",
+                steps // 2,
+            ],
+        )
         print(f"finetune {name}: {json.dumps(runs[name])}", flush=True)
         load.append(os.getloadavg()[0])
     interleaved = step_times(tmp / "wiki" / "best.pt", data["shakespeare"])
@@ -341,9 +474,12 @@ def finetune(data: dict, tmp: Path, pretrain_steps: int = 300, steps: int = 160)
     val = {name: run["val_loss_by_step"][-1][1] for name, run in runs.items()}
     return {
         "model": "BPE 4096 (trained on WikiText-2), 4x4x128, block 64, batch 8, --dtype auto",
-        "cpu": f"{cpu_description()}, {os.cpu_count()} cores", "load_average_1min": load,
-        "pretrain": f"{pretrain_steps} steps on WikiText-2 valid+test", "finetune_steps": steps,
-        "lora_settings": " ".join(LORA), "runs": runs,
+        "cpu": f"{cpu_description()}, {os.cpu_count()} cores",
+        "load_average_1min": load,
+        "pretrain": f"{pretrain_steps} steps on WikiText-2 valid+test",
+        "finetune_steps": steps,
+        "lora_settings": " ".join(LORA),
+        "runs": runs,
         "finetuned_minus_scratch": round(val["full"] - val["scratch"], 4),
         "lora_minus_full": round(val["lora"] - val["full"], 4),
         "lora_trainable_fraction": round(lora["trainable_params"] / lora["params"], 4),
@@ -351,8 +487,11 @@ def finetune(data: dict, tmp: Path, pretrain_steps: int = 300, steps: int = 160)
         "lora_weights_ratio": round(lora["weights_mb"] / full["weights_mb"], 4),
         "interleaved_ms_per_step": interleaved,
         "lora_step_time_ratio": round(interleaved["lora"] / interleaved["full"], 3),
-        "goal_met": (val["lora"] - val["full"] <= 0.1 and lora["trainable_params"] < 0.05 * lora["params"]
-                     and lora["checkpoint_mb"] < 0.1 * full["checkpoint_mb"]),
+        "goal_met": (
+            val["lora"] - val["full"] <= 0.1
+            and lora["trainable_params"] < 0.05 * lora["params"]
+            and lora["checkpoint_mb"] < 0.1 * full["checkpoint_mb"]
+        ),
     }
 
 
@@ -367,9 +506,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         data = prepare(tmp) if args.only not in ("throughput", "precision") else {}
-        for name, fn in (("speedrun", lambda: speedrun(data, tmp)), ("throughput", throughput),
-                         ("finetune", lambda: finetune(data, tmp, args.pretrain_steps, args.finetune_steps)),
-                         ("precision", precision)):
+        for name, fn in (
+            ("speedrun", lambda: speedrun(data, tmp)),
+            ("throughput", throughput),
+            ("finetune", lambda: finetune(data, tmp, args.pretrain_steps, args.finetune_steps)),
+            ("precision", precision),
+        ):
             if args.only == name or (args.only is None and (name != "precision" or cpu_has_native_bf16())):
                 t0 = time.time()
                 load_before = harness.machine()["load_avg"]

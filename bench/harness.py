@@ -30,9 +30,14 @@ def machine() -> dict:
     from gpt.runtime import cpu_has_native_bf16, cpu_name
 
     return {
-        "cpu": cpu_name(), "cores": os.cpu_count(), "capability": torch.backends.cpu.get_cpu_capability(),
-        "native_bf16": cpu_has_native_bf16(), "mkldnn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
-        "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "native_bf16": cpu_has_native_bf16(),
+        "mkldnn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
         "load_avg": [round(x, 2) for x in os.getloadavg()],
     }
 
@@ -44,8 +49,16 @@ def launch(cmd: list, cwd: Path, log_path: Path, timeout: float, stop_when=None,
     t0 = time.time()
     lines, stopped = [], False
     with open(log_path, "w") as f:
-        proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+        proc = subprocess.Popen(
+            [str(c) for c in cmd],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+        )
         if on_start:
             on_start(proc)
         timer = threading.Timer(timeout, lambda: kill(proc))
@@ -59,8 +72,14 @@ def launch(cmd: list, cwd: Path, log_path: Path, timeout: float, stop_when=None,
                 kill(proc, signal.SIGTERM)
         proc.wait()
         timer.cancel()
-    return {"lines": lines, "returncode": proc.returncode, "seconds": time.time() - t0, "t0": t0,
-            "stopped_early": stopped, "timed_out": time.time() - t0 >= timeout}
+    return {
+        "lines": lines,
+        "returncode": proc.returncode,
+        "seconds": time.time() - t0,
+        "t0": t0,
+        "stopped_early": stopped,
+        "timed_out": time.time() - t0 >= timeout,
+    }
 
 
 def kill(proc, sig=signal.SIGKILL) -> None:

@@ -30,13 +30,59 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = harness.SHARED_DATA  # (harness also points GPT2_TIKTOKEN_FILE at it, offline)
 CACHE = ROOT / "out" / "bench-models"
-SIX_384 = ["--n-layer", "6", "--n-head", "6", "--n-embd", "384", "--block-size", "256", "--batch-size", "8",
-           "--max-iters", "80", "--learning-rate", "1e-3", "--min-lr", "1e-4", "--warmup-iters", "10",
-           "--eval-interval", "80", "--eval-iters", "4", "--log-interval", "10"]
+SIX_384 = [
+    "--n-layer",
+    "6",
+    "--n-head",
+    "6",
+    "--n-embd",
+    "384",
+    "--block-size",
+    "256",
+    "--batch-size",
+    "8",
+    "--max-iters",
+    "80",
+    "--learning-rate",
+    "1e-3",
+    "--min-lr",
+    "1e-4",
+    "--warmup-iters",
+    "10",
+    "--eval-interval",
+    "80",
+    "--eval-iters",
+    "4",
+    "--log-interval",
+    "10",
+]
 MODELS = {
-    "char-cpu": ("char", ["--config", "shakespeare_char_cpu", "--optimizer", "adamw", "--n-layer", "4", "--activation", "gelu_tanh",
-                          "--batch-size", "24", "--max-iters", "800", "--lr-decay-iters", "800", "--learning-rate",
-                          "5e-3", "--min-lr", "5e-4", "--eval-interval", "400", "--eval-train"]),
+    "char-cpu": (
+        "char",
+        [
+            "--config",
+            "shakespeare_char_cpu",
+            "--optimizer",
+            "adamw",
+            "--n-layer",
+            "4",
+            "--activation",
+            "gelu_tanh",
+            "--batch-size",
+            "24",
+            "--max-iters",
+            "800",
+            "--lr-decay-iters",
+            "800",
+            "--learning-rate",
+            "5e-3",
+            "--min-lr",
+            "5e-4",
+            "--eval-interval",
+            "400",
+            "--eval-train",
+        ],
+    ),
     "char-gpu": ("char", SIX_384),
     "bpe-6x384": ("gpt2", SIX_384),
 }
@@ -47,8 +93,24 @@ def dataset(kind: str) -> Path:
     """tiny-shakespeare prepared with the `char` or `gpt2` tokenizer (cached)."""
     out = CACHE / "data" / kind
     if not (out / "meta.json").exists():
-        subprocess.run([sys.executable, "data/prepare.py", str(SHARED / "tinyshakespeare.txt"), "--out", str(out),
-                        "--tokenizer", kind, "--block-size", "256", "--force", "--quiet"], cwd=ROOT, env=ENV, check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "data/prepare.py",
+                str(SHARED / "tinyshakespeare.txt"),
+                "--out",
+                str(out),
+                "--tokenizer",
+                kind,
+                "--block-size",
+                "256",
+                "--force",
+                "--quiet",
+            ],
+            cwd=ROOT,
+            env=ENV,
+            check=True,
+        )
     return out
 
 
@@ -60,8 +122,27 @@ def ensure(name: str) -> Path:
     if (out / "best.pt").exists() and stamp.exists() and json.loads(stamp.read_text()) == args:
         return out
     print(f"training the benchmark model {name} into {out} ...", file=sys.stderr, flush=True)
-    subprocess.run([sys.executable, "train.py", "--data", str(dataset(kind)), "--out-dir", str(out), "--force", "true",
-                    "--dtype", "float32", "--threads", "1", *args], cwd=ROOT, env=ENV, check=True, stdout=sys.stderr)
+    subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "--data",
+            str(dataset(kind)),
+            "--out-dir",
+            str(out),
+            "--force",
+            "true",
+            "--dtype",
+            "float32",
+            "--threads",
+            "1",
+            *args,
+        ],
+        cwd=ROOT,
+        env=ENV,
+        check=True,
+        stdout=sys.stderr,
+    )
     stamp.write_text(json.dumps(args))
     return out
 

@@ -70,8 +70,10 @@ def cpu_bf16_override() -> bool | None:
     """What $GPT_CPU_BF16 says (None when unset), so either CPU class can run the other's precision path."""
     value = os.environ.get(BF16_OVERRIDE, "").strip()
     if value not in ("", "0", "1"):
-        raise DeviceError(f"{BF16_OVERRIDE}={value!r}: use 0 (as a CPU without native bf16), 1 (as one with it) "
-                          f"or leave it unset (detect)")
+        raise DeviceError(
+            f"{BF16_OVERRIDE}={value!r}: use 0 (as a CPU without native bf16), 1 (as one with it) "
+            f"or leave it unset (detect)"
+        )
     return None if value == "" else value == "1"
 
 
@@ -135,9 +137,12 @@ def resolve_dtype(name: str, device: torch.device, inference_params: int | None 
         raise DeviceError(f"--dtype float16 needs a CUDA device (got {device}); use bfloat16 or float32")
     native_bf16 = device.type == "cpu" and cpu_has_native_bf16()
     if name == "bfloat16" and device.type == "cpu" and not native_bf16:
-        warnings.warn("--dtype bfloat16 on a CPU without native bf16 (no AVX-512 BF16 / AMX) is emulated and can "
-                      "be many times slower than float32; --dtype auto picks float32 here", SlowPrecisionWarning,
-                      stacklevel=2)
+        warnings.warn(
+            "--dtype bfloat16 on a CPU without native bf16 (no AVX-512 BF16 / AMX) is emulated and can "
+            "be many times slower than float32; --dtype auto picks float32 here",
+            SlowPrecisionWarning,
+            stacklevel=2,
+        )
     if name != "auto":
         return DTYPES[name], "asked for"
     if device.type == "cuda":
@@ -146,8 +151,11 @@ def resolve_dtype(name: str, device: torch.device, inference_params: int | None 
         return torch.float16, "this GPU has no bf16: fp16 with loss scaling"
     if device.type == "cpu":
         has = "has" if native_bf16 else "has no"
-        why = (f"this CPU {has} native bf16" if cpu_bf16_override() is None
-               else f"{BF16_OVERRIDE}={int(native_bf16)}: as a CPU that {has} native bf16")
+        why = (
+            f"this CPU {has} native bf16"
+            if cpu_bf16_override() is None
+            else f"{BF16_OVERRIDE}={int(native_bf16)}: as a CPU that {has} native bf16"
+        )
         if native_bf16 and inference_params is not None and inference_params < INFERENCE_BF16_MIN_PARAMS:
             below = f"{INFERENCE_BF16_MIN_PARAMS / 1e6:g}M parameters"
             return torch.float32, f"{why}, but decodes faster in float32 below {below}"
@@ -219,8 +227,13 @@ class Runtime:
         return stack
 
 
-def setup(device: str = "auto", dtype: str = "auto", threads: int = 0, deterministic: bool = False,
-          distributed: bool | None = None) -> Runtime:
+def setup(
+    device: str = "auto",
+    dtype: str = "auto",
+    threads: int = 0,
+    deterministic: bool = False,
+    distributed: bool | None = None,
+) -> Runtime:
     """Resolve and apply device, precision and threads; join the torchrun process group if launched by it
     (`distributed=None`: whenever torchrun's WORLD_SIZE is set)."""
     if threads < 0:

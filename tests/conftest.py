@@ -42,8 +42,12 @@ def shakespeare_text() -> str:
 
 def prepare(text_file, out, *extra):
     """`data/prepare.py TEXT_FILE --out OUT ...`, as a user runs it."""
-    subprocess.run([sys.executable, "data/prepare.py", str(text_file), "--out", str(out), "--quiet", *extra],
-                   cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "data/prepare.py", str(text_file), "--out", str(out), "--quiet", *extra],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     return out
 
 
@@ -97,8 +101,23 @@ def tiny_char_data(tmp_path_factory):
 
 
 BASE_CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16)
-TRAIN = ["--batch-size", "2", "--eval-iters", "1", "--log-interval", "1", "--warmup-iters", "1", "--device", "cpu",
-         "--dtype", "float32", "--learning-rate", "1e-2", "--no-plot"]  # tests/test_plot.py draws
+TRAIN = [
+    "--batch-size",
+    "2",
+    "--eval-iters",
+    "1",
+    "--log-interval",
+    "1",
+    "--warmup-iters",
+    "1",
+    "--device",
+    "cpu",
+    "--dtype",
+    "float32",
+    "--learning-rate",
+    "1e-2",
+    "--no-plot",
+]  # tests/test_plot.py draws
 
 
 @pytest.fixture
@@ -126,10 +145,42 @@ def trained_run(tmp_path_factory) -> Path:
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        train_run("--data", data, "--out-dir", out, "--n-layer", "2", "--n-head", "2", "--n-embd", "64",
-                  "--block-size", "64", "--batch-size", "16", "--learning-rate", "3e-3", "--warmup-iters", "10",
-                  "--max-iters", "150", "--eval-interval", "150", "--eval-iters", "4", "--no-eval-train",
-                  "--log-interval", "150", "--device", "cpu", "--dtype", "float32", "--no-plot", "--seed", "0")
+        train_run(
+            "--data",
+            data,
+            "--out-dir",
+            out,
+            "--n-layer",
+            "2",
+            "--n-head",
+            "2",
+            "--n-embd",
+            "64",
+            "--block-size",
+            "64",
+            "--batch-size",
+            "16",
+            "--learning-rate",
+            "3e-3",
+            "--warmup-iters",
+            "10",
+            "--max-iters",
+            "150",
+            "--eval-interval",
+            "150",
+            "--eval-iters",
+            "4",
+            "--no-eval-train",
+            "--log-interval",
+            "150",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--no-plot",
+            "--seed",
+            "0",
+        )
     finally:
         torch.set_num_threads(n)
     return out

@@ -81,23 +81,40 @@ def run(engine, max_steps=10_000):
     return steps
 
 
-@pytest.mark.parametrize("settings", [dict(temperature=0), dict(temperature=1.0, top_k=10, seed=7),
-                                      dict(temperature=0.9, top_p=0.8, repetition_penalty=1.3, seed=3)])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(temperature=0),
+        dict(temperature=1.0, top_k=10, seed=7),
+        dict(temperature=0.9, top_p=0.8, repetition_penalty=1.3, seed=3),
+    ],
+)
 def test_requests_joining_a_running_batch_get_what_they_would_get_alone(settings):
     model, tok = random_model(), CharTokenizer(CHARS)
     prompts = ["the cat", "a", "so it goes on and on, and", ""]  # different lengths; "" starts at end-of-text
     engine = BatchEngine(model, tok, max_rows=8)
-    results = [collect(engine, tok.encode(prompts[0]) or [tok.eot_token], max_new_tokens=30, num_samples=2,
-                       stop_at_eot=False, **settings)]
+    results = [
+        collect(
+            engine,
+            tok.encode(prompts[0]) or [tok.eot_token],
+            max_new_tokens=30,
+            num_samples=2,
+            stop_at_eot=False,
+            **settings,
+        )
+    ]
     for _ in range(5):  # the first request is 5 tokens ahead when the others join
         engine.step()
-    results += [collect(engine, tok.encode(p) or [tok.eot_token], max_new_tokens=n, stop_at_eot=False, **settings)
-                for p, n in zip(prompts[1:], (12, 25, 40))]
+    results += [
+        collect(engine, tok.encode(p) or [tok.eot_token], max_new_tokens=n, stop_at_eot=False, **settings)
+        for p, n in zip(prompts[1:], (12, 25, 40))
+    ]
     run(engine)
     assert engine.rows == [] and not engine.busy
     for p, r, n in zip(prompts, results, (30, 12, 25, 40)):
-        expected = complete(model, tok, p, max_new_tokens=n, num_samples=r["request"].config.num_samples,
-                            stop_at_eot=False, **settings)
+        expected = complete(
+            model, tok, p, max_new_tokens=n, num_samples=r["request"].config.num_samples, stop_at_eot=False, **settings
+        )
         assert r["text"] == expected
         assert r["finish"] == ["length"] * len(expected)
 
@@ -105,11 +122,13 @@ def test_requests_joining_a_running_batch_get_what_they_would_get_alone(settings
 def test_requests_with_different_settings_share_a_batch():
     model, tok = random_model(), CharTokenizer(CHARS)
     engine = BatchEngine(model, tok, max_rows=8)
-    specs = [("abc", dict(temperature=1.0, top_k=5, seed=1, num_samples=2)),  # one group: same settings ...
-             ("hello", dict(temperature=1.0, top_k=5, seed=2)),  # ... another generator
-             ("x", dict(temperature=0.7, top_p=0.9, seed=3)),
-             ("so", dict(temperature=0)),
-             ("we", dict(temperature=1.0, repetition_penalty=1.5, seed=4, num_samples=2))]
+    specs = [
+        ("abc", dict(temperature=1.0, top_k=5, seed=1, num_samples=2)),  # one group: same settings ...
+        ("hello", dict(temperature=1.0, top_k=5, seed=2)),  # ... another generator
+        ("x", dict(temperature=0.7, top_p=0.9, seed=3)),
+        ("so", dict(temperature=0)),
+        ("we", dict(temperature=1.0, repetition_penalty=1.5, seed=4, num_samples=2)),
+    ]
     results = [collect(engine, tok.encode(p), max_new_tokens=25, stop_at_eot=False, **kw) for p, kw in specs]
     run(engine)
     for (p, kw), r in zip(specs, results):
@@ -221,15 +240,21 @@ def test_worker_hands_a_failed_step_to_the_requests_in_it_and_goes_on():
 
     engine._decode_step = broken
     got = threading.Event()
-    first = Request(tok.encode("a"), SampleConfig(max_new_tokens=5, temperature=0),
-                    lambda item: (results.append(item), isinstance(item, Exception) and got.set()))
+    first = Request(
+        tok.encode("a"),
+        SampleConfig(max_new_tokens=5, temperature=0),
+        lambda item: (results.append(item), isinstance(item, Exception) and got.set()),
+    )
     try:
         worker.submit([first])
         assert got.wait(30) and isinstance(results[-1], RuntimeError) and first.cancelled
         engine._decode_step = original
         got.clear()
-        second = Request(tok.encode("a"), SampleConfig(max_new_tokens=3, temperature=0),
-                         lambda item: (results.append(item), item.finish and got.set()))
+        second = Request(
+            tok.encode("a"),
+            SampleConfig(max_new_tokens=3, temperature=0),
+            lambda item: (results.append(item), item.finish and got.set()),
+        )
         worker.submit([second])
         assert got.wait(30) and results[-1].finish == "length"
     finally:
@@ -241,8 +266,9 @@ def test_seq2seq_engine_translates_requests_together_as_translate_does():
 
     tok = CharTokenizer(CHARS)
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=len(CHARS) + 1, block_size=32, n_layer=2, n_head=2, n_embd=32,
-                          n_encoder_layer=2)).eval()
+    model = GPT(
+        GPTConfig(vocab_size=len(CHARS) + 1, block_size=32, n_layer=2, n_head=2, n_embd=32, n_encoder_layer=2)
+    ).eval()
     eos = tok.eot_token
     meta = {"model_config": model.config.to_dict(), "seq2seq": {"bos": eos, "eos": eos, "pad": eos}}
     engine = Seq2seqEngine(model, tok, meta, max_rows=8)
@@ -257,8 +283,10 @@ def test_seq2seq_engine_translates_requests_together_as_translate_does():
 
 def gathered_requests(tok, specs):
     """Requests whose pieces (or error) are gathered; `done[i]` is set when request i ends either way."""
-    out = [{"text": [""] * kw.get("num_samples", 1), "error": None, "done": threading.Event(), "finished": 0}
-           for _, kw in specs]
+    out = [
+        {"text": [""] * kw.get("num_samples", 1), "error": None, "done": threading.Event(), "finished": 0}
+        for _, kw in specs
+    ]
 
     def emit_to(o):
         def emit(item):
@@ -270,9 +298,12 @@ def gathered_requests(tok, specs):
             o["finished"] += item.finish is not None
             if o["finished"] == len(o["text"]):
                 o["done"].set()
+
         return emit
 
-    return [Request(tok.encode(p), SampleConfig(stop_at_eot=False, **kw), emit_to(o)) for (p, kw), o in zip(specs, out)], out
+    return [
+        Request(tok.encode(p), SampleConfig(stop_at_eot=False, **kw), emit_to(o)) for (p, kw), o in zip(specs, out)
+    ], out
 
 
 def test_a_request_whose_own_setup_fails_gets_the_error_alone_and_the_batch_goes_on(monkeypatch):
@@ -293,11 +324,13 @@ def test_a_request_whose_own_setup_fails_gets_the_error_alone_and_the_batch_goes
     monkeypatch.setattr(gpt.infer.batching, "seeded_generator", picky_generator)
     model, tok = random_model(), CharTokenizer(CHARS)
     engine = BatchEngine(model, tok, max_rows=8)
-    specs = [("running", dict(max_new_tokens=20, temperature=0)),  # decoding already when the others join
-             ("bad seed", dict(max_new_tokens=5, temperature=1.0, seed=666)),  # its generator fails
-             ("healthy", dict(max_new_tokens=6, temperature=1.0, seed=3, num_samples=2)),
-             ("picky", dict(max_new_tokens=5, temperature=0, stop=("boom",))),
-             ("last", dict(max_new_tokens=4, temperature=0))]
+    specs = [
+        ("running", dict(max_new_tokens=20, temperature=0)),  # decoding already when the others join
+        ("bad seed", dict(max_new_tokens=5, temperature=1.0, seed=666)),  # its generator fails
+        ("healthy", dict(max_new_tokens=6, temperature=1.0, seed=3, num_samples=2)),
+        ("picky", dict(max_new_tokens=5, temperature=0, stop=("boom",))),
+        ("last", dict(max_new_tokens=4, temperature=0)),
+    ]
     requests, out = gathered_requests(tok, specs)
     engine.submit(requests[0])
     engine.step()
@@ -320,8 +353,9 @@ def test_a_request_whose_own_setup_fails_gets_the_error_alone_and_the_batch_goes
 def test_a_failing_translation_step_answers_every_request_it_took(monkeypatch):
     tok = CharTokenizer(CHARS)
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=len(CHARS) + 1, block_size=32, n_layer=2, n_head=2, n_embd=32,
-                          n_encoder_layer=2)).eval()
+    model = GPT(
+        GPTConfig(vocab_size=len(CHARS) + 1, block_size=32, n_layer=2, n_head=2, n_embd=32, n_encoder_layer=2)
+    ).eval()
     eos = tok.eot_token
     meta = {"model_config": model.config.to_dict(), "seq2seq": {"bos": eos, "eos": eos, "pad": eos}}
     engine = Seq2seqEngine(model, tok, meta, max_rows=8)
@@ -331,8 +365,11 @@ def test_a_failing_translation_step_answers_every_request_it_took(monkeypatch):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(engine, "_translate", broken)
-    specs = [("ein mann", dict(temperature=0)), ("eine frau", dict(temperature=0)),
-             ("ein hund", dict(temperature=1.0, seed=1, num_samples=2))]
+    specs = [
+        ("ein mann", dict(temperature=0)),
+        ("eine frau", dict(temperature=0)),
+        ("ein hund", dict(temperature=1.0, seed=1, num_samples=2)),
+    ]
     requests, out = gathered_requests(tok, [(p, dict(max_new_tokens=8, **kw)) for p, kw in specs])
     worker = BatchWorker(engine)
     worker.submit(requests)  # all in one step

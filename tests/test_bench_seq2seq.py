@@ -42,10 +42,16 @@ def test_snapshot_log_evaluation_and_table(tmp_path):
     assert bench.take_snapshot(run, tmp_path / "snaps" / "1min.pt") is None  # no evaluation yet
     model, tok, meta = save_seq2seq(run)
     native.save(run / "last.pt", {"model": model.state_dict()}, dict(meta, step=500, val_loss=2.5))
-    (run / "log.jsonl").write_text("\n".join(json.dumps(r) for r in [
-        {"kind": "train", "step": 450, "elapsed": 100.0},
-        {"kind": "eval", "step": 500, "val_loss": 2.5, "elapsed": 123.0},
-    ]) + '\n{"kind": "ev')  # a record being written is skipped
+    (run / "log.jsonl").write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {"kind": "train", "step": 450, "elapsed": 100.0},
+                {"kind": "eval", "step": 500, "val_loss": 2.5, "elapsed": 123.0},
+            ]
+        )
+        + '\n{"kind": "ev'
+    )  # a record being written is skipped
     snap = bench.take_snapshot(run, tmp_path / "snaps" / "1min.pt")
     assert snap == {"file": str(tmp_path / "snaps" / "1min.pt"), "step": 500, "val_loss": 2.5}
     native.save(run / "last.pt", {"model": model.state_dict()}, dict(meta, step=1000, val_loss=2.0))
@@ -65,14 +71,19 @@ def test_snapshot_log_evaluation_and_table(tmp_path):
         assert want["ratio"] == hyp_len / want["ref_len"] and want["hyp_len"] == hyp_len
         assert got["sentences_per_s"] > 0 and got["signature"].startswith("nrefs:1")
 
-    rows = [{"minutes": 0.5, "step": None},
-            {"minutes": 1.02, "train_minutes": 2.05, "step": 500, "val_loss": 2.5, **result}]
+    rows = [
+        {"minutes": 0.5, "step": None},
+        {"minutes": 1.02, "train_minutes": 2.05, "step": 500, "val_loss": 2.5, **result},
+    ]
     table = bench.markdown(rows, 3).splitlines()
-    assert table[0].startswith("| minutes | trained (min) | step | val loss | BLEU greedy | ratio greedy | "
-                               "BLEU beam 3 | ratio beam 3 |")
+    assert table[0].startswith(
+        "| minutes | trained (min) | step | val loss | BLEU greedy | ratio greedy | BLEU beam 3 | ratio beam 3 |"
+    )
     assert table[2] == "| 0.5 | - | no checkpoint yet | | | | | | | |"
-    assert table[3].startswith(f"| 1.02 | 2.05 | 500 | 2.500 | {result['greedy']['bleu']:.2f} | "
-                               f"{result['greedy']['ratio']:.3f} | {result['beam']['bleu']:.2f} | ")
+    assert table[3].startswith(
+        f"| 1.02 | 2.05 | 500 | 2.500 | {result['greedy']['bleu']:.2f} | "
+        f"{result['greedy']['ratio']:.3f} | {result['beam']['bleu']:.2f} | "
+    )
     assert all(line.count("|") == table[0].count("|") for line in table)
 
 
@@ -88,19 +99,51 @@ def test_one_checkpoint_is_filed_under_decoding(tmp_path, monkeypatch):
     (data / "test_2016_flickr.en").write_text("cba\ncde fgh\n")
     results = tmp_path / "results"
     results.mkdir()
-    old = {"command": "train.py ...", "test_set": "test_2016_flickr", "sentences": 2, "beam_size": 3,
-           "rows": [{"minutes": 1, "train_minutes": 1, "step": 500, "val_loss": 2.0,
-                     "greedy": {"bleu": 1.0, "sentences_per_s": 2.0}, "beam": {"bleu": 3.0, "sentences_per_s": 4.0}}]}
+    old = {
+        "command": "train.py ...",
+        "test_set": "test_2016_flickr",
+        "sentences": 2,
+        "beam_size": 3,
+        "rows": [
+            {
+                "minutes": 1,
+                "train_minutes": 1,
+                "step": 500,
+                "val_loss": 2.0,
+                "greedy": {"bleu": 1.0, "sentences_per_s": 2.0},
+                "beam": {"bleu": 3.0, "sentences_per_s": 4.0},
+            }
+        ],
+    }
     (results / "seq2seq.json").write_text(json.dumps(old))
     with pytest.raises(SystemExit):
         bench.parse_args(["--ckpt", str(run / "last.pt")])  # a row needs its label
     for label, alpha in (("before", "0.6"), ("after", "1.0"), ("before", "0.0")):
-        assert bench.main(["--ckpt", str(run / "last.pt"), "--label", label, "--length-penalty", alpha,
-                           "--beam-size", "3", "--input", str(data), "--results", str(results)]) == 0
+        assert (
+            bench.main(
+                [
+                    "--ckpt",
+                    str(run / "last.pt"),
+                    "--label",
+                    label,
+                    "--length-penalty",
+                    alpha,
+                    "--beam-size",
+                    "3",
+                    "--input",
+                    str(data),
+                    "--results",
+                    str(results),
+                ]
+            )
+            == 0
+        )
     result = json.loads((results / "seq2seq.json").read_text())
     assert result["rows"] == old["rows"]
     assert [(e["label"], e["length_penalty"], e["step"]) for e in result["decoding"]] == [
-        ("after", 1.0, 700), ("before", 0.0, 700)]
+        ("after", 1.0, 700),
+        ("before", 0.0, 700),
+    ]
     assert {"bleu", "ratio", "bp", "sentences_per_s"} <= set(result["decoding"][0]["beam"])
     md = (results / "seq2seq.md").read_text().splitlines()
     assert md[2].startswith("| minutes |") and md[3 + 1].startswith("| 1 | 1 | 500 | 2.000 | 1.00 | - | 3.00 | - |")

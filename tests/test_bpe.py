@@ -6,7 +6,14 @@ from conftest import SHARED_DATA
 from gpt.data.bpe import byte_level_alphabet, merges_to_ranks, train_bpe
 from gpt.data.tokenizer import get_tokenizer
 
-SAMPLES = ["Hello, world!", "Crème brûlée à la française", "東京は日本の首都です", "emoji 🙂🚀👩‍👩‍👧", "  \n\n\tx", "<|endoftext|>"]
+SAMPLES = [
+    "Hello, world!",
+    "Crème brûlée à la française",
+    "東京は日本の首都です",
+    "emoji 🙂🚀👩‍👩‍👧",
+    "  \n\n\tx",
+    "<|endoftext|>",
+]
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +44,10 @@ def test_ranks_are_dense_bytes_first_then_merges(trained):
     # every merged token is the concatenation of two tokens of lower rank
     by_rank = sorted(ranks, key=ranks.get)
     for token in by_rank[256:]:
-        assert any(token[:i] in ranks and token[i:] in ranks and max(ranks[token[:i]], ranks[token[i:]]) < ranks[token]
-                   for i in range(1, len(token)))
+        assert any(
+            token[:i] in ranks and token[i:] in ranks and max(ranks[token[:i]], ranks[token[i:]]) < ranks[token]
+            for i in range(1, len(token))
+        )
 
 
 @pytest.mark.parametrize("text", SAMPLES)

@@ -27,8 +27,26 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 TOK = CharTokenizer("\n abcdefgh")
 CFG = GPTConfig(vocab_size=TOK.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=8)
-TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16", "--batch-size", "2",
-        "--eval-iters", "1", "--log-interval", "1", "--warmup-iters", "1", "--device", "cpu"]
+TINY = [
+    "--n-layer",
+    "1",
+    "--n-head",
+    "2",
+    "--n-embd",
+    "16",
+    "--block-size",
+    "16",
+    "--batch-size",
+    "2",
+    "--eval-iters",
+    "1",
+    "--log-interval",
+    "1",
+    "--warmup-iters",
+    "1",
+    "--device",
+    "cpu",
+]
 
 
 def meta(**fields) -> dict:
@@ -57,9 +75,13 @@ def test_hf_import_has_no_import_circle():
     """gpt.checkpoints.native imports gpt.checkpoints.hf, never the other way (only hf's command line loads a --ckpt)."""
     tree = ast.parse((ROOT / "gpt" / "hf.py").read_text())
     library = [node for node in tree.body if not (isinstance(node, ast.FunctionDef) and node.name == "main")]
-    imported = {alias.name if isinstance(node, ast.Import) else f"{node.module}.{alias.name}"
-                for top in library for node in ast.walk(top) if isinstance(node, (ast.Import, ast.ImportFrom))
-                for alias in node.names}
+    imported = {
+        alias.name if isinstance(node, ast.Import) else f"{node.module}.{alias.name}"
+        for top in library
+        for node in ast.walk(top)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
     assert not {name for name in imported if name.startswith("gpt.checkpoints.native")}, imported
     code = "import sys, gpt.checkpoints.hf; assert 'gpt.checkpoints.native' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True)
@@ -88,28 +110,41 @@ def test_objects_torch_load_refuses_are_one_line(tmp_path, capsys):
     """weights_only refuses any class it does not know (its message spans lines, with terminal colours)."""
     torch.save({"model": GPT(CFG).state_dict(), "meta": "{}", "saved": datetime.date(2024, 1, 1)}, tmp_path / "x.pt")
     err = one_line_error(capsys, sample_script.main, "--ckpt", tmp_path / "x.pt")
-    assert err == (f"error: {tmp_path / 'x.pt'} is not a gpt checkpoint: it holds objects other than tensors and "
-                   f"plain data, whose code loading would run; refused\n")
+    assert err == (
+        f"error: {tmp_path / 'x.pt'} is not a gpt checkpoint: it holds objects other than tensors and "
+        f"plain data, whose code loading would run; refused\n"
+    )
 
 
-@pytest.mark.parametrize("model_config,message", [
-    (dict(CFG.to_dict(), rope_theta=10000.0), r"invalid model config: unknown model config fields \['rope_theta'\]"),
-    (dict(CFG.to_dict(), n_embd=10, n_head=4), r"invalid model config: n_head: must divide n_embd \(10\), got 4"),
-    (dict(CFG.to_dict(), dropout="none"), r"invalid model config: dropout: must be in \[0, 1\), got 'none'"),
-    ([1, 2, 3], r"invalid model config: expected a JSON object, got list"),
-])
+@pytest.mark.parametrize(
+    "model_config,message",
+    [
+        (
+            dict(CFG.to_dict(), rope_theta=10000.0),
+            r"invalid model config: unknown model config fields \['rope_theta'\]",
+        ),
+        (dict(CFG.to_dict(), n_embd=10, n_head=4), r"invalid model config: n_head: must divide n_embd \(10\), got 4"),
+        (dict(CFG.to_dict(), dropout="none"), r"invalid model config: dropout: must be in \[0, 1\), got 'none'"),
+        ([1, 2, 3], r"invalid model config: expected a JSON object, got list"),
+    ],
+)
 def test_model_config_that_builds_no_model(tmp_path, model_config, message):
     path = save_tiny(tmp_path / "bad.pt", dict(meta(), model_config=model_config))
     with pytest.raises(CheckpointError, match=f"^{path}: {message}"):
         loader.load_checkpoint(path)
 
 
-@pytest.mark.parametrize("change,message", [
-    (lambda sd: sd.pop("transformer.h.0.attn.c_attn.weight"), r"missing transformer\.h\.0\.attn\.c_attn\.weight"),
-    (lambda sd: sd.update(extra=torch.zeros(1)), r"unexpected extra"),
-    (lambda sd: sd.update({"transformer.wte.weight": torch.zeros(5, 8)}),
-     rf"transformer\.wte\.weight is \(5, 8\), the config wants \({CFG.vocab_size}, 8\)"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda sd: sd.pop("transformer.h.0.attn.c_attn.weight"), r"missing transformer\.h\.0\.attn\.c_attn\.weight"),
+        (lambda sd: sd.update(extra=torch.zeros(1)), r"unexpected extra"),
+        (
+            lambda sd: sd.update({"transformer.wte.weight": torch.zeros(5, 8)}),
+            rf"transformer\.wte\.weight is \(5, 8\), the config wants \({CFG.vocab_size}, 8\)",
+        ),
+    ],
+)
 def test_weights_that_do_not_match_the_config(tmp_path, capsys, change, message):
     state = GPT(CFG).state_dict()
     change(state)
@@ -129,8 +164,9 @@ def test_resume_needs_a_training_checkpoint(tmp_path, capsys):
 def test_init_from_a_checkpoint_without_model_config(tmp_path, tiny_char_data, capsys):
     path = tmp_path / "foreign.pt"
     native.save(path, {"model": GPT(CFG).state_dict()}, {"tokenizer": TOK.spec})
-    err = one_line_error(capsys, train_script.main, "--init-from", path, "--data", tiny_char_data,
-                         "--out-dir", tmp_path / "out", *TINY)
+    err = one_line_error(
+        capsys, train_script.main, "--init-from", path, "--data", tiny_char_data, "--out-dir", tmp_path / "out", *TINY
+    )
     assert f"{path} is not a gpt checkpoint: missing model_config" in err
 
 
@@ -146,16 +182,24 @@ def test_a_dataset_directory_is_not_a_run(tiny_char_data, capsys):
 GPT2_CONFIG = {"model_type": "gpt2", "vocab_size": 50257, "n_positions": 32, "n_embd": 32, "n_layer": 2, "n_head": 4}
 
 
-@pytest.mark.parametrize("config,message", [
-    ("[1, 2]", "{cfg} is not a GPT-2 config: expected a JSON object, got a list"),
-    ("{\"n_embd\": 32,", "{cfg} is not valid JSON (Expecting property name"),
-    ({k: v for k, v in GPT2_CONFIG.items() if k not in ("n_layer", "n_head")},
-     "{cfg} lacks n_layer, n_head: a GPT-2 config.json gives the model's sizes"),
-    ({k: v for k, v in GPT2_CONFIG.items() if k != "n_positions"}, "{cfg} lacks n_positions"),
-    (dict(GPT2_CONFIG, n_embd=30), "{cfg}: invalid model config: n_head: must divide n_embd (30), got 4"),
-    (dict(GPT2_CONFIG, n_layer="2"), "{cfg}: invalid model config: n_layer: must be a positive integer, got '2'"),
-    (dict(GPT2_CONFIG, layer_norm_epsilon="tiny"), "unsupported GPT-2 config: layer_norm_epsilon 'tiny' (only 1e-5)"),
-])
+@pytest.mark.parametrize(
+    "config,message",
+    [
+        ("[1, 2]", "{cfg} is not a GPT-2 config: expected a JSON object, got a list"),
+        ('{"n_embd": 32,', "{cfg} is not valid JSON (Expecting property name"),
+        (
+            {k: v for k, v in GPT2_CONFIG.items() if k not in ("n_layer", "n_head")},
+            "{cfg} lacks n_layer, n_head: a GPT-2 config.json gives the model's sizes",
+        ),
+        ({k: v for k, v in GPT2_CONFIG.items() if k != "n_positions"}, "{cfg} lacks n_positions"),
+        (dict(GPT2_CONFIG, n_embd=30), "{cfg}: invalid model config: n_head: must divide n_embd (30), got 4"),
+        (dict(GPT2_CONFIG, n_layer="2"), "{cfg}: invalid model config: n_layer: must be a positive integer, got '2'"),
+        (
+            dict(GPT2_CONFIG, layer_norm_epsilon="tiny"),
+            "unsupported GPT-2 config: layer_norm_epsilon 'tiny' (only 1e-5)",
+        ),
+    ],
+)
 @pytest.mark.parametrize("how", ["sample --ckpt", "train --init-from"])
 def test_broken_hugging_face_config(tmp_path, tiny_char_data, capsys, config, message, how):
     hf = tmp_path / "hf"
@@ -165,8 +209,9 @@ def test_broken_hugging_face_config(tmp_path, tiny_char_data, capsys, config, me
     if how == "sample --ckpt":
         err = one_line_error(capsys, sample_script.main, "--ckpt", hf, "--prompt", "a")
     else:
-        err = one_line_error(capsys, train_script.main, "--init-from", hf, "--data", tiny_char_data,
-                             "--out-dir", tmp_path / "out", *TINY)
+        err = one_line_error(
+            capsys, train_script.main, "--init-from", hf, "--data", tiny_char_data, "--out-dir", tmp_path / "out", *TINY
+        )
     assert message.format(cfg=hf / "config.json") in err
 
 
@@ -176,8 +221,10 @@ def test_resume_from_a_hugging_face_directory_suggests_init_from(tmp_path, capsy
     (hf / "config.json").write_text(json.dumps(GPT2_CONFIG))
     torch.save({}, hf / "pytorch_model.bin")
     err = one_line_error(capsys, train_script.main, "--resume", hf)
-    assert f"{hf} is a Hugging Face model directory: it holds weights but no training state; fine-tune " \
-           f"from it with `python train.py --init-from {hf}" in err
+    assert (
+        f"{hf} is a Hugging Face model directory: it holds weights but no training state; fine-tune "
+        f"from it with `python train.py --init-from {hf}" in err
+    )
 
 
 # ---- saving: full disk, read-only or non-directory destinations, stale temporary files ----------------
@@ -228,8 +275,10 @@ def test_full_disk_is_one_line_and_the_previous_checkpoint_is_intact(tmp_path, m
     fail_writes(monkeypatch, lambda f: FullDisk(f, room=1000))  # torch's writer: "unexpected pos" underneath
     with pytest.raises(StorageError) as e:
         native.save(path, {"model": GPT(CFG).state_dict()}, meta(step=2))
-    assert str(e.value) == f"could not write checkpoint {path}: the disk is full; free some space; the previous " \
-                           f"last.pt is intact"
+    assert (
+        str(e.value) == f"could not write checkpoint {path}: the disk is full; free some space; the previous "
+        f"last.pt is intact"
+    )
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]  # no temporary file left behind
     assert loader.read(path)["meta"]["step"] == 1
@@ -255,18 +304,22 @@ def test_file_size_limit_through_torch_save_in_a_real_process(tmp_path):
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
 
 
-@pytest.mark.parametrize("error,reason", [
-    (errno.EROFS, "the file system is read-only; choose a writable location"),
-    (errno.EACCES, "permission denied; choose a writable location"),
-])
+@pytest.mark.parametrize(
+    "error,reason",
+    [
+        (errno.EROFS, "the file system is read-only; choose a writable location"),
+        (errno.EACCES, "permission denied; choose a writable location"),
+    ],
+)
 def test_read_only_destination(tmp_path, monkeypatch, error, reason):
     def refuse(f):
         f.close()
         raise OSError(error, os.strerror(error))
 
     fail_writes(monkeypatch, refuse)
-    with pytest.raises(StorageError, match=f"^could not write checkpoint {tmp_path / 'last.pt'}: {reason}; nothing "
-                                           f"was written$"):
+    with pytest.raises(
+        StorageError, match=f"^could not write checkpoint {tmp_path / 'last.pt'}: {reason}; nothing was written$"
+    ):
         native.save(tmp_path / "last.pt", {"model": GPT(CFG).state_dict()}, meta())
 
 
@@ -284,18 +337,36 @@ def test_read_only_directory_for_real(tmp_path):
 def test_destination_under_a_file(tmp_path):
     (tmp_path / "out").write_text("a file, not a directory")
     for path in (tmp_path / "out" / "last.pt", tmp_path / "out" / "run" / "last.pt"):
-        with pytest.raises(StorageError, match=f"^could not write checkpoint {path}: a part of the path is a file, "
-                                               f"not a directory; nothing was written$"):
+        with pytest.raises(
+            StorageError,
+            match=f"^could not write checkpoint {path}: a part of the path is a file, "
+            f"not a directory; nothing was written$",
+        ):
             save_tiny(path)
 
 
 def test_full_disk_during_training_is_one_line(tiny_char_data, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     seen = {}
-    fail_writes(monkeypatch, lambda f: FullDisk(f, room=0), calls_before=1,
-                on_failure=lambda: seen.setdefault("last.pt", (out / "last.pt").read_bytes()))
-    err = one_line_error(capsys, train_script.main, "--data", tiny_char_data, "--out-dir", out, *TINY,
-                         "--max-iters", "4", "--eval-interval", "2")
+    fail_writes(
+        monkeypatch,
+        lambda f: FullDisk(f, room=0),
+        calls_before=1,
+        on_failure=lambda: seen.setdefault("last.pt", (out / "last.pt").read_bytes()),
+    )
+    err = one_line_error(
+        capsys,
+        train_script.main,
+        "--data",
+        tiny_char_data,
+        "--out-dir",
+        out,
+        *TINY,
+        "--max-iters",
+        "4",
+        "--eval-interval",
+        "2",
+    )
     assert f"could not write checkpoint {out / 'last.pt'}: the disk is full" in err and "last.pt is intact" in err
     assert (out / "last.pt").read_bytes() == seen["last.pt"] and loader.read_meta(out / "last.pt")["step"] == 2
 

@@ -14,7 +14,9 @@ def test_defaults_file_cli_precedence(tmp_path):
     assert cfg.model.n_head == TrainConfig().model.n_head  # defaults otherwise
 
 
-@pytest.mark.parametrize("argv", [["--max-iters", "100"], ["--max_iters=100"], ["--max-iters=100"], ["--max_iters", "1e2"]])
+@pytest.mark.parametrize(
+    "argv", [["--max-iters", "100"], ["--max_iters=100"], ["--max-iters=100"], ["--max_iters", "1e2"]]
+)
 def test_dash_and_underscore_spellings(argv):
     assert build_config(argv).max_iters == 100
 
@@ -32,9 +34,13 @@ def test_every_problem_reported_together(tmp_path):
     with pytest.raises(ConfigError) as e:
         build_config(["--config", str(f), "--max-itres", "5", "--learning-rate", "fast", "--dropout", "0.5.1"])
     msg = str(e.value)
-    for needle in (f"n_layers: unknown option in {f} (did you mean n_layer?)",
-                   f"batch_size in {f}: expected an integer", "--max-itres: unknown option (did you mean --max-iters?)",
-                   "--learning-rate: expected a number", "--dropout: expected a number"):
+    for needle in (
+        f"n_layers: unknown option in {f} (did you mean n_layer?)",
+        f"batch_size in {f}: expected an integer",
+        "--max-itres: unknown option (did you mean --max-iters?)",
+        "--learning-rate: expected a number",
+        "--dropout: expected a number",
+    ):
         assert needle in msg
     assert len(msg.splitlines()) == 5
 
@@ -50,8 +56,22 @@ def test_invalid_values_named():
 
 def test_model_settings_are_validated_as_flags_all_at_once():
     with pytest.raises(ConfigError) as e:
-        build_config(["--n-layer", "0", "--block-size", "0", "--dropout", "1.5", "--seed", "-1",
-                      "--pos-encoding", "rotary", "--norm", "middle"])
+        build_config(
+            [
+                "--n-layer",
+                "0",
+                "--block-size",
+                "0",
+                "--dropout",
+                "1.5",
+                "--seed",
+                "-1",
+                "--pos-encoding",
+                "rotary",
+                "--norm",
+                "middle",
+            ]
+        )
     lines = str(e.value).splitlines()
     assert lines == [
         "--seed: must be >= 0, got -1",

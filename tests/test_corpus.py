@@ -77,7 +77,10 @@ def test_split_tail_of_few_documents_at_a_line_start(tmp_path):
     segments, mode = plan_split(docs, val_fraction=0.25)
     assert mode == "tail"
     assert [(s.doc.path.name, s.split, s.last) for s in segments] == [
-        ("doc00.txt", "train", True), ("doc01.txt", "train", True), ("doc02.txt", "train", False), ("doc02.txt", "val", True)
+        ("doc00.txt", "train", True),
+        ("doc01.txt", "train", True),
+        ("doc02.txt", "train", False),
+        ("doc02.txt", "val", True),
     ]
     cut = segments[2].end
     assert segments[3].start == cut and docs[2].path.read_bytes()[cut - 1 : cut] == b"\n"

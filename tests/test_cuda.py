@@ -16,13 +16,32 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "64", "--block-size", "64", "--batch-size", "8",
-        "--eval-iters", "4", "--log-interval", "1", "--warmup-iters", "2", "--device", "cuda"]
+TINY = [
+    "--n-layer",
+    "2",
+    "--n-head",
+    "2",
+    "--n-embd",
+    "64",
+    "--block-size",
+    "64",
+    "--batch-size",
+    "8",
+    "--eval-iters",
+    "4",
+    "--log-interval",
+    "1",
+    "--warmup-iters",
+    "2",
+    "--device",
+    "cuda",
+]
 
 
 def run_cmd(*argv, check=True, env=None):
-    res = subprocess.run([sys.executable, *map(str, argv)], cwd=ROOT, capture_output=True, text=True,
-                         env=dict(os.environ, **(env or {})))
+    res = subprocess.run(
+        [sys.executable, *map(str, argv)], cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, **(env or {}))
+    )
     if check:
         assert res.returncode == 0, res.stderr[-3000:]
     return res
@@ -35,8 +54,22 @@ def records(out_dir, kind):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])  # float16 trains with a GradScaler
 def test_mixed_precision_training_resumes_bit_identically(char_data, tmp_path, dtype):
-    common = ["--data", char_data, *TINY, "--dtype", dtype, "--dropout", "0.1", "--grad-accum", "2",
-              "--lr-decay-iters", "12", "--eval-interval", "6", "--deterministic"]
+    common = [
+        "--data",
+        char_data,
+        *TINY,
+        "--dtype",
+        dtype,
+        "--dropout",
+        "0.1",
+        "--grad-accum",
+        "2",
+        "--lr-decay-iters",
+        "12",
+        "--eval-interval",
+        "6",
+        "--deterministic",
+    ]
     run_cmd("train.py", *common, "--out-dir", tmp_path / "full", "--max-iters", "12")
     run_cmd("train.py", *common, "--out-dir", tmp_path / "split", "--max-iters", "6")
     run_cmd("train.py", "--resume", tmp_path / "split", "--max-iters", "12")
@@ -52,14 +85,40 @@ def test_mixed_precision_training_resumes_bit_identically(char_data, tmp_path, d
 
 def test_compiled_training_and_sampling(char_data, tmp_path):
     out = tmp_path / "run"
-    run_cmd("train.py", "--data", char_data, *TINY, "--compile", "--max-iters", "40", "--eval-interval", "20",
-           "--learning-rate", "3e-3", "--out-dir", out)
+    run_cmd(
+        "train.py",
+        "--data",
+        char_data,
+        *TINY,
+        "--compile",
+        "--max-iters",
+        "40",
+        "--eval-interval",
+        "20",
+        "--learning-rate",
+        "3e-3",
+        "--out-dir",
+        out,
+    )
     evals = records(out, "eval")
     assert evals[-1]["val_loss"] < evals[0]["val_loss"] < 4.2
     state = torch.load(out / "last.pt", weights_only=True)["model"]
     assert not any(k.startswith("_orig_mod") for k in state)  # the uncompiled module is what is saved
-    greedy = ["sample.py", "--ckpt", out, "--prompt", "ROMEO:", "--temperature", "0", "--max-new-tokens", "40",
-              "--dtype", "float32", "--device", "cuda"]
+    greedy = [
+        "sample.py",
+        "--ckpt",
+        out,
+        "--prompt",
+        "ROMEO:",
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "40",
+        "--dtype",
+        "float32",
+        "--device",
+        "cuda",
+    ]
     compiled = run_cmd(*greedy, "--compile").stdout
     graphed = run_cmd(*greedy).stdout  # CUDA-graph decode steps (the default on CUDA)
     eager = run_cmd(*greedy, "--no-cuda-graph").stdout
@@ -69,9 +128,25 @@ def test_compiled_training_and_sampling(char_data, tmp_path):
 def test_torchrun_uses_nccl_and_resumes_in_one_process(char_data, tmp_path):
     n = torch.cuda.device_count()
     common = ["--data", char_data, *TINY, "--grad-accum", str(2 * n), "--eval-interval", "4"]
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-                          "train.py", *common, "--max-iters", "4", "--out-dir", str(tmp_path / "ddp")],
-                         cwd=ROOT, capture_output=True, text=True)  # --standalone: a free port
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(n),
+            "train.py",
+            *common,
+            "--max-iters",
+            "4",
+            "--out-dir",
+            str(tmp_path / "ddp"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )  # --standalone: a free port
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"{n} process(es)" in res.stdout
     meta = json.loads(torch.load(tmp_path / "ddp" / "last.pt", weights_only=True)["meta"])
@@ -84,8 +159,20 @@ def test_out_of_memory_is_one_line_naming_the_fix_and_keeps_the_checkpoint(char_
     # Wide enough that the first activation of the huge batch cannot be allocated at all (~130 GB):
     # the test never fills the GPU, whatever else runs on it.
     out = tmp_path / "run"
-    run_cmd("train.py", "--data", char_data, *TINY, "--n-embd", "512", "--max-iters", "2", "--eval-interval", "2",
-           "--out-dir", out)
+    run_cmd(
+        "train.py",
+        "--data",
+        char_data,
+        *TINY,
+        "--n-embd",
+        "512",
+        "--max-iters",
+        "2",
+        "--eval-interval",
+        "2",
+        "--out-dir",
+        out,
+    )
     before = (out / "last.pt").read_bytes()
     res = run_cmd("train.py", "--resume", out, "--max-iters", "4", "--batch-size", "1000000", check=False)
     assert res.returncode == 2, res.stderr[-3000:]

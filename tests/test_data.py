@@ -28,8 +28,15 @@ def _write_dataset(path, train, val, vocab_size, dtype="uint16", max_ids=None, *
         splits[name] = {"file": f"{name}.bin", "tokens": n, "documents": 1, "sha256": "0" * 64}
         if max_ids:
             splits[name]["max_id"] = max_ids[name]
-    meta = {"format_version": 1, "dtype": dtype, "vocab_size": vocab_size, "eot_token": vocab_size - 1,
-            "tokenizer": {"kind": "gpt2"}, "splits": splits, **meta_overrides}
+    meta = {
+        "format_version": 1,
+        "dtype": dtype,
+        "vocab_size": vocab_size,
+        "eot_token": vocab_size - 1,
+        "tokenizer": {"kind": "gpt2"},
+        "splits": splits,
+        **meta_overrides,
+    }
     (path / "meta.json").write_text(json.dumps(meta))
     return path
 
@@ -66,16 +73,31 @@ def test_open_reads_meta_and_memmaps_read_only(prepared):
 @pytest.mark.parametrize(
     "damage, message",
     [
-        (lambda p: shutil.rmtree(p), r"no dataset directory .*copy: run `python data/prepare.py INPUT\.\.\. --out .*copy"),
-        (lambda p: (p / "meta.json").unlink(), r"no meta.json in .*copy \(not prepared, or an interrupted prepare\): run `python data/prepare.py"),
+        (
+            lambda p: shutil.rmtree(p),
+            r"no dataset directory .*copy: run `python data/prepare.py INPUT\.\.\. --out .*copy",
+        ),
+        (
+            lambda p: (p / "meta.json").unlink(),
+            r"no meta.json in .*copy \(not prepared, or an interrupted prepare\): run `python data/prepare.py",
+        ),
         (lambda p: (p / "train.bin").unlink(), r"no train.bin in .*copy: run `python data/prepare.py"),
         (lambda p: (p / "meta.json").write_text("{oops"), r"meta.json is not valid JSON"),
-        (lambda p: _edit_meta(p, format_version=99), r"meta.json: format_version is 99, expected 1, the version this gpt reads"),
-        (lambda p: _edit_meta(p, dtype="float32"), r"meta.json: dtype is \"float32\", expected one of 'uint16', 'uint32'"),
+        (
+            lambda p: _edit_meta(p, format_version=99),
+            r"meta.json: format_version is 99, expected 1, the version this gpt reads",
+        ),
+        (
+            lambda p: _edit_meta(p, dtype="float32"),
+            r"meta.json: dtype is \"float32\", expected one of 'uint16', 'uint32'",
+        ),
         (lambda p: _edit_meta(p, vocab_size=70_000), r"vocab_size 70000 does not fit dtype uint16"),
         (lambda p: _append(p / "val.bin", b"\x01"), r"val.bin is [\d,]+ bytes, not a whole number of uint16 tokens"),
         (lambda p: _append(p / "val.bin", b"\x01\x00"), r"val.bin holds [\d,]+ tokens but meta.json says"),
-        (lambda p: _poke(p / "train.bin", 0, 999), r"the train split holds id 999, outside the vocabulary of \d+ ids \(.*train.bin is damaged"),
+        (
+            lambda p: _poke(p / "train.bin", 0, 999),
+            r"the train split holds id 999, outside the vocabulary of \d+ ids \(.*train.bin is damaged",
+        ),
         (lambda p: _poke(p / "val.bin", -1, 65535), r"the val split holds id 65535, outside the vocabulary"),
     ],
 )
@@ -112,7 +134,9 @@ def test_an_id_outside_the_vocabulary_is_found_at_open_wherever_it_lies(tmp_path
     ids = np.zeros(1 << 20, dtype=np.uint16)
     ids[5000] = 70  # between the windows a bounded sample reads: found only mid-training before
     _write_dataset(tmp_path / "old", ids, np.zeros(100), vocab_size=66)  # no max_id: every id is read once
-    with pytest.raises(DataError, match=r"^the train split holds id 70, outside the vocabulary of 66 ids \(.*train.bin"):
+    with pytest.raises(
+        DataError, match=r"^the train split holds id 70, outside the vocabulary of 66 ids \(.*train.bin"
+    ):
         open_dataset(tmp_path / "old")
     ids[5000] = 60  # in the vocabulary of 66, recorded as the largest id; then vocab_size is edited down to 50
     _write_dataset(tmp_path / "new", ids, np.zeros(100), vocab_size=50, max_ids={"train": 60, "val": 0})
@@ -124,12 +148,29 @@ def test_an_id_outside_the_vocabulary_is_found_at_open_wherever_it_lies(tmp_path
 
 def test_train_py_reports_a_wrong_meta_json_in_one_line(dataset_copy, tmp_path):
     _edit_meta(dataset_copy, vocab_size="66")
-    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--data", str(dataset_copy), "--out-dir",
-                        str(tmp_path / "run"), "--max-iters", "1", "--device", "cpu"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "--data",
+            str(dataset_copy),
+            "--out-dir",
+            str(tmp_path / "run"),
+            "--max-iters",
+            "1",
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert (r.returncode, r.stdout) == (2, "")
-    assert r.stderr == (f'error: {dataset_copy / "meta.json"}: vocab_size is "66", expected a whole number >= 1: '
-                        f"prepare the dataset again with --force\n")
+    assert r.stderr == (
+        f'error: {dataset_copy / "meta.json"}: vocab_size is "66", expected a whole number >= 1: '
+        f"prepare the dataset again with --force\n"
+    )
 
 
 def test_full_checksum_only_on_request(dataset_copy):
@@ -160,7 +201,9 @@ def test_batch_shapes_and_targets():
     assert x.shape == y.shape == (4, 32) and x.dtype == y.dtype == torch.int64
     assert torch.equal(x[:, 1:], y[:, :-1])
     for row_x, row_y in zip(x.numpy(), y.numpy()):
-        s = int(np.flatnonzero((tokens[: len(tokens) - 32] == row_x[0]) & (tokens[1 : len(tokens) - 31] == row_x[1]))[0])
+        s = int(
+            np.flatnonzero((tokens[: len(tokens) - 32] == row_x[0]) & (tokens[1 : len(tokens) - 31] == row_x[1]))[0]
+        )
         assert np.array_equal(row_x, tokens[s : s + 32]) and np.array_equal(row_y, tokens[s + 1 : s + 33])
 
 
@@ -232,7 +275,7 @@ def test_small_splits_and_bad_arguments():
 
 
 def test_eval_batches_cover_consecutive_windows():
-    batches = list(eval_batches(TOKENS[:1 + 16 * 10], 16, 4))
+    batches = list(eval_batches(TOKENS[: 1 + 16 * 10], 16, 4))
     assert [len(x) for x, _ in batches] == [4, 4, 2]
     x = torch.cat([x for x, _ in batches])
     y = torch.cat([y for _, y in batches])
@@ -321,10 +364,36 @@ def _damage(dataset, split, bad_id, tmp_path):
 
 def _train_py(data, out, *args):
     return subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "--data", str(data), "--out-dir", str(out), "--device", "cpu",
-         "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32", "--batch-size", "64",
-         "--eval-interval", "1000", "--log-interval", "1000", *args],
-        capture_output=True, text=True, cwd=ROOT, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "--data",
+            str(data),
+            "--out-dir",
+            str(out),
+            "--device",
+            "cpu",
+            "--n-layer",
+            "1",
+            "--n-head",
+            "2",
+            "--n-embd",
+            "32",
+            "--block-size",
+            "32",
+            "--batch-size",
+            "64",
+            "--eval-interval",
+            "1000",
+            "--log-interval",
+            "1000",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
 
 
@@ -335,9 +404,12 @@ def test_training_refuses_a_damaged_region_the_open_check_misses(large, tmp_path
     data = _damage(large, "train", bad_id, tmp_path)
     r = _train_py(data, tmp_path / "run", "--max-iters", "40", "--eval-iters", "1")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert re.fullmatch(rf"error: dataset {re.escape(str(data))}, train split: id {bad_id} at token offset "
-                        rf"[\d,]+ of train.bin is outside the vocabulary of 28 ids \(the file was damaged after it "
-                        rf"was prepared.*--force\n", r.stderr), r.stderr
+    assert re.fullmatch(
+        rf"error: dataset {re.escape(str(data))}, train split: id {bad_id} at token offset "
+        rf"[\d,]+ of train.bin is outside the vocabulary of 28 ids \(the file was damaged after it "
+        rf"was prepared.*--force\n",
+        r.stderr,
+    ), r.stderr
     offset = int(re.search(r"offset ([\d,]+)", r.stderr).group(1).replace(",", ""))
     assert DAMAGED.start <= offset < DAMAGED.stop
 
@@ -345,12 +417,15 @@ def test_training_refuses_a_damaged_region_the_open_check_misses(large, tmp_path
 @pytest.mark.parametrize("bad_id", [40, 1000])
 def test_evaluation_refuses_a_damaged_region_the_open_check_misses(large, tmp_path, bad_id):
     data = _damage(large, "val", bad_id, tmp_path)
-    r = _train_py(data, tmp_path / "run", "--max-iters", "1", "--eval-iters", "0",
-                  "--eval-train", "false")  # the whole val split
+    r = _train_py(
+        data, tmp_path / "run", "--max-iters", "1", "--eval-iters", "0", "--eval-train", "false"
+    )  # the whole val split
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     first = DAMAGED.start - DAMAGED.start % 32  # eval windows start at multiples of the block size...
-    assert r.stderr.startswith(f"error: dataset {data}, val split: id {bad_id} at token offset {DAMAGED.start:,} of "
-                               f"val.bin is outside the vocabulary of 28 ids"), r.stderr
+    assert r.stderr.startswith(
+        f"error: dataset {data}, val split: id {bad_id} at token offset {DAMAGED.start:,} of "
+        f"val.bin is outside the vocabulary of 28 ids"
+    ), r.stderr
     assert first < DAMAGED.start and r.stderr.count("\n") == 1  # ...but the offset is the first bad id's own
 
 

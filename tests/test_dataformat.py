@@ -78,13 +78,19 @@ WRONG_TOKENS = [
     ({"eot_token": 10**6}, r": eot_token is 1000000, expected a whole number from 0 to \d+"),
     ({"tokenizer": "char"}, r': tokenizer is "char", expected an object'),
     ({"tokenizer__kind": DELETE}, r" lacks tokenizer.kind"),
-    ({"tokenizer__kind": "sentencepiece"}, r""": tokenizer.kind is "sentencepiece", expected one of 'gpt2', 'char', 'bpe'"""),
+    (
+        {"tokenizer__kind": "sentencepiece"},
+        r""": tokenizer.kind is "sentencepiece", expected one of 'gpt2', 'char', 'bpe'""",
+    ),
     ({"tokenizer__chars": DELETE}, r" lacks tokenizer.chars"),
     ({"tokenizer__kind": "bpe"}, r" lacks tokenizer.ranks_file"),
     ({"splits": []}, r": splits is \[\], expected an object"),
     ({"splits__val": DELETE}, r" lacks splits.val"),
     ({"splits__train__file": DELETE}, r" lacks splits.train.file"),
-    ({"splits__train__file": "../../etc/passwd"}, r': splits.train.file is "../../etc/passwd", expected a file name in the dataset directory'),
+    (
+        {"splits__train__file": "../../etc/passwd"},
+        r': splits.train.file is "../../etc/passwd", expected a file name in the dataset directory',
+    ),
     ({"splits__val__tokens": -5}, r": splits.val.tokens is -5, expected a whole number >= 0"),
     ({"splits__val__sha256": DELETE}, r" lacks splits.val.sha256"),
     ({"splits__val__max_id": "7"}, r': splits.val.max_id is "7", expected a whole number >= 0'),
@@ -128,9 +134,13 @@ def test_meta_json_that_is_not_an_object(tmp_path, kind):
 
 
 def test_the_wrong_kind_names_both_and_the_command(metas, tmp_path):
-    with pytest.raises(DataError, match=r"holds translation pairs, not a token dataset: run `python data/prepare.py INPUT"):
+    with pytest.raises(
+        DataError, match=r"holds translation pairs, not a token dataset: run `python data/prepare.py INPUT"
+    ):
         _read(tmp_path, metas["pairs"], "tokens")
-    with pytest.raises(DataError, match=r"holds a token dataset, not translation pairs: run `python data/prepare.py --pairs"):
+    with pytest.raises(
+        DataError, match=r"holds a token dataset, not translation pairs: run `python data/prepare.py --pairs"
+    ):
         _read(tmp_path, metas["tokens"], "pairs")
 
 
@@ -158,8 +168,10 @@ def test_a_full_disk_is_one_line_and_keeps_the_dataset(tmp_path):
         with staged(tmp_path / "ds", force=True) as tmp:
             (tmp / "train.bin").write_text("new, half-written")
             raise OSError(errno.ENOSPC, "No space left on device")
-    assert str(e.value) == (f"could not write {tmp_path / 'ds'}: the disk is full; free some space; the dataset in "
-                            f"{tmp_path / 'ds'} was left as it was")
+    assert str(e.value) == (
+        f"could not write {tmp_path / 'ds'}: the disk is full; free some space; the dataset in "
+        f"{tmp_path / 'ds'} was left as it was"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]  # the temporary directory is gone
     assert (tmp_path / "ds" / "train.bin").read_text() == "old"
     with pytest.raises(StorageError, match=r"the disk is full; free some space; nothing was written$"):
@@ -190,18 +202,44 @@ def _prepare_without_torch(*args):
         "code = main(sys.argv[1:])\n"
         "print('exit', code, 'torch' if 'torch' in sys.modules else 'no torch')\n"
     )
-    r = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, cwd=ROOT,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     return r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr
 
 
 def test_preparing_data_never_imports_torch(tmp_path):
-    assert _prepare_without_torch(SHAKESPEARE, "--out", tmp_path / "bpe", "--tokenizer", "bpe", "--vocab-size", 300,
-                                  "--quiet") == "exit 0 no torch"
+    assert (
+        _prepare_without_torch(
+            SHAKESPEARE, "--out", tmp_path / "bpe", "--tokenizer", "bpe", "--vocab-size", 300, "--quiet"
+        )
+        == "exit 0 no torch"
+    )
     (tmp_path / "s.txt").write_text("ein Haus\nzwei Hunde\n" * 20)
     (tmp_path / "t.txt").write_text("a house\ntwo dogs\n" * 20)
-    assert _prepare_without_torch("--pairs", tmp_path / "s.txt", tmp_path / "t.txt", "--out", tmp_path / "pairs",
-                                  "--tokenizer", "gpt2", "--val-fraction", 0.1) == "exit 0 no torch"
-    r = subprocess.run([sys.executable, "-c", "import sys, gpt.data.format, gpt.data.prepare, gpt.data.pairs, gpt.data.tokenizer, "
-                        "gpt.data.bpe, gpt.data.corpus; print('torch' in sys.modules)"], capture_output=True, text=True, cwd=ROOT)
+    assert (
+        _prepare_without_torch(
+            "--pairs",
+            tmp_path / "s.txt",
+            tmp_path / "t.txt",
+            "--out",
+            tmp_path / "pairs",
+            "--tokenizer",
+            "gpt2",
+            "--val-fraction",
+            0.1,
+        )
+        == "exit 0 no torch"
+    )
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, gpt.data.format, gpt.data.prepare, gpt.data.pairs, gpt.data.tokenizer, "
+            "gpt.data.bpe, gpt.data.corpus; print('torch' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.stdout == "False\n", r.stderr

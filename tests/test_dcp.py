@@ -36,8 +36,9 @@ def trained(steps=2, seed=0):
 
 
 def save(run_dir, model, optimizer, step, name="last.dcp"):
-    meta = native.build_meta(model_config=CFG.to_dict(), tokenizer=TOKENIZER, step=step, world_size=1,
-                                 train_config={"max_iters": 10})
+    meta = native.build_meta(
+        model_config=CFG.to_dict(), tokenizer=TOKENIZER, step=step, world_size=1, train_config={"max_iters": 10}
+    )
     rng = [{"torch": torch.get_rng_state()}]
     dcp.save(run_dir / name, model, optimizer, meta, scaler=None, rng=rng)
     return rng
@@ -79,8 +80,11 @@ def test_a_single_file_loads_into_the_sharded_path_too(tmp_path):
     """A run that switches to --fsdp resumes its last.pt: each process keeps its part of the whole."""
     model, optimizer = trained()
     meta = native.build_meta(model_config=CFG.to_dict(), tokenizer=TOKENIZER, step=2)
-    native.save(tmp_path / "last.pt", {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                           "rng": [], "scaler": None}, meta)
+    native.save(
+        tmp_path / "last.pt",
+        {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": [], "scaler": None},
+        meta,
+    )
     fresh, fresh_opt = trained(steps=0, seed=1)
     dcp.load(tmp_path / "last.pt", fresh, fresh_opt)
     assert_same(fresh.state_dict(), model.state_dict())
@@ -112,8 +116,10 @@ def test_a_failed_save_is_one_line_and_the_last_checkpoint_stays(tmp_path, monke
     monkeypatch.setattr(FileSystemWriter, "write_data", full_disk)
     with pytest.raises(StorageError) as e:
         save(tmp_path, model, optimizer, step=3)
-    assert str(e.value) == (f"could not write checkpoint {tmp_path / 'step-000003'}: the disk is full; free some "
-                            f"space; the previous last.dcp is intact")
+    assert str(e.value) == (
+        f"could not write checkpoint {tmp_path / 'step-000003'}: the disk is full; free some "
+        f"space; the previous last.dcp is intact"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.dcp", "step-000002"]  # nothing half-written left
     assert loader.read(tmp_path)["meta"]["step"] == 2
 
@@ -181,14 +187,18 @@ HOSTILE = {
     "BINPERSID": lambda m: _u(str(m)) + b"Q",
     "PERSID": lambda m: b"P" + str(m).encode() + b"\n",
     "REDUCE of an admitted class: a path": lambda m: _global("pathlib", "PosixPath") + _mkdir(m),
-    "REDUCE of an admitted function with a bad name": lambda m: _global("torch.serialization", "_get_layout")
-                                                              + _u("nope") + b"\x85R",
-    "REDUCE of Metadata holding a path": lambda m: _global(MOD, "Metadata") + b"}" + _u("model.w")
-                                                   + _global("pathlib", "PosixPath") + _mkdir(m) + b"s\x85R",
-    "BUILD setting Metadata's entries": lambda m: _global(MOD, "Metadata") + b"})\x81}" + _u("state_dict_metadata")
-                                                  + b"}" + _u("k") + _u(str(m)) + b"ssb",
-    "BUILD through TensorProperties.__setstate__": lambda m: _global(MOD, "TensorProperties") + b")\x81("
-                                                             + _u(str(m)) + b"tb",
+    "REDUCE of an admitted function with a bad name": lambda m: (
+        _global("torch.serialization", "_get_layout") + _u("nope") + b"\x85R"
+    ),
+    "REDUCE of Metadata holding a path": lambda m: (
+        _global(MOD, "Metadata") + b"}" + _u("model.w") + _global("pathlib", "PosixPath") + _mkdir(m) + b"s\x85R"
+    ),
+    "BUILD setting Metadata's entries": lambda m: (
+        _global(MOD, "Metadata") + b"})\x81}" + _u("state_dict_metadata") + b"}" + _u("k") + _u(str(m)) + b"ssb"
+    ),
+    "BUILD through TensorProperties.__setstate__": lambda m: (
+        _global(MOD, "TensorProperties") + b")\x81(" + _u(str(m)) + b"tb"
+    ),
 }
 
 
@@ -240,7 +250,9 @@ def test_an_entry_dcp_would_unpickle_whole_is_refused(tmp_path):
 
     def change(metadata):
         metadata.state_dict_metadata[key] = BytesStorageMetadata()
-        metadata.storage_data[MetadataIndex(key)] = _StorageInfo("evil.distcp", 0, (step_dir / "evil.distcp").stat().st_size)
+        metadata.storage_data[MetadataIndex(key)] = _StorageInfo(
+            "evil.distcp", 0, (step_dir / "evil.distcp").stat().st_size
+        )
 
     _rewrite_metadata(step_dir, change)
     with pytest.raises(native.CheckpointError, match="BytesStorageMetadata is not allowed"):
@@ -306,8 +318,10 @@ def test_force_removes_a_sharded_run(tmp_path):
 
 def test_convert_mistakes_are_one_line(tmp_path, capsys):
     assert cli_dcp.main(["convert", "--ckpt", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == f"error: no last.dcp or best.dcp in {tmp_path}: give the run directory of a " \
-                                      f"--fsdp run, or one of its checkpoint directories with --out\n"
+    assert (
+        capsys.readouterr().err == f"error: no last.dcp or best.dcp in {tmp_path}: give the run directory of a "
+        f"--fsdp run, or one of its checkpoint directories with --out\n"
+    )
     model, optimizer = trained()
     meta = native.build_meta(model_config=CFG.to_dict(), tokenizer=TOKENIZER, step=5)
     native.save(tmp_path / "last.pt", {"model": model.state_dict()}, meta)

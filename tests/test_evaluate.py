@@ -24,26 +24,42 @@ def files(tmp_path, monkeypatch):
 
 
 def run(capsys, tmp_path, *argv):
-    code = cli_evaluate.main(["--ckpt", str(tmp_path / "run"), "--source-file", str(tmp_path / "src.txt"),
-                          "--reference", str(tmp_path / "ref.txt"), "--device", "cpu", *map(str, argv)])
+    code = cli_evaluate.main(
+        [
+            "--ckpt",
+            str(tmp_path / "run"),
+            "--source-file",
+            str(tmp_path / "src.txt"),
+            "--reference",
+            str(tmp_path / "ref.txt"),
+            "--device",
+            "cpu",
+            *map(str, argv),
+        ]
+    )
     out, err = capsys.readouterr()
     return code, out, err
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--output", "{tmp}/missing/h.txt"], "--output {tmp}/missing/h.txt: there is no directory {tmp}/missing; "
-                                          "create it first"),
-    (["--output", "{tmp}/src.txt/h.txt"], "--output {tmp}/src.txt/h.txt: {tmp}/src.txt is a file, not a directory"),
-    (["--output", "{tmp}/run"], "--output {tmp}/run is a directory: name a file"),
-    (["--beam-size", "0"], "--beam-size must be an integer >= 1 (1 is greedy), got 0"),
-    (["--beam-size", "-2"], "--beam-size must be an integer >= 1 (1 is greedy), got -2"),
-    (["--batch-size", "0"], "--batch-size must be an integer >= 1, got 0"),
-    (["--limit", "0"], "--limit must be an integer >= 1 (the first N lines), got 0"),
-    (["--limit", "-3"], "--limit must be an integer >= 1 (the first N lines), got -3"),
-    (["--max-new-tokens", "0"], "--max-new-tokens must be an integer >= 1, got 0"),
-    (["--max-new-tokens", "33"], "--max-new-tokens 33 is more than the model's block_size=32"),
-    (["--beam-size", "6"], "--beam-size 6 is too large for a vocabulary of 11 ids: at most 5"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (
+            ["--output", "{tmp}/missing/h.txt"],
+            "--output {tmp}/missing/h.txt: there is no directory {tmp}/missing; create it first",
+        ),
+        (["--output", "{tmp}/src.txt/h.txt"], "--output {tmp}/src.txt/h.txt: {tmp}/src.txt is a file, not a directory"),
+        (["--output", "{tmp}/run"], "--output {tmp}/run is a directory: name a file"),
+        (["--beam-size", "0"], "--beam-size must be an integer >= 1 (1 is greedy), got 0"),
+        (["--beam-size", "-2"], "--beam-size must be an integer >= 1 (1 is greedy), got -2"),
+        (["--batch-size", "0"], "--batch-size must be an integer >= 1, got 0"),
+        (["--limit", "0"], "--limit must be an integer >= 1 (the first N lines), got 0"),
+        (["--limit", "-3"], "--limit must be an integer >= 1 (the first N lines), got -3"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be an integer >= 1, got 0"),
+        (["--max-new-tokens", "33"], "--max-new-tokens 33 is more than the model's block_size=32"),
+        (["--beam-size", "6"], "--beam-size 6 is too large for a vocabulary of 11 ids: at most 5"),
+    ],
+)
 def test_each_mistake_is_one_line_before_any_decoding(files, capsys, argv, message):
     tmp_path, decoded = files
     code, out, err = run(capsys, tmp_path, *(a.format(tmp=tmp_path) for a in argv))

@@ -51,8 +51,10 @@ def test_export_writes_what_it_needs_to_run_and_reports_parity(trained_run, onnx
     assert meta["format"] == "onnx" and meta["block_size"] == 64 and meta["eot_token"] == 65
     assert meta["tokenizer"] == loader.read_meta(trained_run)["tokenizer"]
     code, _, err = export_cli(capsys, "--ckpt", trained_run, "--format", "onnx", "--out", onnx_dir)
-    assert code == 2 and err == f"error: {onnx_dir / 'model.onnx'} exists already: choose another --out, or " \
-                                "--force to replace it\n"
+    assert (
+        code == 2
+        and err == f"error: {onnx_dir / 'model.onnx'} exists already: choose another --out, or --force to replace it\n"
+    )
 
 
 def test_greedy_decoding_with_the_onnx_model_equals_ours(trained_run, onnx_dir):
@@ -81,10 +83,15 @@ def test_pt2_program_round_trips(trained_run, tmp_path, capsys):
 
 def test_seq2seq_checkpoints_are_refused_in_one_line(tmp_path, capsys):
     cfg = GPTConfig(vocab_size=20, block_size=8, n_layer=1, n_head=1, n_embd=8, n_encoder_layer=1)
-    native.save(tmp_path / "run" / "best.pt", {"model": GPT(cfg).state_dict()},
-                    {"model_config": cfg.to_dict(), "tokenizer": {"kind": "char", "chars": "abcdefghijklmnopqrs"}})
+    native.save(
+        tmp_path / "run" / "best.pt",
+        {"model": GPT(cfg).state_dict()},
+        {"model_config": cfg.to_dict(), "tokenizer": {"kind": "char", "chars": "abcdefghijklmnopqrs"}},
+    )
     code, _, err = export_cli(capsys, "--ckpt", tmp_path / "run", "--format", "pt2", "--out", tmp_path / "x")
-    assert code == 2 and err == "error: this checkpoint is an encoder-decoder (seq2seq) model: export covers " \
-                                "decoder-only models\n"
+    assert (
+        code == 2
+        and err == "error: this checkpoint is an encoder-decoder (seq2seq) model: export covers decoder-only models\n"
+    )
     code, _, err = export_cli(capsys, "--ckpt", tmp_path / "none", "--format", "pt2", "--out", tmp_path / "x")
     assert code == 2 and err == f"error: no checkpoint at {tmp_path / 'none'}\n"

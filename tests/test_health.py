@@ -21,6 +21,7 @@ from gpt.train.health import HealthMonitor
 def base_config():
     return BASE_CFG.to_dict()
 
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -74,8 +75,23 @@ def test_the_trainer_warns_on_a_spike_and_logs_the_update_ratio(base, tiny_char_
 
     monkeypatch.setattr(GPT, "loss", spiking)
     out = tmp_path / "run"
-    train_run("--data", tiny_char_data, "--out-dir", out, "--init-from", base, *TRAIN, "--max-iters", "16", "--eval-interval",
-        "100", "--eval-iters", "1", "--log-interval", "4")
+    train_run(
+        "--data",
+        tiny_char_data,
+        "--out-dir",
+        out,
+        "--init-from",
+        base,
+        *TRAIN,
+        "--max-iters",
+        "16",
+        "--eval-interval",
+        "100",
+        "--eval-iters",
+        "1",
+        "--log-interval",
+        "4",
+    )
     printed = capsys.readouterr().out
     assert "warning: loss spike at step 14: " in printed
     records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
@@ -91,8 +107,24 @@ def test_the_trainer_warns_on_a_spike_and_logs_the_update_ratio(base, tiny_char_
 
     # the same spike inside a 20-step warmup (whose first steps swing widely in healthy runs) is not judged
     calls["n"] = 0
-    train_run("--data", tiny_char_data, "--out-dir", tmp_path / "warm", "--init-from", base, *TRAIN, "--max-iters", "16",
-        "--eval-interval", "100", "--eval-iters", "1", "--warmup-iters", "20", "--no-plot")
+    train_run(
+        "--data",
+        tiny_char_data,
+        "--out-dir",
+        tmp_path / "warm",
+        "--init-from",
+        base,
+        *TRAIN,
+        "--max-iters",
+        "16",
+        "--eval-interval",
+        "100",
+        "--eval-iters",
+        "1",
+        "--warmup-iters",
+        "20",
+        "--no-plot",
+    )
     assert "warning:" not in capsys.readouterr().out
 
 
@@ -118,13 +150,17 @@ def test_memory_estimate_counts_what_trains():
 
 def test_preflight_counts_a_seq2seq_step_in_tokens_of_pairs():
     rt = SimpleNamespace(world_size=2, dtype=torch.float32)
-    cfg = SimpleNamespace(batch_size=4, model=SimpleNamespace(block_size=16), max_tokens=48, max_iters=10, optimizer="adamw")
+    cfg = SimpleNamespace(
+        batch_size=4, model=SimpleNamespace(block_size=16), max_tokens=48, max_iters=10, optimizer="adamw"
+    )
     lm = preflight.report(GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16)), cfg, rt, 3)
     assert lm[1] == "preflight: 384 tokens per step (4 x 16 x 3 micro-batches x 2 processes); 10 steps = 3,840 tokens"
     seq2seq = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, n_encoder_layer=1))
     lines = preflight.report(seq2seq, cfg, rt, 3)  # batches are --max-tokens of pairs, not batch x block
-    assert lines[1] == ("preflight: up to 288 tokens per step (<= 48 tokens of pairs x 3 micro-batches x 2 processes); "
-                        "10 steps = 2,880 tokens")
+    assert lines[1] == (
+        "preflight: up to 288 tokens per step (<= 48 tokens of pairs x 3 micro-batches x 2 processes); "
+        "10 steps = 2,880 tokens"
+    )
     cfg.max_tokens = 0  # 0: batch_size * block_size tokens
     assert preflight.report(seq2seq, cfg, rt, 1)[1].startswith("preflight: up to 128 tokens per step (<= 64 tokens")
 
@@ -142,12 +178,15 @@ def test_find_batch_size_is_the_largest_that_fits():
     assert preflight.find_batch_size(lambda b: False, 24) == 0
 
 
-@pytest.mark.parametrize("global_batch, largest, world, expected", [
-    (512, 45, 1, (32, 16)),  # 512 = 32 x 16 exactly
-    (512, 1000, 1, (512, 1)),
-    (13, 5, 1, (5, 3)),  # 13 is prime: 5 x 3 = 15 beats 1 x 13
-    (96, 40, 2, (24, 4)),  # 2 processes x 24 x 2 micro-steps
-])
+@pytest.mark.parametrize(
+    "global_batch, largest, world, expected",
+    [
+        (512, 45, 1, (32, 16)),  # 512 = 32 x 16 exactly
+        (512, 1000, 1, (512, 1)),
+        (13, 5, 1, (5, 3)),  # 13 is prime: 5 x 3 = 15 beats 1 x 13
+        (96, 40, 2, (24, 4)),  # 2 processes x 24 x 2 micro-steps
+    ],
+)
 def test_plan_batch_keeps_the_global_batch(global_batch, largest, world, expected):
     assert preflight.plan_batch(global_batch, largest, world) == expected
 
@@ -166,25 +205,69 @@ def test_batch_size_auto_with_the_probe_injected(monkeypatch):
     cfg = build_config(["--batch-size", "auto", "--global-batch", "64", "--block-size", "16"])
     said = []
     rt = SimpleNamespace(device=torch.device("cuda"), world_size=1, ddp=False)
-    chosen = preflight.auto_batch_size(GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16)),
-                                       cfg, rt, said.append)
+    chosen = preflight.auto_batch_size(
+        GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16)), cfg, rt, said.append
+    )
     assert chosen == (16, 4)
-    assert said == ["batch size auto: micro-batches of up to 20 fit in 90% of cuda's memory; --batch-size 16 "
-                    "--grad-accum 4 = 64 sequences per step"]
+    assert said == [
+        "batch size auto: micro-batches of up to 20 fit in 90% of cuda's memory; --batch-size 16 "
+        "--grad-accum 4 = 64 sequences per step"
+    ]
 
 
 def test_batch_size_auto_on_a_cpu_is_one_line(base, tiny_char_data, tmp_path, capsys):
-    err = one_line_error(capsys, train_script.main, "--data", tiny_char_data, "--out-dir", tmp_path / "x", "--init-from",
-                         base, "--batch-size", "auto", "--device", "cpu")
+    err = one_line_error(
+        capsys,
+        train_script.main,
+        "--data",
+        tiny_char_data,
+        "--out-dir",
+        tmp_path / "x",
+        "--init-from",
+        base,
+        "--batch-size",
+        "auto",
+        "--device",
+        "cpu",
+    )
     assert "--batch-size auto: measures GPU memory, CUDA only (this run is on cpu)" in err
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: --batch-size auto probes GPU memory")
 def test_batch_size_auto_on_cuda(tiny_char_data, tmp_path):
-    res = subprocess.run([sys.executable, "train.py", "--data", str(tiny_char_data), "--out-dir", str(tmp_path / "auto"),
-                          "--n-layer", "2", "--n-head", "2", "--n-embd", "64", "--block-size", "16", "--batch-size",
-                          "auto", "--global-batch", "4096", "--max-iters", "2", "--eval-interval", "2", "--eval-iters",
-                          "1", "--device", "cuda"], cwd=ROOT, capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "--data",
+            str(tiny_char_data),
+            "--out-dir",
+            str(tmp_path / "auto"),
+            "--n-layer",
+            "2",
+            "--n-head",
+            "2",
+            "--n-embd",
+            "64",
+            "--block-size",
+            "16",
+            "--batch-size",
+            "auto",
+            "--global-batch",
+            "4096",
+            "--max-iters",
+            "2",
+            "--eval-interval",
+            "2",
+            "--eval-iters",
+            "1",
+            "--device",
+            "cuda",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert "batch size auto: micro-batches of up to " in res.stdout
     saved = json.loads((tmp_path / "auto" / "config.json").read_text())["train"]

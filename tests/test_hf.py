@@ -22,8 +22,14 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 def tiny_hf(vocab=50257, seed=0):
     cfg = transformers.GPT2Config(
-        vocab_size=vocab, n_positions=32, n_embd=32, n_layer=2, n_head=4,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        vocab_size=vocab,
+        n_positions=32,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
     )
     torch.manual_seed(seed)
     hf = transformers.GPT2LMHeadModel(cfg).eval()
@@ -84,9 +90,13 @@ def test_greedy_continuation_equals_transformers_generate(hf_model, hf_dir, gpt2
     prompt = tok.encode("Hello, my name is")
     with torch.no_grad():
         theirs = hf_model.generate(
-            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=tok.eot_token,
-        )[0, len(prompt):].tolist()
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=20,
+            min_new_tokens=20,
+            do_sample=False,
+            pad_token_id=tok.eot_token,
+        )[0, len(prompt) :].tolist()
     ours = [i for p in load_and_generate(model, tok, prompt) for i in p.ids]
     assert len(theirs) == 20 and ours == theirs
     assert len(set(ours)) > 3
@@ -101,8 +111,9 @@ def load_and_generate(model, tok, prompt):
 @pytest.mark.parametrize("bias, activation", [(True, "gelu_tanh"), (False, "gelu_tanh"), (False, "gelu")])
 def test_export_loads_in_transformers_with_equal_logits(tmp_path, gpt2, bias, activation):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=50304, block_size=24, n_layer=2, n_head=2, n_embd=16, bias=bias,
-                          activation=activation)).eval()
+    model = GPT(
+        GPTConfig(vocab_size=50304, block_size=24, n_layer=2, n_head=2, n_embd=16, bias=bias, activation=activation)
+    ).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.3)
@@ -154,8 +165,11 @@ def test_export_cli_writes_a_loadable_dir(tmp_path, capsys):
 
     tok = CharTokenizer("abc \n")
     cfg = GPTConfig(vocab_size=8, block_size=16, n_layer=1, n_head=2, n_embd=8)
-    native.save(tmp_path / "run" / "best.pt", {"model": GPT(cfg).state_dict()},
-                    {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec})
+    native.save(
+        tmp_path / "run" / "best.pt",
+        {"model": GPT(cfg).state_dict()},
+        {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec},
+    )
     assert hf_main(["export", "--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
     assert "wrote" in capsys.readouterr().out
     assert transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").config.n_positions == 16
@@ -183,8 +197,11 @@ def test_weights_that_do_not_match_config_json(hf_model, tmp_path):
     hf_model.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "n_layer": 3}))
-    with pytest.raises(CheckpointError, match=rf"^{tmp_path / 'config.json'}: the weights do not match its model "
-                                              rf"config: missing transformer\.h\.2\.ln_1\.weight, "):
+    with pytest.raises(
+        CheckpointError,
+        match=rf"^{tmp_path / 'config.json'}: the weights do not match its model "
+        rf"config: missing transformer\.h\.2\.ln_1\.weight, ",
+    ):
         load_checkpoint(tmp_path)
 
 
@@ -193,8 +210,11 @@ def test_export_cli_refuses_what_gpt2_cannot_express_in_one_line(tmp_path, capsy
 
     tok = CharTokenizer("abc \n")
     cfg = GPTConfig(vocab_size=8, block_size=16, n_layer=1, n_head=2, n_embd=8, norm="post")
-    native.save(tmp_path / "run" / "best.pt", {"model": GPT(cfg).state_dict()},
-                    native.build_meta(model_config=cfg.to_dict(), tokenizer=tok.spec))
+    native.save(
+        tmp_path / "run" / "best.pt",
+        {"model": GPT(cfg).state_dict()},
+        native.build_meta(model_config=cfg.to_dict(), tokenizer=tok.spec),
+    )
     assert hf_main(["export", "--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 2
     assert capsys.readouterr().err == "error: cannot export as GPT-2: norm='post' (GPT-2 is pre-norm)\n"
 
@@ -214,8 +234,11 @@ def test_weights_that_want_to_run_code_are_refused(hf_model, tmp_path):
 
     torch.save({"h.0.attn.c_attn.weight": Evil()}, tmp_path / "pytorch_model.bin")
     hf_model.config.to_json_file(tmp_path / "config.json")
-    with pytest.raises(HFError, match="^cannot read the weights in .*: they hold objects other than tensors, whose "
-                                      "code loading would run; refused$"):
+    with pytest.raises(
+        HFError,
+        match="^cannot read the weights in .*: they hold objects other than tensors, whose "
+        "code loading would run; refused$",
+    ):
         load_checkpoint(tmp_path)
     assert not marker.exists()
 
@@ -228,7 +251,7 @@ def _sharded_hf_dir(hf_model, path, shard_names):
     hf_model.config.to_json_file(path / "config.json")
     sd = {k: v.contiguous() for k, v in hf_model.state_dict().items() if k != "lm_head.weight"}
     keys = sorted(sd)
-    halves = (keys[: len(keys) // 2], keys[len(keys) // 2:])
+    halves = (keys[: len(keys) // 2], keys[len(keys) // 2 :])
     weight_map = {}
     for name, part in zip(shard_names, halves):
         if not name.startswith("/"):
@@ -239,8 +262,9 @@ def _sharded_hf_dir(hf_model, path, shard_names):
 
 
 def test_a_sharded_safetensors_dir_loads(hf_model, tmp_path):
-    path = _sharded_hf_dir(hf_model, tmp_path / "hf", ["model-00001-of-00002.safetensors",
-                                                        "model-00002-of-00002.safetensors"])
+    path = _sharded_hf_dir(
+        hf_model, tmp_path / "hf", ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    )
     model, _, _ = load_checkpoint(path)
     idx = torch.randint(0, 50257, (1, 12))
     with torch.no_grad():
@@ -250,7 +274,10 @@ def test_a_sharded_safetensors_dir_loads(hf_model, tmp_path):
 @pytest.mark.parametrize("outside", ["../x.safetensors", "/etc/passwd"])
 def test_an_index_naming_a_shard_outside_the_directory_is_refused(hf_model, tmp_path, outside):
     path = _sharded_hf_dir(hf_model, tmp_path / "hf", ["model-00001-of-00002.safetensors", outside])
-    with pytest.raises(HFError, match=rf"model.safetensors.index.json: \S+ is in '{re.escape(outside)}', which is not a file "
-                                      rf"in .*; refused") as e:
+    with pytest.raises(
+        HFError,
+        match=rf"model.safetensors.index.json: \S+ is in '{re.escape(outside)}', which is not a file "
+        rf"in .*; refused",
+    ) as e:
         load_checkpoint(path)
     assert "\n" not in str(e.value)

@@ -77,12 +77,28 @@ def test_adapters_start_as_the_base_and_merged_logits_equal_adapter_logits():
 
 def test_lora_run_checkpoint_holds_only_adapters_and_loads_everywhere(base, tiny_char_data, tmp_path, capsys):
     out = tmp_path / "lora"
-    train_run("--data", tiny_char_data, "--out-dir", out, "--init-from", base, "--lora-rank", "2", "--lora-targets",
-        "attn.c_attn,mlp.c_fc", *TRAIN, "--max-iters", "4", "--eval-interval", "4")
+    train_run(
+        "--data",
+        tiny_char_data,
+        "--out-dir",
+        out,
+        "--init-from",
+        base,
+        "--lora-rank",
+        "2",
+        "--lora-targets",
+        "attn.c_attn,mlp.c_fc",
+        *TRAIN,
+        "--max-iters",
+        "4",
+        "--eval-interval",
+        "4",
+    )
     assert "lora: rank 2, alpha 16 on attn.c_attn, mlp.c_fc" in capsys.readouterr().out
     raw = loader.read(out / "last.pt")
-    assert sorted(raw["model"]) == sorted(f"transformer.h.{i}.{t}.lora_{m}" for i in range(2)
-                                          for t in ("attn.c_attn", "mlp.c_fc") for m in "AB")
+    assert sorted(raw["model"]) == sorted(
+        f"transformer.h.{i}.{t}.lora_{m}" for i in range(2) for t in ("attn.c_attn", "mlp.c_fc") for m in "AB"
+    )
     info = raw["meta"]["lora"]
     assert info["base"] == str((base / "best.pt").resolve()) and info["rank"] == 2
     assert info["trainable"] == 2 * (2 * (16 + 48) + 2 * (16 + 64))
@@ -94,8 +110,12 @@ def test_lora_run_checkpoint_holds_only_adapters_and_loads_everywhere(base, tiny
     x = torch.randint(0, 64, (2, 16))
     torch.testing.assert_close(merged(x)[0], model(x)[0], rtol=1e-5, atol=1e-5)
 
-    assert sample_script.main(["--ckpt", str(out), "--prompt", "ROMEO", "--max-new-tokens", "5", "--seed", "1",
-                               "--device", "cpu"]) == 0
+    assert (
+        sample_script.main(
+            ["--ckpt", str(out), "--prompt", "ROMEO", "--max-new-tokens", "5", "--seed", "1", "--device", "cpu"]
+        )
+        == 0
+    )
     assert cli_lora.main(["merge", "--ckpt", str(out), "--out", str(tmp_path / "merged.pt")]) == 0
     plain, _ = loader.load_model(tmp_path / "merged.pt")
     assert "lora" not in loader.read_meta(tmp_path / "merged.pt")
@@ -104,21 +124,40 @@ def test_lora_run_checkpoint_holds_only_adapters_and_loads_everywhere(base, tiny
     from gpt.checkpoints.hf import export_hf, read_weights
 
     export_hf(merged, tok, tmp_path / "hf")
-    assert torch.equal(read_weights(tmp_path / "hf")["transformer.h.0.attn.c_attn.weight"],
-                       merged.transformer.h[0].attn.c_attn.weight)
+    assert torch.equal(
+        read_weights(tmp_path / "hf")["transformer.h.0.attn.c_attn.weight"], merged.transformer.h[0].attn.c_attn.weight
+    )
 
 
 @pytest.mark.precision
 def test_exact_resume_of_a_lora_run(base, tiny_char_data, tmp_path):
-    common = ["--data", tiny_char_data, "--init-from", base, "--lora-rank", "4", "--lora-dropout", "0.1", *TRAIN,
-              "--grad-accum", "2", "--lr-decay-iters", "8", "--eval-interval", "4"]
+    common = [
+        "--data",
+        tiny_char_data,
+        "--init-from",
+        base,
+        "--lora-rank",
+        "4",
+        "--lora-dropout",
+        "0.1",
+        *TRAIN,
+        "--grad-accum",
+        "2",
+        "--lr-decay-iters",
+        "8",
+        "--eval-interval",
+        "4",
+    ]
     train_run(*common, "--out-dir", tmp_path / "full", "--max-iters", "8")
     train_run(*common, "--out-dir", tmp_path / "split", "--max-iters", "4")
     train_run("--resume", tmp_path / "split", "--max-iters", "8")
 
     def losses(out):
-        return [(r["step"], r["loss"], r["grad_norm"]) for r in map(json.loads, (out / "log.jsonl").read_text()
-                                                                    .splitlines()) if r["kind"] == "train"]
+        return [
+            (r["step"], r["loss"], r["grad_norm"])
+            for r in map(json.loads, (out / "log.jsonl").read_text().splitlines())
+            if r["kind"] == "train"
+        ]
 
     assert [s for s, *_ in losses(tmp_path / "split")] == list(range(1, 9))
     assert losses(tmp_path / "split") == losses(tmp_path / "full")  # bit for bit
@@ -126,8 +165,21 @@ def test_exact_resume_of_a_lora_run(base, tiny_char_data, tmp_path):
 
 def test_resume_keeps_the_adapters_shape_and_the_base(base, tiny_char_data, tmp_path, capsys):
     out = tmp_path / "lora"
-    train_run("--data", tiny_char_data, "--out-dir", out, "--init-from", base, "--lora-rank", "2", *TRAIN, "--max-iters", "2",
-        "--eval-interval", "2")
+    train_run(
+        "--data",
+        tiny_char_data,
+        "--out-dir",
+        out,
+        "--init-from",
+        base,
+        "--lora-rank",
+        "2",
+        *TRAIN,
+        "--max-iters",
+        "2",
+        "--eval-interval",
+        "2",
+    )
     err = one_line_error(capsys, train_script.main, "--resume", out, "--lora-rank", "4", "--max-iters", "3")
     assert "a LoRA run keeps its adapters' shape: --lora-rank 4 (the run has 2)" in err
     err = one_line_error(capsys, train_script.main, "--resume", out, "--lora-rank", "0", "--max-iters", "3")
@@ -145,8 +197,21 @@ def test_resume_keeps_the_adapters_shape_and_the_base(base, tiny_char_data, tmp_
 
 def test_base_moved_with_the_run_still_loads_and_a_missing_base_names_the_fix(base, tiny_char_data, tmp_path, capsys):
     out = tmp_path / "lora"
-    train_run("--data", tiny_char_data, "--out-dir", out, "--init-from", base, "--lora-rank", "2", *TRAIN, "--max-iters", "2",
-        "--eval-interval", "2")
+    train_run(
+        "--data",
+        tiny_char_data,
+        "--out-dir",
+        out,
+        "--init-from",
+        base,
+        "--lora-rank",
+        "2",
+        *TRAIN,
+        "--max-iters",
+        "2",
+        "--eval-interval",
+        "2",
+    )
     moved = tmp_path / "elsewhere"
     moved.mkdir()
     shutil.move(str(out), moved / "lora")
@@ -155,29 +220,55 @@ def test_base_moved_with_the_run_still_loads_and_a_missing_base_names_the_fix(ba
     shutil.move(str(moved / "base"), tmp_path / "gone")
     err = one_line_error(capsys, sample_script.main, "--ckpt", moved / "lora", "--device", "cpu")
     assert "whose base model" in err and "python -m gpt.lora merge --ckpt" in err and "--base PATH" in err
-    assert cli_lora.main(["merge", "--ckpt", str(moved / "lora"), "--base", str(tmp_path / "gone"), "--out",
-                      str(tmp_path / "m")]) == 0
+    assert (
+        cli_lora.main(
+            ["merge", "--ckpt", str(moved / "lora"), "--base", str(tmp_path / "gone"), "--out", str(tmp_path / "m")]
+        )
+        == 0
+    )
     assert (tmp_path / "m" / "best.pt").is_file()
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--lora-rank", "-1"], "error: --lora-rank: must be >= 0 (0 = full fine-tuning), got -1"),
-    (["--lora-rank", "4", "--lora-targets", "attn.c_attn,attn.q"], "error: --lora-targets: 'attn.q' is not among "),
-    (["--lora-rank", "4", "--lora-alpha", "0"], "error: --lora-alpha: must be > 0, got 0.0"),
-    (["--lora-rank", "4", "--lora-dropout", "1"], "error: --lora-dropout: must be in [0, 1), got 1.0"),
-    (["--lora-targets", "wte", "--lora-alpha", "8"], "error: --lora-alpha, --lora-targets: LoRA is off (--lora-rank 0 "
-                                                     "is full fine-tuning); give --lora-rank R to train adapters"),
-    (["--lora-rank", "4", "--fsdp"], "error: --lora-rank: not with --fsdp"),
-    (["--lora-rank", "17"], "error: --lora-rank: 17 exceeds the smallest adapted layer's 16 features; use at most 16"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--lora-rank", "-1"], "error: --lora-rank: must be >= 0 (0 = full fine-tuning), got -1"),
+        (["--lora-rank", "4", "--lora-targets", "attn.c_attn,attn.q"], "error: --lora-targets: 'attn.q' is not among "),
+        (["--lora-rank", "4", "--lora-alpha", "0"], "error: --lora-alpha: must be > 0, got 0.0"),
+        (["--lora-rank", "4", "--lora-dropout", "1"], "error: --lora-dropout: must be in [0, 1), got 1.0"),
+        (
+            ["--lora-targets", "wte", "--lora-alpha", "8"],
+            "error: --lora-alpha, --lora-targets: LoRA is off (--lora-rank 0 "
+            "is full fine-tuning); give --lora-rank R to train adapters",
+        ),
+        (["--lora-rank", "4", "--fsdp"], "error: --lora-rank: not with --fsdp"),
+        (
+            ["--lora-rank", "17"],
+            "error: --lora-rank: 17 exceeds the smallest adapted layer's 16 features; use at most 16",
+        ),
+    ],
+)
 def test_lora_settings_are_checked_in_one_line(base, tiny_char_data, tmp_path, capsys, flags, message):
-    err = one_line_error(capsys, train_script.main, "--data", tiny_char_data, "--out-dir", tmp_path / "x", "--init-from",
-                         base, *flags, "--device", "cpu")
+    err = one_line_error(
+        capsys,
+        train_script.main,
+        "--data",
+        tiny_char_data,
+        "--out-dir",
+        tmp_path / "x",
+        "--init-from",
+        base,
+        *flags,
+        "--device",
+        "cpu",
+    )
     assert err.startswith(message), err
 
 
 def test_lora_needs_a_pretrained_model(tiny_char_data, tmp_path, capsys):
-    err = one_line_error(capsys, train_script.main, "--data", tiny_char_data, "--out-dir", tmp_path / "x", "--lora-rank", "8")
+    err = one_line_error(
+        capsys, train_script.main, "--data", tiny_char_data, "--out-dir", tmp_path / "x", "--lora-rank", "8"
+    )
     assert "--lora-rank: LoRA adapts a pretrained model: give --init-from RUN_OR_CHECKPOINT" in err
     with pytest.raises(ConfigError, match="not seq2seq"):
         TrainConfig(init_from="x", lora_rank=8, model=GPTConfig(n_encoder_layer=2))
@@ -198,8 +289,23 @@ def test_the_hf_export_of_a_lora_run_is_base_plus_adapters_in_transformers(base,
     from gpt.cli import hf as cli_hf
 
     out = tmp_path / "lora"
-    train_run("--data", tiny_char_data, "--out-dir", out, "--init-from", base, "--lora-rank", "2", "--lora-targets",
-        "attn.c_proj,wte", *TRAIN, "--max-iters", "3", "--eval-interval", "3")
+    train_run(
+        "--data",
+        tiny_char_data,
+        "--out-dir",
+        out,
+        "--init-from",
+        base,
+        "--lora-rank",
+        "2",
+        "--lora-targets",
+        "attn.c_proj,wte",
+        *TRAIN,
+        "--max-iters",
+        "3",
+        "--eval-interval",
+        "3",
+    )
     assert cli_hf.main(["export", "--ckpt", str(out), "--out", str(tmp_path / "hf")]) == 0
     theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
     adapters, _ = loader.load_adapted(out)  # kept separate: the exported weights must compute the same
@@ -208,4 +314,4 @@ def test_the_hf_export_of_a_lora_run_is_base_plus_adapters_in_transformers(base,
     with torch.no_grad():
         expected = adapters(x)[0]
         assert (expected - plain(x)[0]).abs().max() > 1e-3  # the trained adapters (wte's included) matter
-        torch.testing.assert_close(theirs(x).logits[..., :expected.shape[-1]], expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(theirs(x).logits[..., : expected.shape[-1]], expected, rtol=1e-5, atol=1e-5)

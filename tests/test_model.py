@@ -43,8 +43,18 @@ def test_input_longer_than_block_size_is_an_error():
 
 @pytest.mark.parametrize(
     "field,value",
-    [("n_embd", 30), ("n_head", 0), ("vocab_size", -1), ("block_size", 0), ("n_layer", 0), ("dropout", 1.0),
-     ("dropout", -0.1), ("norm", "middle"), ("pos_encoding", "rotary"), ("activation", "relu")],
+    [
+        ("n_embd", 30),
+        ("n_head", 0),
+        ("vocab_size", -1),
+        ("block_size", 0),
+        ("n_layer", 0),
+        ("dropout", 1.0),
+        ("dropout", -0.1),
+        ("norm", "middle"),
+        ("pos_encoding", "rotary"),
+        ("activation", "relu"),
+    ],
 )
 def test_config_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -116,8 +126,15 @@ def test_ignore_index_targets_do_not_count():
 def test_parity_with_transformers_gpt2(ours_act, theirs_act):
     transformers = pytest.importorskip("transformers")
     cfg = transformers.GPT2Config(
-        vocab_size=97, n_positions=32, n_embd=32, n_layer=2, n_head=4,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, activation_function=theirs_act,
+        vocab_size=97,
+        n_positions=32,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        activation_function=theirs_act,
     )
     torch.manual_seed(0)
     hf = transformers.GPT2LMHeadModel(cfg).eval()

@@ -68,8 +68,10 @@ def test_muon_takes_the_blocks_linear_weights_only():
     names = {id(p): n for n, p in model.named_parameters()}
     muon_names = sorted(names[id(p)] for p in muon["params"])
     assert muon["muon"] and len(muon_names) == 2 * 6 + 1 * 4  # decoder blocks: self + cross attention, MLP
-    assert all(n.endswith(("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"))
-               for n in muon_names)
+    assert all(
+        n.endswith(("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"))
+        for n in muon_names
+    )
     assert any("encoder" in n for n in muon_names) and any("cross_attn" in n for n in muon_names)
     assert "transformer.wte.weight" in {names[id(p)] for p in matrices["params"]}  # embedding and tied head: AdamW
     assert len(model.param_groups(0.1)) == 2 and not any(g.get("muon") for g in model.param_groups(0.1))

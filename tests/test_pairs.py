@@ -80,10 +80,22 @@ def test_gpt2_tokenizer_and_held_out_validation(tmp_path):
     assert (tmp_path / "ds" / "val.bin").read_bytes() == (tmp_path / "ds2" / "val.bin").read_bytes()
 
 
-BPE_SRC = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch.",
-           "Kinder spielen Fußball auf der Straße.", "Ein Hund läuft über die Wiese.", "Ünïcødé: 東京 🚲"]
-BPE_TGT = ["A man rides a bike.", "Two dogs play in the snow.", "A woman reads a book.",
-           "Children play soccer in the street.", "A dog runs across the meadow.", "Unicode: Tokyo 🚲"]
+BPE_SRC = [
+    "Ein Mann fährt Fahrrad.",
+    "Zwei Hunde spielen im Schnee.",
+    "Eine Frau liest ein Buch.",
+    "Kinder spielen Fußball auf der Straße.",
+    "Ein Hund läuft über die Wiese.",
+    "Ünïcødé: 東京 🚲",
+]
+BPE_TGT = [
+    "A man rides a bike.",
+    "Two dogs play in the snow.",
+    "A woman reads a book.",
+    "Children play soccer in the street.",
+    "A dog runs across the meadow.",
+    "Unicode: Tokyo 🚲",
+]
 
 
 def test_bpe_round_trip_and_self_contained_spec(tmp_path):
@@ -175,7 +187,9 @@ def test_open_pairs_errors(tmp_path):
     with pytest.raises(DataError, match="no meta.json in .*run `python data/prepare.py --pairs"):
         open_pairs(tmp_path)
     (tmp_path / "meta.json").write_text(json.dumps({"format_version": 1, "kind": "tokens"}))
-    with pytest.raises(DataError, match="holds a token dataset, not translation pairs: run `python data/prepare.py --pairs"):
+    with pytest.raises(
+        DataError, match="holds a token dataset, not translation pairs: run `python data/prepare.py --pairs"
+    ):
         open_pairs(tmp_path)
 
 
@@ -220,8 +234,10 @@ def test_batches_are_a_pure_function_of_seed_step_and_rank(corpus):
 
 def test_ranks_and_micro_steps_cover_an_epoch_exactly_once(corpus):
     world, accum = 2, 3
-    ranks = [PairBatches(corpus, "train", max_tokens=150, seed=0, rank=r, world_size=world, grad_accum=accum)
-             for r in range(world)]
+    ranks = [
+        PairBatches(corpus, "train", max_tokens=150, seed=0, rank=r, world_size=world, grad_accum=accum)
+        for r in range(world)
+    ]
     n = len(ranks[0])
     steps = n // (world * accum)
     seen = [i for s in range(steps) for m in range(accum) for r in ranks for i in r.indices(s, m)]
@@ -254,8 +270,23 @@ def test_max_tokens_below_longest_pair_is_an_error(corpus):
 
 def test_cli_main(toy, tmp_path, capsys):
     out = tmp_path / "cli"
-    assert main(["--pairs", *map(str, toy), "--out", str(out), "--tokenizer", "char", "--val-pairs", *map(str, toy),
-                 "--max-len", "30"]) == 0
+    assert (
+        main(
+            [
+                "--pairs",
+                *map(str, toy),
+                "--out",
+                str(out),
+                "--tokenizer",
+                "char",
+                "--val-pairs",
+                *map(str, toy),
+                "--max-len",
+                "30",
+            ]
+        )
+        == 0
+    )
     assert "train: 3 pairs of 6 lines" in capsys.readouterr().out
     assert main(["--pairs", str(toy[0]), str(tmp_path / "nope"), "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
@@ -264,27 +295,50 @@ def test_cli_main(toy, tmp_path, capsys):
 
 def prepare_cli(*args):
     """`python data/prepare.py ...` in its own process, as a user runs it."""
-    return subprocess.run([sys.executable, str(ROOT / "data" / "prepare.py"), *map(str, args)],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "data" / "prepare.py"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
 
 
 def test_data_prepare_pairs_cli(tmp_path):
     src, tgt = write(tmp_path, "train.de", BPE_SRC * 5), write(tmp_path, "train.en", BPE_TGT * 5)
     vsrc, vtgt = write(tmp_path, "val.de", BPE_SRC[:3]), write(tmp_path, "val.en", BPE_TGT[:3])
     out = tmp_path / "data" / "de-en"
-    r = prepare_cli("--pairs", src, tgt, "--val-pairs", vsrc, vtgt, "--out", out, "--tokenizer", "bpe",
-                    "--vocab-size", 400, "--max-len", 64)
+    r = prepare_cli(
+        "--pairs",
+        src,
+        tgt,
+        "--val-pairs",
+        vsrc,
+        vtgt,
+        "--out",
+        out,
+        "--tokenizer",
+        "bpe",
+        "--vocab-size",
+        400,
+        "--max-len",
+        64,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(f"wrote {out} (bpe tokenizer, vocab ") and "train: 30 pairs of 30 lines" in r.stdout
     ds = open_pairs(out)
     assert ds.meta["max_len"] == 64 and ds.meta["source"]["val"] == [str(vsrc), str(vtgt)]
     tok = ds.tokenizer()
-    assert [[tok.decode(x) for x in ds.pair("val", i)] for i in range(3)] == [list(p) for p in zip(BPE_SRC[:3], BPE_TGT[:3])]
+    assert [[tok.decode(x) for x in ds.pair("val", i)] for i in range(3)] == [
+        list(p) for p in zip(BPE_SRC[:3], BPE_TGT[:3])
+    ]
 
     r = prepare_cli("--pairs", src, tgt, "--out", out, "--tokenizer", "char")  # the dataset is there now
     assert (r.returncode, r.stdout) == (2, "")
-    assert r.stderr == (f"error: {out} already holds a dataset (train.bin, train.idx, val.bin, val.idx, tokenizer.tiktoken, "
-                        f"meta.json): pass --force to replace it, or choose another --out\n")
+    assert r.stderr == (
+        f"error: {out} already holds a dataset (train.bin, train.idx, val.bin, val.idx, tokenizer.tiktoken, "
+        f"meta.json): pass --force to replace it, or choose another --out\n"
+    )
     r = prepare_cli("--pairs", src, tgt, "--out", out, "--tokenizer", "char", "--force", "--val-fraction", "0.2")
     assert r.returncode == 0, r.stderr
     assert open_pairs(out).meta["splits"]["val"]["pairs"] == 6  # 20% of 30 lines held out
@@ -294,23 +348,35 @@ def test_data_prepare_pairs_cli_errors_are_one_line(toy, tmp_path):
     short = write(tmp_path, "short.en", TGT[:4])
     r = prepare_cli("--pairs", toy[0], short, "--out", tmp_path / "a")
     assert (r.returncode, r.stdout) == (2, "") and "Traceback" not in r.stderr
-    assert r.stderr == (f"error: {toy[0]} has 6 lines but {short} has 4: line i of the source must translate "
-                        f"line i of the target\n")
+    assert r.stderr == (
+        f"error: {toy[0]} has 6 lines but {short} has 4: line i of the source must translate line i of the target\n"
+    )
     r = prepare_cli("--pairs", toy[0], tmp_path / "missing.en", "--out", tmp_path / "b")
     assert (r.returncode, r.stderr) == (2, f"error: no such file: {tmp_path / 'missing.en'}\n")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--pairs", "s", "t", "corpus.txt"], "give INPUT files or --pairs SRC TGT, not both (got INPUT corpus.txt)"),
-    ([], "nothing to prepare: give INPUT files and directories, or --pairs SRC TGT for translation pairs"),
-    (["--pairs", "s", "t", "--block-size", "64"], "--block-size is for INPUT text datasets, not --pairs"),
-    (["corpus.txt", "--max-len", "64", "--truncate"], "--max-len, --truncate are for --pairs datasets, not INPUT text"),
-    (["corpus.txt", "--unknown", "replace"], "--unknown: only with --tokenizer-from (the characters a reused char "
-                                             "vocabulary lacks); a new vocabulary (--tokenizer) holds every character of its INPUT"),
-    (["corpus.txt", "--tokenizer-from", "run", "--replacement", "_"], "--replacement: only with --unknown replace "
-                                                                       "(the default refuses unknown characters)"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--pairs", "s", "t", "corpus.txt"], "give INPUT files or --pairs SRC TGT, not both (got INPUT corpus.txt)"),
+        ([], "nothing to prepare: give INPUT files and directories, or --pairs SRC TGT for translation pairs"),
+        (["--pairs", "s", "t", "--block-size", "64"], "--block-size is for INPUT text datasets, not --pairs"),
+        (
+            ["corpus.txt", "--max-len", "64", "--truncate"],
+            "--max-len, --truncate are for --pairs datasets, not INPUT text",
+        ),
+        (
+            ["corpus.txt", "--unknown", "replace"],
+            "--unknown: only with --tokenizer-from (the characters a reused char "
+            "vocabulary lacks); a new vocabulary (--tokenizer) holds every character of its INPUT",
+        ),
+        (
+            ["corpus.txt", "--tokenizer-from", "run", "--replacement", "_"],
+            "--replacement: only with --unknown replace (the default refuses unknown characters)",
+        ),
+    ],
+)
 def test_data_prepare_rejects_mixed_modes(tmp_path, capsys, args, message):
     import runpy
 
@@ -328,8 +394,18 @@ def test_multi30k_recipe(tmp_path, args, kind):
         write(tmp_path, f"{split}.en", ["A man rides a bike.", "Two dogs."])
     out = tmp_path / "out"
     r = subprocess.run(
-        [sys.executable, str(ROOT / "data" / "multi30k" / "prepare.py"), "--input", str(tmp_path), "--out", str(out),
-         *args], capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            str(ROOT / "data" / "multi30k" / "prepare.py"),
+            "--input",
+            str(tmp_path),
+            "--out",
+            str(out),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert r.returncode == 0, r.stderr
     ds = open_pairs(out)
@@ -406,7 +482,10 @@ def test_a_full_disk_is_one_line_and_keeps_the_dataset(toy, tmp_path, capsys, mo
     prepare_main = runpy.run_path(str(ROOT / "data" / "prepare.py"), run_name="script")["main"]
     assert prepare_main(["--pairs", *map(str, toy), "--out", str(out), "--tokenizer", "char", "--force"]) == 2
     err = capsys.readouterr().err
-    assert err == f"error: could not write {out}: the disk is full; free some space; the dataset in {out} was left as it was\n"
+    assert (
+        err
+        == f"error: could not write {out}: the disk is full; free some space; the dataset in {out} was left as it was\n"
+    )
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "train.de", "train.en"]  # no temporary directory
 
@@ -425,8 +504,10 @@ def test_every_batch_is_checked_where_the_open_check_misses_damage(tmp_path, bad
     ids[damaged.start : damaged.stop] = bad  # meta.json untouched
     ids.flush()
     ds = open_pairs(out)
-    message = (rf"^dataset {out}, train split: id {bad} at token offset ([\d,]+) of train.bin is outside the "
-               rf"vocabulary of {vocab} ids \(the file was damaged after it was prepared")
+    message = (
+        rf"^dataset {out}, train split: id {bad} at token offset ([\d,]+) of train.bin is outside the "
+        rf"vocabulary of {vocab} ids \(the file was damaged after it was prepared"
+    )
     with pytest.raises(DataError, match=message) as e:
         for _ in PairBatches(ds, "train", max_tokens=2000):
             pass
@@ -434,9 +515,38 @@ def test_every_batch_is_checked_where_the_open_check_misses_damage(tmp_path, bad
     if bad_id == "padded":
         return
     r = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "--data", str(out), "--out-dir", str(tmp_path / "run"), "--device",
-         "cpu", "--n-layer", "1", "--n-encoder-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "64",
-         "--max-tokens", "2000", "--max-iters", "40", "--eval-interval", "1000", "--log-interval", "1000"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert r.returncode == 2 and re.match(message[1:].replace("^", ""), r.stderr[len("error: "):]), r.stderr
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "--data",
+            str(out),
+            "--out-dir",
+            str(tmp_path / "run"),
+            "--device",
+            "cpu",
+            "--n-layer",
+            "1",
+            "--n-encoder-layer",
+            "1",
+            "--n-head",
+            "2",
+            "--n-embd",
+            "32",
+            "--block-size",
+            "64",
+            "--max-tokens",
+            "2000",
+            "--max-iters",
+            "40",
+            "--eval-interval",
+            "1000",
+            "--log-interval",
+            "1000",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert r.returncode == 2 and re.match(message[1:].replace("^", ""), r.stderr[len("error: ") :]), r.stderr
     assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1

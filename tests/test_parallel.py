@@ -22,8 +22,28 @@ from gpt.train.config import TrainConfig
 from gpt.train.start import config_from_argv
 from gpt.train.trainer import train
 
-TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--block-size", "32", "--batch-size", "4",
-        "--eval-iters", "4", "--log-interval", "1", "--warmup-iters", "2", "--device", "cpu", "--threads", "1"]
+TINY = [
+    "--n-layer",
+    "2",
+    "--n-head",
+    "2",
+    "--n-embd",
+    "32",
+    "--block-size",
+    "32",
+    "--batch-size",
+    "4",
+    "--eval-iters",
+    "4",
+    "--log-interval",
+    "1",
+    "--warmup-iters",
+    "2",
+    "--device",
+    "cpu",
+    "--threads",
+    "1",
+]
 
 
 def losses(out_dir, key="loss"):
@@ -33,9 +53,22 @@ def losses(out_dir, key="loss"):
 
 def torchrun(n: int, *argv):
     """`torchrun --standalone --nproc-per-node n train.py ...` (a free port each time), one thread each."""
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-                          "train.py", *map(str, argv)], cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"),
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(n),
+            "train.py",
+            *map(str, argv),
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return res
 
@@ -68,14 +101,23 @@ def runtime(**kw) -> Runtime:
     return Runtime(**{"device": torch.device("cpu"), "dtype": torch.float32, "ddp": True, "world_size": 2, **kw})
 
 
-@pytest.mark.parametrize("rt,message", [
-    (runtime(ddp=False, world_size=1), "--fsdp shards the model over the processes torchrun starts: launch with "
-                                       "`torchrun --nproc-per-node N train.py ... --fsdp` (N = 1 for a single process), "
-                                       "or pass --no-fsdp"),
-    (runtime(dtype=torch.float16), "--fsdp with float16: loss scaling is not supported with sharded gradients; use "
-                                   "--dtype bfloat16 (or train without --fsdp)"),
-    (runtime(device=torch.device("mps")), "--fsdp runs on CUDA (nccl) or CPU (gloo), not mps"),
-])
+@pytest.mark.parametrize(
+    "rt,message",
+    [
+        (
+            runtime(ddp=False, world_size=1),
+            "--fsdp shards the model over the processes torchrun starts: launch with "
+            "`torchrun --nproc-per-node N train.py ... --fsdp` (N = 1 for a single process), "
+            "or pass --no-fsdp",
+        ),
+        (
+            runtime(dtype=torch.float16),
+            "--fsdp with float16: loss scaling is not supported with sharded gradients; use "
+            "--dtype bfloat16 (or train without --fsdp)",
+        ),
+        (runtime(device=torch.device("mps")), "--fsdp runs on CUDA (nccl) or CPU (gloo), not mps"),
+    ],
+)
 def test_fsdp_misuse_is_one_line(rt, message):
     with pytest.raises(ConfigError) as e:
         parallel.check(TrainConfig(fsdp=True), rt)
@@ -131,12 +173,30 @@ def test_fsdp_matches_one_process_and_resumes_in_any_number_of_processes(char_da
     - Each change of process count continues bit for bit (model, AdamW moments, losses) as the same
       processes do from the same state written as one file: resharding loses nothing. No clipping:
       the clipped norm would be summed in another order over the shards."""
-    common = [*TINY, "--data", char_data, "--grad-accum", "4", "--lr-decay-iters", "12", "--eval-interval", "3",
-              "--grad-clip", "0", "--dtype", "float32"]
+    common = [
+        *TINY,
+        "--data",
+        char_data,
+        "--grad-accum",
+        "4",
+        "--lr-decay-iters",
+        "12",
+        "--eval-interval",
+        "3",
+        "--grad-clip",
+        "0",
+        "--dtype",
+        "float32",
+    ]
     run = tmp_path / "fsdp"
     torchrun(2, *common, "--max-iters", "3", "--out-dir", run, "--fsdp", "--activation-checkpointing")
     assert os.readlink(run / "last.dcp") == "step-000003" and sorted(p.name for p in (run / "last.dcp").iterdir()) == [
-        ".metadata", "__0_0.distcp", "__1_0.distcp", "meta.json", "train.pt"]  # a shard per process
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+        "meta.json",
+        "train.pt",
+    ]  # a shard per process
 
     ref = twin(run, tmp_path / "ref-2to1")
     torchrun(1, "--resume", run, "--max-iters", "6")  # 2 -> 1 (still --fsdp: the run's own config)
@@ -156,4 +216,6 @@ def test_fsdp_matches_one_process_and_resumes_in_any_number_of_processes(char_da
     train(*config_from_argv([*map(str, common), "--max-iters", "12", "--out-dir", str(tmp_path / "one")]))
     assert [s for s, _ in losses(run)] == list(range(1, 13))
     for key in ("loss", "grad_norm"):
-        assert [x for _, x in losses(run, key)] == pytest.approx([x for _, x in losses(tmp_path / "one", key)], rel=1e-5)
+        assert [x for _, x in losses(run, key)] == pytest.approx(
+            [x for _, x in losses(tmp_path / "one", key)], rel=1e-5
+        )

@@ -33,8 +33,10 @@ def saved_bytes(model: GPT, batch: int, seq: int) -> int:
 
 
 @pytest.mark.parametrize("checkpointed", [False, True])
-@pytest.mark.parametrize("shape", [dict(n_layer=2, n_head=4, n_embd=64, vocab_size=512),
-                                   dict(n_layer=3, n_head=6, n_embd=96, vocab_size=256)])
+@pytest.mark.parametrize(
+    "shape",
+    [dict(n_layer=2, n_head=4, n_embd=64, vocab_size=512), dict(n_layer=3, n_head=6, n_embd=96, vocab_size=256)],
+)
 def test_saved_activations_per_token_are_what_autograd_keeps(shape, checkpointed):
     cfg = GPTConfig(block_size=32, **shape)
     torch.manual_seed(0)

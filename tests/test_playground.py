@@ -28,8 +28,10 @@ def browser():
     chromium = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
     driver = shutil.which("chromedriver")
     if not chromium or not driver:
-        pytest.skip("no Chromium or chromedriver on this machine (Debian: apt-get install chromium chromium-driver; "
-                    ".ci/run does this where it can)")
+        pytest.skip(
+            "no Chromium or chromedriver on this machine (Debian: apt-get install chromium chromium-driver; "
+            ".ci/run does this where it can)"
+        )
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):

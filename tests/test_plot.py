@@ -34,12 +34,20 @@ def evaluation(step, val, elapsed):
 @pytest.fixture
 def resumed_run(tmp_path):
     """Steps 10..30, killed after step 30 with its last checkpoint at 20, resumed there."""
-    return write_log(tmp_path / "a", [
-        train(10, 3.0, 5.0, 1000), train(20, 2.5, 10.0, 2000, update_ratio=1e-3), evaluation(20, 2.6, 11.0),
-        train(30, 9.9, 15.0, 3000),  # logged by the killed process: replaced after the resume
-        {"kind": "summary", "step": 30},
-        train(30, 2.2, 4.0, 3000), evaluation(30, 2.3, 5.0), train(40, 2.0, 8.0, 4000), evaluation(35, 2.25, 6.0),
-    ])
+    return write_log(
+        tmp_path / "a",
+        [
+            train(10, 3.0, 5.0, 1000),
+            train(20, 2.5, 10.0, 2000, update_ratio=1e-3),
+            evaluation(20, 2.6, 11.0),
+            train(30, 9.9, 15.0, 3000),  # logged by the killed process: replaced after the resume
+            {"kind": "summary", "step": 30},
+            train(30, 2.2, 4.0, 3000),
+            evaluation(30, 2.3, 5.0),
+            train(40, 2.0, 8.0, 4000),
+            evaluation(35, 2.25, 6.0),
+        ],
+    )
 
 
 def test_a_resumed_log_reads_as_one_run(resumed_run):
@@ -86,8 +94,21 @@ def test_a_run_without_a_log_is_one_line(tmp_path, capsys):
 
 def test_training_draws_its_run_and_writes_tensorboard(base, tiny_char_data, tmp_path):
     out = tmp_path / "run"
-    train_run("--data", tiny_char_data, "--out-dir", out, "--init-from", base, *TRAIN, "--max-iters", "4", "--eval-interval",
-        "2", "--tensorboard", "--plot")
+    train_run(
+        "--data",
+        tiny_char_data,
+        "--out-dir",
+        out,
+        "--init-from",
+        base,
+        *TRAIN,
+        "--max-iters",
+        "4",
+        "--eval-interval",
+        "2",
+        "--tensorboard",
+        "--plot",
+    )
     assert (out / "run.png").read_bytes()[:4] == b"\x89PNG"
     assert plot.read_log(out).series("eval", "step", "val_loss")[0] == [2, 4]
     assert plot.read_log(out).series("train", "step", "tokens") == ([1, 2, 3, 4], [32, 64, 96, 128])  # 2 x 16 a step
@@ -105,7 +126,9 @@ def test_a_figure_that_cannot_be_drawn_is_one_warning_and_training_goes_on(tmp_p
     writer = plot.FigureWriter(tmp_path / "no-run", said.append)  # no log.jsonl there: the drawing fails
     writer.update()
     writer.close()
-    assert said == [f"warning: could not draw {tmp_path / 'no-run' / 'run.png'} (error: no such run or log file: "
-                    f"{tmp_path / 'no-run'}); training goes on without it"]
+    assert said == [
+        f"warning: could not draw {tmp_path / 'no-run' / 'run.png'} (error: no such run or log file: "
+        f"{tmp_path / 'no-run'}); training goes on without it"
+    ]
     writer.update()  # no more attempts
     assert writer.process.returncode == 2 and len(said) == 1

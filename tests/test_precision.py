@@ -18,9 +18,11 @@ pytestmark = [pytest.mark.precision, pytest.mark.usefixtures("one_thread")]  # s
 
 CPU = torch.device("cpu")
 # the shipped benchmark models (bench/bench_sampling.py: 65 tiny-shakespeare chars + end-of-text, GPT-2's BPE)
-BENCH = {"char-cpu": dict(vocab_size=66, n_layer=4, n_head=4, n_embd=128, block_size=64),
-         "char-gpu": dict(vocab_size=66, n_layer=6, n_head=6, n_embd=384, block_size=256),
-         "bpe-6x384": dict(vocab_size=50304, n_layer=6, n_head=6, n_embd=384, block_size=256)}
+BENCH = {
+    "char-cpu": dict(vocab_size=66, n_layer=4, n_head=4, n_embd=128, block_size=64),
+    "char-gpu": dict(vocab_size=66, n_layer=6, n_head=6, n_embd=384, block_size=256),
+    "bpe-6x384": dict(vocab_size=50304, n_layer=6, n_head=6, n_embd=384, block_size=256),
+}
 BF16 = {"0": torch.float32, "1": torch.bfloat16}
 
 
@@ -52,16 +54,19 @@ def params(name: str) -> int:
         return GPT(GPTConfig(**BENCH[name])).num_params()
 
 
-@pytest.mark.parametrize("name,dtype", [("char-cpu", torch.float32), ("char-gpu", torch.bfloat16),
-                                        ("bpe-6x384", torch.bfloat16)])
+@pytest.mark.parametrize(
+    "name,dtype", [("char-cpu", torch.float32), ("char-gpu", torch.bfloat16), ("bpe-6x384", torch.bfloat16)]
+)
 def test_inference_on_a_cpu_with_native_bf16_picks_by_model_size(monkeypatch, name, dtype):
     """bench/results/sampling-dtype.md: bf16 decodes the 4x4x128 model slower than float32, the 6x6x384 ones faster."""
     monkeypatch.setenv("GPT_CPU_BF16", "1")
     picked, reason = resolve_dtype("auto", CPU, inference_params=params(name))
     assert picked == dtype
     if dtype == torch.float32:
-        assert reason == (f"GPT_CPU_BF16=1: as a CPU that has native bf16, but decodes faster in float32 below "
-                          f"{INFERENCE_BF16_MIN_PARAMS / 1e6:g}M parameters")
+        assert reason == (
+            f"GPT_CPU_BF16=1: as a CPU that has native bf16, but decodes faster in float32 below "
+            f"{INFERENCE_BF16_MIN_PARAMS / 1e6:g}M parameters"
+        )
     assert resolve_dtype("bfloat16", CPU, inference_params=1)[0] == torch.bfloat16  # asked for: never overruled
     monkeypatch.setenv("GPT_CPU_BF16", "0")
     assert resolve_dtype("auto", CPU, inference_params=params(name))[0] == torch.float32
@@ -80,8 +85,11 @@ def lm_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("lm")
     tok = CharTokenizer("\n abcdefgh")
     cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16)
-    native.save(path / "best.pt", {"model": GPT(cfg).state_dict()},
-                    {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec})
+    native.save(
+        path / "best.pt",
+        {"model": GPT(cfg).state_dict()},
+        {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec},
+    )
     return path
 
 
@@ -97,9 +105,30 @@ def said(dtype: torch.dtype, override: str) -> str:
 
 
 def test_train_py(override, char_data, tmp_path, capsys):
-    cfg, explicit = config_from_argv(["--data", str(char_data), "--out-dir", str(tmp_path / "o"), "--n-layer", "1",
-                                      "--n-head", "1", "--n-embd", "16", "--block-size", "16", "--batch-size", "2",
-                                      "--max-iters", "1", "--eval-iters", "1", "--device", "cpu"])
+    cfg, explicit = config_from_argv(
+        [
+            "--data",
+            str(char_data),
+            "--out-dir",
+            str(tmp_path / "o"),
+            "--n-layer",
+            "1",
+            "--n-head",
+            "1",
+            "--n-embd",
+            "16",
+            "--block-size",
+            "16",
+            "--batch-size",
+            "2",
+            "--max-iters",
+            "1",
+            "--eval-iters",
+            "1",
+            "--device",
+            "cpu",
+        ]
+    )
     train(cfg, explicit)
     assert said(BF16[override], override).replace("cpu, ", "cpu ") + ")" in capsys.readouterr().out
 
@@ -123,8 +152,23 @@ def test_evaluate(any_size, override, tmp_path, capsys):
     save_seq2seq(tmp_path / "run")
     (tmp_path / "src.txt").write_text("abc\n")
     (tmp_path / "ref.txt").write_text("cba\n")
-    assert evaluate.main(["--ckpt", str(tmp_path / "run"), "--source-file", str(tmp_path / "src.txt"), "--reference",
-                          str(tmp_path / "ref.txt"), "--device", "cpu", "--max-new-tokens", "4"]) == 0
+    assert (
+        evaluate.main(
+            [
+                "--ckpt",
+                str(tmp_path / "run"),
+                "--source-file",
+                str(tmp_path / "src.txt"),
+                "--reference",
+                str(tmp_path / "ref.txt"),
+                "--device",
+                "cpu",
+                "--max-new-tokens",
+                "4",
+            ]
+        )
+        == 0
+    )
     assert f"| {said(BF16[override], override)}) |" in capsys.readouterr().out
 
 

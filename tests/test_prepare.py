@@ -25,8 +25,12 @@ from gpt.errors import UserError
 def shakespeare_ds(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(request.param) / "ds"
     summary = prepare(
-        [SHAKESPEARE], out, request.param, vocab_size=1024 if request.param == "bpe" else None,
-        chunk_bytes=1 << 16, progress=False,  # small chunks: many chunk boundaries in one file
+        [SHAKESPEARE],
+        out,
+        request.param,
+        vocab_size=1024 if request.param == "bpe" else None,
+        chunk_bytes=1 << 16,
+        progress=False,  # small chunks: many chunk boundaries in one file
     )
     return summary, open_dataset(out, verify=True)
 
@@ -67,7 +71,9 @@ def test_tokenizer_kinds_and_specs(shakespeare_ds, shakespeare_text, tmp_path):
     spec = json.loads(json.dumps(ds.tokenizer_spec))  # as a checkpoint would store it
     if kind == "gpt2":
         assert ds.vocab_size == 50257 and ds.meta["dtype"] == "uint16"
-        assert len(ds.split("train")) + len(ds.split("val")) == 338_026  # nanoGPT's 301,966 + 36,059, +1 EOT, cut moved to a line start
+        assert (
+            len(ds.split("train")) + len(ds.split("val")) == 338_026
+        )  # nanoGPT's 301,966 + 36,059, +1 EOT, cut moved to a line start
     elif kind == "char":
         assert ds.meta["tokenizer"]["chars"] == "".join(sorted(set(shakespeare_text)))
         assert ds.vocab_size == 66 and len(ds.split("train")) + len(ds.split("val")) == len(shakespeare_text) + 1
@@ -79,7 +85,9 @@ def test_tokenizer_kinds_and_specs(shakespeare_ds, shakespeare_text, tmp_path):
         spec = json.loads(json.dumps(open_dataset(moved).tokenizer_spec))
         shutil.rmtree(moved)
         rebuilt = get_tokenizer(spec)
-        assert np.array_equal(rebuilt.encode(shakespeare_text[:5000]), ds.split("train")[: len(rebuilt.encode(shakespeare_text[:5000]))])
+        assert np.array_equal(
+            rebuilt.encode(shakespeare_text[:5000]), ds.split("train")[: len(rebuilt.encode(shakespeare_text[:5000]))]
+        )
     assert get_tokenizer(spec).vocab_size == ds.vocab_size
 
 
@@ -142,8 +150,11 @@ def test_empty_corpus(tmp_path):
 
 def test_corpus_smaller_than_one_window(tmp_path):
     (tmp_path / "small.txt").write_text("To be, or not to be, that is the question.\n" * 100)
-    with pytest.raises(DataError, match=r"corpus too small: the val split has [\d,]+ tokens, fewer than one training "
-                                        r"window of block_size \+ 1 = 1,025.*--block-size or a larger --val-fraction"):
+    with pytest.raises(
+        DataError,
+        match=r"corpus too small: the val split has [\d,]+ tokens, fewer than one training "
+        r"window of block_size \+ 1 = 1,025.*--block-size or a larger --val-fraction",
+    ):
         prepare([tmp_path / "small.txt"], tmp_path / "new" / "sub" / "ds", "gpt2", block_size=1024, progress=False)
     assert not (tmp_path / "new").exists()  # not even the parent directories it made
     prepare([tmp_path / "small.txt"], tmp_path / "ds", "gpt2", block_size=32, progress=False)  # fits
@@ -266,12 +277,25 @@ def test_leftovers_of_a_killed_prepare_are_removed(tmp_path):
 
 def _run(script, *args):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, str(ROOT / script), *map(str, args)], capture_output=True, text=True, env=env, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, str(ROOT / script), *map(str, args)], capture_output=True, text=True, env=env, cwd=ROOT
+    )
 
 
 def test_cli_prepares_and_summarises(tmp_path):
-    r = _run("data/prepare.py", SHAKESPEARE, SHARED_DATA / "wikitext2-valid.txt", "--out", tmp_path / "ds",
-             "--tokenizer", "gpt2", "--val-fraction", "0.5", "--tokenizer-file", SHARED_DATA / "gpt2.tiktoken")
+    r = _run(
+        "data/prepare.py",
+        SHAKESPEARE,
+        SHARED_DATA / "wikitext2-valid.txt",
+        "--out",
+        tmp_path / "ds",
+        "--tokenizer",
+        "gpt2",
+        "--val-fraction",
+        "0.5",
+        "--tokenizer-file",
+        SHARED_DATA / "gpt2.tiktoken",
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(f"prepared {tmp_path / 'ds'}: 2 documents, ") and "MB/s" in r.stdout
     assert r.stdout.count("\n") == 1 and r.stderr == ""  # no progress bar when stderr is not a terminal
@@ -363,9 +387,25 @@ def test_cli_out_in_a_read_only_directory(read_only_dir, kind):
     ro, prefix = read_only_dir
     inputs = [ro / "corpus.txt", "--block-size", 64] if kind == "text" else ["--pairs", ro / "s.txt", ro / "t.txt"]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r = subprocess.run([*prefix, sys.executable, str(ROOT / "data" / "prepare.py"), *map(str, inputs), "--out",
-                        str(ro / "ds"), "--tokenizer", "char"], capture_output=True, text=True, env=env, cwd=ROOT)
-    _one_line_error(r, f"could not write {ro / 'ds'}: permission denied; choose a writable location; nothing was written")
+    r = subprocess.run(
+        [
+            *prefix,
+            sys.executable,
+            str(ROOT / "data" / "prepare.py"),
+            *map(str, inputs),
+            "--out",
+            str(ro / "ds"),
+            "--tokenizer",
+            "char",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    _one_line_error(
+        r, f"could not write {ro / 'ds'}: permission denied; choose a writable location; nothing was written"
+    )
     assert sorted(p.name for p in ro.iterdir()) == ["corpus.txt", "s.txt", "t.txt"]
 
 
@@ -407,14 +447,25 @@ def test_cli_workers_below_one(tmp_path, workers):
 def test_cli_tokenizer_file_that_is_not_a_ranks_file(tmp_path):
     for args in ([SHAKESPEARE], ["--pairs", SHAKESPEARE, SHAKESPEARE]):
         r = _run("data/prepare.py", *args, "--out", tmp_path / "ds", "--tokenizer-file", SHAKESPEARE)
-        _one_line_error(r, f"{SHAKESPEARE} (from --tokenizer-file) is not a tiktoken ranks file: line 1 is not "
-                           f"`base64-token rank`; point --tokenizer-file at GPT-2's ranks file, gpt2.tiktoken")
+        _one_line_error(
+            r,
+            f"{SHAKESPEARE} (from --tokenizer-file) is not a tiktoken ranks file: line 1 is not "
+            f"`base64-token rank`; point --tokenizer-file at GPT-2's ranks file, gpt2.tiktoken",
+        )
     assert not list(tmp_path.iterdir())
 
 
 def test_cli_gpt2_tiktoken_file_variable_that_is_not_a_ranks_file(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), GPT2_TIKTOKEN_FILE=str(SHAKESPEARE))
-    r = subprocess.run([sys.executable, str(ROOT / "data" / "prepare.py"), str(SHAKESPEARE), "--out",
-                        str(tmp_path / "ds")], capture_output=True, text=True, env=env, cwd=ROOT)
-    _one_line_error(r, f"{SHAKESPEARE} (from GPT2_TIKTOKEN_FILE) is not a tiktoken ranks file: line 1 is not "
-                       f"`base64-token rank`; point GPT2_TIKTOKEN_FILE at GPT-2's ranks file, gpt2.tiktoken")
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "data" / "prepare.py"), str(SHAKESPEARE), "--out", str(tmp_path / "ds")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    _one_line_error(
+        r,
+        f"{SHAKESPEARE} (from GPT2_TIKTOKEN_FILE) is not a tiktoken ranks file: line 1 is not "
+        f"`base64-token rank`; point GPT2_TIKTOKEN_FILE at GPT-2's ranks file, gpt2.tiktoken",
+    )

@@ -25,8 +25,7 @@ def val_loss(model, ids: torch.Tensor, block: int) -> float:
         return model(x, y)[1].item()
 
 
-def test_int8_changes_every_linear_layer_and_keeps_the_trained_model_within_one_percent(trained_run,
-                                                                                          shakespeare_text):
+def test_int8_changes_every_linear_layer_and_keeps_the_trained_model_within_one_percent(trained_run, shakespeare_text):
     model, tok, _ = load_checkpoint(trained_run)
     reference, _, _ = load_checkpoint(trained_run)
     names = linear_names(model)
@@ -48,8 +47,9 @@ def test_int8_models_generate_and_batch(trained_run):
     assert len(text) == 30
     engine = BatchEngine(model, tok, max_rows=4)  # per-row positions, views of the cache pool
     out = []
-    engine.submit(Request(tok.encode("ROMEO:"), SampleConfig(max_new_tokens=30, temperature=0),
-                          lambda p: out.append(p.text)))
+    engine.submit(
+        Request(tok.encode("ROMEO:"), SampleConfig(max_new_tokens=30, temperature=0), lambda p: out.append(p.text))
+    )
     while engine.busy:
         engine.step()
     assert "".join(out) == text
@@ -92,17 +92,33 @@ def test_mistakes():
         quantize(model.to(torch.bfloat16), "int8")
 
 
-
 def test_sample_script_quantize_flag(trained_run, capsys):
     main = runpy.run_path(str(ROOT / "sample.py"), run_name="sample_script")["main"]
     model, tok, _ = load_checkpoint(trained_run)
     expected = complete(quantize(model, "int8"), tok, "ROMEO:", max_new_tokens=30, temperature=0)[0]
-    assert main(["--ckpt", str(trained_run), "--prompt", "ROMEO:", "--max-new-tokens", "30", "--temperature", "0",
-                 "--quantize", "int8"]) == 0
+    assert (
+        main(
+            [
+                "--ckpt",
+                str(trained_run),
+                "--prompt",
+                "ROMEO:",
+                "--max-new-tokens",
+                "30",
+                "--temperature",
+                "0",
+                "--quantize",
+                "int8",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out == "ROMEO:" + expected + "\n"
     assert main(["--ckpt", str(trained_run), "--quantize", "int8", "--dtype", "bfloat16"]) == 2
-    assert capsys.readouterr().err == "error: --quantize int8 starts from float32 weights, not bfloat16: use " \
-                                      "--dtype float32\n"
+    assert (
+        capsys.readouterr().err == "error: --quantize int8 starts from float32 weights, not bfloat16: use "
+        "--dtype float32\n"
+    )
 
 
 def test_evaluate_quantize_flag(tmp_path, capsys, monkeypatch):
@@ -116,15 +132,36 @@ def test_evaluate_quantize_flag(tmp_path, capsys, monkeypatch):
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16, n_encoder_layer=1))
     eos = tok.eot_token
-    meta = {"model_config": model.config.to_dict(), "tokenizer": tok.spec, "seq2seq": {"bos": eos, "eos": eos, "pad": eos}}
+    meta = {
+        "model_config": model.config.to_dict(),
+        "tokenizer": tok.spec,
+        "seq2seq": {"bos": eos, "eos": eos, "pad": eos},
+    }
     native.save(tmp_path / "run" / "best.pt", {"model": model.state_dict()}, meta)
     sources = ["abc def", "gh a", "bad cafe"]
     (tmp_path / "src").write_text("\n".join(sources) + "\n")
     (tmp_path / "ref").write_text("\n".join(sources) + "\n")
     modes = []
     monkeypatch.setattr(loader, "quantize_model", lambda m, mode: (modes.append(mode), quantize(m, mode))[1])
-    assert main(["--ckpt", str(tmp_path / "run"), "--source-file", str(tmp_path / "src"), "--reference",
-                 str(tmp_path / "ref"), "--device", "cpu", "--quantize", "int8", "--output", str(tmp_path / "hyp")]) == 0
+    assert (
+        main(
+            [
+                "--ckpt",
+                str(tmp_path / "run"),
+                "--source-file",
+                str(tmp_path / "src"),
+                "--reference",
+                str(tmp_path / "ref"),
+                "--device",
+                "cpu",
+                "--quantize",
+                "int8",
+                "--output",
+                str(tmp_path / "hyp"),
+            ]
+        )
+        == 0
+    )
     assert modes == ["int8"] and capsys.readouterr().out.startswith("BLEU ")
     expected = translate(quantize(model.eval(), "int8"), tok, sources, eos, eos)
     assert (tmp_path / "hyp").read_text().splitlines() == [" ".join(t.splitlines()) for t in expected]

@@ -19,8 +19,17 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 def rope_model(block=16, n_encoder_layer=0, seed=0) -> GPT:
     """Random matrices with a large spread (LayerNorms as initialised), so the text varies."""
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(vocab_size=40, block_size=block, n_layer=2, n_head=4, n_embd=32, pos_encoding="rope",
-                          n_encoder_layer=n_encoder_layer)).eval()
+    model = GPT(
+        GPTConfig(
+            vocab_size=40,
+            block_size=block,
+            n_layer=2,
+            n_head=4,
+            n_embd=32,
+            pos_encoding="rope",
+            n_encoder_layer=n_encoder_layer,
+        )
+    ).eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
@@ -31,8 +40,12 @@ def rope_model(block=16, n_encoder_layer=0, seed=0) -> GPT:
 def hf_rotate(q, k, positions):
     """transformers' rotation: LlamaRotaryEmbedding's cos / sin, apply_rotary_pos_emb."""
     nh, hs = q.size(1), q.size(-1)
-    config = LlamaConfig(hidden_size=nh * hs, num_attention_heads=nh, max_position_embeddings=4096,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    config = LlamaConfig(
+        hidden_size=nh * hs,
+        num_attention_heads=nh,
+        max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
     cos, sin = LlamaRotaryEmbedding(config)(q, positions[None])
     return apply_rotary_pos_emb(q, k, cos, sin)
 
@@ -52,7 +65,10 @@ def test_attention_scores_depend_on_relative_positions_only():
     q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
 
     def score(i, j):
-        rotated = apply_rope(q, *rope_cos_sin(torch.tensor([i]), 16)), apply_rope(k, *rope_cos_sin(torch.tensor([j]), 16))
+        rotated = (
+            apply_rope(q, *rope_cos_sin(torch.tensor([i]), 16)),
+            apply_rope(k, *rope_cos_sin(torch.tensor([j]), 16)),
+        )
         return (rotated[0] * rotated[1]).sum()
 
     torch.testing.assert_close(score(9, 4), score(1009, 1004), atol=1e-5, rtol=1e-5)
@@ -72,7 +88,9 @@ def test_attention_layer_matches_a_reference_built_on_transformers_rotation():
 
 def test_no_position_table_and_positions_matter():
     model = rope_model()
-    assert not any("wpe" in name or name == "pe" for name, _ in model.named_buffers()) and "wpe" not in model.transformer
+    assert (
+        not any("wpe" in name or name == "pe" for name, _ in model.named_buffers()) and "wpe" not in model.transformer
+    )
     idx = torch.randint(0, 40, (1, 12))
     swapped = idx.clone()
     swapped[0, [0, 1]] = idx[0, [1, 0]]
@@ -97,7 +115,7 @@ def test_cache_rolls_past_block_size_and_equals_recompute(prompt_len, graph):
     dec = Decoder(model, idx, graph=graph)
     draws, reference = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)  # in lockstep
     for _ in range(40):  # more than two windows
-        context = dec.tokens[:, -(dec.tokens.size(1) - max(0, prompt_len - 16)):]  # all since the prompt's tail
+        context = dec.tokens[:, -(dec.tokens.size(1) - max(0, prompt_len - 16)) :]  # all since the prompt's tail
         with torch.no_grad():
             want = model.lm_head(model.hidden(context, mask=band_mask(context.size(1), 16))[:, -1])
         torch.testing.assert_close(dec.logits, want, atol=5e-4, rtol=1e-4)  # logits ~10: float32 rounding
@@ -154,10 +172,34 @@ def test_the_shipped_rope_config_trains_and_samples_past_its_context(char_data, 
     from gpt.train.trainer import train
 
     out = tmp_path / "rope"
-    cfg, explicit = config_from_argv(["--config", "shakespeare_char_rope_cpu", "--data", str(char_data), "--out-dir",
-                                      str(out), "--n-layer", "2", "--n-embd", "64", "--block-size", "32",
-                                      "--max-iters", "60", "--lr-decay-iters", "60", "--eval-interval", "30",
-                                      "--eval-iters", "4", "--threads", "1", "--device", "cpu"])
+    cfg, explicit = config_from_argv(
+        [
+            "--config",
+            "shakespeare_char_rope_cpu",
+            "--data",
+            str(char_data),
+            "--out-dir",
+            str(out),
+            "--n-layer",
+            "2",
+            "--n-embd",
+            "64",
+            "--block-size",
+            "32",
+            "--max-iters",
+            "60",
+            "--lr-decay-iters",
+            "60",
+            "--eval-interval",
+            "30",
+            "--eval-iters",
+            "4",
+            "--threads",
+            "1",
+            "--device",
+            "cpu",
+        ]
+    )
     assert cfg.model.pos_encoding == "rope"
     summary = train(cfg, explicit)
     assert summary["val_loss"] < 2.9  # from about ln(vocab size) = 4.2 at the start

@@ -21,6 +21,7 @@ def native_bf16(monkeypatch):
 
     def set_flags(*flags):
         monkeypatch.setattr(runtime, "cpu_flags", lambda: frozenset(flags))
+
     return set_flags
 
 
@@ -53,8 +54,10 @@ def test_bad_precision_and_device_names():
         runtime.resolve_device("gpu9")
 
 
-@pytest.mark.parametrize("dtype, compiled, flash", [(torch.float32, False, True), (torch.float32, True, False),
-                                                     (torch.bfloat16, False, False)])
+@pytest.mark.parametrize(
+    "dtype, compiled, flash",
+    [(torch.float32, False, True), (torch.float32, True, False), (torch.bfloat16, False, False)],
+)
 def test_cpu_attention_kernel_is_the_faster_one_for_the_step(dtype, compiled, flash):
     """Eager float32: PyTorch's choice (flash on CPU); bf16 or a compiled step: the math kernel."""
     with runtime.Runtime(CPU, dtype, compiled=compiled).autocast():
@@ -86,7 +89,8 @@ def test_cpu_flags_are_read_from_cpuinfo(monkeypatch):
     native = "native" if runtime.cpu_has_native_bf16() else "no native"
     override = runtime.cpu_bf16_override()
     assert runtime.cpu_description() == f"Intel(R) Xeon(R) Processor ({capability}, {native} bf16" + (
-        f", GPT_CPU_BF16={int(override)})" if override is not None else ")")
+        f", GPT_CPU_BF16={int(override)})" if override is not None else ")"
+    )
 
 
 @pytest.mark.precision
@@ -95,17 +99,55 @@ def test_the_run_header_says_the_precision_and_why_and_bf16_trains_on_cpu(tmp_pa
     one-line warning where this CPU only emulates bf16)."""
     text = tmp_path / "t.txt"
     text.write_text("hello world, a tiny corpus for a tiny model\n" * 400)
-    subprocess.run([sys.executable, "data/prepare.py", str(text), "--out", str(tmp_path / "d"), "--tokenizer", "char",
-                    "--block-size", "16"], cwd=ROOT, check=True, capture_output=True)
-    common = ["train.py", "--data", str(tmp_path / "d"), "--n-layer", "1", "--n-head", "1", "--n-embd", "16",
-              "--block-size", "16", "--batch-size", "4", "--max-iters", "3", "--eval-iters", "1", "--device", "cpu"]
-    res = subprocess.run([sys.executable, *common, "--out-dir", str(tmp_path / "auto")], cwd=ROOT, capture_output=True,
-                         text=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "data/prepare.py",
+            str(text),
+            "--out",
+            str(tmp_path / "d"),
+            "--tokenizer",
+            "char",
+            "--block-size",
+            "16",
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    common = [
+        "train.py",
+        "--data",
+        str(tmp_path / "d"),
+        "--n-layer",
+        "1",
+        "--n-head",
+        "1",
+        "--n-embd",
+        "16",
+        "--block-size",
+        "16",
+        "--batch-size",
+        "4",
+        "--max-iters",
+        "3",
+        "--eval-iters",
+        "1",
+        "--device",
+        "cpu",
+    ]
+    res = subprocess.run(
+        [sys.executable, *common, "--out-dir", str(tmp_path / "auto")], cwd=ROOT, capture_output=True, text=True
+    )
     assert res.returncode == 0, res.stderr
     dtype, reason = resolve_dtype("auto", CPU)  # this CPU's (or $GPT_CPU_BF16's) answer
     assert f"cpu {str(dtype).removeprefix('torch.')} ({reason})" in res.stdout and "threads" in res.stdout
-    res = subprocess.run([sys.executable, *common, "--dtype", "bfloat16", "--out-dir", str(tmp_path / "bf16")],
-                         cwd=ROOT, capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, *common, "--dtype", "bfloat16", "--out-dir", str(tmp_path / "bf16")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     assert "cpu bfloat16 (asked for)" in res.stdout and "done: 3 steps" in res.stdout
     warned = "warning: --dtype bfloat16 on a CPU without native bf16" in res.stderr

@@ -29,8 +29,11 @@ def run_dir(tmp_path_factory):
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 1.0)
-    native.save(path / "best.pt", {"model": model.state_dict()},
-                    {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec})
+    native.save(
+        path / "best.pt",
+        {"model": model.state_dict()},
+        {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec},
+    )
     return path
 
 
@@ -41,8 +44,20 @@ def cli(capsys, *argv):
 
 
 def test_samples_are_separated_and_summarised(run_dir, capsys):
-    code, out, err = cli(capsys, "--ckpt", run_dir, "--prompt", "ROMEO:", "--num-samples", 3,
-                         "--max-new-tokens", 40, "--seed", 1, "--no-stop-at-eot")
+    code, out, err = cli(
+        capsys,
+        "--ckpt",
+        run_dir,
+        "--prompt",
+        "ROMEO:",
+        "--num-samples",
+        3,
+        "--max-new-tokens",
+        40,
+        "--seed",
+        1,
+        "--no-stop-at-eot",
+    )
     assert code == 0
     samples = out.split(sample.SEPARATOR)
     assert len(samples) == 3 and all(s.startswith("ROMEO:") for s in samples)
@@ -82,8 +97,20 @@ def test_prompt_file_and_long_prompt_warning(run_dir, tmp_path, capsys):
 
 
 def test_bfloat16_on_cpu(run_dir, capsys):
-    code, out, err = cli(capsys, "--ckpt", run_dir, "--prompt", "A", "--max-new-tokens", 10, "--dtype", "bfloat16",
-                         "--device", "cpu", "--no-stop-at-eot")
+    code, out, err = cli(
+        capsys,
+        "--ckpt",
+        run_dir,
+        "--prompt",
+        "A",
+        "--max-new-tokens",
+        10,
+        "--dtype",
+        "bfloat16",
+        "--device",
+        "cpu",
+        "--no-stop-at-eot",
+    )
     assert code == 0 and out.startswith("A") and "1 sample(s), 10 tokens" in err and "cpu, bfloat16" in err
 
 
@@ -103,7 +130,10 @@ def test_empty_prompt_starts_from_end_of_text(run_dir, capsys):
         (["--dtype", "float16", "--device", "cpu"], "float16 needs a CUDA device"),
         (["--dtype", "float64"], "--dtype 'float64' is not one of"),
         (["--prompt", "ROMEO~"], "not in the char vocabulary: '~'"),
-        (["--prompt-file", "/nonexistent/prompt.txt"], "could not read --prompt-file /nonexistent/prompt.txt: no such file"),
+        (
+            ["--prompt-file", "/nonexistent/prompt.txt"],
+            "could not read --prompt-file /nonexistent/prompt.txt: no such file",
+        ),
     ],
 )
 def test_each_mistake_is_one_clear_line(run_dir, capsys, args, message):
@@ -139,15 +169,19 @@ def test_samples_from_a_hugging_face_gpt2_dir(tmp_path, capsys):
     transformers = pytest.importorskip("transformers")
     cfg = transformers.GPT2Config(vocab_size=50257, n_positions=32, n_embd=16, n_layer=1, n_head=2)
     transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path)
-    code, out, err = cli(capsys, "--ckpt", tmp_path, "--prompt", "Hello", "--max-new-tokens", 8,
-                         "--no-stop-at-eot", "--seed", 0)
+    code, out, err = cli(
+        capsys, "--ckpt", tmp_path, "--prompt", "Hello", "--max-new-tokens", 8, "--no-stop-at-eot", "--seed", 0
+    )
     assert code == 0 and out.startswith("Hello") and "8 tokens" in err
 
 
 def test_script_runs_as_a_program_and_exits_2_without_traceback(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "sample.py"), "--ckpt", str(tmp_path / "missing"), "--top-p", "2"],
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("error: invalid sampling settings: --top-p")  # settings checked before loading
@@ -165,11 +199,27 @@ def test_stop_takes_the_escapes_a_shell_passes(tmp_path, capsys):
             p.zero_()
         model.transformer.ln_f.bias.fill_(0.5)  # the hidden state, whatever the input
         model.transformer.wte.weight[tok.encode("\n")[0]].fill_(0.5)  # tied head: logit 2 for "\n", 0 elsewhere
-    native.save(tmp_path / "best.pt", {"model": model.state_dict()},
-                    {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec})
-    base = ["--ckpt", tmp_path, "--prompt", "A", "--max-new-tokens", 200, "--temperature", 1.0, "--top-k", "none",
-            "--seed", 7, "--no-stop-at-eot"]
-    text = cli(capsys, *base)[1][len("A"):]
+    native.save(
+        tmp_path / "best.pt",
+        {"model": model.state_dict()},
+        {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec},
+    )
+    base = [
+        "--ckpt",
+        tmp_path,
+        "--prompt",
+        "A",
+        "--max-new-tokens",
+        200,
+        "--temperature",
+        1.0,
+        "--top-k",
+        "none",
+        "--seed",
+        7,
+        "--no-stop-at-eot",
+    ]
+    text = cli(capsys, *base)[1][len("A") :]
     assert 0 < text.index("\n") < len(text) - 1  # a line break after some other characters
     stopped = cli(capsys, *base, "--stop", r"\n")[1]  # what `--stop "\n"` passes: a backslash and an n
     assert stopped == "A" + text[: text.index("\n")] + "\n"
@@ -207,21 +257,57 @@ def test_many_samples_print_in_order_with_bounded_buffers(run_dir, capsys, monke
     from gpt.infer import sampling
 
     monkeypatch.setattr(sampling, "BATCH_BYTES", 1)  # one sample per batch
-    code, out, err = cli(capsys, "--ckpt", run_dir, "--prompt", "AB", "--num-samples", 4, "--max-new-tokens", 5,
-                         "--seed", 2, "--no-stop-at-eot")
+    code, out, err = cli(
+        capsys,
+        "--ckpt",
+        run_dir,
+        "--prompt",
+        "AB",
+        "--num-samples",
+        4,
+        "--max-new-tokens",
+        5,
+        "--seed",
+        2,
+        "--no-stop-at-eot",
+    )
     samples = out.split(sample.SEPARATOR)
     assert code == 0 and len(samples) == 4 and all(s.startswith("AB") for s in samples)
     assert samples[-1].endswith("\n") and "4 sample(s), 20 tokens" in err
-    assert out == cli(capsys, "--ckpt", run_dir, "--prompt", "AB", "--num-samples", 4, "--max-new-tokens", 5,
-                      "--seed", 2, "--no-stop-at-eot", "--no-stream")[1]
+    assert (
+        out
+        == cli(
+            capsys,
+            "--ckpt",
+            run_dir,
+            "--prompt",
+            "AB",
+            "--num-samples",
+            4,
+            "--max-new-tokens",
+            5,
+            "--seed",
+            2,
+            "--no-stop-at-eot",
+            "--no-stream",
+        )[1]
+    )
 
 
-@pytest.mark.parametrize("args", [["--num-samples", "2000000", "--max-new-tokens", "1"],  # 5: the same, slower to start
-                                  ["--num-samples", "3", "--max-new-tokens", "100000", "--no-stop-at-eot"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--num-samples", "2000000", "--max-new-tokens", "1"],  # 5: the same, slower to start
+        ["--num-samples", "3", "--max-new-tokens", "100000", "--no-stop-at-eot"],
+    ],
+)
 def test_a_reader_that_quits_ends_sample_py_quietly(run_dir, args):
-    proc = subprocess.Popen([sys.executable, str(ROOT / "sample.py"), "--ckpt", str(run_dir), "--seed", "0",
-                             "--threads", "1", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "sample.py"), "--ckpt", str(run_dir), "--seed", "0", "--threads", "1", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
     head = proc.stdout.read(50)  # what `| head -c 50` reads, then it quits
     proc.stdout.close()
     err = proc.stderr.read()

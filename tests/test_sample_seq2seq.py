@@ -56,8 +56,11 @@ def lm_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("lm")
     tok = CharTokenizer(CHARS)
     cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16)
-    native.save(path / "best.pt", {"model": GPT(cfg).state_dict()},
-                    {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec})
+    native.save(
+        path / "best.pt",
+        {"model": GPT(cfg).state_dict()},
+        {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec},
+    )
     return path
 
 
@@ -116,7 +119,10 @@ def test_explicit_temperature_samples_reproducibly(run_dir, source_file, capsys)
     assert code == 0 and "sampling at temperature 1, top-k 200, top-p 1; seed 3" in err
     assert cli(capsys, *base, "--seed", 3)[1] == first
     assert cli(capsys, *base, "--seed", 4)[1] != first
-    assert cli(capsys, *base, "--seed", 3, "--top-k", 1)[1] == cli(capsys, "--ckpt", run_dir, "--source-file", source_file)[1]
+    assert (
+        cli(capsys, *base, "--seed", 3, "--top-k", 1)[1]
+        == cli(capsys, "--ckpt", run_dir, "--source-file", source_file)[1]
+    )
 
 
 def test_max_new_tokens_bounds_each_translation(run_dir, source_file, capsys):
@@ -131,17 +137,26 @@ def test_max_new_tokens_bounds_each_translation(run_dir, source_file, capsys):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--prompt", "abc"], "is a seq2seq (encoder-decoder) checkpoint: translate with --source TEXT or "
-                              "--source-file FILE, not --prompt"),
+        (
+            ["--prompt", "abc"],
+            "is a seq2seq (encoder-decoder) checkpoint: translate with --source TEXT or "
+            "--source-file FILE, not --prompt",
+        ),
         ([], "is a seq2seq (encoder-decoder) checkpoint: translate with --source TEXT or --source-file FILE"),
-        (["--source", "abc", "--beam-size", "2", "--temperature", "1"],
-         "--beam-size 2 searches deterministically: leave --temperature at 0 (got 1.0), or sample with --beam-size 1"),
-        (["--source", "abc", "--num-samples", "2", "--stop", "x"],
-         "--num-samples, --stop are for text sampling (--prompt), not translation"),
+        (
+            ["--source", "abc", "--beam-size", "2", "--temperature", "1"],
+            "--beam-size 2 searches deterministically: leave --temperature at 0 (got 1.0), or sample with --beam-size 1",
+        ),
+        (
+            ["--source", "abc", "--num-samples", "2", "--stop", "x"],
+            "--num-samples, --stop are for text sampling (--prompt), not translation",
+        ),
         (["--source", "abc", "--beam-size", "0"], "--beam-size must be an integer >= 1"),
         (["--source", "abc", "--batch-size", "0"], "--batch-size must be an integer >= 1"),
-        (["--source", "abc", "--max-new-tokens", "33"],
-         "--max-new-tokens 33 is more than the model's block_size=32: the decoder has no positions beyond it"),
+        (
+            ["--source", "abc", "--max-new-tokens", "33"],
+            "--max-new-tokens 33 is more than the model's block_size=32: the decoder has no positions beyond it",
+        ),
         (["--source", "abc~"], "not in the char vocabulary: '~'"),
         (["--source-file", "/nonexistent/src.txt"], "no such file: /nonexistent/src.txt"),
     ],
@@ -155,8 +170,10 @@ def test_each_mistake_is_one_clear_line(run_dir, capsys, args, message):
 def test_source_with_a_decoder_only_checkpoint_and_translation_flags_with_prompt(lm_dir, capsys):
     code, out, err = cli(capsys, "--ckpt", lm_dir, "--source", "abc")
     assert (code, out) == (2, "")
-    assert err == (f"error: --source needs a seq2seq (encoder-decoder) checkpoint; {lm_dir} is decoder-only: "
-                   f"continue text with --prompt instead\n")
+    assert err == (
+        f"error: --source needs a seq2seq (encoder-decoder) checkpoint; {lm_dir} is decoder-only: "
+        f"continue text with --prompt instead\n"
+    )
     code, out, err = cli(capsys, "--ckpt", lm_dir, "--prompt", "abc", "--beam-size", 4)
     assert (code, out, err) == (2, "", "error: --beam-size is for translation: give --source or --source-file\n")
 
@@ -173,13 +190,28 @@ def test_empty_source_file_and_missing_seq2seq_meta(tmp_path, capsys):
 
 def test_script_translates_as_a_program(run_dir, source_file):
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "sample.py"), "--ckpt", str(run_dir), "--source-file", str(source_file),
-         "--beam-size", "2"], capture_output=True, text=True, cwd=ROOT, timeout=120,
+        [
+            sys.executable,
+            str(ROOT / "sample.py"),
+            "--ckpt",
+            str(run_dir),
+            "--source-file",
+            str(source_file),
+            "--beam-size",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("\n") == len(SOURCES) and "beam 2" in proc.stderr
     proc = subprocess.run(
         [sys.executable, str(ROOT / "sample.py"), "--ckpt", str(run_dir), "--prompt", "abc"],
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
     )
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr

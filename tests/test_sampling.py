@@ -80,8 +80,12 @@ def cached_greedy(model, idx, steps, keep, repetition_penalty=1.0, graph=False):
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 # (device, graph): the dynamic cache, and the static one (on CUDA replayed as a CUDA graph)
-DECODE_PATHS = [("cpu", False), ("cpu", True), pytest.param("cuda", False, marks=CUDA),
-                pytest.param("cuda", True, marks=CUDA)]
+DECODE_PATHS = [
+    ("cpu", False),
+    ("cpu", True),
+    pytest.param("cuda", False, marks=CUDA),
+    pytest.param("cuda", True, marks=CUDA),
+]
 
 
 @pytest.fixture
@@ -148,7 +152,7 @@ def test_generate_greedy_matches_recompute_reference():
     prompt = tok.encode("the cat")
     ref_tokens, _ = reference_greedy(model, torch.tensor([prompt]), 40, keep=8)
     text = complete(model, tok, prompt, max_new_tokens=40, temperature=0, stop_at_eot=False)
-    assert text == [tok.decode(ref_tokens[0, len(prompt):].tolist())]
+    assert text == [tok.decode(ref_tokens[0, len(prompt) :].tolist())]
 
 
 # ---- sampler properties, with an injected generator -------------------------------------------------
@@ -239,15 +243,20 @@ def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
     torch.testing.assert_close(out, torch.tensor([[1.0, -2.0, 0.5, 3.0]]))
     assert torch.equal(apply_repetition_penalty(logits, prev, 1.0), logits)
     # the effect on sampling: a penalised favourite loses to an unpenalised runner-up
-    assert next_token(torch.tensor([[2.0, 1.5]]), temperature=0, prev_ids=torch.tensor([[0]]),
-                      repetition_penalty=2.0).item() == 1
+    assert (
+        next_token(
+            torch.tensor([[2.0, 1.5]]), temperature=0, prev_ids=torch.tensor([[0]]), repetition_penalty=2.0
+        ).item()
+        == 1
+    )
 
 
 def test_repetition_penalty_makes_greedy_text_less_repetitive():
     model, tok = random_model(std=0.5), CharTokenizer(CHARS)
     plain = complete(model, tok, "ab", max_new_tokens=40, temperature=0, stop_at_eot=False)[0]
-    penalised = complete(model, tok, "ab", max_new_tokens=40, temperature=0, stop_at_eot=False,
-                         repetition_penalty=3.0)[0]
+    penalised = complete(model, tok, "ab", max_new_tokens=40, temperature=0, stop_at_eot=False, repetition_penalty=3.0)[
+        0
+    ]
     assert len(set(penalised)) > len(set(plain))
 
 
@@ -360,8 +369,9 @@ def test_empty_prompt_starts_from_end_of_text(gpt2):
 def test_each_sample_finishes_once_and_batch_rows_map_to_their_samples():
     model, tok = random_model(), CharTokenizer(CHARS)
     texts, ids, finish = {}, {}, {}
-    for p in generate(model, tok, "ab", num_samples=6, max_new_tokens=25, temperature=1.5, top_k=None,
-                      stop=["e", "a"], seed=3):
+    for p in generate(
+        model, tok, "ab", num_samples=6, max_new_tokens=25, temperature=1.5, top_k=None, stop=["e", "a"], seed=3
+    ):
         assert p.sample not in finish  # nothing after a sample's last piece
         texts[p.sample] = texts.get(p.sample, "") + p.text
         ids[p.sample] = ids.get(p.sample, []) + p.ids
@@ -393,9 +403,17 @@ def test_prompt_longer_than_context_keeps_its_tail_with_a_warning():
 
 @pytest.mark.parametrize(
     "field,value,flag",
-    [("top_k", 0, "--top-k"), ("top_p", 0.0, "--top-p"), ("top_p", 1.5, "--top-p"), ("temperature", -0.1, "--temperature"),
-     ("max_new_tokens", 0, "--max-new-tokens"), ("num_samples", 0, "--num-samples"),
-     ("repetition_penalty", 0.0, "--repetition-penalty"), ("stop", ("",), "--stop"), ("seed", 2**64, "--seed")],
+    [
+        ("top_k", 0, "--top-k"),
+        ("top_p", 0.0, "--top-p"),
+        ("top_p", 1.5, "--top-p"),
+        ("temperature", -0.1, "--temperature"),
+        ("max_new_tokens", 0, "--max-new-tokens"),
+        ("num_samples", 0, "--num-samples"),
+        ("repetition_penalty", 0.0, "--repetition-penalty"),
+        ("stop", ("",), "--stop"),
+        ("seed", 2**64, "--seed"),
+    ],
 )
 def test_invalid_settings_name_the_flag_and_value(field, value, flag):
     with pytest.raises(SamplingError, match=re.escape(flag) + " must .*got " + re.escape(repr(value))):

@@ -34,10 +34,15 @@ def copy_into_nn_transformer(model: GPT) -> torch.nn.Transformer:
     """An nn.Transformer (post-norm, batch_first) holding `model`'s encoder and decoder weights."""
     C = model.config.n_embd
     ref = torch.nn.Transformer(
-        d_model=C, nhead=model.config.n_head, num_encoder_layers=model.config.n_encoder_layer,
-        num_decoder_layers=model.config.n_layer, dim_feedforward=4 * C, dropout=0.0,
+        d_model=C,
+        nhead=model.config.n_head,
+        num_encoder_layers=model.config.n_encoder_layer,
+        num_decoder_layers=model.config.n_layer,
+        dim_feedforward=4 * C,
+        dropout=0.0,
         activation=lambda x: F.gelu(x, approximate="tanh"),  # our MLP's GELU (GPT-2's gelu_new)
-        batch_first=True, norm_first=False,
+        batch_first=True,
+        norm_first=False,
     ).eval()
 
     def attn(theirs: torch.nn.MultiheadAttention, ours):
@@ -83,8 +88,12 @@ def test_parity_with_torch_nn_transformer(pos_encoding):
         x_src, x_tgt = model.embed(src), model.embed(tgt)  # nn.Transformer starts after the embeddings
         ref_memory = ref.encoder(x_src, src_key_padding_mask=~src_mask)
         theirs = ref(
-            x_src, x_tgt, src_key_padding_mask=~src_mask, memory_key_padding_mask=~src_mask,
-            tgt_mask=ref.generate_square_subsequent_mask(9), tgt_is_causal=True,
+            x_src,
+            x_tgt,
+            src_key_padding_mask=~src_mask,
+            memory_key_padding_mask=~src_mask,
+            tgt_mask=ref.generate_square_subsequent_mask(9),
+            tgt_is_causal=True,
         )
     real = src_mask[..., None].expand_as(memory)
     torch.testing.assert_close(memory[real], ref_memory[real], atol=1e-5, rtol=1e-5)

@@ -67,8 +67,9 @@ def test_completion_matches_the_library_and_reports_usage(client, loaded):
 
 
 def test_streaming_sends_the_same_text_in_chunks_then_usage(client, loaded):
-    stream = client.completions.create(model=NAME, prompt="ROMEO:", max_tokens=30, temperature=0, stream=True,
-                                       stream_options={"include_usage": True})
+    stream = client.completions.create(
+        model=NAME, prompt="ROMEO:", max_tokens=30, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     texts = [c.choices[0].text for c in chunks if c.choices]
     assert len(texts) > 10  # token by token, not one block
@@ -82,8 +83,9 @@ def test_stop_strings_end_the_text_before_them(client, loaded):
     stop = full[8:10]  # two characters the greedy text is known to contain
     r = client.completions.create(model=NAME, prompt="JULIET:", max_tokens=60, temperature=0, stop=[stop, "zzz"])
     assert r.choices[0].text == full[: full.index(stop)] and r.choices[0].finish_reason == "stop"
-    stream = client.completions.create(model=NAME, prompt="JULIET:", max_tokens=60, temperature=0, stop=stop,
-                                       stream=True)
+    stream = client.completions.create(
+        model=NAME, prompt="JULIET:", max_tokens=60, temperature=0, stop=stop, stream=True
+    )
     chunks = [c.choices[0] for c in stream]
     assert "".join(c.text for c in chunks) == full[: full.index(stop)] and chunks[-1].finish_reason == "stop"
 
@@ -108,8 +110,14 @@ def test_several_prompts_token_ids_echo_and_extensions(client, loaded):
     by_ids = client.completions.create(model=NAME, prompt=ids, max_tokens=12, temperature=0, echo=True)
     by_text = client.completions.create(model=NAME, prompt="To be", max_tokens=12, temperature=0)
     assert by_ids.choices[0].text == "To be" + by_text.choices[0].text
-    topk = client.completions.create(model=NAME, prompt="To be", max_tokens=12, temperature=1, seed=5,
-                                     extra_body={"top_k": 1, "repetition_penalty": 1.0})
+    topk = client.completions.create(
+        model=NAME,
+        prompt="To be",
+        max_tokens=12,
+        temperature=1,
+        seed=5,
+        extra_body={"top_k": 1, "repetition_penalty": 1.0},
+    )
     assert topk.choices[0].text == by_text.choices[0].text  # top-1 sampling is greedy
 
 
@@ -142,28 +150,31 @@ def test_models_and_health(client, server):
     assert health["status"] == "ok" and health["model"] == NAME and health["max_rows"] == 8
 
 
-@pytest.mark.parametrize("kwargs,error,param,words", [
-    (dict(model="gpt-4"), openai.NotFoundError, "model", "does not exist"),
-    (dict(temperature=5), openai.BadRequestError, "temperature", "less than or equal to 2"),
-    (dict(top_p=0), openai.BadRequestError, "top_p", "greater than 0"),
-    (dict(n=0), openai.BadRequestError, "n", "greater than or equal to 1"),
-    (dict(n=9), openai.BadRequestError, "n", "more than this server decodes together (8)"),
-    (dict(max_tokens=0), openai.BadRequestError, "max_tokens", "greater than or equal to 1"),
-    (dict(max_tokens=1001), openai.BadRequestError, "max_tokens", "more than this server allows (1000)"),
-    (dict(stop=["a", "b", "c", "d", "e"]), openai.BadRequestError, "stop", "at most 4"),
-    (dict(prompt="x" * 65), openai.BadRequestError, "prompt", "65 tokens, more than this server's limit of 64"),
-    (dict(prompt="naïve €"), openai.BadRequestError, "prompt", "not in the char vocabulary"),
-    (dict(prompt=[0, 10_000]), openai.BadRequestError, "prompt", "ids must be in [0, 66)"),
-    (dict(prompt=[]), openai.BadRequestError, "prompt", "must not be an empty list"),
-    (dict(logprobs=2), openai.BadRequestError, "logprobs", "not supported"),
-    (dict(presence_penalty=0.5), openai.BadRequestError, "presence_penalty", "not supported"),
-    (dict(extra_body={"temprature": 0.5}), openai.BadRequestError, "temprature", "Unrecognized request argument"),
-    (dict(extra_body={"max_tokens": "ten"}), openai.BadRequestError, "max_tokens", "valid integer"),
-    (dict(extra_body={"seed": 1.5}), openai.BadRequestError, "seed", "valid integer"),
-    (dict(seed=2**64), openai.BadRequestError, "seed", "less than 9223372036854775808"),
-    (dict(seed=-(2**63) - 1), openai.BadRequestError, "seed", "greater than or equal to -9223372036854775808"),
-    (dict(extra_body={"stream": "yes"}), openai.BadRequestError, "stream", "valid boolean"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error,param,words",
+    [
+        (dict(model="gpt-4"), openai.NotFoundError, "model", "does not exist"),
+        (dict(temperature=5), openai.BadRequestError, "temperature", "less than or equal to 2"),
+        (dict(top_p=0), openai.BadRequestError, "top_p", "greater than 0"),
+        (dict(n=0), openai.BadRequestError, "n", "greater than or equal to 1"),
+        (dict(n=9), openai.BadRequestError, "n", "more than this server decodes together (8)"),
+        (dict(max_tokens=0), openai.BadRequestError, "max_tokens", "greater than or equal to 1"),
+        (dict(max_tokens=1001), openai.BadRequestError, "max_tokens", "more than this server allows (1000)"),
+        (dict(stop=["a", "b", "c", "d", "e"]), openai.BadRequestError, "stop", "at most 4"),
+        (dict(prompt="x" * 65), openai.BadRequestError, "prompt", "65 tokens, more than this server's limit of 64"),
+        (dict(prompt="naïve €"), openai.BadRequestError, "prompt", "not in the char vocabulary"),
+        (dict(prompt=[0, 10_000]), openai.BadRequestError, "prompt", "ids must be in [0, 66)"),
+        (dict(prompt=[]), openai.BadRequestError, "prompt", "must not be an empty list"),
+        (dict(logprobs=2), openai.BadRequestError, "logprobs", "not supported"),
+        (dict(presence_penalty=0.5), openai.BadRequestError, "presence_penalty", "not supported"),
+        (dict(extra_body={"temprature": 0.5}), openai.BadRequestError, "temprature", "Unrecognized request argument"),
+        (dict(extra_body={"max_tokens": "ten"}), openai.BadRequestError, "max_tokens", "valid integer"),
+        (dict(extra_body={"seed": 1.5}), openai.BadRequestError, "seed", "valid integer"),
+        (dict(seed=2**64), openai.BadRequestError, "seed", "less than 9223372036854775808"),
+        (dict(seed=-(2**63) - 1), openai.BadRequestError, "seed", "greater than or equal to -9223372036854775808"),
+        (dict(extra_body={"stream": "yes"}), openai.BadRequestError, "stream", "valid boolean"),
+    ],
+)
 def test_bad_requests_are_openai_errors(client, kwargs, error, param, words):
     settings = {"model": NAME, "prompt": "ROMEO:", "max_tokens": 5, **kwargs}
     with pytest.raises(error) as e:
@@ -172,16 +183,19 @@ def test_bad_requests_are_openai_errors(client, kwargs, error, param, words):
     assert e.value.type == "invalid_request_error"
 
 
-@pytest.mark.parametrize("body,status,words", [
-    (b'{"model": "shakespeare-char", "prompt": ', 400, "not valid JSON"),
-    (b"[1, 2]", 400, "must be a JSON object"),
-    (b'"hello"', 400, "must be a JSON object"),
-    (b"", 400, "not valid JSON"),
-    (b'{"prompt": "hi"}', 400, "Missing required parameter: 'model'"),
-    (b'{"model": "shakespeare-char", "prompt": [[1], []]}', 400, "empty list of token ids"),
-    (b'{"model": "shakespeare-char", "prompt": [1, "a"]}', 400, "Invalid value for 'prompt'"),
-    (b'{"model": "shakespeare-char", "prompt": "' + b"a" * 5000 + b'"}', 413, "larger than this server's limit"),
-])
+@pytest.mark.parametrize(
+    "body,status,words",
+    [
+        (b'{"model": "shakespeare-char", "prompt": ', 400, "not valid JSON"),
+        (b"[1, 2]", 400, "must be a JSON object"),
+        (b'"hello"', 400, "must be a JSON object"),
+        (b"", 400, "not valid JSON"),
+        (b'{"prompt": "hi"}', 400, "Missing required parameter: 'model'"),
+        (b'{"model": "shakespeare-char", "prompt": [[1], []]}', 400, "empty list of token ids"),
+        (b'{"model": "shakespeare-char", "prompt": [1, "a"]}', 400, "Invalid value for 'prompt'"),
+        (b'{"model": "shakespeare-char", "prompt": "' + b"a" * 5000 + b'"}', 413, "larger than this server's limit"),
+    ],
+)
 def test_malformed_bodies_are_4xx_and_the_server_lives_on(server, body, status, words):
     url = server[0]
     r = httpx.post(url + "/v1/completions", content=body, headers={"Content-Type": "application/json"})
@@ -214,9 +228,14 @@ def test_a_cross_site_post_without_json_content_type_is_refused_and_no_cors_is_g
         r = httpx.post(url + "/v1/completions", content=body, headers=headers)
         assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type", r.text
         assert not any(h.startswith("access-control-") for h in r.headers)
-    preflight = httpx.options(url + "/v1/completions", headers={
-        "Origin": "http://evil.example", "Access-Control-Request-Method": "POST",
-        "Access-Control-Request-Headers": "content-type"})
+    preflight = httpx.options(
+        url + "/v1/completions",
+        headers={
+            "Origin": "http://evil.example",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type",
+        },
+    )
     assert preflight.status_code >= 400 and not any(h.startswith("access-control-") for h in preflight.headers)
     r = httpx.post(url + "/v1/completions", content=body, headers={"Content-Type": "application/json; charset=utf-8"})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
@@ -232,27 +251,49 @@ def test_without_a_key_only_the_servers_own_host_names_are_answered(server, load
         r = httpx.get(url + path, headers={"Host": "evil.example"})  # a rebound name pointing at 127.0.0.1
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_host", (path, r.text)
         assert "--allowed-hosts" in r.json()["error"]["message"]
-    r = httpx.post(url + "/v1/completions", json={"model": NAME, "prompt": "A", "max_tokens": 2},
-                   headers={"Host": f"evil.example:{port}"})
+    r = httpx.post(
+        url + "/v1/completions",
+        json={"model": NAME, "prompt": "A", "max_tokens": 2},
+        headers={"Host": f"evil.example:{port}"},
+    )
     assert r.status_code == 400
     for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "LOCALHOST"):
         assert httpx.get(url + "/v1/models", headers={"Host": host}).status_code == 200, host
 
     model, tok, meta = loaded
-    for config in (ServeConfig(model_name=NAME, allowed_hosts=("evil.example",)),  # named on purpose
-                   ServeConfig(model_name=NAME, api_key="s3cret")):  # with a key, the key is the check
+    for config in (
+        ServeConfig(model_name=NAME, allowed_hosts=("evil.example",)),  # named on purpose
+        ServeConfig(model_name=NAME, api_key="s3cret"),
+    ):  # with a key, the key is the check
         with running(create_app(model, tok, meta, config)) as url:
-            client = openai.OpenAI(base_url=url + "/v1", api_key="s3cret", max_retries=0, timeout=60,
-                                   default_headers={"Host": "evil.example"})
+            client = openai.OpenAI(
+                base_url=url + "/v1",
+                api_key="s3cret",
+                max_retries=0,
+                timeout=60,
+                default_headers={"Host": "evil.example"},
+            )
             assert client.completions.create(model=NAME, prompt="A", max_tokens=2).usage.completion_tokens == 2
 
 
-@pytest.mark.parametrize("allowed,host,ok", [
-    ((), "localhost:8000", True), ((), "127.0.0.1", True), ((), "[::1]:8000", True), ((), "", False),
-    ((), "evil.example", False), ((), "localhost.evil.example", False), ((), "127.0.0.1.nip.io:8000", False),
-    ((), "192.168.1.5:8000", False), (("0.0.0.0",), "192.168.1.5:8000", True), (("0.0.0.0",), "my.lan", False),
-    (("My.Lan",), "my.lan:8000", True), (("*",), "anything", True), (("::",), "[fe80::1]:8000", True),
-])
+@pytest.mark.parametrize(
+    "allowed,host,ok",
+    [
+        ((), "localhost:8000", True),
+        ((), "127.0.0.1", True),
+        ((), "[::1]:8000", True),
+        ((), "", False),
+        ((), "evil.example", False),
+        ((), "localhost.evil.example", False),
+        ((), "127.0.0.1.nip.io:8000", False),
+        ((), "192.168.1.5:8000", False),
+        (("0.0.0.0",), "192.168.1.5:8000", True),
+        (("0.0.0.0",), "my.lan", False),
+        (("My.Lan",), "my.lan:8000", True),
+        (("*",), "anything", True),
+        (("::",), "[fe80::1]:8000", True),
+    ],
+)
 def test_host_check(allowed, host, ok):
     from gpt.serve.app import HostCheck
 
@@ -263,12 +304,14 @@ def test_a_slow_body_is_a_408_and_the_server_answers_others(loaded):
     model, tok, meta = loaded
     app = create_app(model, tok, meta, ServeConfig(model_name=NAME, body_timeout=0.5))
     with running(app) as url:
-        host, port = url[len("http://"):].split(":")
+        host, port = url[len("http://") :].split(":")
         body = json.dumps({"model": NAME, "prompt": "A" * 40, "max_tokens": 2}).encode()
         start = time.monotonic()
         with socket.create_connection((host, int(port)), timeout=10) as sock:
-            sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json"
-                         f"\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+            sock.sendall(
+                f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json"
+                f"\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            )
             for byte in body:  # one byte every 0.1 s: 6 s for the whole body
                 if select.select([sock], [], [], 0.1)[0]:  # the server has answered
                     break
@@ -288,7 +331,7 @@ def test_connections_past_the_limit_are_refused(loaded):
     assert ServeConfig(model_name=NAME, max_batch=8, max_queue=16).max_connections == 48
     model, tok, meta = loaded
     with running(create_app(model, tok, meta, ServeConfig(model_name=NAME, max_connections=2))) as url:
-        host, port = url[len("http://"):].split(":")
+        host, port = url[len("http://") :].split(":")
         assert httpx.get(url + "/health").status_code == 200
         with socket.create_connection((host, int(port))):  # an idle connection takes a place
             time.sleep(0.2)
@@ -381,23 +424,40 @@ def test_seq2seq_checkpoints_translate_through_the_same_endpoint():
 
     tok = CharTokenizer("\n !,.?abcdefghijklmnopqrstuvwxyz")
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=2, n_head=2, n_embd=32,
-                          n_encoder_layer=2)).eval()
+    model = GPT(
+        GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=2, n_head=2, n_embd=32, n_encoder_layer=2)
+    ).eval()
     eos = tok.eot_token
-    meta = {"model_config": model.config.to_dict(), "tokenizer": tok.spec, "seq2seq": {"bos": eos, "eos": eos, "pad": eos}}
+    meta = {
+        "model_config": model.config.to_dict(),
+        "tokenizer": tok.spec,
+        "seq2seq": {"bos": eos, "eos": eos, "pad": eos},
+    }
     with running(create_app(model, tok, meta, ServeConfig(model_name="de-en"))) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
         r = client.completions.create(model="de-en", prompt=["ein mann", "eine frau"], max_tokens=20, temperature=0)
         expected = translate(model, tok, ["ein mann", "eine frau"], eos, eos, max_new_tokens=20)
         assert [c.text for c in r.choices] == expected
-        chunks = list(client.completions.create(model="de-en", prompt="ein mann", max_tokens=20, temperature=0,
-                                                stream=True))
+        chunks = list(
+            client.completions.create(model="de-en", prompt="ein mann", max_tokens=20, temperature=0, stream=True)
+        )
         assert "".join(c.choices[0].text for c in chunks) == expected[0]
 
 
 def test_the_command_serves_on_a_free_port(trained_run, capsys):
-    cmd = [sys.executable, "-m", "gpt.serve", "--ckpt", str(trained_run), "--port", "0", "--threads", "1",
-           "--quantize", "int8"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gpt.serve",
+        "--ckpt",
+        str(trained_run),
+        "--port",
+        "0",
+        "--threads",
+        "1",
+        "--quantize",
+        "int8",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -420,8 +480,19 @@ def test_the_command_serves_on_a_free_port(trained_run, capsys):
 
 @pytest.mark.skipif(not hasattr(signal, "SIGTERM") or sys.platform == "win32", reason="POSIX signals")
 def test_sigterm_ends_open_streams_with_an_error_event(trained_run):
-    cmd = [sys.executable, "-m", "gpt.serve", "--ckpt", str(trained_run), "--port", "0", "--threads", "1",
-           "--max-tokens", "100000"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gpt.serve",
+        "--ckpt",
+        str(trained_run),
+        "--port",
+        "0",
+        "--threads",
+        "1",
+        "--max-tokens",
+        "100000",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -455,13 +526,22 @@ def serve_main(*args):
     return main([str(a) for a in args])
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--max-batch", 0], "error: invalid server settings: --max-batch must be an integer >= 1, got 0"),
-    (["--max-queue", -1, "--max-tokens", 0], "error: invalid server settings: --max-queue must be an integer >= 1, "
-     "got -1; --max-tokens must be an integer >= 1, got 0"),
-    (["--quantize", "int8", "--dtype", "bfloat16"], "error: --quantize int8 starts from float32 weights, not bfloat16"),
-    (["--device", "cuda:7"], "error: --device cuda:7: CUDA is not available on this machine"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--max-batch", 0], "error: invalid server settings: --max-batch must be an integer >= 1, got 0"),
+        (
+            ["--max-queue", -1, "--max-tokens", 0],
+            "error: invalid server settings: --max-queue must be an integer >= 1, "
+            "got -1; --max-tokens must be an integer >= 1, got 0",
+        ),
+        (
+            ["--quantize", "int8", "--dtype", "bfloat16"],
+            "error: --quantize int8 starts from float32 weights, not bfloat16",
+        ),
+        (["--device", "cuda:7"], "error: --device cuda:7: CUDA is not available on this machine"),
+    ],
+)
 def test_command_mistakes_are_one_line(trained_run, capsys, args, message):
     if "cuda" in str(args) and torch.cuda.is_available():
         pytest.skip("CUDA is available here")

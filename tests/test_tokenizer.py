@@ -98,21 +98,28 @@ def test_offline_hint_offers_tokenizer_file_only_where_the_script_has_it(offline
     assert "set GPT2_TIKTOKEN_FILE=/path/to/gpt2.tiktoken (a local ranks file)" in str(e.value)
     assert "--tokenizer-file" not in str(e.value)
     (tmp_path / "c.txt").write_text("some text\n" * 100)
-    for build in (lambda: prepare([tmp_path / "c.txt"], tmp_path / "ds", "gpt2", progress=False),
-                  lambda: make_tokenizer("gpt2", [])):  # data/prepare.py, text and --pairs
+    for build in (
+        lambda: prepare([tmp_path / "c.txt"], tmp_path / "ds", "gpt2", progress=False),
+        lambda: make_tokenizer("gpt2", []),
+    ):  # data/prepare.py, text and --pairs
         with pytest.raises(DataError) as e:
             build()
-        assert ("set GPT2_TIKTOKEN_FILE=/path/to/gpt2.tiktoken or pass --tokenizer-file /path/to/gpt2.tiktoken "
-                "(a local ranks file)") in str(e.value)
+        assert (
+            "set GPT2_TIKTOKEN_FILE=/path/to/gpt2.tiktoken or pass --tokenizer-file /path/to/gpt2.tiktoken "
+            "(a local ranks file)"
+        ) in str(e.value)
     assert not list(tmp_path.glob("*ds*"))
 
 
-@pytest.mark.parametrize("content, problem", [
-    (b"First Citizen:\nBefore we proceed any further, hear me speak.\n", "line 1 is not `base64-token rank`"),
-    (b"IQ== 0\nIg== one\n", "line 2 is not `base64-token rank`"),
-    (b"IQ== 0\nIg== 1\n", "it lacks some of the 256 single bytes every byte-level BPE ranks first"),
-    (b"", "it lacks some of the 256 single bytes"),
-])
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (b"First Citizen:\nBefore we proceed any further, hear me speak.\n", "line 1 is not `base64-token rank`"),
+        (b"IQ== 0\nIg== one\n", "line 2 is not `base64-token rank`"),
+        (b"IQ== 0\nIg== 1\n", "it lacks some of the 256 single bytes every byte-level BPE ranks first"),
+        (b"", "it lacks some of the 256 single bytes"),
+    ],
+)
 def test_a_file_that_is_not_a_ranks_file_names_the_file_and_where_it_came_from(monkeypatch, tmp_path, content, problem):
     bad = tmp_path / "bad.tiktoken"
     bad.write_bytes(content)

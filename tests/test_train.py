@@ -20,8 +20,26 @@ from gpt.train.stopping import StopSignal, TimeLimit
 from gpt.train.trainer import TrainingError, train_step
 
 # CPU float32 wherever the tests run (bit-identical results); tests/test_cuda.py covers CUDA
-TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--block-size", "32", "--batch-size", "4",
-        "--eval-iters", "4", "--log-interval", "1", "--warmup-iters", "2", "--device", "cpu"]
+TINY = [
+    "--n-layer",
+    "2",
+    "--n-head",
+    "2",
+    "--n-embd",
+    "32",
+    "--block-size",
+    "32",
+    "--batch-size",
+    "4",
+    "--eval-iters",
+    "4",
+    "--log-interval",
+    "1",
+    "--warmup-iters",
+    "2",
+    "--device",
+    "cpu",
+]
 
 
 def records(out_dir, kind):
@@ -32,8 +50,19 @@ def records(out_dir, kind):
 @pytest.mark.precision
 def test_end_to_end_loss_falls_and_checkpoints_load(char_data, tmp_path):
     out = tmp_path / "run"
-    summary = train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "60", "--eval-interval", "30",
-                  "--learning-rate", "3e-3")
+    summary = train_run(
+        "--data",
+        char_data,
+        "--out-dir",
+        out,
+        *TINY,
+        "--max-iters",
+        "60",
+        "--eval-interval",
+        "30",
+        "--learning-rate",
+        "3e-3",
+    )
     evals = records(out, "eval")
     assert [e["step"] for e in evals] == [30, 60]
     assert summary["val_loss"] < 3.4 < 4.2  # from ~ln(66) = 4.19 at init; measured 3.28 float32, 3.29-3.30 bf16
@@ -52,8 +81,21 @@ def test_end_to_end_loss_falls_and_checkpoints_load(char_data, tmp_path):
 @pytest.mark.precision
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_exact_resume_bit_identical(char_data, tmp_path, optimizer):
-    common = ["--data", char_data, *TINY, "--dropout", "0.1", "--grad-accum", "2", "--lr-decay-iters", "12",
-              "--eval-interval", "6", "--optimizer", optimizer]
+    common = [
+        "--data",
+        char_data,
+        *TINY,
+        "--dropout",
+        "0.1",
+        "--grad-accum",
+        "2",
+        "--lr-decay-iters",
+        "12",
+        "--eval-interval",
+        "6",
+        "--optimizer",
+        optimizer,
+    ]
     train_run(*common, "--out-dir", tmp_path / "full", "--max-iters", "12")
     train_run(*common, "--out-dir", tmp_path / "first", "--max-iters", "6")
     (tmp_path / "first").rename(tmp_path / "split")  # a run directory that moved resumes where it is now
@@ -80,7 +122,7 @@ def test_accumulation_equals_one_big_batch():
         opt = torch.optim.AdamW(model.parameters())
         scaler = torch.amp.GradScaler("cpu", enabled=False)
         size = 8 // accum
-        get = lambda step, micro: (x[micro * size:(micro + 1) * size], y[micro * size:(micro + 1) * size])  # noqa: E731, B023
+        get = lambda step, micro: (x[micro * size : (micro + 1) * size], y[micro * size : (micro + 1) * size])  # noqa: E731, B023
         loss, _, tokens = train_step(model, opt, scaler, get, 0, accum, rt, grad_clip=0.0)
         assert tokens.item() == 8 * 16
         grads.append((loss, [p.grad.clone() for p in model.parameters()]))
@@ -105,8 +147,18 @@ def test_nonfinite_loss_stops_before_the_step_and_keeps_the_checkpoint(char_data
     assert meta["step"] == 4  # the last good checkpoint stays
 
     calls["n"] = 0
-    summary = train_run("--data", char_data, "--out-dir", tmp_path / "skip", *TINY, "--max-iters", "10",
-                  "--eval-interval", "5", "--skip-nonfinite")
+    summary = train_run(
+        "--data",
+        char_data,
+        "--out-dir",
+        tmp_path / "skip",
+        *TINY,
+        "--max-iters",
+        "10",
+        "--eval-interval",
+        "5",
+        "--skip-nonfinite",
+    )
     assert summary["skipped_steps"] == 1 and summary["step"] == 10
 
 
@@ -121,8 +173,11 @@ def test_out_of_memory_is_one_line_naming_the_fix_and_keeps_the_checkpoint(char_
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
 
     monkeypatch.setattr(trainer, "train_step", oom)
-    with pytest.raises(TrainingError, match=r"out of memory at step 3 .*--batch-size 2 --grad-accum 2; the last "
-                                            r"checkpoint in .* is intact"):
+    with pytest.raises(
+        TrainingError,
+        match=r"out of memory at step 3 .*--batch-size 2 --grad-accum 2; the last "
+        r"checkpoint in .* is intact",
+    ):
         train_run("--resume", out, "--max-iters", "4")
     monkeypatch.undo()
     monkeypatch.setattr(trainer, "estimate_loss", oom)
@@ -161,8 +216,12 @@ def test_unusable_out_dirs_are_one_line(char_data, tmp_path, monkeypatch):
 def test_a_second_trainer_into_the_same_out_dir_is_refused(char_data, tmp_path):
     out = tmp_path / "run"
     with RunDir(out).claim(resume=False, force=False):  # a trainer holding the directory
-        res = subprocess.run([sys.executable, "train.py", "--data", str(char_data), "--out-dir", str(out), *TINY,
-                              "--max-iters", "1"], cwd=ROOT, capture_output=True, text=True)
+        res = subprocess.run(
+            [sys.executable, "train.py", "--data", str(char_data), "--out-dir", str(out), *TINY, "--max-iters", "1"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         assert res.returncode == 2 and "Traceback" not in res.stderr
         assert f"in use by another trainer (pid {os.getpid()} on " in res.stderr
         assert not (out / "log.jsonl").exists()
@@ -204,8 +263,22 @@ def test_nonfinite_val_loss_never_replaces_the_last_checkpoint(char_data, tmp_pa
     out = tmp_path / "run"
     train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2")
     with pytest.raises(TrainingError, match=r"non-finite .* not saved; .*last.pt still holds step (\d+)") as e:
-        train_run("--resume", out, "--learning-rate", "1e6", "--lr-schedule", "constant", "--warmup-iters", "0",
-            "--eval-interval", "1", "--max-iters", "20", "--grad-clip", "0")
+        train_run(
+            "--resume",
+            out,
+            "--learning-rate",
+            "1e6",
+            "--lr-schedule",
+            "constant",
+            "--warmup-iters",
+            "0",
+            "--eval-interval",
+            "1",
+            "--max-iters",
+            "20",
+            "--grad-clip",
+            "0",
+        )
     kept = int(re.search(r"still holds step (\d+)", str(e.value)).group(1))
     meta = loader.read(out / "last.pt")["meta"]
     assert meta["step"] == kept and math.isfinite(meta["val_loss"])  # the last good state, not the NaN one
@@ -237,8 +310,18 @@ def test_compile_is_announced_and_gets_the_cpu_settings(char_data, tmp_path, mon
     compiled, kernels, autocast = [], [], Runtime.autocast
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: (compiled.append(kwargs), model)[1])
     monkeypatch.setattr(Runtime, "autocast", lambda self: (kernels.append(self.compiled), autocast(self))[1])
-    train_run("--data", char_data, "--out-dir", tmp_path / "run", *TINY, "--max-iters", "1", "--eval-interval", "1",
-        "--compile")
+    train_run(
+        "--data",
+        char_data,
+        "--out-dir",
+        tmp_path / "run",
+        *TINY,
+        "--max-iters",
+        "1",
+        "--eval-interval",
+        "1",
+        "--compile",
+    )
     out = capsys.readouterr().out
     assert -1 < out.find("compiling the model for the first step") < out.find("step      1")
     assert compiled == [{"options": {"cpp.use_decompose_tanh": True}}] and kernels and all(kernels)
@@ -247,20 +330,51 @@ def test_compile_is_announced_and_gets_the_cpu_settings(char_data, tmp_path, mon
 def test_init_from_says_which_flags_the_checkpoint_overrides(char_data, tmp_path, capsys):
     base = tmp_path / "base"
     train_run("--data", char_data, "--out-dir", base, *TINY, "--max-iters", "1", "--eval-interval", "1")
-    train_run("--data", char_data, "--out-dir", tmp_path / "ft", "--init-from", base, "--n-layer", "6", "--max-iters", "1",
-        "--device", "cpu", "--eval-iters", "1")
+    train_run(
+        "--data",
+        char_data,
+        "--out-dir",
+        tmp_path / "ft",
+        "--init-from",
+        base,
+        "--n-layer",
+        "6",
+        "--max-iters",
+        "1",
+        "--device",
+        "cpu",
+        "--eval-iters",
+        "1",
+    )
     assert f"init_from: the architecture comes from {base}; ignoring --n-layer 6" in capsys.readouterr().out
     assert loader.read(tmp_path / "ft")["meta"]["model_config"]["n_layer"] == 2
 
 
 def test_device_mistakes_are_one_line(char_data, tmp_path):
-    cases = [("tpu", "is not a device"), ("meta", "not supported here"), ("cuda:x", "is not a device"),
-             ("mps", "MPS is not available")]
+    cases = [
+        ("tpu", "is not a device"),
+        ("meta", "not supported here"),
+        ("cuda:x", "is not a device"),
+        ("mps", "MPS is not available"),
+    ]
     if not torch.cuda.is_available():
         cases.append(("cuda", "CUDA is not available"))
     for device, message in cases:
-        res = subprocess.run([sys.executable, "train.py", "--data", str(char_data), "--out-dir", str(tmp_path / device),
-                              "--device", device], cwd=ROOT, capture_output=True, text=True)
+        res = subprocess.run(
+            [
+                sys.executable,
+                "train.py",
+                "--data",
+                str(char_data),
+                "--out-dir",
+                str(tmp_path / device),
+                "--device",
+                device,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
         assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1
         assert not (tmp_path / device).exists()  # nothing written
@@ -279,8 +393,19 @@ def test_time_limit_leaves_room_for_the_final_evaluation():
 
 def test_max_minutes_stops_with_an_evaluation_and_a_checkpoint(char_data, tmp_path):
     out = tmp_path / "run"
-    summary = train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "100000", "--eval-interval", "100000",
-                  "--max-minutes", "0.02")
+    summary = train_run(
+        "--data",
+        char_data,
+        "--out-dir",
+        out,
+        *TINY,
+        "--max-iters",
+        "100000",
+        "--eval-interval",
+        "100000",
+        "--max-minutes",
+        "0.02",
+    )
     assert 0 < summary["step"] < 100000
     assert records(out, "eval")[-1]["step"] == summary["step"] == loader.read(out / "last.pt")["meta"]["step"]
 
@@ -301,8 +426,24 @@ def test_a_second_ctrl_c_waits_for_the_checkpoint_being_written():
 def test_finetune_from_checkpoint(char_data, tmp_path):
     base = tmp_path / "base"
     train_run("--data", char_data, "--out-dir", base, *TINY, "--max-iters", "4", "--eval-interval", "4")
-    summary = train_run("--data", char_data, "--out-dir", tmp_path / "ft", "--init-from", base, "--block-size", "16",
-                  "--batch-size", "4", "--max-iters", "4", "--eval-interval", "4", "--eval-iters", "2")
+    summary = train_run(
+        "--data",
+        char_data,
+        "--out-dir",
+        tmp_path / "ft",
+        "--init-from",
+        base,
+        "--block-size",
+        "16",
+        "--batch-size",
+        "4",
+        "--max-iters",
+        "4",
+        "--eval-interval",
+        "4",
+        "--eval-iters",
+        "2",
+    )
     assert summary["step"] == 4
     meta = loader.read(tmp_path / "ft")["meta"]
     assert meta["model_config"]["block_size"] == 16 and meta["model_config"]["n_embd"] == 32
@@ -321,12 +462,29 @@ def test_finetune_tokenizer_mismatch_is_an_error(char_data, tmp_path):
 
 
 def test_cli_errors_are_one_line(tmp_path):
-    res = subprocess.run([sys.executable, "train.py", "--data", str(tmp_path / "nope"), "--out-dir", str(tmp_path / "o"),
-                          "--max-itres", "3"], cwd=ROOT, capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "--data",
+            str(tmp_path / "nope"),
+            "--out-dir",
+            str(tmp_path / "o"),
+            "--max-itres",
+            "3",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "--max-itres: unknown option" in res.stderr
-    res = subprocess.run([sys.executable, "train.py", "--data", str(tmp_path / "nope"), "--out-dir", str(tmp_path / "o")],
-                         cwd=ROOT, capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "train.py", "--data", str(tmp_path / "nope"), "--out-dir", str(tmp_path / "o")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 2 and "Traceback" not in res.stderr and res.stderr.startswith("error: ")
     res = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0 and "--max-iters" in res.stdout and "(default:" in res.stdout
@@ -335,12 +493,31 @@ def test_cli_errors_are_one_line(tmp_path):
 def test_sigterm_finishes_the_step_saves_and_says_how_to_resume(char_data, tmp_path):
     out = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "train.py", "--data", str(char_data), "--out-dir", str(out), *TINY, "--max-iters", "100000",
-         "--eval-interval", "100000"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "train.py",
+            "--data",
+            str(char_data),
+            "--out-dir",
+            str(out),
+            *TINY,
+            "--max-iters",
+            "100000",
+            "--eval-interval",
+            "100000",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
     def logged_steps():  # complete lines only: the trainer may be writing the next one
         log = out / "log.jsonl"
-        return sum(line.endswith("\n") and '"train"' in line
-                   for line in (log.read_text().splitlines(keepends=True) if log.exists() else []))
+        return sum(
+            line.endswith("\n") and '"train"' in line
+            for line in (log.read_text().splitlines(keepends=True) if log.exists() else [])
+        )
 
     deadline = time.time() + 60
     while time.time() < deadline and logged_steps() < 3:
@@ -359,8 +536,21 @@ def test_sigterm_finishes_the_step_saves_and_says_how_to_resume(char_data, tmp_p
 def test_wandb_logs_offline(char_data, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     out = tmp_path / "run"
-    summary = train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2",
-                  "--wandb-project", "gpt-test", "--wandb-mode", "offline")
+    summary = train_run(
+        "--data",
+        char_data,
+        "--out-dir",
+        out,
+        *TINY,
+        "--max-iters",
+        "2",
+        "--eval-interval",
+        "2",
+        "--wandb-project",
+        "gpt-test",
+        "--wandb-mode",
+        "offline",
+    )
     assert summary["step"] == 2
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))  # the offline run's data file, ready to `wandb sync`
@@ -375,8 +565,19 @@ def test_wandb_failure_never_stops_training(char_data, tmp_path, monkeypatch, ca
         raise RuntimeError("wandb is down")
 
     monkeypatch.setattr(wandb, "init", broken)
-    summary = train_run("--data", char_data, "--out-dir", tmp_path / "a", *TINY, "--max-iters", "2", "--eval-interval", "2",
-                  "--wandb-project", "gpt-test")
+    summary = train_run(
+        "--data",
+        char_data,
+        "--out-dir",
+        tmp_path / "a",
+        *TINY,
+        "--max-iters",
+        "2",
+        "--eval-interval",
+        "2",
+        "--wandb-project",
+        "gpt-test",
+    )
     assert summary["step"] == 2
     assert "warning: Weights & Biases disabled (RuntimeError: wandb is down)" in capsys.readouterr().err
 
@@ -384,12 +585,44 @@ def test_wandb_failure_never_stops_training(char_data, tmp_path, monkeypatch, ca
 @pytest.mark.precision
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_ddp_two_processes_match_one_and_resume_in_one(char_data, tmp_path, optimizer):
-    common = [*TINY, "--data", str(char_data), "--grad-accum", "4", "--lr-decay-iters", "6", "--eval-interval", "3",
-              "--device", "cpu", "--threads", "1", "--optimizer", optimizer]
+    common = [
+        *TINY,
+        "--data",
+        str(char_data),
+        "--grad-accum",
+        "4",
+        "--lr-decay-iters",
+        "6",
+        "--eval-interval",
+        "3",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--optimizer",
+        optimizer,
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          "train.py", *common, "--max-iters", "3", "--out-dir", str(tmp_path / "ddp")],  # a free port
-                         cwd=ROOT, env=env, capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "train.py",
+            *common,
+            "--max-iters",
+            "3",
+            "--out-dir",
+            str(tmp_path / "ddp"),
+        ],  # a free port
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     train_run(*common, "--max-iters", "6", "--out-dir", tmp_path / "single")
     single = [r["loss"] for r in records(tmp_path / "single", "train")]
@@ -419,11 +652,44 @@ def reverse_pairs(tmp_path_factory):
 
 @pytest.mark.precision
 def test_seq2seq_trains_with_the_same_loop_and_resumes_exactly(reverse_pairs, tmp_path):
-    s2s = ["--data", reverse_pairs, "--n-encoder-layer", "2", "--n-layer", "2", "--n-head", "2", "--n-embd", "32",
-           "--block-size", "16", "--norm", "post", "--pos-encoding", "sinusoidal", "--label-smoothing", "0.1",
-           "--max-tokens", "256", "--dropout", "0.1", "--grad-accum", "2", "--learning-rate", "3e-3",
-           "--lr-decay-iters", "40", "--eval-interval", "20", "--log-interval", "1", "--eval-iters", "4",
-           "--warmup-iters", "5"]
+    s2s = [
+        "--data",
+        reverse_pairs,
+        "--n-encoder-layer",
+        "2",
+        "--n-layer",
+        "2",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "32",
+        "--block-size",
+        "16",
+        "--norm",
+        "post",
+        "--pos-encoding",
+        "sinusoidal",
+        "--label-smoothing",
+        "0.1",
+        "--max-tokens",
+        "256",
+        "--dropout",
+        "0.1",
+        "--grad-accum",
+        "2",
+        "--learning-rate",
+        "3e-3",
+        "--lr-decay-iters",
+        "40",
+        "--eval-interval",
+        "20",
+        "--log-interval",
+        "1",
+        "--eval-iters",
+        "4",
+        "--warmup-iters",
+        "5",
+    ]
     full = train_run(*s2s, "--out-dir", tmp_path / "full", "--max-iters", "40")
     train_run(*s2s, "--out-dir", tmp_path / "split", "--max-iters", "20")
     train_run("--resume", tmp_path / "split", "--max-iters", "40")
@@ -448,16 +714,18 @@ def test_training_longer_says_what_the_lr_does():
     tied = schedule_change(saved, TrainConfig(max_iters=300), step=100)
     assert "now ends at step 300; the LR at step 100 goes from 1.00e-04 to" in tied
     fixed = schedule_change(saved, TrainConfig(max_iters=300, lr_decay_iters=100), step=100)
-    assert fixed.endswith("steps 100..300 run at --min-lr 1.00e-04; pass --lr-decay-iters 300 to stretch the decay "
-                          "instead")
+    assert fixed.endswith(
+        "steps 100..300 run at --min-lr 1.00e-04; pass --lr-decay-iters 300 to stretch the decay instead"
+    )
     assert schedule_change(saved, TrainConfig(max_iters=100), step=50) is None
     assert schedule_change(saved, TrainConfig(max_iters=300, lr_schedule="constant"), step=100) is None
 
 
 def test_evaluating_val_only(char_data, tmp_path):
     out = tmp_path / "run"
-    summary = train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2",
-                  "--no-eval-train")
+    summary = train_run(
+        "--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2", "--no-eval-train"
+    )
     (evaluation,) = records(out, "eval")
     assert evaluation["train_loss"] is None and evaluation["val_loss"] == summary["val_loss"]
     assert "train_loss" not in summary
@@ -465,12 +733,28 @@ def test_evaluating_val_only(char_data, tmp_path):
 
 def test_tokens_seen_is_counted_at_saves_between_log_steps(char_data, tmp_path):
     out = tmp_path / "run"  # stops at its first evaluation, step 3; log lines only at step 1
-    train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "6", "--eval-interval", "3",
-        "--log-interval", "100", "--target-val-loss", "100", "--no-plot")
+    train_run(
+        "--data",
+        char_data,
+        "--out-dir",
+        out,
+        *TINY,
+        "--max-iters",
+        "6",
+        "--eval-interval",
+        "3",
+        "--log-interval",
+        "100",
+        "--target-val-loss",
+        "100",
+        "--no-plot",
+    )
     per_step = 4 * 32  # batch x block, every target counts
     meta = loader.read(out / "last.pt")["meta"]
     assert (meta["step"], meta["tokens_seen"]) == (3, 3 * per_step)
-    train_run("--resume", out, "--max-iters", "5", "--eval-interval", "3", "--log-interval", "100", "--target-val-loss", "0")
+    train_run(
+        "--resume", out, "--max-iters", "5", "--eval-interval", "3", "--log-interval", "100", "--target-val-loss", "0"
+    )
     assert loader.read(out / "last.pt")["meta"]["tokens_seen"] == 5 * per_step
     assert records(out, "train")[-1]["tokens"] == 5 * per_step
 
@@ -483,8 +767,20 @@ def test_a_diverged_run_names_best_pt_and_the_command_that_continues_from_it_exa
     train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "4", "--eval-interval", "2")
     shutil.copytree(out, tmp_path / "twin")  # the same run, never diverged
     # a resume at an absurd LR saves a finite but diverged last.pt (step 5, val worse than best.pt's step 4)...
-    train_run("--resume", out, "--learning-rate", "1e6", "--lr-schedule", "constant", "--warmup-iters", "0",
-        "--eval-interval", "1", "--max-iters", "5")
+    train_run(
+        "--resume",
+        out,
+        "--learning-rate",
+        "1e6",
+        "--lr-schedule",
+        "constant",
+        "--warmup-iters",
+        "0",
+        "--eval-interval",
+        "1",
+        "--max-iters",
+        "5",
+    )
     last, best = (loader.read_meta(out / name) for name in ("last.pt", "best.pt"))
     assert (last["step"], best["step"]) == (5, 4) and math.isfinite(last["val_loss"])
     assert last["val_loss"] > best["val_loss"]
@@ -493,9 +789,11 @@ def test_a_diverged_run_names_best_pt_and_the_command_that_continues_from_it_exa
         train_run("--resume", out, "--max-iters", "8")
     message = str(e.value)
     assert "\n" not in message and "last.pt still holds step 5" in message
-    assert (f"or go back to best.pt, an earlier and better state (step 4, val {best['val_loss']:.4f}; last.pt: step 5, "
-            f"val {last['val_loss']:.4f}), and continue from it exactly with: python train.py --resume "
-            f"{out / 'best.pt'} --max-iters 8") in message
+    assert (
+        f"or go back to best.pt, an earlier and better state (step 4, val {best['val_loss']:.4f}; last.pt: step 5, "
+        f"val {last['val_loss']:.4f}), and continue from it exactly with: python train.py --resume "
+        f"{out / 'best.pt'} --max-iters 8"
+    ) in message
     command = shlex.split(message.split("continue from it exactly with: ")[1])
     assert command[:2] == ["python", "train.py"]
     summary = train_run(*command[2:])
@@ -512,17 +810,34 @@ def test_with_a_time_limit_the_etas_count_to_the_limit_not_the_step_count(char_d
 
     limit = TimeLimit(minutes=20, t_start=0.0, eval_tokens=1)
     line = eta_line(0.012, 5, 99_994, limit, now=4.0)  # multi30k_cpu: 99,994 steps would take 20 minutes
-    assert line == ("preflight: measured 12 ms/step over 5 steps: the run stops at the 20-minute limit (--max-minutes) "
-                    "in about 19m56s, after about 99,666 of the 99,994 steps left to --max-iters")
+    assert line == (
+        "preflight: measured 12 ms/step over 5 steps: the run stops at the 20-minute limit (--max-minutes) "
+        "in about 19m56s, after about 99,666 of the 99,994 steps left to --max-iters"
+    )
     line = eta_line(1.0, 5, 99_994, limit, now=4.0)  # (it said "the remaining 99,994 steps take about 27h46m")
     assert "stops at the 20-minute limit (--max-minutes) in about 19m56s, after about 1,196 of the 99,994" in line
     assert eta_line(1.0, 5, 60, limit, now=4.0).endswith("the remaining 60 steps take about 1m00s")  # steps first
     assert eta_line(1.0, 5, 60) == eta_line(1.0, 5, 60, TimeLimit(0, 0.0, 1), now=4.0)
 
-    train_run("--data", char_data, "--out-dir", tmp_path / "run", *TINY, "--max-iters", "100000", "--eval-interval",
-        "100000", "--max-minutes", "0.3")
+    train_run(
+        "--data",
+        char_data,
+        "--out-dir",
+        tmp_path / "run",
+        *TINY,
+        "--max-iters",
+        "100000",
+        "--eval-interval",
+        "100000",
+        "--max-minutes",
+        "0.3",
+    )
     out = capsys.readouterr().out
-    assert re.search(r"^preflight: measured \d+ ms/step over 5 steps: the run stops at the 0.3-minute limit "
-                     r"\(--max-minutes\) in about \d+s, after about [\d,]+ of the 99,99\d steps left", out, re.M), out
+    assert re.search(
+        r"^preflight: measured \d+ ms/step over 5 steps: the run stops at the 0.3-minute limit "
+        r"\(--max-minutes\) in about \d+s, after about [\d,]+ of the 99,99\d steps left",
+        out,
+        re.M,
+    ), out
     steps = [line for line in out.splitlines() if line.startswith("step ")]
     assert all(re.search(r"\| eta \d+s at the 0.3-minute limit \(~[\d,]+ steps\)", line) for line in steps), steps

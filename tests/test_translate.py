@@ -45,7 +45,9 @@ def test_sampled_decoding_draws_through_next_token():
     greedy = generate(model, src, mask, EOS, EOS, max_new_tokens=12)
 
     def sample(seed, **kw):
-        return generate(model, src, mask, EOS, EOS, 12, temperature=1.0, generator=torch.Generator().manual_seed(seed), **kw)
+        return generate(
+            model, src, mask, EOS, EOS, 12, temperature=1.0, generator=torch.Generator().manual_seed(seed), **kw
+        )
 
     assert sample(0, top_k=1) == greedy and sample(0, top_p=1e-6) == greedy
     assert sample(3) == sample(3) and sample(3) != sample(4)
@@ -83,11 +85,13 @@ def test_batched_decoding_equals_one_sentence_at_a_time():
     model = random_model()
     src, mask = random_sources([8, 2, 5])
     batched = generate(model, src, mask, EOS, EOS, max_new_tokens=12)
-    alone = [generate(model, src[i : i + 1, : n], mask[i : i + 1, : n], EOS, EOS, 12)[0]
-             for i, n in enumerate(mask.sum(1).tolist())]
+    alone = [
+        generate(model, src[i : i + 1, :n], mask[i : i + 1, :n], EOS, EOS, 12)[0]
+        for i, n in enumerate(mask.sum(1).tolist())
+    ]
     assert batched == alone
     assert beam_search(model, src, mask, EOS, EOS, 3, max_new_tokens=12) == [
-        beam_search(model, src[i : i + 1, : n], mask[i : i + 1, : n], EOS, EOS, 3, max_new_tokens=12)[0]
+        beam_search(model, src[i : i + 1, :n], mask[i : i + 1, :n], EOS, EOS, 3, max_new_tokens=12)[0]
         for i, n in enumerate(mask.sum(1).tolist())
     ]
 
@@ -184,8 +188,12 @@ def test_beam_search_waits_for_a_longer_hypothesis_the_length_penalty_prefers():
     Stopping as soon as the finished ones beat the live beam *at its current length* returned A."""
     A, B, C, eos = 0, 1, 2, 7
     log = math.log
-    table = {(): {A: log(0.36), eos: log(0.34), B: log(0.25)}, (A,): {eos: log(0.9)},
-             **{(B,) + (C,) * i: {C: log(0.99)} for i in range(4)}, (B, C, C, C, C): {eos: log(0.99)}}
+    table = {
+        (): {A: log(0.36), eos: log(0.34), B: log(0.25)},
+        (A,): {eos: log(0.9)},
+        **{(B,) + (C,) * i: {C: log(0.99)} for i in range(4)},
+        (B, C, C, C, C): {eos: log(0.99)},
+    }
     model = ScriptedModel(table, 8)
     src, mask = torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.bool)
 
@@ -214,16 +222,19 @@ def test_beam_search_arguments():
     assert length_penalty(7, 1.0) == 2.0 and length_penalty(7, 0.0) == 1.0
 
 
-@pytest.mark.parametrize("settings,message", [
-    (dict(batch_size=0), "--batch-size must be an integer >= 1, got 0"),
-    (dict(batch_size=-2), "--batch-size must be an integer >= 1, got -2"),
-    (dict(beam_size=0), "--beam-size must be an integer >= 1 (1 is greedy), got 0"),
-    (dict(beam_size=-1), "--beam-size must be an integer >= 1 (1 is greedy), got -1"),
-    (dict(beam_size=11), "--beam-size 11 is too large for a vocabulary of 20 ids: at most 10"),
-    (dict(max_new_tokens=0), "--max-new-tokens must be an integer >= 1, got 0"),
-    (dict(max_new_tokens=33), "--max-new-tokens 33 is more than the model's block_size=32"),
-    (dict(beam_size=2, temperature=1.0), "--beam-size 2 searches deterministically"),
-])
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        (dict(batch_size=0), "--batch-size must be an integer >= 1, got 0"),
+        (dict(batch_size=-2), "--batch-size must be an integer >= 1, got -2"),
+        (dict(beam_size=0), "--beam-size must be an integer >= 1 (1 is greedy), got 0"),
+        (dict(beam_size=-1), "--beam-size must be an integer >= 1 (1 is greedy), got -1"),
+        (dict(beam_size=11), "--beam-size 11 is too large for a vocabulary of 20 ids: at most 10"),
+        (dict(max_new_tokens=0), "--max-new-tokens must be an integer >= 1, got 0"),
+        (dict(max_new_tokens=33), "--max-new-tokens 33 is more than the model's block_size=32"),
+        (dict(beam_size=2, temperature=1.0), "--beam-size 2 searches deterministically"),
+    ],
+)
 def test_translate_checks_its_settings_before_decoding(settings, message):
     tok = CharTokenizer("abcdefghijklmnopqrs")  # 19 characters + the end token = V ids
     with pytest.raises(TranslateError, match=re.escape(message)):
@@ -263,8 +274,9 @@ def reverser():
     of it after 40 steps: unsure enough that beam search and greedy decoding differ."""
     torch.manual_seed(0)
     tok = CharTokenizer(CHARS)
-    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=2, n_encoder_layer=2, n_head=4,
-                    n_embd=64, norm="post")
+    cfg = GPTConfig(
+        vocab_size=tok.vocab_size, block_size=16, n_layer=2, n_encoder_layer=2, n_head=4, n_embd=64, norm="post"
+    )
     model = GPT(cfg)
     opt = torch.optim.AdamW(model.param_groups(0.0), lr=3e-3, betas=(0.9, 0.98))
     g, steps = torch.Generator().manual_seed(1), 400
@@ -310,11 +322,20 @@ def test_evaluate_cli_from_a_checkpoint(reverser, tmp_path, capsys):
     sources = ["a b c d", "ab c d e", "h i j k", "fa e d c", "k ji h g"]  # 4-grams for BLEU
     (tmp_path / "src.txt").write_text("\n".join(sources) + "\n")
     (tmp_path / "ref.txt").write_text("\n".join(s[::-1] for s in sources) + "\n")
-    meta = {"model_config": model.config.to_dict(), "tokenizer": tok.spec,
-            "seq2seq": {"bos": tok.eot_token, "eos": tok.eot_token, "pad": tok.eot_token}}
+    meta = {
+        "model_config": model.config.to_dict(),
+        "tokenizer": tok.spec,
+        "seq2seq": {"bos": tok.eot_token, "eos": tok.eot_token, "pad": tok.eot_token},
+    }
     native.save(tmp_path / "run" / "last.pt", {"model": model.state_dict()}, meta)
-    args = ["--ckpt", str(tmp_path / "run"), "--source-file", str(tmp_path / "src.txt"), "--reference",
-            str(tmp_path / "ref.txt")]
+    args = [
+        "--ckpt",
+        str(tmp_path / "run"),
+        "--source-file",
+        str(tmp_path / "src.txt"),
+        "--reference",
+        str(tmp_path / "ref.txt"),
+    ]
     assert main([*args, "--beam-size", "2", "--output", str(tmp_path / "hyp.txt")]) == 0
     out = capsys.readouterr().out
     # sacrebleu tokenizes on spaces: reversed words of a reversed sentence score 100
@@ -356,8 +377,10 @@ def test_beam_search_matches_a_plain_reference_and_beats_greedy(reverser, alpha)
     src, mask, _, _ = reverse_batch(64, torch.Generator().manual_seed(7))
     got = beam_search(model, src, mask, eos, eos, beam_size=4, alpha=alpha, max_new_tokens=12)
     with torch.inference_mode():
-        want = [reference_beam(model, src[i : i + 1, :n], mask[i : i + 1, :n], eos, 4, alpha, 12)
-                for i, n in enumerate(mask.sum(1).tolist())]
+        want = [
+            reference_beam(model, src[i : i + 1, :n], mask[i : i + 1, :n], eos, 4, alpha, 12)
+            for i, n in enumerate(mask.sum(1).tolist())
+        ]
         assert got == want
         greedy = generate(model, src, mask, eos, eos, max_new_tokens=12)
         assert got != greedy  # a test where beam search changes nothing would prove little

@@ -29,13 +29,19 @@ from gpt.data.pairs import DEFAULT_BPE_VOCAB, prepare_pairs, summary  # noqa: E4
 
 def main(argv=None) -> int:
     p = ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--input", default=str(ROOT.parent / "shared" / "data" / "multi30k"), help="directory of the raw files")
+    p.add_argument(
+        "--input", default=str(ROOT.parent / "shared" / "data" / "multi30k"), help="directory of the raw files"
+    )
     p.add_argument("--src", default="de", choices=("de", "en"), help="source language")
     p.add_argument("--tgt", default="en", choices=("de", "en"), help="target language")
     p.add_argument("--out", help="output directory (default: data/multi30k/SRC-TGT)")
     p.add_argument("--tokenizer", choices=TOKENIZERS, default="bpe", help="one tokenizer for both languages")
-    p.add_argument("--vocab-size", type=int, default=None,
-                   help=f"ids of the bpe tokenizer, end-of-text included (bpe only; default {DEFAULT_BPE_VOCAB})")
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help=f"ids of the bpe tokenizer, end-of-text included (bpe only; default {DEFAULT_BPE_VOCAB})",
+    )
     p.add_argument("--tokenizer-file", help="GPT-2 .tiktoken ranks file (offline)")
     p.add_argument("--max-len", type=int, default=256, help="most tokens per side, end/start token included")
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
@@ -45,11 +51,20 @@ def main(argv=None) -> int:
     data = Path(args.input)
     out = Path(args.out or Path(__file__).resolve().parent / f"{args.src}-{args.tgt}")
     return run_main(
-        lambda: summary(prepare_pairs(
-            data / f"train.{args.src}", data / f"train.{args.tgt}", out, tokenizer=args.tokenizer,
-            val_pairs=(data / f"val.{args.src}", data / f"val.{args.tgt}"), max_len=args.max_len,
-            vocab_size=args.vocab_size, tokenizer_file=args.tokenizer_file, force=args.force,
-        ), out),
+        lambda: summary(
+            prepare_pairs(
+                data / f"train.{args.src}",
+                data / f"train.{args.tgt}",
+                out,
+                tokenizer=args.tokenizer,
+                val_pairs=(data / f"val.{args.src}", data / f"val.{args.tgt}"),
+                max_len=args.max_len,
+                vocab_size=args.vocab_size,
+                tokenizer_file=args.tokenizer_file,
+                force=args.force,
+            ),
+            out,
+        ),
         interrupted=f"{out} was left as it was",
     )
 

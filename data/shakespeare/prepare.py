@@ -22,14 +22,25 @@ URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshake
 
 def main(argv=None) -> int:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", default=None, help=f"local copy of the corpus (default: download {URL} to input.txt here)")
+    p.add_argument(
+        "--input", default=None, help=f"local copy of the corpus (default: download {URL} to input.txt here)"
+    )
     p.add_argument("--out", default=str(HERE), help="dataset directory (default: this script's directory)")
-    p.add_argument("--tokenizer-file", default=None, help="local GPT-2 .tiktoken ranks file (else $GPT2_TIKTOKEN_FILE or tiktoken's download)")
+    p.add_argument(
+        "--tokenizer-file",
+        default=None,
+        help="local GPT-2 .tiktoken ranks file (else $GPT2_TIKTOKEN_FILE or tiktoken's download)",
+    )
     p.add_argument("--force", action="store_true", help="replace a dataset already in --out")
     args = p.parse_args(argv)
     return run_main(
-        lambda: prepare([args.input or fetch(URL, HERE / "input.txt")], args.out, "gpt2",
-                        tokenizer_file=args.tokenizer_file, force=args.force).line(),
+        lambda: prepare(
+            [args.input or fetch(URL, HERE / "input.txt")],
+            args.out,
+            "gpt2",
+            tokenizer_file=args.tokenizer_file,
+            force=args.force,
+        ).line(),
         interrupted=f"{args.out} was left as it was",
     )
 

@@ -23,8 +23,13 @@ from gpt.model.lora import LoRAConfig, LoRAError, apply, fingerprint, trainable_
 
 def meta(config: LoRAConfig, model: nn.Module, base: Path, out_dir) -> dict:
     """meta["lora"] of a checkpoint saved into `out_dir`: the settings and where the base is."""
-    return {**config.to_dict(), "base": str(base), "base_relative": os.path.relpath(base, Path(out_dir).resolve()),
-            "base_sha256": fingerprint(model), "trainable": trainable_params(model)}
+    return {
+        **config.to_dict(),
+        "base": str(base),
+        "base_relative": os.path.relpath(base, Path(out_dir).resolve()),
+        "base_sha256": fingerprint(model),
+        "trainable": trainable_params(model),
+    }
 
 
 def find_base(lora_meta: dict, source) -> Path:
@@ -33,9 +38,11 @@ def find_base(lora_meta: dict, source) -> Path:
     for candidate in (Path(lora_meta["base"]), here / lora_meta.get("base_relative", "")):
         if candidate.exists() and candidate != here:
             return candidate
-    raise LoRAError(f"{source} is a LoRA checkpoint whose base model {lora_meta['base']} is gone: put the base "
-                    f"back, or merge with another copy of it: `python -m gpt.lora merge --ckpt {source} --base "
-                    f"PATH --out merged.pt`")
+    raise LoRAError(
+        f"{source} is a LoRA checkpoint whose base model {lora_meta['base']} is gone: put the base "
+        f"back, or merge with another copy of it: `python -m gpt.lora merge --ckpt {source} --base "
+        f"PATH --out merged.pt`"
+    )
 
 
 def attach(model: nn.Module, lora_meta: dict, model_config: dict, source, base) -> nn.Module:
@@ -44,8 +51,10 @@ def attach(model: nn.Module, lora_meta: dict, model_config: dict, source, base) 
     if model_config["block_size"] < model.config.block_size:
         model.crop_block_size(model_config["block_size"])
     if fingerprint(model) != lora_meta["base_sha256"]:
-        raise LoRAError(f"{source}: its base {base} has changed since the adapters were trained on it (the weights "
-                        f"differ): give the base they were trained on")
+        raise LoRAError(
+            f"{source}: its base {base} has changed since the adapters were trained on it (the weights "
+            f"differ): give the base they were trained on"
+        )
     apply(model, LoRAConfig(lora_meta["rank"], lora_meta["alpha"], lora_meta["dropout"], lora_meta["targets"]))
     return model
 
@@ -58,14 +67,19 @@ def check_resume(saved: dict, lora_meta: dict | None, source) -> None:
     if was is None:
         raise ConfigError(f"--lora-rank: the run in {source} trains all its weights, it cannot go on as LoRA")
     if lora_meta is None:
-        raise ConfigError(f"--lora-rank 0: {source} is a LoRA run (rank {was['rank']}); resume it as one, or merge "
-                          f"it (`python -m gpt.lora merge`) and fine-tune the merged checkpoint with --init-from")
-    changed = [f"--lora-{k} {lora_meta[k]} (the run has {was[k]})" for k in ("rank", "alpha", "targets")
-               if lora_meta[k] != was[k]]
+        raise ConfigError(
+            f"--lora-rank 0: {source} is a LoRA run (rank {was['rank']}); resume it as one, or merge "
+            f"it (`python -m gpt.lora merge`) and fine-tune the merged checkpoint with --init-from"
+        )
+    changed = [
+        f"--lora-{k} {lora_meta[k]} (the run has {was[k]})"
+        for k in ("rank", "alpha", "targets")
+        if lora_meta[k] != was[k]
+    ]
     if changed:
         raise ConfigError(f"--resume {source}: a LoRA run keeps its adapters' shape: {', '.join(changed)}")
     if lora_meta["base_sha256"] != was["base_sha256"]:
-        raise LoRAError(f"--resume {source}: its base {lora_meta['base']} has changed since the run started (the "
-                        f"weights differ): give the base the adapters were trained on")
-
-
+        raise LoRAError(
+            f"--resume {source}: its base {lora_meta['base']} has changed since the run started (the "
+            f"weights differ): give the base the adapters were trained on"
+        )

@@ -61,20 +61,34 @@ class _MetadataUnpickler(pickle.Unpickler):
     from files torch 2.13 writes), each by its exact module and name. Not BytesStorageMetadata: DCP loads a
     non-tensor entry with `torch.load(weights_only=False)`, which runs code; ours hold tensors only."""
 
-    NAMES = {("torch.distributed.checkpoint.metadata", name) for name in (
-        "Metadata", "TensorStorageMetadata", "TensorProperties", "ChunkStorageMetadata", "MetadataIndex",
-        "StorageMeta", "_MEM_FORMAT_ENCODING")} | {
-        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
-        ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),
-        ("collections", "OrderedDict")}
+    NAMES = {
+        ("torch.distributed.checkpoint.metadata", name)
+        for name in (
+            "Metadata",
+            "TensorStorageMetadata",
+            "TensorProperties",
+            "ChunkStorageMetadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "_MEM_FORMAT_ENCODING",
+        )
+    } | {
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch", "Size"),
+        ("torch.serialization", "_get_layout"),
+        ("pathlib", "PosixPath"),
+        ("pathlib", "WindowsPath"),
+        ("collections", "OrderedDict"),
+    }
 
     def __init__(self, file):
         super().__init__(file, fix_imports=False)  # (no renaming of Python 2 modules behind the check)
 
     def find_class(self, module: str, name: str):
         # exact pairs only: pickle resolves a dotted name attribute by attribute (metadata.os.system)
-        if "." not in name and ((module, name) in self.NAMES or (
-                module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))):
+        if "." not in name and (
+            (module, name) in self.NAMES or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
+        ):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a checkpoint's .metadata")
 
@@ -96,8 +110,12 @@ def _check_metadata(metadata) -> None:
     storage = metadata.storage_data
     for info in storage.values() if isinstance(storage, dict) else [None]:
         name = getattr(info, "relative_path", None)
-        if type(info) is not _StorageInfo or not isinstance(name, str) or name in ("", ".", "..") or (
-                "/" in name or "\\" in name):
+        if (
+            type(info) is not _StorageInfo
+            or not isinstance(name, str)
+            or name in ("", ".", "..")
+            or ("/" in name or "\\" in name)
+        ):
             raise ValueError(f"storage {name!r} is not a file in the checkpoint's directory")
 
 
@@ -145,15 +163,19 @@ def _aliases(model: torch.nn.Module) -> dict[str, str]:
 
 def _by_name(optimizer_state: dict, names: list[str]) -> dict:
     """torch.optim's state dict (parameters by position) keyed by parameter names instead."""
-    return {"state": {names[i]: s for i, s in optimizer_state["state"].items()},
-            "param_groups": [dict(g, params=[names[i] for i in g["params"]]) for g in optimizer_state["param_groups"]]}
+    return {
+        "state": {names[i]: s for i, s in optimizer_state["state"].items()},
+        "param_groups": [dict(g, params=[names[i] for i in g["params"]]) for g in optimizer_state["param_groups"]],
+    }
 
 
 def _by_index(optimizer_state: dict) -> dict:
     """The reverse of `_by_name`: positions in the order the groups list the names."""
     index = {name: i for i, name in enumerate(n for g in optimizer_state["param_groups"] for n in g["params"])}
-    return {"state": {index[n]: s for n, s in optimizer_state["state"].items()},
-            "param_groups": [dict(g, params=[index[n] for n in g["params"]]) for g in optimizer_state["param_groups"]]}
+    return {
+        "state": {index[n]: s for n, s in optimizer_state["state"].items()},
+        "param_groups": [dict(g, params=[index[n] for n in g["params"]]) for g in optimizer_state["param_groups"]],
+    }
 
 
 def read_meta(path: Path) -> native.Fields:
@@ -187,8 +209,11 @@ def read(path: str | os.PathLike, map_location="cpu") -> dict:
     meta, train = _load_side(path, map_location)
     reader = _reader(path)
     metadata = reader.read_metadata()
-    flat = {key: torch.empty(md.size, dtype=md.properties.dtype, device=map_location)
-            for key, md in metadata.state_dict_metadata.items() if isinstance(md, TensorStorageMetadata)}
+    flat = {
+        key: torch.empty(md.size, dtype=md.properties.dtype, device=map_location)
+        for key, md in metadata.state_dict_metadata.items()
+        if isinstance(md, TensorStorageMetadata)
+    }
     with _one_process():
         tdcp.load(flat, storage_reader=reader, no_dist=True)
     nested = {"model": {}, "optimizer": {}}
@@ -201,8 +226,13 @@ def read(path: str | os.PathLike, map_location="cpu") -> dict:
     model = nested["model"]
     model.update({alias: model[name] for alias, name in train["aliases"].items()})
     optimizer = _by_index({"state": nested["optimizer"], "param_groups": train["param_groups"]})
-    return {"model": model, "optimizer": optimizer, "scaler": train["scaler"], "rng": train["rng"],
-            "meta": json.dumps(dict(meta))}
+    return {
+        "model": model,
+        "optimizer": optimizer,
+        "scaler": train["scaler"],
+        "rng": train["rng"],
+        "meta": json.dumps(dict(meta)),
+    }
 
 
 # ---- the training state: save and load, every process taking part ---------------------------------
@@ -224,8 +254,13 @@ def load(source: str | os.PathLike, model: torch.nn.Module, optimizer: torch.opt
         ckpt = native.read_file(source)
         names = {p: n for n, p in model.named_parameters()}
         optim_state = _by_name(ckpt["optimizer"], [names[p] for g in optimizer.param_groups for p in g["params"]])
-        set_state_dict(model, optimizer, model_state_dict=ckpt["model"], optim_state_dict=optim_state,
-                       options=StateDictOptions(full_state_dict=True))
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=ckpt["model"],
+            optim_state_dict=optim_state,
+            options=StateDictOptions(full_state_dict=True),
+        )
         return ckpt
     import torch.distributed.checkpoint as tdcp
 
@@ -238,13 +273,23 @@ def load(source: str | os.PathLike, model: torch.nn.Module, optimizer: torch.opt
     with _one_process():
         tdcp.load(state, storage_reader=reader, no_dist=not _distributed())
     state["model"].update({alias: state["model"][name] for alias, name in aliases.items()})
-    set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict={"state": state["optimizer"], "param_groups": train["param_groups"]})
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict={"state": state["optimizer"], "param_groups": train["param_groups"]},
+    )
     return native.Fields({"meta": meta, "rng": train["rng"], "scaler": train["scaler"]}, source)
 
 
-def save(link: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta: dict,
-         scaler: dict | None, rng) -> None:
+def save(
+    link: str | os.PathLike,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    meta: dict,
+    scaler: dict | None,
+    rng,
+) -> None:
     """Write a sharded checkpoint of `model` and `optimizer` into a new `step-NNNNNN/` beside `link`
     (run_dir/last.dcp), then point `link` at it (see the module notes). Every process calls this;
     `meta` (gpt.checkpoints.native.build_meta), `scaler` and `rng` (every process's) are written by rank 0. A
@@ -275,8 +320,9 @@ def save(link: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim
         error = _failure(e)
     if master and error is None:
         try:
-            _write_side(tmp, meta, dict(param_groups=optim_state["param_groups"], aliases=aliases, scaler=scaler,
-                                        rng=rng))
+            _write_side(
+                tmp, meta, dict(param_groups=optim_state["param_groups"], aliases=aliases, scaler=scaler, rng=rng)
+            )
             os.rename(tmp, run_dir / final)
             fsync_path(run_dir)
             point(link, final)
@@ -287,8 +333,11 @@ def save(link: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim
     message = [None]
     if error is not None:
         kept = f"the previous {link.name} is intact" if link.exists() else "nothing was written"
-        message = [str(storage_error(error, "write checkpoint", run_dir / final, kept)) if isinstance(error, OSError)
-                   else f"could not write checkpoint {run_dir / final}: {error}; {kept}"]
+        message = [
+            str(storage_error(error, "write checkpoint", run_dir / final, kept))
+            if isinstance(error, OSError)
+            else f"could not write checkpoint {run_dir / final}: {error}; {kept}"
+        ]
     if distributed:
         dist.broadcast_object_list(message, src=0)  # rank 0 heard of every failure (DCP gathers them)
     if message[0]:

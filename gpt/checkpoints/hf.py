@@ -42,7 +42,12 @@ from gpt.errors import UserError, storage_error
 
 # Suffixes of HF GPT-2 weights stored transposed (Conv1D).
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 TOKENIZER_SPEC_FILE = "gpt_tokenizer.json"
 GPT2_VOCAB = 50257
 HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}  # theirs -> ours
@@ -102,8 +107,10 @@ def read_config(path) -> dict:
         raise HFError(f"{config_file} is not a GPT-2 config: expected a JSON object, got a {type(hf).__name__}")
     missing = [k for k in SIZES if k not in hf] + ([] if "n_positions" in hf or "n_ctx" in hf else ["n_positions"])
     if missing:
-        raise HFError(f"{config_file} lacks {', '.join(missing)}: a GPT-2 config.json gives the model's sizes "
-                      f"(vocab_size, n_positions, n_embd, n_layer, n_head)")
+        raise HFError(
+            f"{config_file} lacks {', '.join(missing)}: a GPT-2 config.json gives the model's sizes "
+            f"(vocab_size, n_positions, n_embd, n_layer, n_head)"
+        )
     return config_from_hf(hf, config_file)
 
 
@@ -130,8 +137,16 @@ def config_from_hf(hf: dict, source="config.json") -> dict:
         problems.append("tie_word_embeddings false (this model ties lm_head to wte)")
     if problems:
         raise HFError(f"{source}: unsupported GPT-2 config: " + "; ".join(problems))
-    return dict(vocab_size=hf["vocab_size"], block_size=get("n_positions", get("n_ctx")), n_layer=hf["n_layer"],
-                n_head=hf["n_head"], n_embd=n_embd, dropout=0.0, bias=True, activation=activation)
+    return dict(
+        vocab_size=hf["vocab_size"],
+        block_size=get("n_positions", get("n_ctx")),
+        n_layer=hf["n_layer"],
+        n_head=hf["n_head"],
+        n_embd=n_embd,
+        dropout=0.0,
+        bias=True,
+        activation=activation,
+    )
 
 
 def _load_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -165,8 +180,10 @@ def _shards(index: Path) -> list[str]:
         raise HFError(f"{index} has no weight_map object")
     for key, shard in weight_map.items():
         if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", "..") or "\\" in shard:
-            raise HFError(f"{index}: {key} is in {shard!r}, which is not a file in {index.parent}; refused (an "
-                          f"index names shards beside it)")
+            raise HFError(
+                f"{index}: {key} is in {shard!r}, which is not a file in {index.parent}; refused (an "
+                f"index names shards beside it)"
+            )
     return sorted(set(weight_map.values()))
 
 
@@ -179,8 +196,10 @@ def read_weights(path) -> dict[str, torch.Tensor]:
     except HFError:
         raise
     except pickle.UnpicklingError:  # torch.load(weights_only=True) refused
-        raise HFError(f"cannot read the weights in {path}: they hold objects other than tensors, whose code "
-                      f"loading would run; refused") from None
+        raise HFError(
+            f"cannot read the weights in {path}: they hold objects other than tensors, whose code "
+            f"loading would run; refused"
+        ) from None
     except Exception as e:  # a corrupt or truncated file, a missing shard, ...
         reason = (str(e).splitlines() or [""])[0][:200]
         raise HFError(f"cannot read the weights in {path} ({type(e).__name__}: {reason})") from None
@@ -312,8 +331,12 @@ def write_gpt2_tokenizer_files(tokenizer, out_dir: Path, model_max_length: int) 
     merges = "".join(f"{text(a)} {text(b)}\n" for a, b in bpe_merges(tokens))
     (out_dir / "merges.txt").write_text("#version: 0.2\n" + merges, encoding="utf-8")
     tok_config = {
-        "tokenizer_class": "GPT2Tokenizer", "model_max_length": model_max_length, "add_prefix_space": False,
-        "bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "unk_token": EOT_TEXT,
+        "tokenizer_class": "GPT2Tokenizer",
+        "model_max_length": model_max_length,
+        "add_prefix_space": False,
+        "bos_token": EOT_TEXT,
+        "eos_token": EOT_TEXT,
+        "unk_token": EOT_TEXT,
     }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2), encoding="utf-8")
 

@@ -67,11 +67,15 @@ def resolve(path: str | os.PathLike, names: tuple[str, ...] = BEST_FIRST) -> Pat
 def _not_a_run(path: Path, names: tuple[str, ...]) -> str:
     """Why a directory without checkpoints is not a run, and what to pass instead."""
     if is_dataset(path):
-        return (f"{path} is a prepared dataset, not a training run: give a run directory produced by train.py, "
-                f"e.g. out/{path.name} after `python train.py --data {path} --out-dir out/{path.name}`")
+        return (
+            f"{path} is a prepared dataset, not a training run: give a run directory produced by train.py, "
+            f"e.g. out/{path.name} after `python train.py --data {path} --out-dir out/{path.name}`"
+        )
     if hf.is_hf_dir(path):
-        return (f"{path} is a Hugging Face model directory: it holds weights but no training state; fine-tune "
-                f"from it with `python train.py --init-from {path} --data DATA --out-dir OUT`")
+        return (
+            f"{path} is a Hugging Face model directory: it holds weights but no training state; fine-tune "
+            f"from it with `python train.py --init-from {path} --data DATA --out-dir OUT`"
+        )
     return f"no {' or '.join(names)} in {path}: train one with `python train.py --out-dir {path}`"
 
 
@@ -93,8 +97,9 @@ def _read_hf(path: str | os.PathLike) -> tuple[Fields, dict, Path]:
     """(meta, state dict, source) of a Hugging Face GPT-2 directory: the config first, weights last."""
     source = Path(path) / "config.json"
     config = model_config(hf.read_config(path), source)
-    meta = build_meta(model_config=config.to_dict(), tokenizer=hf.tokenizer_spec(path, config.vocab_size),
-                      hf_dir=str(path))
+    meta = build_meta(
+        model_config=config.to_dict(), tokenizer=hf.tokenizer_spec(path, config.vocab_size), hf_dir=str(path)
+    )
     return check_meta(meta, source), hf.read_weights(path), source
 
 
@@ -105,7 +110,9 @@ def load_model(path: str | os.PathLike, device="cpu"):
         meta, state, source = _read_hf(path)
     else:
         ckpt = read(path, map_location=device)
-        if "lora" in ckpt["meta"]:  # adapters only: loaded onto the base they name, merged (gpt/checkpoints/adapters.py)
+        if (
+            "lora" in ckpt["meta"]
+        ):  # adapters only: loaded onto the base they name, merged (gpt/checkpoints/adapters.py)
             return _adapted(ckpt, device, merge_adapters=True)
         meta, state, source = ckpt["meta"], ckpt["model"], ckpt.source
     return build_model(meta, state, source).to(device).eval(), meta
@@ -125,8 +132,14 @@ class Inference(NamedTuple):
     n_params: int  # counted before quantizing (int8 Linear layers hold no nn.Parameters)
 
 
-def load_for_inference(path: str | os.PathLike, device: str = "auto", dtype: str = "auto", threads: int = 0,
-                       quantize: str = "none", single_stream: bool = False) -> Inference:
+def load_for_inference(
+    path: str | os.PathLike,
+    device: str = "auto",
+    dtype: str = "auto",
+    threads: int = 0,
+    quantize: str = "none",
+    single_stream: bool = False,
+) -> Inference:
     """What sample.py, translation, evaluation and the server share: the runtime for --device / --dtype /
     --threads, the checkpoint in that precision, its Linear layers in int8 with --quantize int8.
     `single_stream` (one sequence decoded at a time, sample.py): on CPU without --threads, the thread

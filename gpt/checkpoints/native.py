@@ -74,8 +74,19 @@ from gpt.model.transformer import GPT, GPTConfig
 FORMAT_VERSION = 1
 LATEST = ("last.pt",)  # resuming continues the latest state, never the best one
 REQUIRED = ("format", "model_config", "tokenizer")
-OPTIONAL = ("train_config", "val_loss", "best_val_loss", "skipped_steps", "world_size", "sampler", "dataset",
-            "seq2seq", "hf_dir", "tokens_seen", "lora")
+OPTIONAL = (
+    "train_config",
+    "val_loss",
+    "best_val_loss",
+    "skipped_steps",
+    "world_size",
+    "sampler",
+    "dataset",
+    "seq2seq",
+    "hf_dir",
+    "tokens_seen",
+    "lora",
+)
 TRAINING_ONLY = ("train_config", "optimizer", "rng", "step", "sampler")  # what --resume needs, train.py writes
 BEST_FIRST = ("best.pt", "last.pt")
 SHARDED = {"last.pt": "last.dcp", "best.pt": "best.dcp"}  # the DCP checkpoint (gpt/checkpoints/dcp.py) for each name
@@ -96,8 +107,10 @@ class Fields(dict):
     def __missing__(self, key):
         hint = ""
         if key in TRAINING_ONLY:
-            hint = (f": it was not written by train.py, so --resume cannot continue it; fine-tune from it instead "
-                    f"with `python train.py --init-from {self.source} --data DATA --out-dir OUT`")
+            hint = (
+                f": it was not written by train.py, so --resume cannot continue it; fine-tune from it instead "
+                f"with `python train.py --init-from {self.source} --data DATA --out-dir OUT`"
+            )
         raise CheckpointError(f"{self.source} has no {key}{hint}")
 
 
@@ -109,8 +122,13 @@ def build_meta(model_config: dict, tokenizer: dict, step: int = 0, **fields) -> 
     unknown = sorted(set(fields) - set(OPTIONAL))
     if unknown:
         raise TypeError(f"build_meta: no meta field {unknown}; document a new one in gpt/checkpoints/native.py first")
-    return {"format": FORMAT_VERSION, "step": step, "model_config": model_config, "tokenizer": tokenizer,
-            **{k: v for k, v in fields.items() if v is not None}}
+    return {
+        "format": FORMAT_VERSION,
+        "step": step,
+        "model_config": model_config,
+        "tokenizer": tokenizer,
+        **{k: v for k, v in fields.items() if v is not None},
+    }
 
 
 def check_meta(meta: dict | str, source: str | os.PathLike) -> Fields:
@@ -125,15 +143,19 @@ def check_meta(meta: dict | str, source: str | os.PathLike) -> Fields:
         raise CheckpointError(f"{source} is not a gpt checkpoint: its meta is a {type(meta).__name__}, not an object")
     missing = [k for k in REQUIRED if k not in meta]
     if missing:
-        raise CheckpointError(f"{source} is not a gpt checkpoint: missing {', '.join(missing)} (a checkpoint "
-                              f"written by train.py has them; see gpt/checkpoints/native.py for the fields)")
+        raise CheckpointError(
+            f"{source} is not a gpt checkpoint: missing {', '.join(missing)} (a checkpoint "
+            f"written by train.py has them; see gpt/checkpoints/native.py for the fields)"
+        )
     if meta["format"] != FORMAT_VERSION:
-        raise CheckpointError(f"{source}: checkpoint format {meta['format']!r}, this version of gpt reads format "
-                              f"{FORMAT_VERSION}")
+        raise CheckpointError(
+            f"{source}: checkpoint format {meta['format']!r}, this version of gpt reads format {FORMAT_VERSION}"
+        )
     model_config(meta["model_config"], source)
     if not isinstance(meta["tokenizer"], dict) or "kind" not in meta["tokenizer"]:
-        raise CheckpointError(f"{source}: its tokenizer {meta['tokenizer']!r} is not a tokenizer spec "
-                              f"(a JSON object with a \"kind\")")
+        raise CheckpointError(
+            f'{source}: its tokenizer {meta["tokenizer"]!r} is not a tokenizer spec (a JSON object with a "kind")'
+        )
     return Fields(meta, source)
 
 
@@ -144,7 +166,9 @@ def model_config(config: dict, source: str | os.PathLike) -> GPTConfig:
     try:
         return GPTConfig.from_dict(config)
     except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{source}: invalid model config: {str(e).removeprefix('invalid model config: ')}") from None
+        raise CheckpointError(
+            f"{source}: invalid model config: {str(e).removeprefix('invalid model config: ')}"
+        ) from None
 
 
 def build_model(meta: dict, state_dict: dict, source: str | os.PathLike) -> GPT:
@@ -171,10 +195,16 @@ def state_dict_mismatch(want: dict, got) -> str:
 
     missing = [k for k in want if k not in got]
     unexpected = [k for k in got if k not in want]
-    shapes = [f"{k} is {shape(got[k])}, the config wants {shape(v)}" for k, v in want.items()
-              if k in got and shape(got[k]) != shape(v)]
-    parts = [f"missing {few(missing)}" if missing else "", f"unexpected {few(unexpected)}" if unexpected else "",
-             few(shapes) if shapes else ""]
+    shapes = [
+        f"{k} is {shape(got[k])}, the config wants {shape(v)}"
+        for k, v in want.items()
+        if k in got and shape(got[k]) != shape(v)
+    ]
+    parts = [
+        f"missing {few(missing)}" if missing else "",
+        f"unexpected {few(unexpected)}" if unexpected else "",
+        few(shapes) if shapes else "",
+    ]
     return "; ".join(p for p in parts if p)
 
 
@@ -193,8 +223,10 @@ def load_file(path: Path, map_location="cpu", mmap: bool = False) -> dict:
     except OSError as e:
         raise storage_error(e, "read", path) from None
     except pickle.UnpicklingError:  # torch.load(weights_only=True) refused
-        raise CheckpointError(f"{path} is not a gpt checkpoint: it holds objects other than tensors and plain "
-                              f"data, whose code loading would run; refused") from None
+        raise CheckpointError(
+            f"{path} is not a gpt checkpoint: it holds objects other than tensors and plain "
+            f"data, whose code loading would run; refused"
+        ) from None
     except Exception as e:  # not a torch file, a truncated one, ...
         reason = (str(e).splitlines() or [""])[0][:120]
         raise CheckpointError(f"{path} is not a gpt checkpoint ({type(e).__name__}: {reason})") from None

@@ -26,12 +26,16 @@ def convert(ckpt: str | os.PathLike, out: str | os.PathLike | None = None) -> li
     else:
         pairs = [(ckpt / name, ckpt / pt) for pt, name in native.SHARDED.items() if (ckpt / name).is_dir()]
         if not pairs:
-            raise CheckpointError(f"no last.dcp or best.dcp in {ckpt}: give the run directory of a --fsdp run, or "
-                                  f"one of its checkpoint directories with --out")
+            raise CheckpointError(
+                f"no last.dcp or best.dcp in {ckpt}: give the run directory of a --fsdp run, or "
+                f"one of its checkpoint directories with --out"
+            )
     for source, dst in pairs:  # a newer single file (the run went on without --fsdp) is never replaced
         if dst.is_file() and loader.read_meta(dst)["step"] > read_meta(source)["step"]:
-            raise CheckpointError(f"{dst} (step {loader.read_meta(dst)['step']}) is newer than {source} (step "
-                                  f"{read_meta(source)['step']}): not replaced; pass --out to write elsewhere")
+            raise CheckpointError(
+                f"{dst} (step {loader.read_meta(dst)['step']}) is newer than {source} (step "
+                f"{read_meta(source)['step']}): not replaced; pass --out to write elsewhere"
+            )
     written = {}
     for source, dst in pairs:
         same = next((done for src, done in written.items() if os.path.samefile(src, source)), None)
@@ -48,13 +52,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m gpt.dcp", description="Sharded (FSDP) checkpoints as single files.")
     sub = parser.add_subparsers(dest="command", required=True)
     conv = sub.add_parser("convert", help="write DCP checkpoints as .pt files")
-    conv.add_argument("--ckpt", required=True, help="the run directory of a --fsdp run, or one of its checkpoint "
-                                                    "directories")
-    conv.add_argument("--out", default=None, help="the .pt file to write (default, for a run directory: last.pt "
-                                                  "and best.pt beside last.dcp and best.dcp)")
+    conv.add_argument(
+        "--ckpt", required=True, help="the run directory of a --fsdp run, or one of its checkpoint directories"
+    )
+    conv.add_argument(
+        "--out",
+        default=None,
+        help="the .pt file to write (default, for a run directory: last.pt and best.pt beside last.dcp and best.dcp)",
+    )
     args = parser.parse_args(argv)
     return run_main(lambda: "\n".join(f"wrote {path}" for path in convert(args.ckpt, args.out)))
-
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ from gpt.infer.translate import DEFAULT_LENGTH_PENALTY, TranslateConfig, check_v
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
-        prog="python -m gpt.evaluate", description="Corpus BLEU (sacrebleu) of a seq2seq checkpoint, and sentences/s.",
+        prog="python -m gpt.evaluate",
+        description="Corpus BLEU (sacrebleu) of a seq2seq checkpoint, and sentences/s.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--ckpt", required=True, help="run directory (best.pt, else last.pt) or checkpoint file")
@@ -29,11 +30,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, help="evaluate only the first N lines")
     p.add_argument("--output", help="write the translations here, one per line")
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N, mps")
-    p.add_argument("--dtype", default="auto", help="auto (bf16 on a capable GPU or a CPU with native bf16, else "
-                   "float32), float32, bfloat16, float16 (CUDA only)")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto (bf16 on a capable GPU or a CPU with native bf16, else "
+        "float32), float32, bfloat16, float16 (CUDA only)",
+    )
     p.add_argument("--threads", type=int, default=0, help="CPU threads for PyTorch; 0 = its default")
-    p.add_argument("--quantize", default="none", choices=["none", "int8"],
-                   help="int8: dynamic int8 Linear layers, CPU only (gpt/model/quantize.py)")
+    p.add_argument(
+        "--quantize",
+        default="none",
+        choices=["none", "int8"],
+        help="int8: dynamic int8 Linear layers, CPU only (gpt/model/quantize.py)",
+    )
     return p
 
 
@@ -57,8 +66,12 @@ def run(args: argparse.Namespace) -> str:
     )
 
     # the ranges and the output path before anything is read; translate() checks what depends on the model
-    TranslateConfig(beam_size=args.beam_size, length_penalty=args.length_penalty, batch_size=args.batch_size,
-                    max_new_tokens=args.max_new_tokens)
+    TranslateConfig(
+        beam_size=args.beam_size,
+        length_penalty=args.length_penalty,
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+    )
     if args.limit is not None and args.limit < 1:
         raise EvaluateError(f"--limit must be an integer >= 1 (the first N lines), got {args.limit}")
     if args.output:
@@ -69,8 +82,18 @@ def run(args: argparse.Namespace) -> str:
     rt, model, tok, meta, _ = load_for_inference(args.ckpt, args.device, args.dtype, args.threads, args.quantize)
     bos, eos = seq2seq_ids(meta)
     check_vocab(tok, model)
-    result = evaluate(model, tok, sources, references, bos, eos, args.beam_size, args.length_penalty,
-                      args.batch_size, args.max_new_tokens)
+    result = evaluate(
+        model,
+        tok,
+        sources,
+        references,
+        bos,
+        eos,
+        args.beam_size,
+        args.length_penalty,
+        args.batch_size,
+        args.max_new_tokens,
+    )
     if args.output:
         try:
             Path(args.output).write_text("".join(one_line(h) + "\n" for h in result["hypotheses"]), encoding="utf-8")
@@ -87,7 +110,6 @@ def run(args: argparse.Namespace) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return run_main(lambda: run(args))
-
 
 
 if __name__ == "__main__":

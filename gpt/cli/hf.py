@@ -23,6 +23,5 @@ def main(argv=None) -> int:
     return run_main(export)
 
 
-
 if __name__ == "__main__":
     raise SystemExit(main())

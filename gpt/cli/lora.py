@@ -23,8 +23,11 @@ def merge_checkpoint(path, out, base=None) -> Path:
 
 
 def main(argv=None) -> int:
-    p = ArgumentParser(prog="python -m gpt.lora", description="LoRA checkpoints: `merge` writes base + adapters as "
-                       "one plain checkpoint (for sample.py, --init-from, python -m gpt.hf export).")
+    p = ArgumentParser(
+        prog="python -m gpt.lora",
+        description="LoRA checkpoints: `merge` writes base + adapters as "
+        "one plain checkpoint (for sample.py, --init-from, python -m gpt.hf export).",
+    )
     p.add_argument("command", choices=["merge"])
     p.add_argument("--ckpt", required=True, help="a LoRA run directory (best.pt, else last.pt) or checkpoint file")
     p.add_argument("--out", required=True, help="a .pt file, or a directory (it gets best.pt)")
@@ -36,7 +39,6 @@ def main(argv=None) -> int:
         return f"wrote {target} (base + adapters merged; sample with `python sample.py --ckpt {target}`)"
 
     return run_main(run)
-
 
 
 if __name__ == "__main__":

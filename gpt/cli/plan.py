@@ -8,14 +8,24 @@ from gpt.train.plan import GPUS, SIZES, PlanError, detail, plan, summary
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = ArgumentParser(prog="python -m gpt.plan", description="Memory per GPU under DDP / FSDP / activation "
-                        "checkpointing, and which flags fit (GiB; a ✗ does not fit).")
-    ap.add_argument("--config", action="append", help=f"a training config, shipped name or TOML file, repeatable "
-                                                      f"(default: {', '.join(SIZES)})")
+    ap = ArgumentParser(
+        prog="python -m gpt.plan",
+        description="Memory per GPU under DDP / FSDP / activation "
+        "checkpointing, and which flags fit (GiB; a ✗ does not fit).",
+    )
+    ap.add_argument(
+        "--config",
+        action="append",
+        help=f"a training config, shipped name or TOML file, repeatable (default: {', '.join(SIZES)})",
+    )
     ap.add_argument("--gpus", type=int, action="append", help="GPUs, repeatable (default: 1, 8, 64)")
     ap.add_argument("--gpu-memory", type=float, default=80.0, help="GB per GPU (default: 80)")
-    ap.add_argument("--reserve", type=float, default=0.1, help="share of each GPU kept free for the CUDA context "
-                                                               "and allocator slack (default: 0.1)")
+    ap.add_argument(
+        "--reserve",
+        type=float,
+        default=0.1,
+        help="share of each GPU kept free for the CUDA context and allocator slack (default: 0.1)",
+    )
     ap.add_argument("--vocab-size", type=int, default=50304, help="embedding rows (default: 50304, GPT-2 padded)")
     ap.add_argument("--batch-size", type=int, default=None, help="micro-batch per GPU (default: the config's)")
     args = ap.parse_args(argv)
@@ -35,7 +45,6 @@ def main(argv: list[str] | None = None) -> int:
         return summary(plans)
 
     return run_main(body)
-
 
 
 if __name__ == "__main__":

@@ -38,11 +38,19 @@ from gpt.errors import storage_error
 SEPARATOR = "\n---------------\n"
 LM_DEFAULTS = {"temperature": 0.8, "max_new_tokens": 500}
 # flags of one mode given in the other: dest -> (flag, the default that means "not given")
-TEXT_ONLY = {"num_samples": ("--num-samples", 1), "stop": ("--stop", []), "stop_at_eot": ("--no-stop-at-eot", True),
-             "repetition_penalty": ("--repetition-penalty", 1.0), "compile": ("--compile", False),
-             "cuda_graph": ("--no-cuda-graph", True)}
-TRANSLATION_ONLY = {"beam_size": ("--beam-size", None), "length_penalty": ("--length-penalty", None),
-                    "batch_size": ("--batch-size", None)}
+TEXT_ONLY = {
+    "num_samples": ("--num-samples", 1),
+    "stop": ("--stop", []),
+    "stop_at_eot": ("--no-stop-at-eot", True),
+    "repetition_penalty": ("--repetition-penalty", 1.0),
+    "compile": ("--compile", False),
+    "cuda_graph": ("--no-cuda-graph", True),
+}
+TRANSLATION_ONLY = {
+    "beam_size": ("--beam-size", None),
+    "length_penalty": ("--length-penalty", None),
+    "batch_size": ("--batch-size", None),
+}
 
 
 def _top_k(value: str) -> int | None:
@@ -56,51 +64,111 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = ArgumentParser(
         description="Sample from a gpt checkpoint (run directory or .pt file) or a Hugging Face GPT-2 directory."
     )
-    p.add_argument("--ckpt", required=True, help="run directory (best.pt, else last.pt), checkpoint file, or HF GPT-2 dir")
+    p.add_argument(
+        "--ckpt", required=True, help="run directory (best.pt, else last.pt), checkpoint file, or HF GPT-2 dir"
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default=None, help="prompt text (default: empty, which starts from end-of-text)")
     src.add_argument("--prompt-file", help="read the prompt from this UTF-8 file instead")
-    src.add_argument("--source", action="append", metavar="TEXT",
-                     help="seq2seq checkpoints: a sentence to translate; repeatable, one output line each")
+    src.add_argument(
+        "--source",
+        action="append",
+        metavar="TEXT",
+        help="seq2seq checkpoints: a sentence to translate; repeatable, one output line each",
+    )
     src.add_argument("--source-file", help="seq2seq checkpoints: translate each line of this UTF-8 file")
-    p.add_argument("--num-samples", type=int, default=1,
-                   help="samples, generated together in batches that fit 1 GiB (default: 1)")
-    p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="tokens generated per sample at most (default: 500; translation: source length + 50, "
-                   "at most block_size)")
-    p.add_argument("--temperature", type=float, default=None,
-                   help="softmax temperature; 0 is greedy (default: 0.8; translation: 0)")
-    p.add_argument("--top-k", type=_top_k, default=200,
-                   help="keep the k most likely tokens; 'none' keeps all (default: 200)")
+    p.add_argument(
+        "--num-samples", type=int, default=1, help="samples, generated together in batches that fit 1 GiB (default: 1)"
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="tokens generated per sample at most (default: 500; translation: source length + 50, at most block_size)",
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="softmax temperature; 0 is greedy (default: 0.8; translation: 0)",
+    )
+    p.add_argument(
+        "--top-k", type=_top_k, default=200, help="keep the k most likely tokens; 'none' keeps all (default: 200)"
+    )
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 is off (default: 1)")
-    p.add_argument("--repetition-penalty", type=float, default=1.0,
-                   help="CTRL-style penalty on tokens already present; 1 is off (default: 1)")
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                   help="end a sample at this text, which is not printed; repeatable (default: none)")
-    p.add_argument("--no-stop-at-eot", dest="stop_at_eot", action="store_false",
-                   help="keep generating after the end-of-text token (default: stop there)")
-    p.add_argument("--seed", type=int, default=None,
-                   help="random seed (default: a fresh one, printed in the summary to reproduce the run)")
-    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N, mps "
-                   "(default: auto)")
-    p.add_argument("--dtype", default="auto", help="auto (bfloat16 on a capable GPU or a CPU with native bf16, else "
-                   "float32), float32, bfloat16, float16 (CUDA only) (default: auto)")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads for PyTorch; 0 = one for small models or a "
-                   "busy machine, else PyTorch's default (default: 0)")
-    p.add_argument("--quantize", default="none", choices=["none", "int8"],
-                   help="int8: dynamic int8 Linear layers, CPU and float32 only (gpt/model/quantize.py) (default: none)")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the model's forward, instead of CUDA-graph decode steps (default: off)")
-    p.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
-                   help="on CUDA, launch each decode step's kernels one by one instead of replaying a "
-                   "recorded CUDA graph (default: graphs on)")
-    p.add_argument("--no-stream", dest="stream", action="store_false",
-                   help="print everything at the end (default: stream as generated)")
+    p.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        help="CTRL-style penalty on tokens already present; 1 is off (default: 1)",
+    )
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="end a sample at this text, which is not printed; repeatable (default: none)",
+    )
+    p.add_argument(
+        "--no-stop-at-eot",
+        dest="stop_at_eot",
+        action="store_false",
+        help="keep generating after the end-of-text token (default: stop there)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="random seed (default: a fresh one, printed in the summary to reproduce the run)",
+    )
+    p.add_argument(
+        "--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N, mps (default: auto)"
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto (bfloat16 on a capable GPU or a CPU with native bf16, else "
+        "float32), float32, bfloat16, float16 (CUDA only) (default: auto)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="CPU threads for PyTorch; 0 = one for small models or a busy machine, else PyTorch's default (default: 0)",
+    )
+    p.add_argument(
+        "--quantize",
+        default="none",
+        choices=["none", "int8"],
+        help="int8: dynamic int8 Linear layers, CPU and float32 only (gpt/model/quantize.py) (default: none)",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the model's forward, instead of CUDA-graph decode steps (default: off)",
+    )
+    p.add_argument(
+        "--no-cuda-graph",
+        dest="cuda_graph",
+        action="store_false",
+        help="on CUDA, launch each decode step's kernels one by one instead of replaying a "
+        "recorded CUDA graph (default: graphs on)",
+    )
+    p.add_argument(
+        "--no-stream",
+        dest="stream",
+        action="store_false",
+        help="print everything at the end (default: stream as generated)",
+    )
     t = p.add_argument_group("translation (--source / --source-file, seq2seq checkpoints)")
     t.add_argument("--beam-size", type=int, default=None, help="beams; 1 is greedy (or sampling) (default: 1)")
-    t.add_argument("--length-penalty", type=float, default=None,
-                   help="GNMT length penalty alpha for beam search; larger favours longer output (default: 1.5, "
-                   "gpt.translate.DEFAULT_LENGTH_PENALTY)")
+    t.add_argument(
+        "--length-penalty",
+        type=float,
+        default=None,
+        help="GNMT length penalty alpha for beam search; larger favours longer output (default: 1.5, "
+        "gpt.translate.DEFAULT_LENGTH_PENALTY)",
+    )
     t.add_argument("--batch-size", type=int, default=None, help="sentences decoded together (default: 64)")
     return p.parse_args(argv)
 
@@ -170,11 +238,16 @@ def run(args: argparse.Namespace) -> None:
         return translate(args)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") >> 1
     cfg = SampleConfig(
-        num_samples=args.num_samples, max_new_tokens=_given(args.max_new_tokens, LM_DEFAULTS["max_new_tokens"]),
+        num_samples=args.num_samples,
+        max_new_tokens=_given(args.max_new_tokens, LM_DEFAULTS["max_new_tokens"]),
         temperature=_given(args.temperature, LM_DEFAULTS["temperature"]),
-        top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
         stop=tuple(map(unescape, args.stop)),
-        stop_at_eot=args.stop_at_eot, seed=seed, cuda_graph=args.cuda_graph and not args.compile,
+        stop_at_eot=args.stop_at_eot,
+        seed=seed,
+        cuda_graph=args.cuda_graph and not args.compile,
     )  # validated before anything slow happens
     prompt = args.prompt or ""
     if args.prompt_file:
@@ -186,12 +259,15 @@ def run(args: argparse.Namespace) -> None:
         except OSError as e:
             raise storage_error(e, "read --prompt-file", args.prompt_file) from None
 
-    rt, model, tokenizer, _, _ = load_for_inference(args.ckpt, args.device, args.dtype, args.threads, args.quantize,
-                                                    single_stream=True)
+    rt, model, tokenizer, _, _ = load_for_inference(
+        args.ckpt, args.device, args.dtype, args.threads, args.quantize, single_stream=True
+    )
     device = rt.device
     if model.config.n_encoder_layer:
-        raise SamplingError(f"{args.ckpt} is a seq2seq (encoder-decoder) checkpoint: translate with --source TEXT "
-                            f"or --source-file FILE{', not --prompt' if args.prompt is not None or args.prompt_file else ''}")
+        raise SamplingError(
+            f"{args.ckpt} is a seq2seq (encoder-decoder) checkpoint: translate with --source TEXT "
+            f"or --source-file FILE{', not --prompt' if args.prompt is not None or args.prompt_file else ''}"
+        )
     if args.compile:
         model.compile_decoding()
 
@@ -216,8 +292,10 @@ def run(args: argparse.Namespace) -> None:
                 n_tokens += len(piece.ids)
                 printer.add(piece.sample, piece.text, piece.finish is not None)
         except torch.cuda.OutOfMemoryError:
-            raise SamplingError(f"CUDA out of memory generating {cfg.num_samples} samples at once: ask for fewer "
-                                f"--num-samples (or use --device cpu)") from None
+            raise SamplingError(
+                f"CUDA out of memory generating {cfg.num_samples} samples at once: ask for fewer "
+                f"--num-samples (or use --device cpu)"
+            ) from None
     elapsed = time.perf_counter() - start
     if not args.stream:
         sys.stdout.write(out.getvalue())
@@ -246,10 +324,14 @@ def translate(args: argparse.Namespace) -> None:
 
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") >> 1
     cfg = TranslateConfig(
-        beam_size=_given(args.beam_size, 1), length_penalty=_given(args.length_penalty, DEFAULT_LENGTH_PENALTY),
-        temperature=_given(args.temperature, 0.0), top_k=args.top_k, top_p=args.top_p,
+        beam_size=_given(args.beam_size, 1),
+        length_penalty=_given(args.length_penalty, DEFAULT_LENGTH_PENALTY),
+        temperature=_given(args.temperature, 0.0),
+        top_k=args.top_k,
+        top_p=args.top_p,
         batch_size=_given(args.batch_size, 64),
-        max_new_tokens=args.max_new_tokens, seed=seed,
+        max_new_tokens=args.max_new_tokens,
+        seed=seed,
     )  # validated before anything slow happens
     sources = args.source or read_lines(args.source_file)
     if not sources:
@@ -257,8 +339,10 @@ def translate(args: argparse.Namespace) -> None:
     rt, model, tokenizer, meta, _ = load_for_inference(args.ckpt, args.device, args.dtype, args.threads, args.quantize)
     device = rt.device
     if not is_seq2seq(meta):
-        raise TranslateError(f"--source needs a seq2seq (encoder-decoder) checkpoint; {args.ckpt} is decoder-only: "
-                             f"continue text with --prompt instead")
+        raise TranslateError(
+            f"--source needs a seq2seq (encoder-decoder) checkpoint; {args.ckpt} is decoder-only: "
+            f"continue text with --prompt instead"
+        )
     start = time.perf_counter()
     lines = translate_lines(model, tokenizer, meta, sources, cfg)
     elapsed = time.perf_counter() - start
@@ -279,5 +363,3 @@ def main(argv=None) -> int:
     if problem:
         return fail(problem)
     return run_main(lambda: run(args))
-
-

@@ -30,40 +30,67 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog="python -m gpt.serve", formatter_class=_Help,
-                       description="Serve a gpt checkpoint over OpenAI's completions API, with a web "
-                       "playground at /.")
-    p.add_argument("--ckpt", required=True, help="run directory (best.pt, else last.pt), checkpoint file or HF GPT-2 dir")
+    p = ArgumentParser(
+        prog="python -m gpt.serve",
+        formatter_class=_Help,
+        description="Serve a gpt checkpoint over OpenAI's completions API, with a web playground at /.",
+    )
+    p.add_argument(
+        "--ckpt", required=True, help="run directory (best.pt, else last.pt), checkpoint file or HF GPT-2 dir"
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one")
     p.add_argument("--model-name", help="the model id clients ask for (default: the checkpoint's directory name)")
     from_env = "set" if os.environ.get("GPT_SERVE_API_KEY") else "not set"
-    p.add_argument("--api-key",  # no default from the environment: --help would print it
-                   help="require 'Authorization: Bearer KEY' on /v1 (default: $GPT_SERVE_API_KEY, "
-                   f"{from_env} here; without a key, see --allowed-hosts)")
-    p.add_argument("--allowed-hosts", nargs="+", metavar="NAME",
-                   help="without an API key, the server answers only requests whose Host header is localhost, "
-                   "127.0.0.1, [::1] or --host (any port; --host 0.0.0.0 or ::, any IP address), against DNS "
-                   "rebinding; these names are answered too ('*': any Host). No CORS headers are sent: browsers "
-                   "refuse cross-origin calls")
+    p.add_argument(
+        "--api-key",  # no default from the environment: --help would print it
+        help="require 'Authorization: Bearer KEY' on /v1 (default: $GPT_SERVE_API_KEY, "
+        f"{from_env} here; without a key, see --allowed-hosts)",
+    )
+    p.add_argument(
+        "--allowed-hosts",
+        nargs="+",
+        metavar="NAME",
+        help="without an API key, the server answers only requests whose Host header is localhost, "
+        "127.0.0.1, [::1] or --host (any port; --host 0.0.0.0 or ::, any IP address), against DNS "
+        "rebinding; these names are answered too ('*': any Host). No CORS headers are sent: browsers "
+        "refuse cross-origin calls",
+    )
     p.add_argument("--max-batch", type=int, default=32, help="samples decoded together (rows of the batch)")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting for rows; more are answered 429")
     p.add_argument("--max-tokens", type=int, default=1024, help="the largest max_tokens a request may ask for")
-    p.add_argument("--max-prompt-tokens", type=int, default=None,
-                   help="longest prompt in tokens (default: the model's block_size)")
+    p.add_argument(
+        "--max-prompt-tokens", type=int, default=None, help="longest prompt in tokens (default: the model's block_size)"
+    )
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body")
-    p.add_argument("--body-timeout", type=float, default=30.0,
-                   help="seconds a request body may take to arrive; a slower one is answered 408")
-    p.add_argument("--max-connections", type=int, default=None,
-                   help="open connections at most (uvicorn's limit_concurrency); more are answered 503 "
-                   "(default: 2 x (max-batch + max-queue))")
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a request body may take to arrive; a slower one is answered 408",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        help="open connections at most (uvicorn's limit_concurrency); more are answered 503 "
+        "(default: 2 x (max-batch + max-queue))",
+    )
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 (CUDA only)")
-    p.add_argument("--quantize", default="none", choices=["none", "int8"],
-                   help="int8: dynamic int8 Linear layers (CPU, float32; see gpt/model/quantize.py)")
+    p.add_argument(
+        "--quantize",
+        default="none",
+        choices=["none", "int8"],
+        help="int8: dynamic int8 Linear layers (CPU, float32; see gpt/model/quantize.py)",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
-                   help="uvicorn's log level (info logs every request)")
+    p.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn's log level (info logs every request)",
+    )
     return p
 
 
@@ -78,7 +105,9 @@ def run(args: argparse.Namespace) -> None:
     try:
         from gpt.serve.app import ServeConfig, Server, create_app, fingerprint, listen
     except ImportError as e:
-        raise ServeError(f"serving needs FastAPI and uvicorn ({e.name} is missing): pip install -e \".[serve]\"") from None
+        raise ServeError(
+            f'serving needs FastAPI and uvicorn ({e.name} is missing): pip install -e ".[serve]"'
+        ) from None
 
     from gpt.checkpoints.loader import (
         load_for_inference,  # torch: loaded once the flags are checked (--help and mistakes answer at once)
@@ -86,26 +115,40 @@ def run(args: argparse.Namespace) -> None:
 
     name = args.model_name or Path(args.ckpt).resolve().with_suffix("").name
     api_key = args.api_key or os.environ.get("GPT_SERVE_API_KEY") or None
-    config = ServeConfig(model_name=name, api_key=api_key, max_batch=args.max_batch, max_queue=args.max_queue,
-                         max_tokens=args.max_tokens, max_prompt_tokens=args.max_prompt_tokens,
-                         max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout,
-                         max_connections=args.max_connections,
-                         allowed_hosts=(args.host, *(args.allowed_hosts or ())))  # checked before anything slow
-    rt, model, tokenizer, meta, n_params = load_for_inference(args.ckpt, args.device, args.dtype, args.threads,
-                                                              args.quantize)
+    config = ServeConfig(
+        model_name=name,
+        api_key=api_key,
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        max_tokens=args.max_tokens,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_body_bytes=args.max_body_bytes,
+        body_timeout=args.body_timeout,
+        max_connections=args.max_connections,
+        allowed_hosts=(args.host, *(args.allowed_hosts or ())),
+    )  # checked before anything slow
+    rt, model, tokenizer, meta, n_params = load_for_inference(
+        args.ckpt, args.device, args.dtype, args.threads, args.quantize
+    )
     device, dtype = rt.device, rt.dtype
     config.fingerprint = fingerprint(name, str(device), str(dtype), args.quantize, model.config.to_dict())
     app = create_app(model, tokenizer, meta, config)
     sock = listen(args.host, args.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    print(f"serving {name} at http://{shown}:{port}/ (playground; API at /v1, docs at /docs): "
-          f"{n_params / 1e6:.2f}M parameters, {device}, {rt.precision()}"
-          f"{', int8 Linear layers' if args.quantize == 'int8' else ''}, up to {config.max_batch} samples at once",
-          file=sys.stderr, flush=True)
+    print(
+        f"serving {name} at http://{shown}:{port}/ (playground; API at /v1, docs at /docs): "
+        f"{n_params / 1e6:.2f}M parameters, {device}, {rt.precision()}"
+        f"{', int8 Linear layers' if args.quantize == 'int8' else ''}, up to {config.max_batch} samples at once",
+        file=sys.stderr,
+        flush=True,
+    )
     if not is_loopback(host) and not config.api_key:
-        print(f"warning: listening on {host} without --api-key: anyone who can reach this port can use the model",
-              file=sys.stderr, flush=True)
+        print(
+            f"warning: listening on {host} without --api-key: anyone who can reach this port can use the model",
+            file=sys.stderr,
+            flush=True,
+        )
     Server(app, log_level=args.log_level, timeout_graceful_shutdown=3).run(sockets=[sock])
 
 

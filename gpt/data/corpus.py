@@ -92,7 +92,9 @@ def find_documents(inputs: list[str | Path], exclude: Path | None = None) -> lis
         if item.is_dir():
             files = []
             for root, dirs, names in os.walk(item):
-                dirs[:] = sorted(d for d in dirs if not d.startswith(".") and (exclude is None or Path(root, d).resolve() != exclude))
+                dirs[:] = sorted(
+                    d for d in dirs if not d.startswith(".") and (exclude is None or Path(root, d).resolve() != exclude)
+                )
                 files += [Path(root, n) for n in names if not n.startswith(".")]
             files = [f for f in sorted(files) if f.is_file() and not _looks_binary(f)]
         else:

@@ -134,8 +134,13 @@ def new_meta(kind: str, vocab_size: int, spec: dict, **fields) -> dict:
     """The fields every dataset's meta.json starts with, then `fields`, then the time of writing."""
     assert kind in KINDS, kind
     return {
-        VERSION_KEY: FORMAT_VERSION, "kind": kind, "dtype": dtype_for_vocab(vocab_size), "vocab_size": vocab_size,
-        "tokenizer": spec, **fields, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        VERSION_KEY: FORMAT_VERSION,
+        "kind": kind,
+        "dtype": dtype_for_vocab(vocab_size),
+        "vocab_size": vocab_size,
+        "tokenizer": spec,
+        **fields,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 
 
@@ -180,7 +185,9 @@ def read_meta(path: str | os.PathLike, kind: str) -> dict:
     except (ValueError, UnicodeDecodeError) as e:
         raise DataError(f"{file} is not valid JSON ({e}): {REPREPARE}") from None
     if not isinstance(meta, dict):
-        raise DataError(f"{file} holds a JSON {type(meta).__name__}, not an object of the dataset's fields: {REPREPARE}")
+        raise DataError(
+            f"{file} holds a JSON {type(meta).__name__}, not an object of the dataset's fields: {REPREPARE}"
+        )
     found = _check_header(_Fields(file, meta))
     if found != kind:
         raise DataError(f"{path} holds {KINDS[found]}, not {KINDS[kind]}: {hint}")
@@ -227,8 +234,11 @@ class _Fields:
 
     def name(self, key: str) -> str:
         """A file name inside the dataset directory (no path: meta.json never points outside it)."""
-        return self.get(key, "a file name in the dataset directory",
-                        lambda v: isinstance(v, str) and v not in ("", ".", "..") and Path(v).name == v)
+        return self.get(
+            key,
+            "a file name in the dataset directory",
+            lambda v: isinstance(v, str) and v not in ("", ".", "..") and Path(v).name == v,
+        )
 
     def obj(self, key: str) -> _Fields:
         value = self.get(key, "an object", lambda v: isinstance(v, dict))
@@ -419,8 +429,13 @@ def staged(out: str | os.PathLike, force: bool = False, log: Callable[[str], Non
             except OSError:
                 break
         if isinstance(e, OSError) and not isinstance(e, UserError):
-            left = (f"{out} no longer holds a complete dataset" if touched
-                    else f"the dataset in {out} was left as it was" if had_dataset else "nothing was written")
+            left = (
+                f"{out} no longer holds a complete dataset"
+                if touched
+                else f"the dataset in {out} was left as it was"
+                if had_dataset
+                else "nothing was written"
+            )
             raise storage_error(e, "write", out, left) from None
         raise
 

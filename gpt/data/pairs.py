@@ -162,14 +162,19 @@ def write_split(out_dir: Path, split: str, pairs: list, dtype: str) -> dict:
     lengths = np.array([[len(s), len(t)] for s, t in pairs], dtype=np.int64).reshape(-1)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    tokens = np.fromiter((i for s, t in pairs for i in (*s, *t)), dtype=np.dtype(dtype).newbyteorder("<"),
-                         count=int(offsets[-1]))
+    tokens = np.fromiter(
+        (i for s, t in pairs for i in (*s, *t)), dtype=np.dtype(dtype).newbyteorder("<"), count=int(offsets[-1])
+    )
     tokens.tofile(out_dir / f"{split}.bin")
     offsets.tofile(out_dir / f"{split}.idx")
     src_len, tgt_len = lengths[0::2], lengths[1::2]
     return {
-        "pairs": len(pairs), "src_tokens": int(src_len.sum()), "tgt_tokens": int(tgt_len.sum()),
-        "max_src_len": int(src_len.max()), "max_tgt_len": int(tgt_len.max()), "max_id": int(tokens.max()),
+        "pairs": len(pairs),
+        "src_tokens": int(src_len.sum()),
+        "tgt_tokens": int(tgt_len.sum()),
+        "max_src_len": int(src_len.max()),
+        "max_tgt_len": int(tgt_len.max()),
+        "max_id": int(tokens.max()),
     }
 
 
@@ -207,8 +212,15 @@ def prepare_pairs(
         texts = src + tgt + (val[0] + val[1] if tokenizer == "char" else [])
         tok = make_tokenizer(tokenizer, texts, vocab_size=vocab_size, tokenizer_file=tokenizer_file)
         meta = new_meta(
-            "pairs", tok.vocab_size, store_ranks(tmp, tok.spec), bos=tok.eot_token, eos=tok.eot_token,
-            pad=tok.eot_token, max_len=max_len, truncate=truncate, splits={},
+            "pairs",
+            tok.vocab_size,
+            store_ranks(tmp, tok.spec),
+            bos=tok.eot_token,
+            eos=tok.eot_token,
+            pad=tok.eot_token,
+            max_len=max_len,
+            truncate=truncate,
+            splits={},
             source={"train": [str(src_file), str(tgt_file)], "val": [str(p) for p in val_pairs] if val_pairs else None},
         )
         for split, (s, t) in (("train", (src, tgt)), ("val", val)):
@@ -258,8 +270,10 @@ class PairDataset:
         self.bos, self.eos, self.pad = self.meta["bos"], self.meta["eos"], self.meta["pad"]
         self.vocab_size = self.meta["vocab_size"]
         self._splits = {name: self._open_split(name) for name in SPLITS}
-        self._guards = {name: IdGuard(ids, self.vocab_size, self.path, name, self.path / f"{name}.bin")
-                        for name, (ids, _) in self._splits.items()}
+        self._guards = {
+            name: IdGuard(ids, self.vocab_size, self.path, name, self.path / f"{name}.bin")
+            for name, (ids, _) in self._splits.items()
+        }
 
     def _open_split(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         """The split's ids (memory-mapped) and offsets, checked against meta.json and the vocabulary."""
@@ -269,9 +283,12 @@ class PairDataset:
         if not index.is_file():
             raise DataError(f"no {index.name} in {self.path}: {hint}")
         offsets = np.fromfile(index, dtype="<i8")
-        if len(offsets) != 2 * entry["pairs"] + 1 or offsets[0] != 0 or offsets[-1] != len(tokens) or (
-            np.diff(offsets) < 0
-        ).any():
+        if (
+            len(offsets) != 2 * entry["pairs"] + 1
+            or offsets[0] != 0
+            or offsets[-1] != len(tokens)
+            or (np.diff(offsets) < 0).any()
+        ):
             raise DataError(f"{index} does not match {file.name} and meta.json (truncated or damaged): {REPREPARE}")
         check_ids(tokens, self.vocab_size, split, file, entry.get("max_id"))
         return tokens, offsets

@@ -192,25 +192,45 @@ def prepare(
         }
         if spec is not None:
             corpus["tokenizer_from"] = str(tokenizer_from)
-            corpus["unknown_chars"] = {"count": sum(missing.values()) if missing else 0, "replaced_by": replace_with,
-                                       "most_common": (missing or Counter()).most_common(20)}
+            corpus["unknown_chars"] = {
+                "count": sum(missing.values()) if missing else 0,
+                "replaced_by": replace_with,
+                "most_common": (missing or Counter()).most_common(20),
+            }
         meta = _meta(tok, store_ranks(tmp, tok.spec), writers, len(docs), corpus)
         write_meta(tmp, meta)
     return PrepareSummary(
-        out, len(docs), {s: w.tokens for s, w in writers.items()}, corpus["bytes"], stats.replaced_bytes,
-        time.perf_counter() - t0, meta, missing,
+        out,
+        len(docs),
+        {s: w.tokens for s, w in writers.items()},
+        corpus["bytes"],
+        stats.replaced_bytes,
+        time.perf_counter() - t0,
+        meta,
+        missing,
     )
 
 
 def _meta(tok, spec: dict, writers: dict, documents: int, corpus: dict) -> dict:
     splits = {
-        s: {"file": f"{s}.bin", "tokens": w.tokens, "documents": w.documents, "sha256": w.sha256.hexdigest(),
-            "max_id": w.max_id}
+        s: {
+            "file": f"{s}.bin",
+            "tokens": w.tokens,
+            "documents": w.documents,
+            "sha256": w.sha256.hexdigest(),
+            "max_id": w.max_id,
+        }
         for s, w in writers.items()
     }
     return new_meta(
-        "tokens", tok.vocab_size, spec, eot_token=tok.eot_token, tokens=sum(w.tokens for w in writers.values()),
-        documents=documents, splits=splits, corpus=corpus,
+        "tokens",
+        tok.vocab_size,
+        spec,
+        eot_token=tok.eot_token,
+        tokens=sum(w.tokens for w in writers.values()),
+        documents=documents,
+        splits=splits,
+        corpus=corpus,
     )
 
 
@@ -245,8 +265,10 @@ def _reused_spec(source, kind: str | None, vocab_size, tokenizer_file) -> dict |
         raise DataError(f"{given} and --tokenizer-from: the tokenizer comes from {source}; give one or the other")
     reused = source if isinstance(source, vocab.Reused) else vocab.dataset_spec(source)
     if reused is None:
-        raise DataError(f"--tokenizer-from {source}: not a prepared dataset; a run, checkpoint or Hugging Face "
-                        f"directory is read by gpt.checkpoints.loader.tokenizer_source(path), passed as tokenizer_from")
+        raise DataError(
+            f"--tokenizer-from {source}: not a prepared dataset; a run, checkpoint or Hugging Face "
+            f"directory is read by gpt.checkpoints.loader.tokenizer_source(path), passed as tokenizer_from"
+        )
     spec = reused.spec
     if tokenizer_file is not None and spec.get("kind") != "gpt2":
         raise DataError(f"--tokenizer-file is GPT-2's ranks file; {source} has a {spec.get('kind')!r} tokenizer")

@@ -107,8 +107,7 @@ class CharTokenizer:
             unknown = sorted(set(text) - set(self.stoi))
             shown = ", ".join(repr(c) for c in unknown[:10])
             raise TokenizerError(
-                f"{len(unknown)} character(s) not in the char vocabulary: {shown}"
-                f"{' ...' if len(unknown) > 10 else ''}"
+                f"{len(unknown)} character(s) not in the char vocabulary: {shown}{' ...' if len(unknown) > 10 else ''}"
             ) from None
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
@@ -201,7 +200,8 @@ def gpt2_tokenizer(ranks_file: str | None = None, file_flag: str | None = None) 
         raise TokenizerError(
             f"cannot load GPT-2's BPE: tiktoken could not download it ({type(e).__name__}). Either connect "
             f"to the internet once (tiktoken caches it), or set {GPT2_RANKS_ENV}=/path/to/gpt2.tiktoken "
-            + (f"or pass {file_flag} /path/to/gpt2.tiktoken " if file_flag else "") + "(a local ranks file)"
+            + (f"or pass {file_flag} /path/to/gpt2.tiktoken " if file_flag else "")
+            + "(a local ranks file)"
         ) from None
 
 

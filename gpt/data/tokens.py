@@ -193,7 +193,9 @@ class Batches:
         if mode not in MODES:
             raise ValueError(f"unknown batch mode {mode!r}; expected one of {', '.join(MODES)}")
         if batch_size < 1 or grad_accum < 1 or world_size < 1:
-            raise ValueError(f"batch_size, grad_accum and world_size must be >= 1: {batch_size}, {grad_accum}, {world_size}")
+            raise ValueError(
+                f"batch_size, grad_accum and world_size must be >= 1: {batch_size}, {grad_accum}, {world_size}"
+            )
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside 0..{world_size - 1} (world_size {world_size})")
         if seed < 0:
@@ -236,14 +238,17 @@ class Batches:
     def get(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, y) for this rank's slice `micro_step` of global step `step`: int64 (batch_size, block_size)."""
         if not 0 <= micro_step < self.grad_accum:
-            raise ValueError(f"micro_step {micro_step} is outside 0..{self.grad_accum - 1} (grad_accum {self.grad_accum})")
+            raise ValueError(
+                f"micro_step {micro_step} is outside 0..{self.grad_accum - 1} (grad_accum {self.grad_accum})"
+            )
         k = self.rank * self.grad_accum + micro_step
         starts = self.window_starts(step)[k * self.batch_size : (k + 1) * self.batch_size]
         return _windows_to_device(self.tokens, starts, self.block_size, self.guard, self.device)
 
 
-def eval_batches(tokens, block_size: int, batch_size: int, max_batches: int | None = None, device="cpu",
-                 guard: IdGuard | None = None):
+def eval_batches(
+    tokens, block_size: int, batch_size: int, max_batches: int | None = None, device="cpu", guard: IdGuard | None = None
+):
     """Yield (x, y) over consecutive non-overlapping windows from the start of the split (the whole
     split when max_batches is None; the last partial batch may be smaller); `guard` checks each batch's ids."""
     tokens = _check_tokens(tokens, block_size)

@@ -73,8 +73,9 @@ def replacement_char(chars: str, requested: str | None) -> str:
     for c in REPLACEMENT_CANDIDATES:
         if c in chars:
             return c
-    raise DataError("--unknown replace: the vocabulary has neither '?' nor a space; pass --replacement CHAR, one of "
-                    "its characters")
+    raise DataError(
+        "--unknown replace: the vocabulary has neither '?' nor a space; pass --replacement CHAR, one of its characters"
+    )
 
 
 def unknown_policy(unknown: Counter, chars: str, policy: str, replacement: str | None, source) -> str | None:
@@ -85,7 +86,9 @@ def unknown_policy(unknown: Counter, chars: str, policy: str, replacement: str |
     if not unknown:
         return None
     if policy == "refuse":
-        raise DataError(f"the corpus has {describe(unknown)} that the vocabulary of {source} lacks; pass --unknown "
-                        f"replace to write them as {replacement_char(chars, replacement)!r}, or prepare with "
-                        f"--tokenizer char for a new vocabulary (and a new model)")
+        raise DataError(
+            f"the corpus has {describe(unknown)} that the vocabulary of {source} lacks; pass --unknown "
+            f"replace to write them as {replacement_char(chars, replacement)!r}, or prepare with "
+            f"--tokenizer char for a new vocabulary (and a new model)"
+        )
     return replacement_char(chars, replacement)

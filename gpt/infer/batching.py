@@ -209,8 +209,9 @@ class BatchEngine(_Engine):
                 row = self.rows[i]
                 row.tokens.append(token)
                 row.generated += 1
-                piece = row.stream.piece(row.sample, token, self._eot(request),
-                                         last=row.generated == request.config.max_new_tokens)
+                piece = row.stream.piece(
+                    row.sample, token, self._eot(request), last=row.generated == request.config.max_new_tokens
+                )
                 if piece.finish is not None:
                     finished.append(i)
                 if not request.cancelled:
@@ -239,13 +240,24 @@ class BatchEngine(_Engine):
             rows = [i for request in members for i in by_request[request]]
             uniforms = prev = None
             if cfg.temperature > 0:
-                uniforms = torch.cat([draw_uniforms(len(by_request[r]), self.rows[by_request[r][0]].generator,
-                                                    self.device) for r in members])
+                uniforms = torch.cat(
+                    [
+                        draw_uniforms(len(by_request[r]), self.rows[by_request[r][0]].generator, self.device)
+                        for r in members
+                    ]
+                )
             if cfg.repetition_penalty != 1.0:  # a group of one request: its rows are equally long
                 prev = torch.tensor([self.rows[i].tokens for i in rows], device=self.device)
-            new = next_token(logits[rows], temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                             repetition_penalty=cfg.repetition_penalty, prev_ids=prev, vocab_size=self.vocab_size,
-                             uniforms=uniforms)
+            new = next_token(
+                logits[rows],
+                temperature=cfg.temperature,
+                top_k=cfg.top_k,
+                top_p=cfg.top_p,
+                repetition_penalty=cfg.repetition_penalty,
+                prev_ids=prev,
+                vocab_size=self.vocab_size,
+                uniforms=uniforms,
+            )
             start = 0
             for request in members:
                 n = len(by_request[request])
@@ -284,9 +296,18 @@ class BatchEngine(_Engine):
             start = max(0, len(request.ids) - self.block_size)
             try:
                 generator = seeded_generator(request.config.seed, self.device)
-                self.rows += [_Row(request, sample, list(request.ids), TextStream(self.tokenizer, request.config.stop),
-                                   written=len(request.ids) - start, start=start, generator=generator)
-                              for sample in range(request.config.num_samples)]
+                self.rows += [
+                    _Row(
+                        request,
+                        sample,
+                        list(request.ids),
+                        TextStream(self.tokenizer, request.config.stop),
+                        written=len(request.ids) - start,
+                        start=start,
+                        generator=generator,
+                    )
+                    for sample in range(request.config.num_samples)
+                ]
             except Exception as e:
                 self._reject(request, e)
 
@@ -343,8 +364,21 @@ class Seq2seqEngine(_Engine):
         cfg = group[0].config  # a sampling group is one request; a greedy one ignores the settings below
         n_new = min(max(r.config.max_new_tokens for r in group), self.block_size)
         generator = seeded_generator(cfg.seed, self.device) if cfg.temperature > 0 else None
-        hyps = iter(translate_ids(self.model, src, mask, self.bos, self.eos, n_new, cfg.temperature, cfg.top_k,
-                                  generator, self.tokenizer.vocab_size, top_p=cfg.top_p))
+        hyps = iter(
+            translate_ids(
+                self.model,
+                src,
+                mask,
+                self.bos,
+                self.eos,
+                n_new,
+                cfg.temperature,
+                cfg.top_k,
+                generator,
+                self.tokenizer.vocab_size,
+                top_p=cfg.top_p,
+            )
+        )
         for request in group:
             limit = min(request.config.max_new_tokens, n_new)
             for sample in range(request.config.num_samples):
@@ -388,8 +422,7 @@ class BatchWorker:
         with self._wake:
             waiting = self.engine.pending()
             if waiting + len(requests) > self.max_waiting:
-                raise QueueFull(f"{waiting} requests are waiting already (at most {self.max_waiting}): "
-                                "try again later")
+                raise QueueFull(f"{waiting} requests are waiting already (at most {self.max_waiting}): try again later")
             for request in requests:
                 self.engine.submit(request)
             self._wake.notify()
@@ -397,8 +430,12 @@ class BatchWorker:
     @property
     def load(self) -> dict:
         with self._wake:
-            return {"rows": len(self.engine.rows), "max_rows": self.engine.max_rows,
-                    "waiting": self.engine.pending(), "max_waiting": self.max_waiting}
+            return {
+                "rows": len(self.engine.rows),
+                "max_rows": self.engine.max_rows,
+                "waiting": self.engine.pending(),
+                "max_waiting": self.max_waiting,
+            }
 
     def _run(self) -> None:
         while True:

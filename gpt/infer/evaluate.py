@@ -30,7 +30,7 @@ def corpus_bleu(hypotheses: list[str], references: list[str]):
     try:
         import sacrebleu
     except ImportError:
-        raise EvaluateError("BLEU needs sacrebleu: pip install -e \".[seq2seq]\" (or pip install sacrebleu)") from None
+        raise EvaluateError('BLEU needs sacrebleu: pip install -e ".[seq2seq]" (or pip install sacrebleu)') from None
     metric = sacrebleu.metrics.BLEU()
     return metric.corpus_score(hypotheses, [references]), metric.get_signature()
 
@@ -55,12 +55,29 @@ def evaluate(
     if not sources:
         raise EvaluateError("no source sentences to translate")
     t0 = time.perf_counter()
-    hyps = translate(model, tok, sources, bos, eos, beam_size=beam_size, alpha=alpha, batch_size=batch_size,
-                     max_new_tokens=max_new_tokens)
+    hyps = translate(
+        model,
+        tok,
+        sources,
+        bos,
+        eos,
+        beam_size=beam_size,
+        alpha=alpha,
+        batch_size=batch_size,
+        max_new_tokens=max_new_tokens,
+    )
     seconds = time.perf_counter() - t0
     bleu, signature = corpus_bleu(hyps, references)
     return {
-        "bleu": bleu.score, "bleu_text": str(bleu), "signature": str(signature), "sentences": len(sources),
-        "ratio": bleu.ratio, "bp": bleu.bp, "hyp_len": bleu.sys_len, "ref_len": bleu.ref_len,
-        "seconds": seconds, "sentences_per_s": len(sources) / seconds, "hypotheses": hyps,
+        "bleu": bleu.score,
+        "bleu_text": str(bleu),
+        "signature": str(signature),
+        "sentences": len(sources),
+        "ratio": bleu.ratio,
+        "bp": bleu.bp,
+        "hyp_len": bleu.sys_len,
+        "ref_len": bleu.ref_len,
+        "seconds": seconds,
+        "sentences_per_s": len(sources) / seconds,
+        "hypotheses": hyps,
     }

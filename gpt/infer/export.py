@@ -94,16 +94,29 @@ def export(model, tokenizer, out_dir: str | Path, fmt: str, force: bool = False)
         except ImportError:
             raise ExportError('ONNX export needs onnx and onnxscript: pip install -e ".[export]"') from None
         with quiet_exporter():
-            torch.onnx.export(graph, (example,), str(path), dynamo=True, input_names=["idx"], output_names=["logits"],
-                              dynamic_shapes=dynamic_shapes(block), verbose=False)
+            torch.onnx.export(
+                graph,
+                (example,),
+                str(path),
+                dynamo=True,
+                input_names=["idx"],
+                output_names=["logits"],
+                dynamic_shapes=dynamic_shapes(block),
+                verbose=False,
+            )
     else:
         program = torch.export.export(graph, (example,), dynamic_shapes=dynamic_shapes(block))
         torch.export.save(program, str(path))
     meta = {
-        "format": fmt, "file": path.name, "block_size": block, "vocab_size": model.config.vocab_size,
+        "format": fmt,
+        "file": path.name,
+        "block_size": block,
+        "vocab_size": model.config.vocab_size,
         "inputs": {"idx": f"int64 (batch, seq), 1 <= seq <= {block}"},
         "outputs": {"logits": f"float32 (batch, seq, {model.config.vocab_size})"},
-        "tokenizer": tokenizer.spec, "eot_token": tokenizer.eot_token, "model_config": model.config.to_dict(),
+        "tokenizer": tokenizer.spec,
+        "eot_token": tokenizer.eot_token,
+        "model_config": model.config.to_dict(),
     }
     (out_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return path

@@ -156,8 +156,9 @@ def draw_uniforms(n: int, generator: torch.Generator | None = None, device=None)
     return torch.rand(n, 1, generator=generator, device=device, dtype=torch.float64)
 
 
-def sample_probs(probs: torch.Tensor, generator: torch.Generator | None = None,
-                 uniforms: torch.Tensor | None = None) -> torch.Tensor:
+def sample_probs(
+    probs: torch.Tensor, generator: torch.Generator | None = None, uniforms: torch.Tensor | None = None
+) -> torch.Tensor:
     """One draw per row of probs (B, V) by inverting the CDF with a uniform from `generator`, or with
     `uniforms` (B, 1) drawn by the caller (`draw_uniforms`; rows from several generators in one batch).
 
@@ -228,7 +229,9 @@ class Decoder:
     def __init__(self, model: GPT, idx: torch.Tensor, keep: int | None = None, graph: bool = False):
         cfg = model.config
         if cfg.n_encoder_layer:
-            raise ValueError("Decoder runs decoder-only models; an encoder-decoder model decodes with gpt.infer.translate")
+            raise ValueError(
+                "Decoder runs decoder-only models; an encoder-decoder model decodes with gpt.infer.translate"
+            )
         self.model = model
         self.block_size = cfg.block_size
         self.keep = min(keep or max(1, cfg.block_size // 2), cfg.block_size)
@@ -399,8 +402,10 @@ def prompt_ids(model: GPT, tokenizer: Tokenizer, prompt: str | Sequence[int]) ->
     """`encode_prompt`, checked: the tokenizer belongs to the model and every id is one of its ids."""
     ids = encode_prompt(tokenizer, prompt)
     if tokenizer.vocab_size > model.config.vocab_size:
-        raise SamplingError(f"the tokenizer has {tokenizer.vocab_size} ids but the model only "
-                            f"{model.config.vocab_size} embedding rows: they do not belong together")
+        raise SamplingError(
+            f"the tokenizer has {tokenizer.vocab_size} ids but the model only "
+            f"{model.config.vocab_size} embedding rows: they do not belong together"
+        )
     if any(not 0 <= i < tokenizer.vocab_size for i in ids):
         raise SamplingError(f"prompt ids must be in [0, {tokenizer.vocab_size}), the tokenizer's ids")
     return ids
@@ -430,8 +435,10 @@ def generate(
     """
     cfg = dataclasses.replace(config or SampleConfig(), **settings) if settings else (config or SampleConfig())
     if model.config.n_encoder_layer:
-        raise SamplingError(f"this model has an encoder (n_encoder_layer={model.config.n_encoder_layer}): "
-                            "generate continues text with decoder-only models; translate with gpt.infer.translate")
+        raise SamplingError(
+            f"this model has an encoder (n_encoder_layer={model.config.n_encoder_layer}): "
+            "generate continues text with decoder-only models; translate with gpt.infer.translate"
+        )
     ids = prompt_ids(model, tokenizer, prompt)
     block_size = model.config.block_size
     if len(ids) > block_size:
@@ -477,8 +484,9 @@ def seeded_generator(seed: int | None, device) -> torch.Generator:
 
 
 @torch.no_grad()
-def _generate(model: GPT, tokenizer: Tokenizer, ids: list[int], n: int, cfg: SampleConfig,
-              generator) -> Iterator[Piece]:
+def _generate(
+    model: GPT, tokenizer: Tokenizer, ids: list[int], n: int, cfg: SampleConfig, generator
+) -> Iterator[Piece]:
     """`n` samples as one batch (numbered from 0)."""
     device = generator.device
     idx = torch.tensor([ids] * n, dtype=torch.long, device=device)
@@ -489,9 +497,14 @@ def _generate(model: GPT, tokenizer: Tokenizer, ids: list[int], n: int, cfg: Sam
     vocab_size = tokenizer.vocab_size if tokenizer.vocab_size < model.config.vocab_size else None
     for step in range(cfg.max_new_tokens):
         new = next_token(
-            dec.logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-            repetition_penalty=cfg.repetition_penalty, prev_ids=dec.tokens if cfg.repetition_penalty != 1.0 else None,
-            vocab_size=vocab_size, generator=generator,
+            dec.logits,
+            temperature=cfg.temperature,
+            top_k=cfg.top_k,
+            top_p=cfg.top_p,
+            repetition_penalty=cfg.repetition_penalty,
+            prev_ids=dec.tokens if cfg.repetition_penalty != 1.0 else None,
+            vocab_size=vocab_size,
+            generator=generator,
         )
         alive = []
         for row, (sample, token) in enumerate(zip(rows, new.tolist())):

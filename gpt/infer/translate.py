@@ -83,13 +83,17 @@ class TranslateConfig:
         if not is_int(self.beam_size) or self.beam_size < 1:
             problems.append(f"--beam-size must be an integer >= 1 (1 is greedy), got {self.beam_size!r}")
         if not isinstance(self.length_penalty, (int, float)) or not math.isfinite(self.length_penalty):
-            problems.append(f"--length-penalty must be a finite number (0 ranks by total log-probability), "
-                            f"got {self.length_penalty!r}")
+            problems.append(
+                f"--length-penalty must be a finite number (0 ranks by total log-probability), "
+                f"got {self.length_penalty!r}"
+            )
         if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
             problems.append(f"--temperature must be >= 0 (0 is greedy), got {self.temperature!r}")
         elif self.temperature > 0 and is_int(self.beam_size) and self.beam_size > 1:
-            problems.append(f"--beam-size {self.beam_size} searches deterministically: leave --temperature at 0 "
-                            f"(got {self.temperature!r}), or sample with --beam-size 1")
+            problems.append(
+                f"--beam-size {self.beam_size} searches deterministically: leave --temperature at 0 "
+                f"(got {self.temperature!r}), or sample with --beam-size 1"
+            )
         if self.top_k is not None and (not is_int(self.top_k) or self.top_k < 1):
             problems.append(f"--top-k must be an integer >= 1 (or none to disable), got {self.top_k!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
@@ -148,11 +152,15 @@ def check_fits(model: GPT, tok, cfg: TranslateConfig) -> None:
     """Settings this model can decode with: output within its block_size, beams within the vocabulary."""
     limit = model.config.block_size
     if cfg.max_new_tokens is not None and cfg.max_new_tokens > limit:
-        raise TranslateError(f"--max-new-tokens {cfg.max_new_tokens} is more than the model's block_size={limit}: "
-                             f"the decoder has no positions beyond it")
+        raise TranslateError(
+            f"--max-new-tokens {cfg.max_new_tokens} is more than the model's block_size={limit}: "
+            f"the decoder has no positions beyond it"
+        )
     if cfg.beam_size > 1 and 2 * cfg.beam_size > tok.vocab_size:  # each step ranks 2K of the V continuations
-        raise TranslateError(f"--beam-size {cfg.beam_size} is too large for a vocabulary of {tok.vocab_size} ids: "
-                             f"at most {tok.vocab_size // 2}")
+        raise TranslateError(
+            f"--beam-size {cfg.beam_size} is too large for a vocabulary of {tok.vocab_size} ids: "
+            f"at most {tok.vocab_size // 2}"
+        )
 
 
 def length_penalty(n: int, alpha: float) -> float:
@@ -217,8 +225,9 @@ def generate(
         else:
             h = model.decode(memory, mask, tokens)
         logits = model.lm_head(h[:, -1])  # (B, V)
-        nxt = next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p, vocab_size=vocab_size,
-                         generator=generator)
+        nxt = next_token(
+            logits, temperature=temperature, top_k=top_k, top_p=top_p, vocab_size=vocab_size, generator=generator
+        )
         nxt = nxt.masked_fill(done, eos)
         tokens = torch.cat([tokens, nxt[:, None]], 1)
         done |= nxt == eos
@@ -330,9 +339,19 @@ def translate(
     beam_size > 1 runs beam search (deterministic); otherwise greedy at temperature 0, or sampling.
     The settings are checked (`TranslateConfig`, `check_fits`) before anything is decoded.
     """
-    check_fits(model, tok, TranslateConfig(beam_size=beam_size, length_penalty=alpha, temperature=temperature,
-                                           top_k=top_k, top_p=top_p, batch_size=batch_size,
-                                           max_new_tokens=max_new_tokens))
+    check_fits(
+        model,
+        tok,
+        TranslateConfig(
+            beam_size=beam_size,
+            length_penalty=alpha,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens,
+        ),
+    )
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -345,8 +364,19 @@ def translate(
             if beam_size > 1:
                 ids = beam_search(model, src, mask, bos, eos, beam_size, alpha, max_new_tokens, tok.vocab_size)
             else:
-                ids = generate(model, src, mask, bos, eos, max_new_tokens, temperature, top_k, generator,
-                               tok.vocab_size, top_p=top_p)
+                ids = generate(
+                    model,
+                    src,
+                    mask,
+                    bos,
+                    eos,
+                    max_new_tokens,
+                    temperature,
+                    top_k,
+                    generator,
+                    tok.vocab_size,
+                    top_p=top_p,
+                )
             for i, hyp in zip(batch, ids):
                 out[i] = tok.decode(hyp)
     finally:
@@ -372,8 +402,18 @@ def translate_lines(model: GPT, tok, meta: dict, texts: list[str], config: Trans
     if cfg.sampling:
         generator = seeded_generator(cfg.seed, next(model.parameters()).device)
     out = translate(
-        model, tok, texts, bos, eos, beam_size=cfg.beam_size, alpha=cfg.length_penalty,
-        temperature=cfg.temperature if cfg.beam_size == 1 else 0.0, top_k=cfg.top_k, top_p=cfg.top_p,
-        batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens, generator=generator,
+        model,
+        tok,
+        texts,
+        bos,
+        eos,
+        beam_size=cfg.beam_size,
+        alpha=cfg.length_penalty,
+        temperature=cfg.temperature if cfg.beam_size == 1 else 0.0,
+        top_k=cfg.top_k,
+        top_p=cfg.top_p,
+        batch_size=cfg.batch_size,
+        max_new_tokens=cfg.max_new_tokens,
+        generator=generator,
     )
     return [one_line(t) for t in out]

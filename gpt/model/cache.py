@@ -41,7 +41,9 @@ class KVCache:
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if isinstance(self.pos, torch.Tensor):  # static mode: at device-side position(s), per row or shared
             B, nh, T, hs = k.shape
-            index = (self.pos.view(-1, 1) + torch.arange(T, device=k.device)) % self.max_len  # (a rolling cache's slots)
+            index = (
+                self.pos.view(-1, 1) + torch.arange(T, device=k.device)
+            ) % self.max_len  # (a rolling cache's slots)
             index = index.view(-1, 1, T, 1).expand(B, nh, T, hs)
             self.k.scatter_(2, index, k)
             self.v.scatter_(2, index, v)

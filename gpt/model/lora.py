@@ -144,8 +144,10 @@ def apply(model: nn.Module, config: LoRAConfig) -> int:
         layers.append((model, "lm_head", model.lm_head))
     smallest = min(min(m.in_features, m.out_features) for _, _, m in layers)
     if config.rank > smallest:
-        raise ConfigError(f"--lora-rank: {config.rank} exceeds the smallest adapted layer's {smallest} features; "
-                          f"use at most {smallest} (ranks of 4-64 are usual)")
+        raise ConfigError(
+            f"--lora-rank: {config.rank} exceeds the smallest adapted layer's {smallest} features; "
+            f"use at most {smallest} (ranks of 4-64 are usual)"
+        )
     model.requires_grad_(False)
     for parent, attr, linear in layers:
         setattr(parent, attr, LoRALinear(linear, config.rank, config.alpha, config.dropout))
@@ -193,10 +195,17 @@ def load_weights(model: nn.Module, state: dict, source) -> None:
     missing, unexpected = sorted(set(want) - set(state)), sorted(set(state) - set(want))
     shapes = [k for k in want if k in state and tuple(state[k].shape) != tuple(want[k].shape)]
     if missing or unexpected or shapes:
-        what = (f"missing {missing[:2]}" if missing else f"unexpected {unexpected[:2]}" if unexpected
-                else f"{shapes[0]} is {tuple(state[shapes[0]].shape)}, the adapters want {tuple(want[shapes[0]].shape)}")
-        raise LoRAError(f"{source}: the LoRA adapters do not fit this model ({what}); a resumed LoRA run keeps "
-                        f"its --lora-rank and --lora-targets")
+        what = (
+            f"missing {missing[:2]}"
+            if missing
+            else f"unexpected {unexpected[:2]}"
+            if unexpected
+            else f"{shapes[0]} is {tuple(state[shapes[0]].shape)}, the adapters want {tuple(want[shapes[0]].shape)}"
+        )
+        raise LoRAError(
+            f"{source}: the LoRA adapters do not fit this model ({what}); a resumed LoRA run keeps "
+            f"its --lora-rank and --lora-targets"
+        )
     model.load_state_dict(state, strict=False)
 
 

@@ -66,8 +66,10 @@ def quantize(model: GPT, mode: str = "int8") -> GPT:
     if param.device.type != "cpu":
         raise QuantizeError(f"--quantize int8 runs on the CPU only, not {param.device}: use --device cpu")
     if param.dtype != torch.float32:
-        raise QuantizeError(f"--quantize int8 starts from float32 weights, not {str(param.dtype).replace('torch.', '')}: "
-                            "use --dtype float32")
+        raise QuantizeError(
+            f"--quantize int8 starts from float32 weights, not {str(param.dtype).replace('torch.', '')}: "
+            "use --dtype float32"
+        )
     spec = dict.fromkeys(linear_names(model), torch.ao.quantization.per_channel_dynamic_qconfig)
     with warnings.catch_warnings():  # the deprecation notices of torch.ao (see the footguns), nothing else
         warnings.filterwarnings("ignore", category=DeprecationWarning)

@@ -310,7 +310,12 @@ class GPT(nn.Module):
         for i, block in enumerate(self.transformer.h):
             mem = memory[i] if isinstance(memory, list) else memory
             x = block(
-                x, mask=mask, causal=True, cache=caches[i] if caches else None, memory=mem, memory_mask=memory_mask,
+                x,
+                mask=mask,
+                causal=True,
+                cache=caches[i] if caches else None,
+                memory=mem,
+                memory_mask=memory_mask,
                 rope=rope,
             )
         return self.transformer.ln_f(x)
@@ -359,12 +364,16 @@ class GPT(nn.Module):
         """
         if self.config.n_encoder_layer == 0:
             raise ValueError("decode() needs an encoder: this model has n_encoder_layer=0 (decoder-only)")
-        return self.hidden(tgt, caches, memory=memory, memory_mask=self.key_mask(src_mask), mask=self.key_mask(tgt_mask))
+        return self.hidden(
+            tgt, caches, memory=memory, memory_mask=self.key_mask(src_mask), mask=self.key_mask(tgt_mask)
+        )
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(
-            logits.view(-1, logits.size(-1)).float(), targets.reshape(-1),
-            ignore_index=-1, label_smoothing=self.config.label_smoothing,
+            logits.view(-1, logits.size(-1)).float(),
+            targets.reshape(-1),
+            ignore_index=-1,
+            label_smoothing=self.config.label_smoothing,
         )
 
     def forward(
@@ -382,7 +391,9 @@ class GPT(nn.Module):
         """
         if src is None:
             if self.config.n_encoder_layer > 0:
-                raise ValueError(f"this model has an encoder (n_encoder_layer={self.config.n_encoder_layer}): pass src=")
+                raise ValueError(
+                    f"this model has an encoder (n_encoder_layer={self.config.n_encoder_layer}): pass src="
+                )
             logits = self.lm_head(self.hidden(idx))
         else:
             logits = self.lm_head(self.decode(self.encode(src, src_mask), src_mask, idx))
@@ -396,8 +407,18 @@ class GPT(nn.Module):
         param = self.transformer.wte.weight
         head_dim = self.config.n_embd // self.config.n_head
         rolling = self.config.pos_encoding == "rope"  # rotated keys: a full cache can drop its oldest entry
-        return [KVCache(batch, self.config.n_head, max_len or self.config.block_size, head_dim, param.device,
-                        param.dtype, rolling) for _ in self.transformer.h]
+        return [
+            KVCache(
+                batch,
+                self.config.n_head,
+                max_len or self.config.block_size,
+                head_dim,
+                param.device,
+                param.dtype,
+                rolling,
+            )
+            for _ in self.transformer.h
+        ]
 
     def cross_kv(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per decoder layer, the cross-attention keys and values of the encoder output `memory` (B, S, C):

@@ -77,8 +77,13 @@ class CompletionRequest(BaseModel):
 
     def unsupported(self) -> str | None:
         """The first field asked for with a value this server does not implement, if any."""
-        neutral = {"logprobs": (None, 0), "suffix": (None, ""), "logit_bias": (None, {}),
-                   "presence_penalty": (None, 0.0), "frequency_penalty": (None, 0.0)}
+        neutral = {
+            "logprobs": (None, 0),
+            "suffix": (None, ""),
+            "logit_bias": (None, {}),
+            "presence_penalty": (None, 0.0),
+            "frequency_penalty": (None, 0.0),
+        }
         for name, values in neutral.items():
             if getattr(self, name) not in values:
                 return name
@@ -98,8 +103,14 @@ class CompletionRequest(BaseModel):
 class APIError(Exception):
     """An error answered in OpenAI's shape: status, message, type, param, code."""
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
 
@@ -113,8 +124,11 @@ def validation_error(e: ValidationError) -> APIError:
     loc = [str(p) for p in err["loc"]]
     param = loc[0] if loc else None
     if err["type"] == "json_invalid":
-        return APIError(400, "We could not parse the JSON body of your request: it is not valid JSON "
-                        f"({err['msg']}).", code="invalid_json")
+        return APIError(
+            400,
+            f"We could not parse the JSON body of your request: it is not valid JSON ({err['msg']}).",
+            code="invalid_json",
+        )
     if err["type"] == "model_type":
         return APIError(400, "The request body must be a JSON object.", code="invalid_json")
     if err["type"] == "extra_forbidden":
@@ -123,8 +137,9 @@ def validation_error(e: ValidationError) -> APIError:
         return APIError(400, f"Missing required parameter: '{'.'.join(loc)}'.", param=param)
     value = err.get("input")
     shown = repr(value) if not isinstance(value, (dict, list)) or len(str(value)) < 80 else type(value).__name__
-    return APIError(400, f"Invalid value for '{param}': {shown} ({err['msg'].lower()}).", param=param,
-                    code="invalid_value")
+    return APIError(
+        400, f"Invalid value for '{param}': {shown} ({err['msg'].lower()}).", param=param, code="invalid_value"
+    )
 
 
 FINISH = {"eot": "stop", "stop": "stop", "length": "length"}  # Piece.finish -> OpenAI's finish_reason
@@ -140,8 +155,13 @@ class Completion:
         self.fingerprint = fingerprint
 
     def _head(self) -> dict:
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "system_fingerprint": self.fingerprint}
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.fingerprint,
+        }
 
     def body(self, texts: list[str], finishes: list[str], prompt_tokens: int, completion_tokens: int) -> dict:
         choices = [choice(i, text, finish) for i, (text, finish) in enumerate(zip(texts, finishes))]
@@ -159,10 +179,12 @@ def choice(index: int, text: str, finish: str | None) -> dict:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def model_card(name: str, created: int) -> dict:
     return {"id": name, "object": "model", "created": created, "owned_by": "gpt"}
-

@@ -91,9 +91,11 @@ class ServeConfig:
     fingerprint: str = ""  # system_fingerprint: what the backend runs (device, dtype, quantisation)
 
     def __post_init__(self):
-        problems = [f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(self, name)!r}"
-                    for name in ("max_batch", "max_queue", "max_tokens", "max_body_bytes")
-                    if not isinstance(getattr(self, name), int) or getattr(self, name) < 1]
+        problems = [
+            f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(self, name)!r}"
+            for name in ("max_batch", "max_queue", "max_tokens", "max_body_bytes")
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1
+        ]
         for name in ("max_prompt_tokens", "max_connections"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(self, name)!r}")
@@ -110,8 +112,11 @@ class ServeConfig:
 def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
     """The ASGI app serving `model`; its engine thread starts and stops with the app (lifespan)."""
     seq2seq = model.config.n_encoder_layer > 0
-    engine = (Seq2seqEngine(model, tokenizer, meta, config.max_batch) if seq2seq
-              else BatchEngine(model, tokenizer, config.max_batch))
+    engine = (
+        Seq2seqEngine(model, tokenizer, meta, config.max_batch)
+        if seq2seq
+        else BatchEngine(model, tokenizer, config.max_batch)
+    )
     worker = BatchWorker(engine, config.max_queue)
     block_size = model.config.block_size
     max_prompt = min(config.max_prompt_tokens or block_size, block_size)
@@ -122,13 +127,19 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
         yield
         worker.stop()
 
-    app = FastAPI(title="gpt.serve", description="OpenAI-compatible completions for a gpt checkpoint",
-                  lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app = FastAPI(
+        title="gpt.serve",
+        description="OpenAI-compatible completions for a gpt checkpoint",
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+    )
     if config.api_key is None:
         app.add_middleware(HostCheck, allowed=config.allowed_hosts)
     open_completions: weakref.WeakSet[asyncio.Queue] = weakref.WeakSet()  # the queues of the answers under way
-    stopping = APIError(503, "The server is shutting down; try again later.", type="server_error",
-                        code="server_shutting_down")
+    stopping = APIError(
+        503, "The server is shutting down; try again later.", type="server_error", code="server_shutting_down"
+    )
 
     def end_completions() -> None:
         """End every completion under way with a 503, and refuse new ones (on the event loop's thread)."""
@@ -146,16 +157,19 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, e: StarletteHTTPException):
-        message = {404: f"Unknown request URL: {request.method} {request.url.path}.",
-                   405: f"Method {request.method} is not allowed for {request.url.path}."}.get(e.status_code, e.detail)
+        message = {
+            404: f"Unknown request URL: {request.method} {request.url.path}.",
+            405: f"Method {request.method} is not allowed for {request.url.path}.",
+        }.get(e.status_code, e.detail)
         code = {404: "unknown_url", 405: "method_not_allowed"}.get(e.status_code)
         return JSONResponse(APIError(e.status_code, message, code=code).body(), status_code=e.status_code)
 
     @app.exception_handler(Exception)
     async def _bug(request, e: Exception):
         log.exception("internal error on %s %s", request.method, request.url.path)
-        body = APIError(500, f"The server had an error while processing your request ({type(e).__name__}).",
-                        type="server_error").body()
+        body = APIError(
+            500, f"The server had an error while processing your request ({type(e).__name__}).", type="server_error"
+        ).body()
         return JSONResponse(body, status_code=500)
 
     def authorize(request: HTTPRequest) -> None:
@@ -164,8 +178,9 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
         given = request.headers.get("authorization", "")
         scheme, _, key = given.partition(" ")
         if scheme.lower() != "bearer" or not key:
-            raise APIError(401, "You didn't provide an API key: send it as 'Authorization: Bearer KEY'.",
-                           code="invalid_api_key")
+            raise APIError(
+                401, "You didn't provide an API key: send it as 'Authorization: Bearer KEY'.", code="invalid_api_key"
+            )
         if not hmac.compare_digest(key.strip().encode(), config.api_key.encode()):
             raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
 
@@ -188,18 +203,33 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
     async def model_info(name: str, request: HTTPRequest):
         authorize(request)
         if name != config.model_name:
-            raise APIError(404, f"The model '{name}' does not exist; this server serves '{config.model_name}'.",
-                           param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"The model '{name}' does not exist; this server serves '{config.model_name}'.",
+                param="model",
+                code="model_not_found",
+            )
         return model_card(config.model_name, created)
 
-    @app.post("/v1/completions", openapi_extra={"requestBody": {"required": True, "content": {
-        "application/json": {"schema": CompletionRequest.model_json_schema()}}}})
+    @app.post(
+        "/v1/completions",
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": CompletionRequest.model_json_schema()}},
+            }
+        },
+    )
     async def completions(request: HTTPRequest):
         authorize(request)
         media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
         if media_type != "application/json":
-            raise APIError(415, "The request body must be JSON sent with 'Content-Type: application/json' (got "
-                           f"{repr(media_type) if media_type else 'no Content-Type'}).", code="unsupported_media_type")
+            raise APIError(
+                415,
+                "The request body must be JSON sent with 'Content-Type: application/json' (got "
+                f"{repr(media_type) if media_type else 'no Content-Type'}).",
+                code="unsupported_media_type",
+            )
         body = await read_body(request, config.max_body_bytes, config.body_timeout)
         try:
             req = CompletionRequest.model_validate_json(body)
@@ -212,8 +242,7 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
         queue: asyncio.Queue = asyncio.Queue()
         open_completions.add(queue)
         loop = asyncio.get_running_loop()
-        requests = [Request(ids, sample, emit_to(loop, queue, i * sample.num_samples))
-                    for i, ids in enumerate(prompts)]
+        requests = [Request(ids, sample, emit_to(loop, queue, i * sample.num_samples)) for i, ids in enumerate(prompts)]
         try:
             worker.submit(requests)
         except QueueFull as e:
@@ -224,46 +253,80 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             events = stream(completion, queue, requests, total, echoes, prompt_tokens, include_usage)
-            return StreamingResponse(events, media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return StreamingResponse(
+                events, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+            )
         return await respond(request, completion, queue, requests, total, echoes, prompt_tokens)
 
     def check(req: CompletionRequest) -> tuple[SampleConfig, list[list[int]]]:
         """The request's sampling settings and prompt ids, or the 4xx that says what is wrong."""
         unsupported = req.unsupported()
         if unsupported:
-            raise APIError(400, f"'{unsupported}' is not supported by this server; leave it out.", param=unsupported,
-                           code="unsupported_parameter")
+            raise APIError(
+                400,
+                f"'{unsupported}' is not supported by this server; leave it out.",
+                param=unsupported,
+                code="unsupported_parameter",
+            )
         if req.model != config.model_name:
-            raise APIError(404, f"The model '{req.model}' does not exist; this server serves '{config.model_name}'.",
-                           param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"The model '{req.model}' does not exist; this server serves '{config.model_name}'.",
+                param="model",
+                code="model_not_found",
+            )
         max_tokens = 16 if req.max_tokens is None else req.max_tokens
         if max_tokens > config.max_tokens:
-            raise APIError(400, f"max_tokens is {max_tokens}, more than this server allows ({config.max_tokens}).",
-                           param="max_tokens", code="invalid_value")
+            raise APIError(
+                400,
+                f"max_tokens is {max_tokens}, more than this server allows ({config.max_tokens}).",
+                param="max_tokens",
+                code="invalid_value",
+            )
         n, texts = req.n or 1, req.prompts()
         if n * len(texts) > config.max_batch:
-            raise APIError(400, f"n x prompts is {n} x {len(texts)} = {n * len(texts)} completions, more than this "
-                           f"server decodes together ({config.max_batch}).", param="n", code="invalid_value")
+            raise APIError(
+                400,
+                f"n x prompts is {n} x {len(texts)} = {n * len(texts)} completions, more than this "
+                f"server decodes together ({config.max_batch}).",
+                param="n",
+                code="invalid_value",
+            )
         sample = SampleConfig(
-            num_samples=n, max_new_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
-            top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p,
-            repetition_penalty=req.repetition_penalty or 1.0, stop=tuple(req.stop or ()), seed=req.seed,
+            num_samples=n,
+            max_new_tokens=max_tokens,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_k=req.top_k,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            repetition_penalty=req.repetition_penalty or 1.0,
+            stop=tuple(req.stop or ()),
+            seed=req.seed,
         )
         prompts = []
         for text in texts:
             try:
-                ids = (tokenizer.encode(text) if isinstance(text, str) else list(text)) if seq2seq else \
-                    prompt_ids(model, tokenizer, text)
+                ids = (
+                    (tokenizer.encode(text) if isinstance(text, str) else list(text))
+                    if seq2seq
+                    else prompt_ids(model, tokenizer, text)
+                )
             except UserError as e:
                 raise APIError(400, f"Invalid prompt: {e}.", param="prompt", code="invalid_prompt") from None
             if any(not 0 <= i < tokenizer.vocab_size for i in ids):
-                raise APIError(400, f"Invalid prompt: token ids must be in [0, {tokenizer.vocab_size}).",
-                               param="prompt", code="invalid_prompt")
+                raise APIError(
+                    400,
+                    f"Invalid prompt: token ids must be in [0, {tokenizer.vocab_size}).",
+                    param="prompt",
+                    code="invalid_prompt",
+                )
             if len(ids) > max_prompt:
-                raise APIError(400, f"The prompt has {len(ids)} tokens, more than this server's limit of {max_prompt} "
-                               f"(the model's context is {block_size} tokens): shorten it.", param="prompt",
-                               code="context_length_exceeded")
+                raise APIError(
+                    400,
+                    f"The prompt has {len(ids)} tokens, more than this server's limit of {max_prompt} "
+                    f"(the model's context is {block_size} tokens): shorten it.",
+                    param="prompt",
+                    code="context_length_exceeded",
+                )
             prompts.append(ids)
         return sample, prompts
 
@@ -273,8 +336,9 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
 async def read_body(request: HTTPRequest, limit: int, timeout: float) -> bytes:
     """The request body; a 413 as soon as it is known to be longer than `limit` bytes, a 408 when it has not
     all arrived after `timeout` seconds."""
-    too_long = APIError(413, f"The request body is larger than this server's limit of {limit} bytes.",
-                        code="request_too_large")
+    too_long = APIError(
+        413, f"The request body is larger than this server's limit of {limit} bytes.", code="request_too_large"
+    )
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise too_long
@@ -322,9 +386,12 @@ class HostCheck:
         if scope["type"] == "http":
             host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
             if not self.allows(host):
-                error = APIError(400, f"This server does not answer to the Host {host!r} without an API key (a guard "
-                                 "against DNS rebinding): add the name with --allowed-hosts, or set --api-key.",
-                                 code="invalid_host")
+                error = APIError(
+                    400,
+                    f"This server does not answer to the Host {host!r} without an API key (a guard "
+                    "against DNS rebinding): add the name with --allowed-hosts, or set --api-key.",
+                    code="invalid_host",
+                )
                 await JSONResponse(error.body(), status_code=400)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -369,8 +436,15 @@ def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-async def stream(completion: Completion, queue, requests: list[Request], total: int, echoes: list[str],
-                 prompt_tokens: int, include_usage: bool):
+async def stream(
+    completion: Completion,
+    queue,
+    requests: list[Request],
+    total: int,
+    echoes: list[str],
+    prompt_tokens: int,
+    include_usage: bool,
+):
     """The server-sent events of a streamed completion; cancelled by Starlette if the client leaves."""
     n = total // len(requests)
     generated = 0
@@ -394,8 +468,15 @@ async def stream(completion: Completion, queue, requests: list[Request], total: 
             request.cancel()
 
 
-async def respond(http: HTTPRequest, completion: Completion, queue, requests: list[Request], total: int,
-                  echoes: list[str], prompt_tokens: int):
+async def respond(
+    http: HTTPRequest,
+    completion: Completion,
+    queue,
+    requests: list[Request],
+    total: int,
+    echoes: list[str],
+    prompt_tokens: int,
+):
     """The whole completion as one JSON body; gives up (and frees the rows) if the client disconnects."""
     n = total // len(requests)
     texts = [echoes[i // n] for i in range(total)]
@@ -444,7 +525,9 @@ def listen(host: str, port: int) -> socket.socket:
         sock.listen(2048)  # connections wait in the backlog until uvicorn accepts them
     except OSError as e:
         sock.close()
-        raise ServeError(f"cannot listen on {host}:{port}: {e.strerror or e}; choose another --port or --host") from None
+        raise ServeError(
+            f"cannot listen on {host}:{port}: {e.strerror or e}; choose another --port or --host"
+        ) from None
     return sock
 
 
@@ -465,8 +548,8 @@ class Server(uvicorn.Server):
 def running(app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
     """Serve `app` with uvicorn on a thread of this process (tests, notebooks); yields the base URL.
 
-        with running(create_app(model, tok, meta, ServeConfig(model_name="m"))) as url:
-            OpenAI(base_url=url + "/v1", api_key="unused").completions.create(model="m", prompt="Hi")
+    with running(create_app(model, tok, meta, ServeConfig(model_name="m"))) as url:
+        OpenAI(base_url=url + "/v1", api_key="unused").completions.create(model="m", prompt="Hi")
     """
     sock = listen(host, port)
     server = Server(app, log_level=log_level)

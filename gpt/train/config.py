@@ -70,18 +70,27 @@ class TrainConfig:
     data: str = opt("", "prepared dataset directory (from data/prepare.py)")
     out_dir: str = opt("out/run", "run directory for checkpoints, config.json and log.jsonl")
     init_from: str = opt("", "fine-tune: start from the weights of a run dir, checkpoint file or HF GPT-2 dir")
-    resume: str = opt("", "continue a run exactly from its last.pt (a run dir), or from a checkpoint file of it "
-                          "(RUN/best.pt: back to its best state)")
+    resume: str = opt(
+        "",
+        "continue a run exactly from its last.pt (a run dir), or from a checkpoint file of it "
+        "(RUN/best.pt: back to its best state)",
+    )
     force: bool = opt(False, "allow writing into an out_dir that already holds a run")
     # the model: its fields are flags of their own (`--n-layer 6`) and a TOML [model] table; vocab_size
     # always comes from the dataset
     model: GPTConfig = field(default_factory=lambda: default_model(), metadata={"help": "the model's shape"})
     # batch
-    batch_size: int = opt(12, "sequences per micro-batch (per process); auto (CUDA only): the largest that fits, "
-                              "with --grad-accum set to keep the global batch")
-    global_batch: int = opt(0, "--batch-size auto: sequences per optimizer step to keep (0 = the batch size auto "
-                               "replaced x --grad-accum)")
-    grad_accum: int = opt(1, "micro-batches per optimizer step, over all processes (global batch = batch_size * grad_accum)")
+    batch_size: int = opt(
+        12,
+        "sequences per micro-batch (per process); auto (CUDA only): the largest that fits, "
+        "with --grad-accum set to keep the global batch",
+    )
+    global_batch: int = opt(
+        0, "--batch-size auto: sequences per optimizer step to keep (0 = the batch size auto replaced x --grad-accum)"
+    )
+    grad_accum: int = opt(
+        1, "micro-batches per optimizer step, over all processes (global batch = batch_size * grad_accum)"
+    )
     max_tokens: int = opt(0, "seq2seq: tokens per micro-batch, pairs grouped by length (0 = batch_size * block_size)")
     sampling: str = opt("random", "training windows: random (with replacement) | epoch (each window once per epoch)")
     # optimizer and schedule
@@ -92,10 +101,13 @@ class TrainConfig:
     warmup_iters: int = opt(100, "linear warmup steps")
     lr_decay_iters: int = opt(0, "steps over which the LR decays (0 = max_iters)")
     decay_fraction: float = opt(0.2, "wsd: fraction of lr_decay_iters spent decaying")
-    optimizer: str = opt("adamw", "adamw | muon (Muon for the blocks' weight matrices, AdamW for embeddings and norms; "
-                                  "gpt/train/muon.py)")
-    muon_lr: float = opt(0.05, "--optimizer muon: peak LR of the blocks' weight matrices (the schedule of "
-                               "--learning-rate, scaled)")
+    optimizer: str = opt(
+        "adamw",
+        "adamw | muon (Muon for the blocks' weight matrices, AdamW for embeddings and norms; gpt/train/muon.py)",
+    )
+    muon_lr: float = opt(
+        0.05, "--optimizer muon: peak LR of the blocks' weight matrices (the schedule of --learning-rate, scaled)"
+    )
     weight_decay: float = opt(0.1, "decoupled weight decay (matrices only)")
     beta1: float = opt(0.9, "AdamW beta1")
     beta2: float = opt(0.99, "AdamW beta2")
@@ -112,24 +124,37 @@ class TrainConfig:
     wandb_project: str = opt("", "log to Weights & Biases under this project (off when empty)")
     wandb_run_name: str = opt("", "W&B run name (default: the out_dir name)")
     wandb_mode: str = opt("", "W&B mode: online | offline (default: wandb's own)")
-    plot: bool = opt(True, "draw OUT_DIR/run.png (loss curves, LR, gradient norm) at each evaluation, in the background")
+    plot: bool = opt(
+        True, "draw OUT_DIR/run.png (loss curves, LR, gradient norm) at each evaluation, in the background"
+    )
     tensorboard: bool = opt(False, "also write TensorBoard event files into OUT_DIR/tensorboard")
     # LoRA (gpt/model/lora.py): frozen base weights, trained low-rank adapters
     lora_rank: int = opt(0, "LoRA adapter rank (0 = off: full fine-tuning); needs --init-from")
     lora_alpha: float = opt(16.0, "LoRA scaling: the adapters' update is multiplied by alpha / rank")
     lora_dropout: float = opt(0.0, "dropout on the adapters' input")
-    lora_targets: str = opt(",".join(LORA_DEFAULT_TARGETS), "comma-separated layers to adapt: each block's projections, "
-                                                          "and wte, the token embedding tied to the output head")
+    lora_targets: str = opt(
+        ",".join(LORA_DEFAULT_TARGETS),
+        "comma-separated layers to adapt: each block's projections, "
+        "and wte, the token embedding tied to the output head",
+    )
     # system
     seed: int = opt(1337, "seed for initialisation, dropout and data order")
     device: str = opt("auto", "auto | cpu | cuda | cuda:N | mps")
-    dtype: str = opt("auto", "auto (bf16, else fp16, on CUDA; on CPU bf16 only where native, else float32) | float32 | bfloat16 | float16")
+    dtype: str = opt(
+        "auto",
+        "auto (bf16, else fp16, on CUDA; on CPU bf16 only where native, else float32) | float32 | bfloat16 | float16",
+    )
     compile: bool = opt(False, "torch.compile the model (the uncompiled module is what gets saved)")
-    fsdp: bool = opt(False, "torchrun: shard parameters, gradients and optimizer state over the processes (FSDP2; "
-                            "sharded checkpoints)")
-    activation_checkpointing: bool = opt(False, "recompute each block's activations in the backward pass (less "
-                                                "memory, ~1 more forward per step)")
-    deterministic: bool = opt(False, "deterministic kernels: bit-identical reruns and resumes on CUDA too (a little slower)")
+    fsdp: bool = opt(
+        False,
+        "torchrun: shard parameters, gradients and optimizer state over the processes (FSDP2; sharded checkpoints)",
+    )
+    activation_checkpointing: bool = opt(
+        False, "recompute each block's activations in the backward pass (less memory, ~1 more forward per step)"
+    )
+    deterministic: bool = opt(
+        False, "deterministic kernels: bit-identical reruns and resumes on CUDA too (a little slower)"
+    )
     threads: int = opt(0, "CPU threads for PyTorch (0 = its default)")
     peak_flops: float = opt(0.0, "device peak FLOP/s for MFU (0 = look it up / estimate)")
 
@@ -156,8 +181,17 @@ class TrainConfig:
                 out.append(f"{flag(name)}: must be >= 1, got {getattr(self, name)}")
         if self.batch_size < 0 or (self.batch_size == 0 and not self.global_batch):  # 0 + a global batch = auto
             out.append(f"--batch-size: must be >= 1 or auto, got {self.batch_size}")
-        for name in ("warmup_iters", "lr_decay_iters", "eval_iters", "eval_batch_size", "threads", "max_tokens",
-                     "max_minutes", "seed", "global_batch"):
+        for name in (
+            "warmup_iters",
+            "lr_decay_iters",
+            "eval_iters",
+            "eval_batch_size",
+            "threads",
+            "max_tokens",
+            "max_minutes",
+            "seed",
+            "global_batch",
+        ):
             if getattr(self, name) < 0:
                 out.append(f"{flag(name)}: must be >= 0, got {getattr(self, name)}")
         if self.learning_rate <= 0:
@@ -167,12 +201,16 @@ class TrainConfig:
         if self.muon_lr <= 0:
             out.append(f"--muon-lr: must be > 0, got {self.muon_lr}")
         if self.optimizer == "muon" and self.fsdp:
-            out.append("--optimizer muon: not with --fsdp (Muon orthogonalises whole matrices, FSDP shards them): "
-                       "use DDP (torchrun without --fsdp) or --optimizer adamw")
+            out.append(
+                "--optimizer muon: not with --fsdp (Muon orthogonalises whole matrices, FSDP shards them): "
+                "use DDP (torchrun without --fsdp) or --optimizer adamw"
+            )
         if not 0 < self.decay_fraction <= 1:
             out.append(f"--decay-fraction: must be in (0, 1], got {self.decay_fraction}")
         if self.resume and self.init_from:
-            out.append("--resume and --init-from: give one or the other (resume continues a run, init_from starts a new one)")
+            out.append(
+                "--resume and --init-from: give one or the other (resume continues a run, init_from starts a new one)"
+            )
         out += self.lora_problems()
         return out
 
@@ -180,10 +218,19 @@ class TrainConfig:
         if self.lora_rank < 0:
             return [f"--lora-rank: must be >= 0 (0 = full fine-tuning), got {self.lora_rank}"]
         if not self.lora_rank:  # LoRA off: its settings would be silently ignored
-            given = [flag(f.name) for f in fields(self) if f.name in ("lora_alpha", "lora_dropout", "lora_targets")
-                     and getattr(self, f.name) != f.default]
-            return [f"{', '.join(given)}: LoRA is off (--lora-rank 0 is full fine-tuning); give --lora-rank R to "
-                    f"train adapters, or drop {'it' if len(given) == 1 else 'them'}"] if given else []
+            given = [
+                flag(f.name)
+                for f in fields(self)
+                if f.name in ("lora_alpha", "lora_dropout", "lora_targets") and getattr(self, f.name) != f.default
+            ]
+            return (
+                [
+                    f"{', '.join(given)}: LoRA is off (--lora-rank 0 is full fine-tuning); give --lora-rank R to "
+                    f"train adapters, or drop {'it' if len(given) == 1 else 'them'}"
+                ]
+                if given
+                else []
+            )
         out = []
         if not self.init_from and not self.resume:
             out.append("--lora-rank: LoRA adapts a pretrained model: give --init-from RUN_OR_CHECKPOINT")
@@ -198,8 +245,10 @@ class TrainConfig:
         targets = self.lora_target_list()
         unknown = [t for t in targets if t not in LORA_TARGETS]
         if unknown or not targets:
-            out.append(f"--lora-targets: {', '.join(map(repr, unknown)) or 'none given'} "
-                       f"{'is' if len(unknown) == 1 else 'are'} not among {', '.join(LORA_TARGETS)}")
+            out.append(
+                f"--lora-targets: {', '.join(map(repr, unknown)) or 'none given'} "
+                f"{'is' if len(unknown) == 1 else 'are'} not among {', '.join(LORA_TARGETS)}"
+            )
         return out
 
     def lora_target_list(self) -> list[str]:

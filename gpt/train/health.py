@@ -36,11 +36,22 @@ from gpt.train.parallel import full
 
 
 class HealthMonitor:
-    def __init__(self, window: int = 50, min_history: int = 10, spike_mads: float = 6.0, spike_floor: float = 0.25,
-                 grad_factor: float = 10.0):
+    def __init__(
+        self,
+        window: int = 50,
+        min_history: int = 10,
+        spike_mads: float = 6.0,
+        spike_floor: float = 0.25,
+        grad_factor: float = 10.0,
+    ):
         self.losses = collections.deque(maxlen=window)
         self.grad_norms = collections.deque(maxlen=window)
-        self.min_history, self.spike_mads, self.spike_floor, self.grad_factor = min_history, spike_mads, spike_floor, grad_factor
+        self.min_history, self.spike_mads, self.spike_floor, self.grad_factor = (
+            min_history,
+            spike_mads,
+            spike_floor,
+            grad_factor,
+        )
         self.firing = {"loss": False, "grad": False}
         self.update_ratio: float | None = None
 
@@ -54,8 +65,10 @@ class HealthMonitor:
                 limit = median + max(self.spike_mads * 1.4826 * mad, self.spike_floor)
                 spiking = loss > limit
                 if spiking and not self.firing["loss"]:
-                    warnings.append(f"loss spike at step {step}: {loss:.4f}, recent median {median:.4f} (limit "
-                                    f"{limit:.4f}); if it keeps happening lower --learning-rate or raise --warmup-iters")
+                    warnings.append(
+                        f"loss spike at step {step}: {loss:.4f}, recent median {median:.4f} (limit "
+                        f"{limit:.4f}); if it keeps happening lower --learning-rate or raise --warmup-iters"
+                    )
                 self.firing["loss"] = spiking
             self.losses.append(loss)
         if math.isfinite(grad_norm):
@@ -63,9 +76,11 @@ class HealthMonitor:
                 median = statistics.median(self.grad_norms)
                 exploding = grad_norm > self.grad_factor * median
                 if exploding and not self.firing["grad"]:
-                    warnings.append(f"gradient norm exploding at step {step}: {grad_norm:.4g}, {grad_norm / median:.0f}x "
-                                    f"the recent median {median:.4g}; lower --learning-rate or --grad-clip before it "
-                                    f"becomes NaN")
+                    warnings.append(
+                        f"gradient norm exploding at step {step}: {grad_norm:.4g}, {grad_norm / median:.0f}x "
+                        f"the recent median {median:.4g}; lower --learning-rate or --grad-clip before it "
+                        f"becomes NaN"
+                    )
                 self.firing["grad"] = exploding
             self.grad_norms.append(grad_norm)
         return warnings
@@ -79,6 +94,7 @@ class HealthMonitor:
         params = [p for g in optimizer.param_groups for p in g["params"]]
         before = [p.detach().clone() for p in params]
         yield
+
         def norm(tensors) -> torch.Tensor:  # of all of them together; FSDP shards' norms are gathered
             return torch.stack([full(t.float().norm()) for t in tensors]).norm()
 

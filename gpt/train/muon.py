@@ -59,8 +59,15 @@ def orthogonalize(g: torch.Tensor, dtype: torch.dtype = torch.float32, steps: in
 class Muon(torch.optim.Optimizer):
     """Muon on the groups marked `muon`, AdamW on the others (see the module notes)."""
 
-    def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
-                 weight_decay: float = 0.0, ns_dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        params,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        ns_dtype: torch.dtype = torch.float32,
+    ):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, muon=False)
         super().__init__(params, defaults)
         self.ns_dtype = ns_dtype
@@ -94,11 +101,25 @@ class Muon(torch.optim.Optimizer):
     def _adamw(self, group: dict, params: list[torch.Tensor]) -> None:
         for p in params:
             if not self.state[p]:
-                self.state[p].update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p),
-                                     exp_avg_sq=torch.zeros_like(p))
+                self.state[p].update(
+                    step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p)
+                )
         states = [self.state[p] for p in params]
         beta1, beta2 = group["betas"]
-        adam(params, [p.grad for p in params], [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
-             [], [s["step"] for s in states], foreach=True, decoupled_weight_decay=True, amsgrad=False,
-             beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
-             maximize=False)
+        adam(
+            params,
+            [p.grad for p in params],
+            [s["exp_avg"] for s in states],
+            [s["exp_avg_sq"] for s in states],
+            [],
+            [s["step"] for s in states],
+            foreach=True,
+            decoupled_weight_decay=True,
+            amsgrad=False,
+            beta1=beta1,
+            beta2=beta2,
+            lr=group["lr"],
+            weight_decay=group["weight_decay"],
+            eps=group["eps"],
+            maximize=False,
+        )

@@ -53,13 +53,17 @@ def check(cfg: TrainConfig, rt: Runtime) -> None:
     if not cfg.fsdp:
         return
     if not rt.ddp:
-        raise ConfigError("--fsdp shards the model over the processes torchrun starts: launch with `torchrun "
-                          "--nproc-per-node N train.py ... --fsdp` (N = 1 for a single process), or pass --no-fsdp")
+        raise ConfigError(
+            "--fsdp shards the model over the processes torchrun starts: launch with `torchrun "
+            "--nproc-per-node N train.py ... --fsdp` (N = 1 for a single process), or pass --no-fsdp"
+        )
     if rt.device.type not in ("cuda", "cpu"):
         raise ConfigError(f"--fsdp runs on CUDA (nccl) or CPU (gloo), not {rt.device.type}")
     if rt.dtype == torch.float16:
-        raise ConfigError("--fsdp with float16: loss scaling is not supported with sharded gradients; use "
-                          "--dtype bfloat16 (or train without --fsdp)")
+        raise ConfigError(
+            "--fsdp with float16: loss scaling is not supported with sharded gradients; use "
+            "--dtype bfloat16 (or train without --fsdp)"
+        )
 
 
 def mixed_precision(dtype: torch.dtype):
@@ -85,16 +89,19 @@ def _recomputed(forward, *args, **kwargs):
     # Eager, the recomputation runs in the backward pass, outside the forward's contexts: checkpoint
     # replays autocast itself, the attention kernels the runtime chose (gpt/runtime.py) are replayed here.
     kernels = _attention_kernels()
-    return checkpoint(forward, *args, use_reentrant=False, context_fn=lambda: (nullcontext(), sdpa_kernel(kernels)),
-                      **kwargs)
+    return checkpoint(
+        forward, *args, use_reentrant=False, context_fn=lambda: (nullcontext(), sdpa_kernel(kernels)), **kwargs
+    )
 
 
 def _attention_kernels() -> list:
     """The scaled-dot-product-attention backends enabled now."""
-    flags = {SDPBackend.MATH: torch.backends.cuda.math_sdp_enabled(),
-             SDPBackend.FLASH_ATTENTION: torch.backends.cuda.flash_sdp_enabled(),
-             SDPBackend.EFFICIENT_ATTENTION: torch.backends.cuda.mem_efficient_sdp_enabled(),
-             SDPBackend.CUDNN_ATTENTION: torch.backends.cuda.cudnn_sdp_enabled()}
+    flags = {
+        SDPBackend.MATH: torch.backends.cuda.math_sdp_enabled(),
+        SDPBackend.FLASH_ATTENTION: torch.backends.cuda.flash_sdp_enabled(),
+        SDPBackend.EFFICIENT_ATTENTION: torch.backends.cuda.mem_efficient_sdp_enabled(),
+        SDPBackend.CUDNN_ATTENTION: torch.backends.cuda.cudnn_sdp_enabled(),
+    }
     return [backend for backend, enabled in flags.items() if enabled]
 
 

@@ -83,9 +83,17 @@ class Shape:
         with torch.device("meta"):  # shapes only: no memory, any size
             model = GPT(model_config)
         layers = model.blocks()
-        return cls(model.num_params(non_embedding=False), sum(p.numel() for p in layers[-1].parameters()),
-                   len(layers), model_config.n_head, model_config.n_embd, model_config.vocab_size, batch, seq,
-                   model.flops_per_token(seq))
+        return cls(
+            model.num_params(non_embedding=False),
+            sum(p.numel() for p in layers[-1].parameters()),
+            len(layers),
+            model_config.n_head,
+            model_config.n_embd,
+            model_config.vocab_size,
+            batch,
+            seq,
+            model.flops_per_token(seq),
+        )
 
 
 def saved_activations(s: Shape, checkpointed: bool) -> float:
@@ -109,8 +117,12 @@ def memory(s: Shape, gpus: int, fsdp: bool, checkpointed: bool) -> Memory:
     if not fsdp:
         return Memory(weights=6 * P, gradients=4 * P * (2 if gpus > 1 else 1), optimizer=8 * P, activations=acts)
     root = P - s.n_layer * s.block_params  # embeddings, final norm, tied head: gathered around the whole pass
-    return Memory(weights=4 * P / gpus + 2 * (root + 2 * s.block_params),
-                  gradients=4 * P / gpus + 4 * (root + s.block_params), optimizer=8 * P / gpus, activations=acts)
+    return Memory(
+        weights=4 * P / gpus + 2 * (root + 2 * s.block_params),
+        gradients=4 * P / gpus + 4 * (root + s.block_params),
+        optimizer=8 * P / gpus,
+        activations=acts,
+    )
 
 
 def plan(cfg: TrainConfig, vocab_size: int, gpus: int, gpu_memory_gb: float, reserve: float) -> dict:
@@ -120,12 +132,24 @@ def plan(cfg: TrainConfig, vocab_size: int, gpus: int, gpu_memory_gb: float, res
     rows = {name: memory(shape, gpus, fsdp, ac) for name, fsdp, ac in MODES}
     fits = [name for name in PREFERENCE if rows[name].total <= budget]
     accum = cfg.grad_accum if cfg.grad_accum % gpus == 0 else gpus * -(-cfg.grad_accum // gpus)
-    return {"shape": shape, "gpus": gpus, "budget": budget, "rows": rows, "use": fits[0] if fits else None,
-            "grad_accum": accum, "tokens_per_step": accum * cfg.batch_size * cfg.model.block_size}
+    return {
+        "shape": shape,
+        "gpus": gpus,
+        "budget": budget,
+        "rows": rows,
+        "use": fits[0] if fits else None,
+        "grad_accum": accum,
+        "tokens_per_step": accum * cfg.batch_size * cfg.model.block_size,
+    }
 
 
-FLAGS = {"DDP": "(no flag)", "FSDP": "--fsdp", "DDP + AC": "--activation-checkpointing",
-         "FSDP + AC": "--fsdp --activation-checkpointing", None: "none: lower --batch-size, raise --grad-accum"}
+FLAGS = {
+    "DDP": "(no flag)",
+    "FSDP": "--fsdp",
+    "DDP + AC": "--activation-checkpointing",
+    "FSDP + AC": "--fsdp --activation-checkpointing",
+    None: "none: lower --batch-size, raise --grad-accum",
+}
 
 
 def gib(x: float) -> str:
@@ -135,24 +159,39 @@ def gib(x: float) -> str:
 def detail(name: str, p: dict) -> str:
     """One config on one GPU count: each way's memory, term by term (a Markdown table)."""
     s = p["shape"]
-    lines = [f"{name}: {s.params / 1e6:,.0f}M parameters, {s.flops_per_token / 1e9:.2f} GFLOPs per token (training), "
-             f"micro-batch {s.batch} x {s.seq} tokens, {p['gpus']} GPU(s), {gib(p['budget'])} GiB usable each", "",
-             "| mode | weights | gradients | optimizer | activations | total GiB | fits |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"{name}: {s.params / 1e6:,.0f}M parameters, {s.flops_per_token / 1e9:.2f} GFLOPs per token (training), "
+        f"micro-batch {s.batch} x {s.seq} tokens, {p['gpus']} GPU(s), {gib(p['budget'])} GiB usable each",
+        "",
+        "| mode | weights | gradients | optimizer | activations | total GiB | fits |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for mode, m in p["rows"].items():
-        lines.append(f"| {mode} | {gib(m.weights)} | {gib(m.gradients)} | {gib(m.optimizer)} | {gib(m.activations)} | "
-                     f"{gib(m.total)} | {'yes' if m.total <= p['budget'] else 'no'} |")
-    lines += ["", f"global batch: --grad-accum {p['grad_accum']} ({p['tokens_per_step']:,} tokens per step; it must be a "
-                  f"multiple of the GPUs)", f"use: {FLAGS[p['use']]}"]
+        lines.append(
+            f"| {mode} | {gib(m.weights)} | {gib(m.gradients)} | {gib(m.optimizer)} | {gib(m.activations)} | "
+            f"{gib(m.total)} | {'yes' if m.total <= p['budget'] else 'no'} |"
+        )
+    lines += [
+        "",
+        f"global batch: --grad-accum {p['grad_accum']} ({p['tokens_per_step']:,} tokens per step; it must be a "
+        f"multiple of the GPUs)",
+        f"use: {FLAGS[p['use']]}",
+    ]
     return "\n".join(lines)
 
 
 def summary(plans: list[tuple[str, dict]]) -> str:
     """Many configs and GPU counts, one row each: the four totals and the flags to use (a Markdown table)."""
-    lines = ["| config | params | GFLOPs/token | micro-batch | GPUs | tokens/step | DDP | DDP + AC | FSDP | FSDP + AC "
-             "| use |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| config | params | GFLOPs/token | micro-batch | GPUs | tokens/step | DDP | DDP + AC | FSDP | FSDP + AC "
+        "| use |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, p in plans:
         s = p["shape"]
         totals = " | ".join(f"{gib(m.total)}" + ("" if m.total <= p["budget"] else " ✗") for m in p["rows"].values())
-        lines.append(f"| {name} | {s.params / 1e6:,.0f}M | {s.flops_per_token / 1e9:.2f} | {s.batch} x {s.seq} | "
-                     f"{p['gpus']} | {p['tokens_per_step'] / 2**20:.1f}M | {totals} | {FLAGS[p['use']]} |")
+        lines.append(
+            f"| {name} | {s.params / 1e6:,.0f}M | {s.flops_per_token / 1e9:.2f} | {s.batch} x {s.seq} | "
+            f"{p['gpus']} | {p['tokens_per_step'] / 2**20:.1f}M | {totals} | {FLAGS[p['use']]} |"
+        )
     return "\n".join(lines)

@@ -48,8 +48,11 @@ class RunLog:
 
     def series(self, kind: str, x: str, y: str) -> tuple[list[float], list[float]]:
         """(xs, ys) of the records of `kind` ("train" or "eval") that have both values."""
-        pairs = [(r[x], r[y]) for r in (self.train if kind == "train" else self.evals)
-                 if r.get(x) is not None and r.get(y) is not None]
+        pairs = [
+            (r[x], r[y])
+            for r in (self.train if kind == "train" else self.evals)
+            if r.get(x) is not None and r.get(y) is not None
+        ]
         return [a for a, _ in pairs], [b for _, b in pairs]
 
 
@@ -57,8 +60,11 @@ def log_file(run: str | os.PathLike) -> Path:
     path = Path(run)
     file = path / "log.jsonl" if path.is_dir() else path
     if not file.is_file():
-        raise PlotError(f"no log.jsonl in {path}: give a run directory written by train.py, or its log.jsonl"
-                        if path.is_dir() else f"no such run or log file: {path}")
+        raise PlotError(
+            f"no log.jsonl in {path}: give a run directory written by train.py, or its log.jsonl"
+            if path.is_dir()
+            else f"no such run or log file: {path}"
+        )
     return file
 
 
@@ -112,9 +118,20 @@ def _interpolate(x: float, xs: list[float], ys: list[float]) -> float:
 
 PANELS = [  # (title, x key, x label, [(kind, y key, label suffix, style)], log y)
     ("loss by step", "step", "step", [("train", "loss", "train", "-"), ("eval", "val_loss", "val", "o-")], False),
-    ("loss by tokens", "tokens", "tokens seen", [("train", "loss", "train", "-"), ("eval", "val_loss", "val", "o-")], False),
-    ("loss by training time", "train_time", "seconds", [("train", "loss", "train", "-"),
-                                                        ("eval", "val_loss", "val", "o-")], False),
+    (
+        "loss by tokens",
+        "tokens",
+        "tokens seen",
+        [("train", "loss", "train", "-"), ("eval", "val_loss", "val", "o-")],
+        False,
+    ),
+    (
+        "loss by training time",
+        "train_time",
+        "seconds",
+        [("train", "loss", "train", "-"), ("eval", "val_loss", "val", "o-")],
+        False,
+    ),
     ("learning rate", "step", "step", [("train", "lr", "", "-")], False),
     ("gradient norm (before clipping)", "step", "step", [("train", "grad_norm", "", "-")], True),
     ("update / weight ratio", "step", "step", [("train", "update_ratio", "", "o-")], True),
@@ -137,8 +154,16 @@ def draw(logs: list[RunLog]):
                 xs, ys = log.series(kind, x, y)
                 if xs:
                     label = f"{log.name} {suffix}".strip()
-                    ax.plot(xs, ys, style, color=colour, label=label, markersize=3,
-                            alpha=0.45 if (kind == "train" and len(lines) > 1) else 1.0, linewidth=1.2)
+                    ax.plot(
+                        xs,
+                        ys,
+                        style,
+                        color=colour,
+                        label=label,
+                        markersize=3,
+                        alpha=0.45 if (kind == "train" and len(lines) > 1) else 1.0,
+                        linewidth=1.2,
+                    )
         if log_y and ax.lines:
             ax.set_yscale("log")
         if ax.lines:
@@ -179,8 +204,9 @@ class FigureWriter:
     one warning, and no more figures: it never stops training.
     """
 
-    def __init__(self, out_dir: str | os.PathLike, warn: Callable[[str], None], enabled: bool = True,
-                 timeout: float = 120.0):
+    def __init__(
+        self, out_dir: str | os.PathLike, warn: Callable[[str], None], enabled: bool = True, timeout: float = 120.0
+    ):
         self.out_dir, self.warn, self.enabled, self.timeout = Path(out_dir), warn, enabled, timeout
         self.process: subprocess.Popen | None = None
         self.stale = False  # an evaluation came after the running drawing started
@@ -204,12 +230,15 @@ class FigureWriter:
             self._wait()
 
     def _start(self) -> None:
-        code = (f"import os, sys; os.nice(10); from gpt.cli.plot import main; "
-                f"sys.exit(main([{str(self.out_dir)!r}, '--out', {str(self.out_dir / FIGURE_NAME)!r}]))")
+        code = (
+            f"import os, sys; os.nice(10); from gpt.cli.plot import main; "
+            f"sys.exit(main([{str(self.out_dir)!r}, '--out', {str(self.out_dir / FIGURE_NAME)!r}]))"
+        )
         package_root = str(Path(__file__).resolve().parents[1])  # gpt/, installed or not
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
-        self.process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE, env=env, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True
+        )
         self.stale = False
 
     def _wait(self) -> None:
@@ -226,5 +255,6 @@ class FigureWriter:
             return
         lines = (self.process.stderr.read() or "").strip().splitlines() or [f"exit status {self.process.returncode}"]
         self.enabled = False
-        self.warn(f"warning: could not draw {self.out_dir / FIGURE_NAME} ({lines[-1][:200]}); training goes on "
-                  f"without it")
+        self.warn(
+            f"warning: could not draw {self.out_dir / FIGURE_NAME} ({lines[-1][:200]}); training goes on without it"
+        )

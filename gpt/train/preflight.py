@@ -51,8 +51,9 @@ def _unique_tensors(model: torch.nn.Module):
             yield t
 
 
-def memory_estimate(model: torch.nn.Module, micro_batch: int, seq_len: int, autocast: bool,
-                    optimizer: str = "adamw") -> dict[str, int]:
+def memory_estimate(
+    model: torch.nn.Module, micro_batch: int, seq_len: int, autocast: bool, optimizer: str = "adamw"
+) -> dict[str, int]:
     """Bytes per process by part (see the module table), for micro-batches of `micro_batch` x `seq_len`."""
     tensors = list(_unique_tensors(model))
     trained = [t for t in tensors if isinstance(t, torch.nn.Parameter) and t.requires_grad]
@@ -67,7 +68,8 @@ def memory_estimate(model: torch.nn.Module, micro_batch: int, seq_len: int, auto
         "weights": sum(t.numel() * t.element_size() for t in tensors),
         "gradients": sum(t.numel() * t.element_size() for t in trained),
         "optimizer": sum(2 * t.numel() * 4 for t in trained) - 4 * one_buffer,
-        "activations": layers * tokens * (18 * cfg.n_embd * act + masks * cfg.n_embd) + tokens * cfg.vocab_size * (act + 8),
+        "activations": layers * tokens * (18 * cfg.n_embd * act + masks * cfg.n_embd)
+        + tokens * cfg.vocab_size * (act + 8),
     }
 
 
@@ -78,15 +80,17 @@ def report(model: torch.nn.Module, cfg, rt, accum: int) -> list[str]:
     micro = cfg.max_tokens or cfg.batch_size * cfg.model.block_size if model.config.n_encoder_layer else None
     tokens = (micro or cfg.batch_size * cfg.model.block_size) * accum * rt.world_size
     shape = f"<= {micro:,} tokens of pairs" if micro else f"{cfg.batch_size} x {cfg.model.block_size}"
-    mem = memory_estimate(model, cfg.batch_size, cfg.model.block_size, autocast=rt.dtype != torch.float32,
-                          optimizer=cfg.optimizer)
+    mem = memory_estimate(
+        model, cfg.batch_size, cfg.model.block_size, autocast=rt.dtype != torch.float32, optimizer=cfg.optimizer
+    )
     frozen = f", {total - trained:,} frozen" if trained < total else ""
     return [
         f"preflight: {total:,} parameters, {trained:,} trained ({trained / max(total, 1):.2%}){frozen}",
         f"preflight: {'up to ' if micro else ''}{tokens:,} tokens per step ({shape} x {accum} micro-batches"
         f"{f' x {rt.world_size} processes' if rt.world_size > 1 else ''}); {cfg.max_iters:,} steps = "
         f"{tokens * cfg.max_iters:,} tokens",
-        "preflight: estimated memory per process " + " + ".join(f"{k} {gib(v)}" for k, v in mem.items())
+        "preflight: estimated memory per process "
+        + " + ".join(f"{k} {gib(v)}" for k, v in mem.items())
         + f" = {gib(sum(mem.values()))}",
     ]
 
@@ -99,8 +103,10 @@ def eta_line(step_seconds: float, steps_done: int, steps_left: int, limit=None, 
     if ahead is None:
         return measured + f"the remaining {steps_left:,} steps take about {format_duration(step_seconds * steps_left)}"
     seconds, steps = ahead
-    return (measured + f"the run stops at the {limit.minutes:g}-minute limit (--max-minutes) in about "
-            f"{format_duration(seconds)}, after about {steps:,} of the {steps_left:,} steps left to --max-iters")
+    return (
+        measured + f"the run stops at the {limit.minutes:g}-minute limit (--max-minutes) in about "
+        f"{format_duration(seconds)}, after about {steps:,} of the {steps_left:,} steps left to --max-iters"
+    )
 
 
 # ---- --batch-size auto -----------------------------------------------------------------------------
@@ -139,15 +145,19 @@ def auto_batch_size(model: torch.nn.Module, cfg, rt, log) -> tuple[int, int]:
     """--batch-size auto: probe the largest micro-batch that fits on this GPU; returns the (batch_size,
     grad_accum) that keep cfg.global_batch (every process agrees on the smallest)."""
     if rt.device.type != "cuda":
-        raise ConfigError(f"--batch-size auto: measures GPU memory, CUDA only (this run is on {rt.device}); give a "
-                          f"number, e.g. --batch-size 12")
+        raise ConfigError(
+            f"--batch-size auto: measures GPU memory, CUDA only (this run is on {rt.device}); give a "
+            f"number, e.g. --batch-size 12"
+        )
     if model.config.n_encoder_layer:
         raise ConfigError("--batch-size auto: not for seq2seq (pairs batches are sized by --max-tokens)")
     optimizer_bytes = memory_estimate(model, 1, cfg.model.block_size, False, cfg.optimizer)["optimizer"]
     torch.cuda.set_per_process_memory_fraction(MEMORY_CAP, rt.device)
     try:
-        largest = find_batch_size(lambda b: _fits(model, b, cfg.model.block_size, optimizer_bytes, rt),
-                                  math.ceil(cfg.global_batch / rt.world_size))
+        largest = find_batch_size(
+            lambda b: _fits(model, b, cfg.model.block_size, optimizer_bytes, rt),
+            math.ceil(cfg.global_batch / rt.world_size),
+        )
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, rt.device)
     if rt.ddp:
@@ -155,13 +165,17 @@ def auto_batch_size(model: torch.nn.Module, cfg, rt, log) -> tuple[int, int]:
         torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
         largest = int(agreed.item())
     if largest == 0:
-        raise ConfigError(f"--batch-size auto: not even one sequence of {cfg.model.block_size} tokens fits on {rt.device}; "
-                          f"use a smaller --block-size or model")
+        raise ConfigError(
+            f"--batch-size auto: not even one sequence of {cfg.model.block_size} tokens fits on {rt.device}; "
+            f"use a smaller --block-size or model"
+        )
     batch_size, grad_accum = plan_batch(cfg.global_batch, largest, rt.world_size)
     kept = batch_size * grad_accum
-    log(f"batch size auto: micro-batches of up to {largest} fit in {MEMORY_CAP:.0%} of {rt.device}'s memory; "
+    log(
+        f"batch size auto: micro-batches of up to {largest} fit in {MEMORY_CAP:.0%} of {rt.device}'s memory; "
         f"--batch-size {batch_size} --grad-accum {grad_accum} = {kept} sequences per step"
-        + ("" if kept == cfg.global_batch else f" (asked for {cfg.global_batch})"))
+        + ("" if kept == cfg.global_batch else f" (asked for {cfg.global_batch})")
+    )
     return batch_size, grad_accum
 
 

@@ -26,7 +26,14 @@ from pathlib import Path
 
 from gpt.errors import UserError, storage_error
 
-RUN_FILES = ("last.pt", "best.pt", "log.jsonl", "config.json", "last.dcp", "best.dcp")  # .dcp: links (gpt/checkpoints/dcp.py)
+RUN_FILES = (
+    "last.pt",
+    "best.pt",
+    "log.jsonl",
+    "config.json",
+    "last.dcp",
+    "best.dcp",
+)  # .dcp: links (gpt/checkpoints/dcp.py)
 
 try:
     import fcntl
@@ -60,7 +67,8 @@ class RunDir:
                 if not force:
                     raise RunDirError(
                         f"--out-dir {self.path} already holds a run; continue it with `--resume {self.path}`, "
-                        f"or pass --force to start over there (its checkpoints and log are removed)")
+                        f"or pass --force to start over there (its checkpoints and log are removed)"
+                    )
                 for name in RUN_FILES:
                     (self.path / name).unlink(missing_ok=True)
                 for sharded in self.path.glob("step-*"):  # the directories the .dcp links pointed to
@@ -91,12 +99,15 @@ class RunDir:
     def _acquire(self) -> None:
         path = self.path / ".lock"
         try:  # never through a symbolic link, never truncated before it is ours: the file may be someone else's
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
-                         0o644)
+            fd = os.open(
+                path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o644
+            )
         except OSError as e:
             if e.errno == errno.ELOOP:
-                raise RunDirError(f"--out-dir {self.path}: {path} is a symbolic link, not a lock file; remove it "
-                                  f"(a trainer never writes through it)") from None
+                raise RunDirError(
+                    f"--out-dir {self.path}: {path} is a symbolic link, not a lock file; remove it "
+                    f"(a trainer never writes through it)"
+                ) from None
             raise storage_error(e, "write the lock file", path) from None
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
@@ -107,8 +118,10 @@ class RunDir:
             except OSError:
                 holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
                 os.close(fd)
-                raise RunDirError(f"--out-dir {self.path} is in use by another trainer ({holder}); wait for it "
-                                  f"to finish or choose another --out-dir") from None
+                raise RunDirError(
+                    f"--out-dir {self.path} is in use by another trainer ({holder}); wait for it "
+                    f"to finish or choose another --out-dir"
+                ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())  # (at offset 0: just opened)
         self._lock = fd

@@ -18,8 +18,16 @@ import torch
 
 # Dense bf16 peak FLOP/s of common accelerators (vendor datasheets), matched against the device name.
 GPU_PEAK_FLOPS = [
-    ("H200", 989e12), ("H100", 989e12), ("A100", 312e12), ("L40S", 362e12), ("A10G", 125e12),
-    ("L4", 121e12), ("RTX 4090", 165e12), ("RTX 3090", 71e12), ("V100", 125e12), ("T4", 65e12),
+    ("H200", 989e12),
+    ("H100", 989e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("A10G", 125e12),
+    ("L4", 121e12),
+    ("RTX 4090", 165e12),
+    ("RTX 3090", 71e12),
+    ("V100", 125e12),
+    ("T4", 65e12),
 ]
 
 
@@ -54,7 +62,11 @@ class WandbTracker:
         import wandb  # lazily: only when asked for
 
         self.run = wandb.init(
-            project=project, name=name, config=config, dir=out_dir, mode=mode or None,
+            project=project,
+            name=name,
+            config=config,
+            dir=out_dir,
+            mode=mode or None,
             settings=wandb.Settings(init_timeout=60, silent=True),
         )
 
@@ -94,8 +106,7 @@ class Trackers:
             try:
                 tracker.log(data, step)
             except Exception as e:
-                print(f"warning: {tracker.name} logging failed, disabled ({type(e).__name__}: {e})",
-                      file=sys.stderr)
+                print(f"warning: {tracker.name} logging failed, disabled ({type(e).__name__}: {e})", file=sys.stderr)
                 self.trackers.remove(tracker)
 
     def finish(self) -> None:
@@ -116,20 +127,33 @@ class RunLogger:
         self.file = open(self.path, "a", buffering=1) if enabled else None
 
     @classmethod
-    def create(cls, out_dir: str, enabled: bool, wandb_project: str, wandb_name: str, wandb_mode: str, config: dict,
-               tensorboard: bool = False):
+    def create(
+        cls,
+        out_dir: str,
+        enabled: bool,
+        wandb_project: str,
+        wandb_name: str,
+        wandb_mode: str,
+        config: dict,
+        tensorboard: bool = False,
+    ):
         trackers = []
         if enabled and wandb_project:
             try:
-                trackers.append(WandbTracker(wandb_project, wandb_name or Path(out_dir).name, config, wandb_mode, out_dir))
+                trackers.append(
+                    WandbTracker(wandb_project, wandb_name or Path(out_dir).name, config, wandb_mode, out_dir)
+                )
             except Exception as e:  # never let logging stop training
                 print(f"warning: Weights & Biases disabled ({type(e).__name__}: {str(e)[:200]})", file=sys.stderr)
         if enabled and tensorboard:
             try:
                 trackers.append(TensorBoardTracker(out_dir))
             except Exception as e:
-                print(f"warning: TensorBoard disabled ({type(e).__name__}: {str(e)[:200]}; pip install -e "
-                      f"\".[tensorboard]\")", file=sys.stderr)
+                print(
+                    f"warning: TensorBoard disabled ({type(e).__name__}: {str(e)[:200]}; pip install -e "
+                    f'".[tensorboard]")',
+                    file=sys.stderr,
+                )
         return cls(out_dir, enabled, Trackers(trackers) if trackers else None)
 
     def print(self, line: str) -> None:

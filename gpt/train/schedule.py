@@ -63,7 +63,12 @@ def get_lr(
 def lr_at(step: int, cfg) -> float:
     """The LR of `step` under a TrainConfig's schedule settings."""
     return get_lr(
-        step, schedule=cfg.lr_schedule, lr=cfg.learning_rate, min_lr=cfg.min_lr,
-        warmup_iters=cfg.warmup_iters, decay_iters=cfg.lr_decay_iters or cfg.max_iters,
-        decay_fraction=cfg.decay_fraction, d_model=cfg.model.n_embd,
+        step,
+        schedule=cfg.lr_schedule,
+        lr=cfg.learning_rate,
+        min_lr=cfg.min_lr,
+        warmup_iters=cfg.warmup_iters,
+        decay_iters=cfg.lr_decay_iters or cfg.max_iters,
+        decay_fraction=cfg.decay_fraction,
+        d_model=cfg.model.n_embd,
     )

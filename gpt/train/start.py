@@ -32,8 +32,17 @@ from gpt.train.config import (
 )
 from gpt.train.schedule import lr_at
 
-ARCHITECTURE = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "n_encoder_layer", "pos_encoding",
-                "norm")  # what a resumed run cannot change (dropout and label smoothing it can)
+ARCHITECTURE = (
+    "vocab_size",
+    "block_size",
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "bias",
+    "n_encoder_layer",
+    "pos_encoding",
+    "norm",
+)  # what a resumed run cannot change (dropout and label smoothing it can)
 
 
 class TrainingError(UserError, RuntimeError):
@@ -78,7 +87,8 @@ def check_tokenizer(source: str, spec: dict, task, data: str) -> None:
         raise TrainingError(
             f"tokenizer mismatch: {source} was trained with a {kind!r} tokenizer different from the one of "
             f"{data} ({task.tokenizer_spec.get('kind')!r}); use the dataset it was trained on, or prepare "
-            f"the text with the checkpoint's tokenizer (e.g. `python data/prepare.py ... --tokenizer {kind}`)")
+            f"the text with the checkpoint's tokenizer (e.g. `python data/prepare.py ... --tokenizer {kind}`)"
+        )
 
 
 def padded_vocab(task) -> int:
@@ -95,8 +105,11 @@ def new_model(cfg: TrainConfig, task, explicit: set[str], log, init_from: str = 
     model, meta = loader.load_model(init_from)
     check_tokenizer(init_from, meta["tokenizer"], task, cfg.data)
     mdict = dict(meta["model_config"], dropout=cfg.model.dropout)  # architecture from the checkpoint
-    ignored = [f"{flag(k)} {getattr(cfg.model, k)}" for k in ARCHITECTURE
-               if k in explicit and k != "block_size" and k in mdict and getattr(cfg.model, k) != mdict[k]]
+    ignored = [
+        f"{flag(k)} {getattr(cfg.model, k)}"
+        for k in ARCHITECTURE
+        if k in explicit and k != "block_size" and k in mdict and getattr(cfg.model, k) != mdict[k]
+    ]
     if ignored:
         log(f"init_from: the architecture comes from {init_from}; ignoring {', '.join(ignored)}")
     state = model.state_dict()
@@ -115,15 +128,22 @@ def check_resumable(meta: dict, model_config: dict, task, cfg: TrainConfig) -> N
     """A resumed run continues the same model on the same kind of data: refuse anything else in one line."""
     check_tokenizer(cfg.resume, meta["tokenizer"], task, cfg.data)
     saved = meta["model_config"]
-    changed = [f"{flag(k)} {model_config[k]} (the run has {saved[k]})" for k in ARCHITECTURE
-               if k != "vocab_size" and k in saved and model_config.get(k) != saved[k]]
+    changed = [
+        f"{flag(k)} {model_config[k]} (the run has {saved[k]})"
+        for k in ARCHITECTURE
+        if k != "vocab_size" and k in saved and model_config.get(k) != saved[k]
+    ]
     if changed:
-        raise ConfigError(f"--resume {cfg.resume}: the architecture of a run cannot change: {', '.join(changed)}; "
-                          f"start a new run, or fine-tune it with --init-from {cfg.resume}")
+        raise ConfigError(
+            f"--resume {cfg.resume}: the architecture of a run cannot change: {', '.join(changed)}; "
+            f"start a new run, or fine-tune it with --init-from {cfg.resume}"
+        )
     optimizer = meta["train_config"].get("optimizer", "adamw")
     if cfg.optimizer != optimizer:
-        raise ConfigError(f"--resume {cfg.resume}: the run was trained with --optimizer {optimizer}, not "
-                          f"{cfg.optimizer}; resume it with --optimizer {optimizer}, or fine-tune it with --init-from")
+        raise ConfigError(
+            f"--resume {cfg.resume}: the run was trained with --optimizer {optimizer}, not "
+            f"{cfg.optimizer}; resume it with --optimizer {optimizer}, or fine-tune it with --init-from"
+        )
 
 
 def schedule_change(saved: dict, cfg: TrainConfig, step: int) -> str | None:
@@ -133,12 +153,16 @@ def schedule_change(saved: dict, cfg: TrainConfig, step: int) -> str | None:
         return None
     if not cfg.lr_decay_iters:  # the decay follows --max-iters: it stretches to the new end
         old_lr = lr_at(step, dataclasses.replace(cfg, max_iters=old_end))
-        return (f"--max-iters {new_end} (was {old_end}): the LR decay follows --max-iters, so it now ends at step "
-                f"{new_end}; the LR at step {step} goes from {old_lr:.2e} to {lr_at(step, cfg):.2e}")
+        return (
+            f"--max-iters {new_end} (was {old_end}): the LR decay follows --max-iters, so it now ends at step "
+            f"{new_end}; the LR at step {step} goes from {old_lr:.2e} to {lr_at(step, cfg):.2e}"
+        )
     if cfg.lr_decay_iters < new_end:
-        return (f"--max-iters {new_end}: the LR decay ends at --lr-decay-iters {cfg.lr_decay_iters}, so steps "
-                f"{max(step, cfg.lr_decay_iters)}..{new_end} run at --min-lr {cfg.min_lr:.2e}; pass "
-                f"--lr-decay-iters {new_end} to stretch the decay instead")
+        return (
+            f"--max-iters {new_end}: the LR decay ends at --lr-decay-iters {cfg.lr_decay_iters}, so steps "
+            f"{max(step, cfg.lr_decay_iters)}..{new_end} run at --min-lr {cfg.min_lr:.2e}; pass "
+            f"--lr-decay-iters {new_end} to stretch the decay instead"
+        )
     return None
 
 
@@ -152,8 +176,10 @@ def lora_base(cfg) -> Path:
     path = loader.resolve(cfg.resume, names=LATEST)
     meta_ = loader.read_meta(path, names=LATEST)
     if "lora" not in meta_:
-        raise ConfigError(f"--lora-rank: the run in {cfg.resume} trains all its weights, it cannot go on as LoRA; "
-                          f"start a LoRA run from it with --init-from {cfg.resume}")
+        raise ConfigError(
+            f"--lora-rank: the run in {cfg.resume} trains all its weights, it cannot go on as LoRA; "
+            f"start a LoRA run from it with --init-from {cfg.resume}"
+        )
     return adapters.find_base(meta_["lora"], path)
 
 
@@ -161,6 +187,8 @@ def add_adapters(model: nn.Module, cfg, base: Path, log) -> dict:
     """Freeze the base, add the adapters `cfg` asks for; returns meta["lora"] for the run's checkpoints."""
     config = LoRAConfig.from_train(cfg)
     n = apply(model, config)
-    log(f"lora: rank {config.rank}, alpha {config.alpha:g} on {', '.join(config.targets)}: {n:,} trained parameters; "
-        f"the base {base} is frozen")
+    log(
+        f"lora: rank {config.rank}, alpha {config.alpha:g} on {', '.join(config.targets)}: {n:,} trained parameters; "
+        f"the base {base} is frozen"
+    )
     return adapters.meta(config, model, base, cfg.out_dir)

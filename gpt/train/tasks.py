@@ -46,13 +46,22 @@ class LanguageModelling:
 
     def check_model(self, cfg) -> None:
         if cfg.model.n_encoder_layer:
-            raise ConfigError(f"n_encoder_layer: {cfg.model.n_encoder_layer} needs a pairs dataset (data/prepare.py --pairs)")
+            raise ConfigError(
+                f"n_encoder_layer: {cfg.model.n_encoder_layer} needs a pairs dataset (data/prepare.py --pairs)"
+            )
 
     def start(self, cfg, rt, accum: int) -> None:
         self.cfg, self.device = cfg, rt.device
         self.sampler = Batches(
-            self.dataset.split("train"), cfg.model.block_size, cfg.batch_size, seed=cfg.seed, mode=cfg.sampling,
-            rank=rt.rank, world_size=rt.world_size, grad_accum=accum, device=rt.device,
+            self.dataset.split("train"),
+            cfg.model.block_size,
+            cfg.batch_size,
+            seed=cfg.seed,
+            mode=cfg.sampling,
+            rank=rt.rank,
+            world_size=rt.world_size,
+            grad_accum=accum,
+            device=rt.device,
             guard=self.dataset.id_guard("train"),
         )
 
@@ -79,7 +88,9 @@ class LanguageModelling:
         if cfg.eval_iters == 0 or cfg.sampling == "epoch":
             n_val = -(-((len(self.dataset.split("val")) - 1) // cfg.model.block_size) // bs)
             n = n_val if split == "val" else min(n_val, -(-((len(tokens) - 1) // cfg.model.block_size) // bs))
-            return Counted(n, eval_batches(tokens, cfg.model.block_size, bs, max_batches=n, device=self.device, guard=guard))
+            return Counted(
+                n, eval_batches(tokens, cfg.model.block_size, bs, max_batches=n, device=self.device, guard=guard)
+            )
         sampler = Batches(tokens, cfg.model.block_size, bs, seed=cfg.seed + 1, device=self.device, guard=guard)
         return Counted(cfg.eval_iters, (sampler.get(i) for i in range(cfg.eval_iters)))
 
@@ -102,7 +113,9 @@ class Translation:
         splits = self.dataset.meta["splits"].values()
         need = 1 + max(max(s["max_src_len"], s["max_tgt_len"]) for s in splits)  # plus the start / end token
         if cfg.model.block_size < need:
-            problems.append(f"block_size: {cfg.model.block_size} is shorter than the dataset's longest side ({need} tokens)")
+            problems.append(
+                f"block_size: {cfg.model.block_size} is shorter than the dataset's longest side ({need} tokens)"
+            )
         if problems:
             raise ConfigError("\n".join(problems))
 
@@ -111,8 +124,16 @@ class Translation:
 
     def start(self, cfg, rt, accum: int) -> None:
         self.cfg, self.rt = cfg, rt
-        self.sampler = PairBatches(self.dataset, "train", self._tokens(cfg), seed=cfg.seed, rank=rt.rank,
-                                   world_size=rt.world_size, grad_accum=accum, device=rt.device)
+        self.sampler = PairBatches(
+            self.dataset,
+            "train",
+            self._tokens(cfg),
+            seed=cfg.seed,
+            rank=rt.rank,
+            world_size=rt.world_size,
+            grad_accum=accum,
+            device=rt.device,
+        )
 
     @staticmethod
     def _args(batch):

@@ -104,8 +104,9 @@ def estimate_loss(model: GPT, task, splits=("train", "val"), rt: Runtime | None 
         for idx, targets, *rest in batches:
             with rt.autocast() if rt else nullcontext():
                 logits, _ = model(idx, None, *rest)
-            total += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1,
-                                     reduction="sum").item()
+            total += F.cross_entropy(
+                logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1, reduction="sum"
+            ).item()
             count += int((targets != -1).sum())
             bar.update()
         bar.close(keep=False)
@@ -126,8 +127,10 @@ def explain_oom(cfg: TrainConfig, step: int, out_dir: Path, evaluating: bool = F
             what, fix = "evaluating", f"evaluate in smaller batches, e.g. --eval-batch-size {max(1, bs // 2)}"
         else:
             what = f"training (micro-batches of {cfg.batch_size} x {cfg.model.block_size} tokens)"
-            fix = (f"use a smaller --batch-size with more --grad-accum for the same global batch, e.g. "
-                   f"--batch-size {max(1, cfg.batch_size // 2)} --grad-accum {cfg.grad_accum * 2}")
+            fix = (
+                f"use a smaller --batch-size with more --grad-accum for the same global batch, e.g. "
+                f"--batch-size {max(1, cfg.batch_size // 2)} --grad-accum {cfg.grad_accum * 2}"
+            )
         kept = any((out_dir / name).exists() for name in ("last.pt", native.SHARDED["last.pt"]))
         saved = f"the last checkpoint in {out_dir} is intact" if kept else "nothing was saved"
         raise TrainingError(f"CUDA out of memory at step {step} while {what}: {fix}; {saved}") from None
@@ -175,8 +178,15 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
         if not cfg.init_from:
             task.check_model(cfg)
         with run_dir.claim(resume=bool(cfg.resume), force=cfg.force):
-            log = RunLogger.create(cfg.out_dir, rt.master, cfg.wandb_project, cfg.wandb_run_name, cfg.wandb_mode,
-                                   cfg.to_dict(), tensorboard=cfg.tensorboard)
+            log = RunLogger.create(
+                cfg.out_dir,
+                rt.master,
+                cfg.wandb_project,
+                cfg.wandb_run_name,
+                cfg.wandb_mode,
+                cfg.to_dict(),
+                tensorboard=cfg.tensorboard,
+            )
             try:
                 return Run(cfg, explicit, rt, task, run_dir, log, t_start).loop()
             finally:
@@ -196,10 +206,13 @@ class Run:
         torch.manual_seed(cfg.seed + rt.rank)
         log.print(f"building the model on {rt.describe()}")
         base = start.lora_base(cfg) if cfg.lora_rank else None  # the model LoRA adapts
-        model, self.model_config = start.new_model(cfg, task, {"block_size"} if cfg.resume and base else explicit,
-                                               log.print, init_from=str(base or ""))
+        model, self.model_config = start.new_model(
+            cfg, task, {"block_size"} if cfg.resume and base else explicit, log.print, init_from=str(base or "")
+        )
         self.lora_meta = start.add_adapters(model, cfg, base, log.print) if base else None
-        self.cfg = cfg = replace(cfg, model=model.config)  # the model built: a checkpoint's, cropped, the dataset's vocab
+        self.cfg = cfg = replace(
+            cfg, model=model.config
+        )  # the model built: a checkpoint's, cropped, the dataset's vocab
         self.model = model.to(rt.device)
         self.train_model = parallel.wrap(model, cfg, rt)  # before the optimizer: FSDP swaps in sharded parameters
         self.optimizer = make_optimizer(model, cfg, rt.device)
@@ -254,7 +267,8 @@ class Run:
         if not parallel.all_finite(self.model, rt):
             raise TrainingError(
                 f"the weights are no longer finite at step {self.step}: not saved; {self._kept()}; lower "
-                f"--learning-rate (or --grad-clip){self._way_back()}")
+                f"--learning-rate (or --grad-clip){self._way_back()}"
+            )
         self._count_tokens()  # (those of steps since the last log step, which a resume would lose)
         rng = _rng_state(rt.device)
         if rt.ddp:  # every rank's dropout stream, so a same-size resume continues them all
@@ -265,18 +279,28 @@ class Run:
         if not (rt.master or cfg.fsdp):
             return
         meta = native.build_meta(
-            model_config=self.model_config, tokenizer=self.task.tokenizer_spec, step=self.step,
-            train_config=cfg.to_dict(), val_loss=val_loss, best_val_loss=self.best_val, skipped_steps=self.skipped,
-            world_size=rt.world_size, sampler={"seed": cfg.seed, "mode": cfg.sampling, "next_step": self.step},
-            dataset=str(cfg.data), tokens_seen=self.tokens_seen, lora=self.lora_meta, **self.task.checkpoint_meta,
+            model_config=self.model_config,
+            tokenizer=self.task.tokenizer_spec,
+            step=self.step,
+            train_config=cfg.to_dict(),
+            val_loss=val_loss,
+            best_val_loss=self.best_val,
+            skipped_steps=self.skipped,
+            world_size=rt.world_size,
+            sampler={"seed": cfg.seed, "mode": cfg.sampling, "next_step": self.step},
+            dataset=str(cfg.data),
+            tokens_seen=self.tokens_seen,
+            lora=self.lora_meta,
+            **self.task.checkpoint_meta,
         )
         scaler = self.scaler.state_dict() if self.scaler.is_enabled() else None
         with stop.deferred():  # a second Ctrl-C waits for the write to finish
             if cfg.fsdp:  # every process writes its shards (gpt/checkpoints/dcp.py)
                 dcp.save(self.out_dir / native.SHARDED[name], self.model, self.optimizer, meta, scaler, rng)
             else:
-                state = dict(model=lora.saved_weights(self.model), optimizer=self.optimizer.state_dict(),
-                             scaler=scaler, rng=rng)
+                state = dict(
+                    model=lora.saved_weights(self.model), optimizer=self.optimizer.state_dict(), scaler=scaler, rng=rng
+                )
                 native.save(self.out_dir / name, state, meta)
         self.saved_step = self.step
 
@@ -296,31 +320,46 @@ class Run:
         except native.CheckpointError:
             return ""
         last_val, best_val = last.get("val_loss"), best.get("val_loss")
-        if best.get("step", 0) >= last.get("step", 0) or best_val is None or (last_val is not None and
-                                                                                best_val >= last_val):
+        if (
+            best.get("step", 0) >= last.get("step", 0)
+            or best_val is None
+            or (last_val is not None and best_val >= last_val)
+        ):
             return ""
         than = f"; last.pt: step {last['step']}, val {last_val:.4f}" if last_val is not None else ""
-        return (f"; or go back to {best_path.name}, an earlier and better state (step {best['step']}, val "
-                f"{best_val:.4f}{than}), and continue from it exactly with: python train.py --resume {best_path} "
-                f"--max-iters {self.cfg.max_iters}")
+        return (
+            f"; or go back to {best_path.name}, an earlier and better state (step {best['step']}, val "
+            f"{best_val:.4f}{than}), and continue from it exactly with: python train.py --resume {best_path} "
+            f"--max-iters {self.cfg.max_iters}"
+        )
 
     def evaluate(self, stop: StopSignal) -> dict[str, float]:
         """Losses on both splits; saves last.pt (and best.pt when val improved)."""
         t_eval = time.time()
         with explain_oom(self.cfg, self.step, self.out_dir, evaluating=True):
-            losses = estimate_loss(self.model, self.task, ("train", "val") if self.cfg.eval_train else ("val",),
-                                   rt=self.rt)
+            losses = estimate_loss(
+                self.model, self.task, ("train", "val") if self.cfg.eval_train else ("val",), rt=self.rt
+            )
         val = losses["val"]
         train = f"train {losses['train']:.4f} | " if "train" in losses else ""
         self.limit.eval_seconds = time.time() - t_eval
         self.log.print(
             f"eval {self.step:>6} | {train}val {val:.4f} | val ppl {math.exp(min(val, 50)):.2f}"
-            f" | {self.limit.eval_seconds:.1f}s | elapsed {format_duration(time.time() - self.t_start)}")
-        self.log.record("eval", self.step, train_loss=losses.get("train"), val_loss=val, val_ppl=math.exp(min(val, 50)),
-                        elapsed=time.time() - self.t_start)
+            f" | {self.limit.eval_seconds:.1f}s | elapsed {format_duration(time.time() - self.t_start)}"
+        )
+        self.log.record(
+            "eval",
+            self.step,
+            train_loss=losses.get("train"),
+            val_loss=val,
+            val_ppl=math.exp(min(val, 50)),
+            elapsed=time.time() - self.t_start,
+        )
         if not math.isfinite(val):
-            raise TrainingError(f"non-finite val loss ({val}) at step {self.step}: not saved; {self._kept()}; "
-                                f"lower --learning-rate, then --resume{self._way_back()}")
+            raise TrainingError(
+                f"non-finite val loss ({val}) at step {self.step}: not saved; {self._kept()}; "
+                f"lower --learning-rate, then --resume{self._way_back()}"
+            )
         improved = val < self.best_val
         self.best_val = min(self.best_val, val)
         self.save("last.pt", val, stop)
@@ -340,8 +379,16 @@ class Run:
         for group in optimizer.param_groups:
             group["lr"] = lr * cfg.muon_lr / cfg.learning_rate if group.get("muon") else lr
         with explain_oom(cfg, self.step + 1, self.out_dir):
-            loss, grad_norm, n_tokens = train_step(self.train_model, optimizer, scaler, self.task.train_batch,
-                                                   self.step, self.accum, self.rt, cfg.grad_clip)
+            loss, grad_norm, n_tokens = train_step(
+                self.train_model,
+                optimizer,
+                scaler,
+                self.task.train_batch,
+                self.step,
+                self.accum,
+                self.rt,
+                cfg.grad_clip,
+            )
             self.pending_tokens += n_tokens  # (a device tensor: counted at log steps and saves)
             loss_f, norm_f = torch.stack([loss.detach().float(), grad_norm.float()]).tolist()  # the step's one sync
             if not (math.isfinite(loss_f) and (math.isfinite(norm_f) or scaler.is_enabled())):
@@ -350,7 +397,8 @@ class Run:
                     raise TrainingError(
                         f"non-finite loss ({loss_f:.4g}) or gradient norm ({norm_f:.4g}) at step "
                         f"{self.step}; stopped before the optimizer step; {self._kept()}: lower --learning-rate, "
-                        f"or pass --skip-nonfinite to skip such steps{self._way_back()}")
+                        f"or pass --skip-nonfinite to skip such steps{self._way_back()}"
+                    )
                 self.skipped += 1
             else:
                 with self.health.measure_update(optimizer, enabled=self._is_log_step(self.step + 1)):
@@ -364,12 +412,15 @@ class Run:
         cfg, rt, log = self.cfg, self.rt, self.log
         log.print(
             f"{self.model.num_params() / 1e6:.2f}M parameters | {rt.describe()} | {rt.world_size} process(es) | "
-            f"global batch {self.task.describe_batch(cfg)} | steps {self.step} -> {cfg.max_iters}")
+            f"global batch {self.task.describe_batch(cfg)} | steps {self.step} -> {cfg.max_iters}"
+        )
         for line in preflight.report(self.model, cfg, rt, self.accum):
             log.print(line)
         if cfg.compile:  # the first step traces and compiles: say so before the wait
-            log.print("compiling the model for the first step (torch.compile: 20-40 s on a 2-core CPU, less "
-                      "with inductor's cache from an earlier run)")
+            log.print(
+                "compiling the model for the first step (torch.compile: 20-40 s on a 2-core CPU, less "
+                "with inductor's cache from an earlier run)"
+            )
         self.model.train()
         last_eval = {}
         t_step, recent = time.time(), collections.deque(maxlen=50)  # recent step times, for the ETA
@@ -390,8 +441,11 @@ class Run:
                 step_seconds = sorted(recent)[len(recent) // 2]  # median: robust to pauses
                 if self.step == first + preflight.PREFLIGHT_STEPS and self.step < cfg.max_iters:  # step 1 warms up
                     measured = sorted(list(recent)[1:])[(len(recent) - 1) // 2]
-                    log.print(preflight.eta_line(measured, preflight.PREFLIGHT_STEPS, cfg.max_iters - self.step,
-                                                 self.limit, now))
+                    log.print(
+                        preflight.eta_line(
+                            measured, preflight.PREFLIGHT_STEPS, cfg.max_iters - self.step, self.limit, now
+                        )
+                    )
 
                 if self._is_log_step(self.step):  # (the first step is one: tok_s is set from then on)
                     tok_s = self._log_step(loss, grad_norm, lr, interval, step_seconds, now)
@@ -412,14 +466,17 @@ class Run:
                     last_eval = self.evaluate(stop)
                     t_step = time.time()  # evaluation time is not step time
                     if cfg.target_val_loss and last_eval["val"] <= cfg.target_val_loss:
-                        log.print(f"reached val loss {last_eval['val']:.4f} <= {cfg.target_val_loss} at step {self.step}")
+                        log.print(
+                            f"reached val loss {last_eval['val']:.4f} <= {cfg.target_val_loss} at step {self.step}"
+                        )
                         break
                 if halt is not Halt.GO_ON:
                     if not evaluate:
                         self.save("last.pt", None, stop)
                     reason = signal.Signals(stop.signum).name if stop.signum else f"--max-minutes {cfg.max_minutes}"
-                    log.print(f"stopped by {reason} at step {self.step}; resume with: python train.py --resume "
-                              f"{self.out_dir}")
+                    log.print(
+                        f"stopped by {reason} at step {self.step}; resume with: python train.py --resume {self.out_dir}"
+                    )
                     break
         return self._finish(last_eval, interrupted=stop.signum is not None)
 
@@ -454,23 +511,46 @@ class Run:
         loss, grad_norm = loss.item(), grad_norm.item()
         self.log.print(
             f"step {self.step:>6} | loss {loss:.4f} | lr {lr:.2e} | {tok_s / 1e3:,.1f}k tok/s | "
-            f"{dt * 1e3:.0f} ms/step" + (f" | mfu {mfu:.1%}" if mfu is not None else "") +
-            (f" | mem {mem:.1f} GiB" if mem is not None else "") + f" | {eta}"
-            + (f" | upd/w {self.health.update_ratio:.1e}" if self.health.update_ratio else ""))
-        self.log.record("train", self.step, loss=loss, lr=lr, grad_norm=grad_norm, tokens_per_s=tok_s,
-                        ms_per_step=dt * 1e3, mfu=mfu, peak_mem_gib=mem, skipped_steps=self.skipped,
-                        elapsed=now - self.t_start, tokens=self.tokens_seen, update_ratio=self.health.update_ratio)
+            f"{dt * 1e3:.0f} ms/step"
+            + (f" | mfu {mfu:.1%}" if mfu is not None else "")
+            + (f" | mem {mem:.1f} GiB" if mem is not None else "")
+            + f" | {eta}"
+            + (f" | upd/w {self.health.update_ratio:.1e}" if self.health.update_ratio else "")
+        )
+        self.log.record(
+            "train",
+            self.step,
+            loss=loss,
+            lr=lr,
+            grad_norm=grad_norm,
+            tokens_per_s=tok_s,
+            ms_per_step=dt * 1e3,
+            mfu=mfu,
+            peak_mem_gib=mem,
+            skipped_steps=self.skipped,
+            elapsed=now - self.t_start,
+            tokens=self.tokens_seen,
+            update_ratio=self.health.update_ratio,
+        )
         self.health.update_ratio = None
         return tok_s
 
     def _finish(self, last_eval: dict, interrupted: bool) -> dict:
         self.figure.close()  # the final figure, with every evaluation
         elapsed = time.time() - self.t_start
-        summary = dict(step=self.step, elapsed=elapsed, best_val_loss=self.best_val, skipped_steps=self.skipped,
-                       peak_mem_gib=self.rt.peak_memory_gib(), interrupted=interrupted,
-                       **{f"{k}_loss": v for k, v in last_eval.items()})
+        summary = dict(
+            step=self.step,
+            elapsed=elapsed,
+            best_val_loss=self.best_val,
+            skipped_steps=self.skipped,
+            peak_mem_gib=self.rt.peak_memory_gib(),
+            interrupted=interrupted,
+            **{f"{k}_loss": v for k, v in last_eval.items()},
+        )
         self.log.record("summary", self.step, **{k: v for k, v in summary.items() if k != "step"})
         self.log.print(
             f"done: {self.step} steps in {format_duration(elapsed)} | best val {self.best_val:.4f}"
-            + (f" | {self.skipped} non-finite steps skipped" if self.skipped else "") + f" | checkpoints in {self.out_dir}")
+            + (f" | {self.skipped} non-finite steps skipped" if self.skipped else "")
+            + f" | checkpoints in {self.out_dir}"
+        )
         return summary
