@@ -6,9 +6,12 @@ and CUDA-graph decoding == recompute (test_sampling.py), pinned-memory batches (
 """
 
 import json
+import math
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -183,3 +186,62 @@ def test_out_of_memory_is_one_line_naming_the_fix_and_keeps_the_checkpoint(char_
     assert (out / "last.pt").read_bytes() == before
     res = run_cmd("sample.py", "--ckpt", out, "--num-samples", "3000000", "--max-new-tokens", "8", check=False)
     assert res.returncode == 2 and "--num-samples" in res.stderr and "Traceback" not in res.stderr, res.stderr[-3000:]
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        return b""
+
+
+def test_torchrun_killed_then_resumed_continues_exactly_under_deterministic(char_data, tmp_path):
+    """One torchrun process SIGKILLed after a checkpoint, resumed by torchrun: the same losses as a twin."""
+    common = [*TINY, "--data", char_data, "--max-iters", "400", "--eval-interval", "50", "--deterministic"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "train.py"]
+    subprocess.run([*torchrun, *common, "--out-dir", str(tmp_path / "twin")], cwd=ROOT, check=True, capture_output=True)
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [*torchrun, *common, "--out-dir", str(out)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    while not (out / "last.pt").exists() and proc.poll() is None:
+        time.sleep(0.02)
+    # the agent and its worker (torchrun may start the worker in a session of its own), as a job kill would
+    for pid in [p for p in os.listdir("/proc") if p.isdigit() and str(out).encode() in _cmdline(p)]:
+        os.kill(int(pid), signal.SIGKILL)
+    proc.wait()
+    while any(str(out).encode() in _cmdline(p) for p in os.listdir("/proc") if p.isdigit()):
+        time.sleep(0.02)
+    step = json.loads(torch.load(out / "last.pt", weights_only=True)["meta"])["step"]
+    assert proc.returncode == -signal.SIGKILL and 50 <= step < 400, (proc.returncode, step)
+    res = subprocess.run([*torchrun, "--resume", str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+    def losses(run):
+        return {r["step"]: (r["loss"], r["grad_norm"]) for r in records(run, "train")}
+
+    assert losses(out) == losses(tmp_path / "twin")  # bit for bit, every step, after the kill
+    assert sorted(losses(out)) == list(range(1, 401))
+
+
+def test_muon_trains_on_cuda(char_data, tmp_path):
+    run_cmd(
+        "train.py",
+        "--data",
+        char_data,
+        *TINY,
+        "--optimizer",
+        "muon",
+        "--max-iters",
+        "30",
+        "--eval-interval",
+        "30",
+        "--out-dir",
+        tmp_path / "muon",
+    )
+    train = records(tmp_path / "muon", "train")
+    assert len(train) == 30 and all(map(math.isfinite, (r["loss"] for r in train)))
+    assert train[-1]["loss"] < train[0]["loss"] - 0.5
