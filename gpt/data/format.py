@@ -13,14 +13,17 @@ A dataset directory holds (gpt/data/prepare.py writes token datasets, gpt/data/p
 | --- | --- |
 | `meta.json` | written last, so a directory without it is incomplete; checked field by field on opening |
 | `train.bin`, `val.bin` | token ids, flat, little-endian `uint16` (vocabularies up to 65536 ids) or `uint32` |
-| `train.idx`, `val.idx` | pairs only: int64 offsets into the .bin, source and target of each pair |
+| `train.idx`, `val.idx` | pairs: int64 offsets into the .bin, source and target of each pair; chat: where each conversation starts (and the end) |
+| `train.mask.bin`, `val.mask.bin` | chat only: one uint8 per token, 1 where the token is a target of the loss (the assistant's words and end-of-turn) |
 | `tokenizer.tiktoken` | a trained BPE's ranks in tiktoken's format; meta.json names it with its sha256 |
 
-meta.json, both kinds: `format_version` (1), `kind` (`tokens` or `pairs`), `dtype`, `vocab_size`,
+meta.json, every kind: `format_version` (1), `kind` (`tokens`, `pairs` or `chat`), `dtype`, `vocab_size`,
 `tokenizer` (the spec gpt.data.tokenizer.get_tokenizer takes) and `splits`, where each split records
 `max_id`, its largest token id, so opening a dataset checks every id against the vocabulary without a
 pass over the files. Older datasets still open: pairs datasets named the version `format`, token datasets
-had no `kind`, and a split without `max_id` has its ids read once when opened.
+had no `kind`, and a split without `max_id` has its ids read once when opened. A chat dataset also holds
+`eot_token`, `chat_template` (gpt/data/chat.py) and per split `file`, `mask`, `index`, `tokens`,
+`conversations`, `targets` (tokens under the mask), `sha256` of the .bin and `max_id`.
 
 Footguns
 - Every mistake in meta.json is one DataError naming the file and the field (`splits.train.file`),
@@ -51,13 +54,13 @@ from gpt.fsutil import fsync_path, remove_stale_temps, temp_prefix
 FORMAT_VERSION = 1
 VERSION_KEY = "format_version"
 OLD_VERSION_KEY = "format"  # what pairs datasets called it before this module
-KINDS = {"tokens": "a token dataset", "pairs": "translation pairs"}
+KINDS = {"tokens": "a token dataset", "pairs": "translation pairs", "chat": "chat conversations"}
 TOKENIZERS = ("gpt2", "char", "bpe")
 DTYPES = ("uint16", "uint32")
 SPLITS = ("train", "val")
 META_FILE = "meta.json"
 RANKS_FILE = "tokenizer.tiktoken"
-DATASET_FILES = (*(f"{s}.{ext}" for s in SPLITS for ext in ("bin", "idx")), RANKS_FILE, META_FILE)
+DATASET_FILES = (*(f"{s}.{ext}" for s in SPLITS for ext in ("bin", "idx", "mask.bin")), RANKS_FILE, META_FILE)
 REPREPARE = "prepare the dataset again with --force"
 
 
@@ -69,6 +72,8 @@ def prepare_hint(kind: str, path: str | os.PathLike) -> str:
     """The command that prepares a dataset of `kind` at `path`."""
     if kind == "pairs":
         return f"run `python data/prepare.py --pairs SRC TGT --out {path}`"
+    if kind == "chat":
+        return f"run `python data/prepare.py --chat FILE.jsonl --out {path} --tokenizer-from BASE_RUN`"
     return f"run `python data/prepare.py INPUT... --out {path} --tokenizer {{gpt2,char,bpe}}`"
 
 
@@ -103,7 +108,9 @@ def store_ranks(directory: Path, spec: dict) -> dict:
     """The spec as meta.json stores it: a bpe's ranks moved out into `directory`/tokenizer.tiktoken,
     named with its sha256. Other specs are returned as they are."""
     spec = dict(spec)
-    if spec["kind"] == "bpe":
+    if spec["kind"] == "specials":
+        spec["base"] = store_ranks(directory, spec["base"])
+    elif spec["kind"] == "bpe":
         file = Path(directory) / RANKS_FILE
         file.write_text(spec.pop("ranks"), encoding="ascii")
         spec.update(ranks_file=RANKS_FILE, ranks_sha256=file_sha256(file))
@@ -114,7 +121,9 @@ def inline_ranks(directory: Path, spec: dict) -> dict:
     """The spec with a bpe's ranks read back in from their file (checked against the sha256): a
     self-contained spec a checkpoint can store to rebuild the tokenizer without the dataset."""
     spec = dict(spec)
-    if spec["kind"] == "bpe" and "ranks" not in spec:
+    if spec["kind"] == "specials":
+        spec["base"] = inline_ranks(directory, spec["base"])
+    elif spec["kind"] == "bpe" and "ranks" not in spec:
         file = _ranks_file(Path(directory), spec.pop("ranks_file"))
         check_sha256(file, spec.pop("ranks_sha256"))
         spec["ranks"] = file.read_text(encoding="ascii")
@@ -193,6 +202,7 @@ def read_meta(path: str | os.PathLike, kind: str) -> dict:
         raise DataError(f"{path} holds {KINDS[found]}, not {KINDS[kind]}: {hint}")
     _check_fields(_Fields(file, meta), kind)
     spec = meta["tokenizer"]
+    spec = spec["base"] if spec["kind"] == "specials" else spec
     if spec["kind"] == "bpe" and "ranks" not in spec:
         _ranks_file(path, spec["ranks_file"])
     return meta
@@ -258,6 +268,9 @@ def _check_fields(m: _Fields, kind: str) -> None:
     if vocab - 1 > np.iinfo(dtype).max:
         raise DataError(f"{m.file}: vocab_size {vocab} does not fit dtype {dtype}: {REPREPARE}")
     tok = m.obj("tokenizer")
+    if tok.str("kind", (*TOKENIZERS, "specials")) == "specials":  # a chat template's tokens on a base
+        tok.get("specials", "a list of strings", lambda v: isinstance(v, list) and all(isinstance(t, str) for t in v))
+        tok = tok.obj("base")
     tokenizer = tok.str("kind", TOKENIZERS)
     if tokenizer == "char":
         tok.str("chars")
@@ -273,6 +286,17 @@ def _check_fields(m: _Fields, kind: str) -> None:
             split.int("tokens")
             split.str("sha256")
             split.int("max_id", default=None)
+        return
+    if kind == "chat":
+        m.int("eot_token", below=vocab)
+        m.obj("chat_template")  # checked in full by gpt.data.chat.ChatTemplate.from_spec
+        for name in SPLITS:
+            split = splits.obj(name)
+            for key in ("file", "mask", "index"):
+                split.name(key)
+            for key in ("tokens", "conversations", "targets", "max_id"):
+                split.int(key)
+            split.str("sha256")
         return
     for key in ("bos", "eos", "pad"):
         m.int(key, below=vocab)

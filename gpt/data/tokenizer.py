@@ -4,6 +4,8 @@
     tok = CharTokenizer.from_text(corpus)          # a character vocabulary
     tok = get_tokenizer(tok.spec)                  # the same tokenizer again, e.g. from meta.json
 
+    tok = SpecialsTokenizer(base, ["<|user|>", "<|end|>"])   # base's ids, then one id per special token
+
 Every tokenizer has `encode(text) -> list[int]`, `decode(ids) -> str`, `decode_bytes(ids)`,
 `vocab_size`, `eot_token` and `spec`. Datasets and checkpoints store the spec, so sampling always
 uses the tokenizer that made the data.
@@ -13,6 +15,10 @@ Policies
   streaming, `StreamDecoder` holds incomplete bytes back until the character is complete.
 - `char`: text containing a character outside the vocabulary is an error (ValueError naming the
   characters), never a silent substitution.
+- `specials` (a chat template's role markers and end-of-turn token, gpt/data/chat.py): the special
+  tokens get the ids after the base's whole vocabulary, so every base id keeps its meaning and a base
+  checkpoint only grows rows. `encode` never produces them: text that spells `<|end|>` is encoded as
+  ordinary text (a user cannot forge a turn); only `special(name)` gives their ids.
 - `gpt2` offline: set GPT2_TIKTOKEN_FILE (or pass `ranks_file`) to a `.tiktoken` ranks file;
   otherwise tiktoken downloads and caches its files the normal way. A file that is not a ranks file
   is a TokenizerError naming it and where it came from (the variable, or the caller's flag).
@@ -119,6 +125,50 @@ class CharTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         n = len(self.chars)
         return "".join(self.chars[i] if 0 <= i < n else (EOT_TEXT if i == n else "\ufffd") for i in map(int, ids))
+
+
+class SpecialsTokenizer:
+    """A base tokenizer plus special tokens with the ids after its vocabulary (`vocab_size`, ...)."""
+
+    def __init__(self, base: Tokenizer, specials: list[str]):
+        if not specials or len(set(specials)) != len(specials) or not all(isinstance(t, str) and t for t in specials):
+            raise TokenizerError(f"special tokens must be distinct non-empty strings, got {specials!r}")
+        if isinstance(base, SpecialsTokenizer):
+            raise TokenizerError("special tokens are added to a base tokenizer once, not nested")
+        self.base = base
+        self.specials = list(specials)
+        self.ids = {t: base.vocab_size + i for i, t in enumerate(self.specials)}
+        self.eot_token = base.eot_token
+        self.vocab_size = base.vocab_size + len(self.specials)
+
+    @property
+    def spec(self) -> dict:
+        return {"kind": "specials", "base": self.base.spec, "specials": list(self.specials)}
+
+    def special(self, name: str) -> int:
+        """The id of special token `name` (KeyError if it is not one)."""
+        return self.ids[name]
+
+    def encode(self, text: str) -> list[int]:
+        return self.base.encode(text)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.base.encode_batch(texts)
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        out, run, n = [], [], self.base.vocab_size
+        for i in map(int, ids):
+            if n <= i < self.vocab_size:
+                out.append(self.base.decode_bytes(run))
+                out.append(self.specials[i - n].encode("utf-8"))
+                run = []
+            else:
+                run.append(i)
+        out.append(self.base.decode_bytes(run))
+        return b"".join(out)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
 
 class StreamDecoder:
@@ -229,4 +279,6 @@ def get_tokenizer(spec: dict | str, ranks_file: str | None = None) -> Tokenizer:
         return CharTokenizer(spec["chars"])
     if kind == "bpe":
         return bpe_tokenizer(spec["ranks"], spec.get("pattern", GPT2_PATTERN))
-    raise TokenizerError(f"unknown tokenizer kind {kind!r}; expected 'gpt2', 'char' or 'bpe'")
+    if kind == "specials":
+        return SpecialsTokenizer(get_tokenizer(spec["base"], ranks_file), spec["specials"])
+    raise TokenizerError(f"unknown tokenizer kind {kind!r}; expected 'gpt2', 'char', 'bpe' or 'specials'")
