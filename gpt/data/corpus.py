@@ -23,6 +23,8 @@ Policies
 from __future__ import annotations
 
 import codecs
+import gzip
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,6 +37,14 @@ SNIFF_BYTES = 8192
 
 class CorpusError(UserError, ValueError):
     """A corpus that cannot be read as text (gpt.data.prepare turns it into a DataError)."""
+
+
+class BadRowError(CorpusError):
+    """One row of a record file (JSONL, Parquet) that is not what the reader needs."""
+
+    def __init__(self, path: str | Path, row: int, problem: str):
+        self.path, self.row, self.problem = path, row, problem
+        super().__init__(f"{path}, row {row}: {problem}")
 
 
 @dataclass(frozen=True)
@@ -228,3 +238,28 @@ def read_chunks(
     if replaced_here:
         stats.replaced_bytes += replaced_here
         stats.files_with_replacements.append((segment.doc.path, replaced_here))
+
+
+# ---- record files: one JSON value per line -----------------------------------------------------------
+
+
+def jsonl_rows(path: str | Path) -> Iterator[tuple[int, object, str | None]]:
+    """(row, value, problem) for each non-blank line of a `.jsonl` (or gzip-compressed `.jsonl.gz`) file:
+    `row` counts lines from 1, `value` is the parsed JSON (None when `problem` says why it could not be).
+    The caller decides whether a bad row stops it (`BadRowError(path, row, problem)`) or is skipped."""
+    path = Path(path)
+    opener = gzip.open if path.name.endswith(".gz") else open
+    try:
+        f = opener(path, "rb")
+        with f:
+            for row, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield row, json.loads(line), None
+                except UnicodeDecodeError:
+                    yield row, None, "not UTF-8"
+                except ValueError as e:
+                    yield row, None, f"not JSON ({e.msg} at column {e.colno})"
+    except (OSError, EOFError) as e:  # unreadable, or a damaged / truncated gzip stream
+        raise CorpusError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
