@@ -5,12 +5,15 @@
     python data/prepare.py input.txt --out data/mine_char --tokenizer char --block-size 256
     python data/prepare.py --pairs train.de train.en --val-pairs val.de val.en --out data/de-en --tokenizer bpe
     python data/prepare.py new.txt --out data/new --tokenizer-from out/shakespeare-char --unknown replace
+    python data/prepare.py --chat chats.jsonl --out data/chat --tokenizer-from out/base --block-size 256
 
 Writes train.bin, val.bin and meta.json (plus tokenizer.tiktoken for bpe) into --out; see the README's
 "Prepare data" section, gpt/data/prepare.py for the policies and gpt/data/format.py for the format. Never
 imports torch. With --pairs (line i of
 SRC translates line i of TGT; no INPUT) it writes a pairs dataset for the seq2seq model instead:
-{train,val}.{bin,idx} and meta.json, see gpt/data/pairs.py.
+{train,val}.{bin,idx} and meta.json, see gpt/data/pairs.py. With --chat (rows of OpenAI messages,
+prompt/completion or Alpaca instruction/input/output) it writes a chat dataset to fine-tune on: the
+conversations rendered by a chat template, and a loss mask on the assistant's tokens (gpt/data/sft.py).
 """
 
 import argparse
@@ -21,20 +24,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from gpt.cli import ArgumentParser, fail, run_main
 from gpt.cli.pairs import add_pairs_options, run_cli
+from gpt.data.chat import FORMATS
 from gpt.data.pairs import DEFAULT_VAL_FRACTION
 from gpt.data.prepare import TOKENIZERS, prepare
+from gpt.data.sft import DEFAULT_VAL_FRACTION as DEFAULT_CHAT_VAL_FRACTION
+from gpt.data.sft import LONG_POLICIES, prepare_chat
 from gpt.data.vocab import UNKNOWN_POLICIES
 
 DEFAULT_BLOCK_SIZE = 1024
-TEXT_ONLY = {
-    "block_size": "--block-size",
-    "strict_utf8": "--strict-utf8",
-    "workers": "--workers",
-    "tokenizer_from": "--tokenizer-from",
-    "unknown": "--unknown",
-    "replacement": "--replacement",
+MODES = {"text": "INPUT text", "pairs": "--pairs", "chat": "--chat"}
+# The options that belong to some modes only: argument name -> (flag, the modes it is for).
+ONLY_FOR = {
+    "block_size": ("--block-size", {"text", "chat"}),
+    "strict_utf8": ("--strict-utf8", {"text"}),
+    "workers": ("--workers", {"text"}),
+    "tokenizer_from": ("--tokenizer-from", {"text", "chat"}),
+    "unknown": ("--unknown", {"text"}),
+    "replacement": ("--replacement", {"text"}),
+    "skip_bad_rows": ("--skip-bad-rows", {"text", "chat"}),
+    "val_pairs": ("--val-pairs", {"pairs"}),
+    "max_len": ("--max-len", {"pairs"}),
+    "truncate": ("--truncate", {"pairs"}),
+    "seed": ("--seed", {"pairs", "chat"}),
+    "val_chat": ("--val-chat", {"chat"}),
+    "chat_format": ("--chat-format", {"chat"}),
+    "long": ("--long", {"chat"}),
 }
-PAIRS_ONLY = {"val_pairs": "--val-pairs", "max_len": "--max-len", "truncate": "--truncate", "seed": "--seed"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -45,6 +60,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         nargs=2,
         metavar=("SRC", "TGT"),
         help="instead of INPUTs: parallel files for a seq2seq pairs dataset (line i of SRC translates line i of TGT)",
+    )
+    p.add_argument(
+        "--chat",
+        nargs="+",
+        metavar="FILE",
+        help="instead of INPUTs: chat files (.jsonl, .jsonl.gz or a .json list; one conversation per row) for a "
+        "chat dataset to fine-tune on, the loss on the assistant's answers",
     )
     p.add_argument("--out", required=True, help="dataset directory to create, e.g. data/NAME")
     p.add_argument("--tokenizer", choices=TOKENIZERS, default=None, help="a new tokenizer (default: gpt2)")
@@ -92,26 +114,62 @@ def parse_args(argv=None) -> argparse.Namespace:
     text.add_argument(
         "--replacement", default=None, help="--unknown replace: the character they become (default: '?', else a space)"
     )
+    text.add_argument(
+        "--skip-bad-rows",
+        action="store_true",
+        help="rows of a record file (JSONL, Parquet, a --chat file) that are malformed, lack the field or are "
+        "not text / not a conversation are skipped and counted, instead of stopping at the first",
+    )
     add_pairs_options(p.add_argument_group("pairs datasets (--pairs SRC TGT)"))
+    chat = p.add_argument_group("chat datasets (--chat FILE ...; also --block-size, --tokenizer-from, --seed)")
+    chat.add_argument(
+        "--val-chat", nargs="+", metavar="FILE", help="held-out conversations (default: --val-fraction 0.05 of --chat)"
+    )
+    chat.add_argument(
+        "--chat-format",
+        choices=FORMATS,
+        default=None,
+        help="the rows' shape: OpenAI messages, prompt + completion, or Alpaca instruction (+ input) + output "
+        "(default: recognised row by row from its keys)",
+    )
+    chat.add_argument(
+        "--long",
+        choices=LONG_POLICIES,
+        default=None,
+        help="conversations longer than --block-size + 1 tokens are cut to it or left out, and counted "
+        "(default: truncate)",
+    )
     return p.parse_args(argv)
 
 
+def mode(args: argparse.Namespace) -> str:
+    return "pairs" if args.pairs else "chat" if args.chat else "text"
+
+
 def mode_error(args: argparse.Namespace) -> str | None:
-    """What is wrong with the mix of INPUTs, --pairs and the options of each, if anything."""
-    if args.pairs and args.inputs:
-        return f"give INPUT files or --pairs SRC TGT, not both (got INPUT {' '.join(args.inputs)})"
-    if not args.pairs and not args.inputs:
-        return "nothing to prepare: give INPUT files and directories, or --pairs SRC TGT for translation pairs"
-    wrong = TEXT_ONLY if args.pairs else PAIRS_ONLY
-    given = [flag for key, flag in wrong.items() if getattr(args, key) is not None and getattr(args, key) is not False]
-    if given:
-        return f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for " + (
-            "INPUT text datasets, not --pairs" if args.pairs else "--pairs datasets, not INPUT text"
+    """What is wrong with the mix of INPUTs, --pairs, --chat and the options of each, if anything."""
+    given_modes = [
+        flag for flag, given in (("INPUT", args.inputs), ("--pairs", args.pairs), ("--chat", args.chat)) if given
+    ]
+    if len(given_modes) > 1:
+        got = f" (got INPUT {' '.join(args.inputs)})" if args.inputs else ""
+        return f"give one of INPUT files, --pairs SRC TGT or --chat FILE, not {' and '.join(given_modes)}{got}"
+    if not given_modes:
+        return (
+            "nothing to prepare: give INPUT files and directories, --pairs SRC TGT for translation pairs, "
+            "or --chat FILE for chat conversations"
         )
+    this = mode(args)
+    wrong = {}
+    for key, (flag, modes) in ONLY_FOR.items():
+        if this not in modes and getattr(args, key) not in (None, False):
+            wrong.setdefault(" and ".join(MODES[m] for m in MODES if m in modes), []).append(flag)
+    for modes, flags in wrong.items():
+        return f"{', '.join(flags)} {'is' if len(flags) == 1 else 'are'} for {modes} datasets, not {MODES[this]}"
     unknown = [
         flag for flag, value in (("--unknown", args.unknown), ("--replacement", args.replacement)) if value is not None
     ]
-    if unknown and not args.pairs and not args.tokenizer_from:  # they would be ignored
+    if unknown and not args.tokenizer_from:  # they would be ignored
         return (
             f"{', '.join(unknown)}: only with --tokenizer-from (the characters a reused char vocabulary lacks); "
             f"a new vocabulary (--tokenizer) holds every character of its INPUT"
@@ -143,6 +201,25 @@ def main(argv=None) -> int:
     if args.pairs:
         args.tokenizer = args.tokenizer or "gpt2"
         return run_cli(args)
+    if args.chat:
+        return run_main(
+            lambda: prepare_chat(
+                args.chat,
+                args.out,
+                val_inputs=args.val_chat,
+                tokenizer_from=reused(args.tokenizer_from),
+                tokenizer=args.tokenizer,
+                tokenizer_file=args.tokenizer_file,
+                fmt=args.chat_format,
+                block_size=DEFAULT_BLOCK_SIZE if args.block_size is None else args.block_size,
+                long=args.long or "truncate",
+                val_fraction=DEFAULT_CHAT_VAL_FRACTION if args.val_fraction is None else args.val_fraction,
+                seed=args.seed or 0,
+                skip_bad_rows=args.skip_bad_rows,
+                force=args.force,
+            ).line(),
+            interrupted=f"{args.out} was left as it was",
+        )
     return run_main(
         lambda: prepare(
             args.inputs,

@@ -359,9 +359,19 @@ def test_data_prepare_pairs_cli_errors_are_one_line(toy, tmp_path):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--pairs", "s", "t", "corpus.txt"], "give INPUT files or --pairs SRC TGT, not both (got INPUT corpus.txt)"),
-        ([], "nothing to prepare: give INPUT files and directories, or --pairs SRC TGT for translation pairs"),
-        (["--pairs", "s", "t", "--block-size", "64"], "--block-size is for INPUT text datasets, not --pairs"),
+        (
+            ["--pairs", "s", "t", "corpus.txt"],
+            "give one of INPUT files, --pairs SRC TGT or --chat FILE, not INPUT and --pairs (got INPUT corpus.txt)",
+        ),
+        (
+            [],
+            "nothing to prepare: give INPUT files and directories, --pairs SRC TGT for translation pairs, "
+            "or --chat FILE for chat conversations",
+        ),
+        (
+            ["--pairs", "s", "t", "--block-size", "64"],
+            "--block-size is for INPUT text and --chat datasets, not --pairs",
+        ),
         (
             ["corpus.txt", "--max-len", "64", "--truncate"],
             "--max-len, --truncate are for --pairs datasets, not INPUT text",

@@ -134,7 +134,7 @@ def prepare(
     """
     t0 = time.perf_counter()
     out = Path(out)
-    spec = _reused_spec(tokenizer_from, tokenizer, vocab_size, tokenizer_file)
+    spec = reused_spec(tokenizer_from, tokenizer, vocab_size, tokenizer_file)
     if isinstance(tokenizer_from, vocab.Reused):
         tokenizer_from = tokenizer_from.source
     if spec is None:
@@ -160,7 +160,7 @@ def prepare(
         if spec is None:
             tok = _build_tokenizer(tokenizer, segments, vocab_size, tokenizer_file, strict_utf8, chunk_bytes, progress)
         else:
-            tok = _reused_tokenizer(spec, tokenizer_file)
+            tok = reused_tokenizer(spec, tokenizer_file)
             if isinstance(tok, CharTokenizer):
                 missing = vocab.unknown_chars(_char_counts(segments, chunk_bytes, strict_utf8, progress), tok.chars)
                 replace_with = vocab.unknown_policy(missing, tok.chars, unknown, replacement, tokenizer_from)
@@ -256,7 +256,7 @@ def _texts(segments: list[Segment], chunk_bytes: int, strict: bool, bar: Progres
                 bar.update(nbytes)
 
 
-def _reused_spec(source, kind: str | None, vocab_size, tokenizer_file) -> dict | None:
+def reused_spec(source, kind: str | None, vocab_size, tokenizer_file) -> dict | None:
     """The spec of `--tokenizer-from` (None without it), checked against the options that go with it."""
     if source is None:
         return None
@@ -275,7 +275,7 @@ def _reused_spec(source, kind: str | None, vocab_size, tokenizer_file) -> dict |
     return spec
 
 
-def _reused_tokenizer(spec: dict, tokenizer_file: str | None):
+def reused_tokenizer(spec: dict, tokenizer_file: str | None):
     try:
         if spec.get("kind") == "gpt2":
             return gpt2_tokenizer(tokenizer_file, file_flag=TOKENIZER_FILE_FLAG)
