@@ -54,6 +54,22 @@ def positions(start: int | torch.Tensor, T: int, device) -> torch.Tensor:
     return start.view(-1, 1) + pos if isinstance(start, torch.Tensor) else start + pos
 
 
+def doc_positions(doc: torch.Tensor) -> torch.Tensor:
+    """For (B, T) document ids of packed rows (each document's positions contiguous): each token's position
+    within its document, 0 at the document's first token."""
+    T = doc.size(1)
+    t = torch.arange(T, device=doc.device).expand_as(doc)
+    first = torch.ones_like(doc, dtype=torch.bool)
+    first[:, 1:] = doc[:, 1:] != doc[:, :-1]
+    return t - torch.where(first, t, 0).cummax(dim=1).values
+
+
+def doc_mask(doc: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, T) boolean attention mask of packed rows: a token attends only within its own document
+    (the causal part is added by attention itself)."""
+    return (doc[:, :, None] == doc[:, None, :]).unsqueeze(1)
+
+
 def rope_cos_sin(positions: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin (..., T, head_dim) of the rotary angles pos * ROPE_THETA^(-2i/head_dim), each frequency
     repeated for the two halves of a head; float32, from angles computed in float64 (but on MPS)."""
@@ -256,10 +272,11 @@ class GPT(nn.Module):
 
     # ---- forward paths -------------------------------------------------------------------------
 
-    def embed(self, idx: torch.Tensor, start_pos: int | torch.Tensor = 0) -> torch.Tensor:
-        """Token embeddings plus absolute positions. RoPE adds none here (attention rotates) and has no
-        table, so it has no length limit: past block_size, attention spans more than training did
-        unless a mask narrows it (the rolling sampler's cache computes a band of block_size keys)."""
+    def embed(self, idx: torch.Tensor, start_pos: int | torch.Tensor = 0, pos: torch.Tensor | None = None):
+        """Token embeddings plus absolute positions (`start_pos` onwards, or `pos` (B, T) given per token).
+        RoPE adds none here (attention rotates) and has no table, so it has no length limit: past
+        block_size, attention spans more than training did unless a mask narrows it (the rolling
+        sampler's cache computes a band of block_size keys)."""
         T = idx.size(1)
         tok = self.transformer.wte(idx)  # (B, T, C)
         if self.config.pos_encoding == "rope":
@@ -269,17 +286,18 @@ class GPT(nn.Module):
                 f"sequence of length {start_pos + T} exceeds block_size {self.config.block_size}; "
                 f"crop the input to its last {self.config.block_size} tokens"
             )
-        pos = positions(start_pos, T, idx.device)
+        pos = positions(start_pos, T, idx.device) if pos is None else pos
         if self.config.pos_encoding == "sinusoidal":
             tok = tok * math.sqrt(self.config.n_embd)  # the paper scales embeddings by sqrt(d_model)
             return self.transformer.drop(tok + self.pe[pos])
         return self.transformer.drop(tok + self.transformer.wpe(pos))
 
-    def rope(self, start: int | torch.Tensor, T: int, device) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(cos, sin) of positions start .. start + T - 1 for rotary attention; None without rope."""
+    def rope(self, start: int | torch.Tensor, T: int, device, pos: torch.Tensor | None = None):
+        """(cos, sin) of positions start .. start + T - 1 (or `pos` (B, T)) for rotary attention; None
+        without rope."""
         if self.config.pos_encoding != "rope":
             return None
-        pos = positions(start, T, device)
+        pos = positions(start, T, device) if pos is None else pos
         cos, sin = rope_cos_sin(pos, self.config.n_embd // self.config.n_head)
         return (cos, sin) if pos.dim() == 1 else (cos.unsqueeze(1), sin.unsqueeze(1))  # (B or 1, 1, T, hs)
 
@@ -290,6 +308,7 @@ class GPT(nn.Module):
         memory=None,
         memory_mask: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
+        doc: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final-LayerNorm hidden states (B, T, C) of the decoder stack.
 
@@ -297,16 +316,22 @@ class GPT(nn.Module):
         encoder, `memory` is its output (or, per layer, precomputed cross-attention key/values).
         `mask` (boolean, broadcastable to (B, nh, T, T_past + T)) further restricts self-attention,
         which is causal in any case. Static caches (a tensor `pos`, shared or per row) attend over
-        their whole buffer: query t of row b sees the keys at positions <= pos[b] + t.
+        their whole buffer: query t of row b sees the keys at positions <= pos[b] + t. `doc` (B, T) packs
+        several documents in a row (chat fine-tuning): a token attends within its document only, and
+        positions restart at each document's first token, as if each were alone.
         """
         start = caches[0].pos if caches else 0
+        pos = None
+        if doc is not None:
+            pos = doc_positions(doc)
+            mask = doc_mask(doc) if mask is None else mask & doc_mask(doc)
         if isinstance(start, torch.Tensor):
             query_pos = start.view(-1, 1) + torch.arange(idx.size(1), device=idx.device)  # (B or 1, T)
             written = torch.arange(caches[0].max_len, device=idx.device) <= query_pos[..., None]  # (B or 1, T, L)
             written = written.unsqueeze(1)  # (B or 1, 1, T, L)
             mask = written if mask is None else mask & written
-        x = self.embed(idx, start)
-        rope = self.rope(start, idx.size(1), idx.device)
+        x = self.embed(idx, start, pos)
+        rope = self.rope(start, idx.size(1), idx.device, pos)
         for i, block in enumerate(self.transformer.h):
             mem = memory[i] if isinstance(memory, list) else memory
             x = block(
@@ -382,19 +407,21 @@ class GPT(nn.Module):
         targets: torch.Tensor | None = None,
         src: torch.Tensor | None = None,
         src_mask: torch.Tensor | None = None,
+        doc: torch.Tensor | None = None,
     ):
         """Logits (B, T, vocab_size) and, given targets, the mean cross-entropy (ignore_index=-1).
 
-        Decoder-only: `idx` is the token sequence. Seq2seq (n_encoder_layer > 0): `idx` is the
-        teacher-forced target input (start token + target), `src` (B, S) the source ids and
-        `src_mask` (B, S) True at real source tokens; targets are -1 at padding.
+        Decoder-only: `idx` is the token sequence; `doc` (B, T), if given, the document of each token
+        in rows packed with several (attention stays within a document: see `hidden`). Seq2seq
+        (n_encoder_layer > 0): `idx` is the teacher-forced target input (start token + target), `src`
+        (B, S) the source ids and `src_mask` (B, S) True at real source tokens; targets are -1 at padding.
         """
         if src is None:
             if self.config.n_encoder_layer > 0:
                 raise ValueError(
                     f"this model has an encoder (n_encoder_layer={self.config.n_encoder_layer}): pass src="
                 )
-            logits = self.lm_head(self.hidden(idx))
+            logits = self.lm_head(self.hidden(idx, doc=doc))
         else:
             logits = self.lm_head(self.decode(self.encode(src, src_mask), src_mask, idx))
         loss = self.loss(logits, targets) if targets is not None else None
@@ -462,6 +489,29 @@ class GPT(nn.Module):
         """Run `hidden` (the decoder stack the sampler calls once per token) through torch.compile, shapes
         dynamic: `sample.py --compile`. The weights stay this module's; training compiles the whole model."""
         self.hidden = torch.compile(self.hidden, dynamic=True)
+
+    @torch.no_grad()
+    def grow_vocab(self, vocab_size: int, fresh: range) -> None:
+        """Give the embedding (and the head tied to it) `vocab_size` rows, at least its current count, and
+        fresh rows for the new tokens `fresh` (a chat template's special tokens, after the base
+        vocabulary): each the mean of the base vocabulary's rows plus a little noise, so a new token
+        starts as an average token, neither dominating the softmax nor unreachable. Padding rows
+        beyond get the usual normal(0, 0.02). The rows of the old tokens, hence their logits, stay as they are."""
+        old = self.transformer.wte.weight
+        n = max(vocab_size, old.size(0))
+        if fresh.start < 1 or fresh.stop > n:
+            raise ValueError(f"fresh rows {fresh} must lie within 1..{n} after at least one base row")
+        weight = torch.empty(n, old.size(1), dtype=old.dtype, device=old.device)
+        weight[: old.size(0)] = old
+        torch.nn.init.normal_(weight[old.size(0) :], mean=0.0, std=0.02)
+        mean = old[: fresh.start].float().mean(0)
+        weight[fresh.start : fresh.stop] = (mean + 0.02 * torch.randn(len(fresh), old.size(1), device=old.device)).to(
+            old.dtype
+        )
+        self.transformer.wte.weight = nn.Parameter(weight, requires_grad=old.requires_grad)
+        self.transformer.wte.num_embeddings = n
+        self.lm_head.weight = self.transformer.wte.weight
+        self.config.vocab_size = n
 
     def crop_block_size(self, block_size: int) -> None:
         """Shrink the context (fine-tuning at a shorter block): position embeddings are cropped."""

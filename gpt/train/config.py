@@ -93,6 +93,10 @@ class TrainConfig:
     )
     max_tokens: int = opt(0, "seq2seq: tokens per micro-batch, pairs grouped by length (0 = batch_size * block_size)")
     sampling: str = opt("random", "training windows: random (with replacement) | epoch (each window once per epoch)")
+    loss_on: str = opt(
+        "assistant",
+        "chat datasets: the loss on the assistant's tokens only, or on every token (all) of the conversations",
+    )
     # optimizer and schedule
     max_iters: int = opt(2000, "optimizer steps")
     learning_rate: float = opt(1e-3, "peak learning rate")
@@ -168,6 +172,7 @@ class TrainConfig:
         out = []
         choices = {
             "sampling": ("random", "epoch"),
+            "loss_on": ("assistant", "all"),
             "lr_schedule": ("cosine", "constant", "wsd", "noam"),
             "optimizer": ("adamw", "muon"),
             "dtype": ("auto", "float32", "bfloat16", "float16"),

@@ -76,13 +76,25 @@ def config_from_argv(argv: list[str]) -> tuple[TrainConfig, set[str]]:
 
 
 def tokenizers_match(a: dict, b: dict) -> bool:
+    if a.get("kind") == "specials":
+        return b.get("kind") == "specials" and a["specials"] == b["specials"] and tokenizers_match(a["base"], b["base"])
     keys = {"gpt2": ("kind",), "char": ("kind", "chars"), "bpe": ("kind", "ranks", "pattern")}.get(a.get("kind"), ())
     return bool(keys) and all(a.get(k) == b.get(k) for k in keys)
 
 
+def chat_growth(spec: dict, task) -> range | None:
+    """The ids a checkpoint with tokenizer `spec` lacks of a chat dataset's tokenizer (its base plus the
+    template's special tokens), or None if the checkpoint has them all already."""
+    data = task.tokenizer_spec
+    if data.get("kind") == "specials" and spec.get("kind") != "specials" and tokenizers_match(spec, data["base"]):
+        return range(task.vocab_size - len(data["specials"]), task.vocab_size)
+    return None
+
+
 def check_tokenizer(source: str, spec: dict, task, data: str) -> None:
-    """A checkpoint's tokenizer must be the dataset's: the same ids must mean the same text."""
-    if not tokenizers_match(spec, task.tokenizer_spec):
+    """A checkpoint's tokenizer must be the dataset's (the same ids must mean the same text), or for a chat
+    dataset the base it adds the template's special tokens to."""
+    if not tokenizers_match(spec, task.tokenizer_spec) and chat_growth(spec, task) is None:
         kind = spec.get("kind")
         raise TrainingError(
             f"tokenizer mismatch: {source} was trained with a {kind!r} tokenizer different from the one of "
@@ -115,6 +127,14 @@ def new_model(cfg: TrainConfig, task, explicit: set[str], log, init_from: str = 
     state = model.state_dict()
     model = GPT(GPTConfig.from_dict(mdict))
     model.load_state_dict(state)
+    fresh = chat_growth(meta["tokenizer"], task)
+    if fresh is not None:
+        model.grow_vocab(padded_vocab(task), fresh)
+        log(
+            f"init_from: the chat template's {len(fresh)} special tokens (ids {fresh.start}..{fresh.stop - 1}) are new to "
+            f"{init_from}: its embedding and tied head grow to {model.config.vocab_size:,} rows, the new ones "
+            f"starting at the mean of the old"
+        )
     block = cfg.model.block_size if "block_size" in explicit else mdict["block_size"]
     if block < mdict["block_size"]:
         log(f"init_from: cropping block_size {mdict['block_size']} -> {block}")

@@ -1,7 +1,8 @@
-"""What the trainer trains on: a token stream (language modelling) or sentence pairs (seq2seq).
+"""What the trainer trains on: a token stream (language modelling), sentence pairs (seq2seq) or chat
+conversations (fine-tuning with the loss on the answers).
 
-The dataset directory's meta.json says which (`"kind": "pairs"` for translation pairs, tokens
-otherwise). Both kinds give the loop the same face, so the loop itself never asks:
+The dataset directory's meta.json says which (`"kind"`: tokens, pairs or chat). Every kind gives the
+loop the same face, so the loop itself never asks:
 
     task = open_task(cfg.data)                  # vocab_size, tokenizer_spec, checkpoint_meta
     task.start(cfg, rt, accum)                  # the training sampler (after the model is built)
@@ -14,7 +15,8 @@ resumed run draw exactly the batches the uninterrupted one would.
 
 from __future__ import annotations
 
-from gpt.data.format import dataset_kind
+from gpt.data import packing
+from gpt.data.format import dataset_kind, inline_ranks
 from gpt.data.pairs import PairBatches, open_pairs
 from gpt.data.tokens import Batches, eval_batches, open_dataset
 from gpt.errors import ConfigError
@@ -160,6 +162,73 @@ class Translation:
         return Counted(cfg.eval_iters, (self._args(batches.get(i)) for i in range(cfg.eval_iters)))
 
 
+class ChatFineTuning:
+    """Conversations packed into windows, the loss on the assistant's tokens (gpt/data/packing.py)."""
+
+    kind = "chat"
+
+    def __init__(self, path: str):
+        self.dataset = packing.open_chat_dataset(path)
+        self.vocab_size = self.dataset.vocab_size
+        self.tokenizer_spec = inline_ranks(self.dataset.path, self.dataset.meta["tokenizer"])
+        self.checkpoint_meta = {"chat_template": self.dataset.template.spec}
+
+    def check_model(self, cfg) -> None:
+        if cfg.model.n_encoder_layer:
+            raise ConfigError("n_encoder_layer: a chat dataset trains a decoder-only model (no encoder)")
+
+    def start(self, cfg, rt, accum: int) -> None:
+        self.cfg, self.device = cfg, rt.device
+        self.sampler = packing.PackedBatches(
+            self.dataset,
+            "train",
+            cfg.model.block_size,
+            cfg.batch_size,
+            seed=cfg.seed,
+            loss_on=cfg.loss_on,
+            rank=rt.rank,
+            world_size=rt.world_size,
+            grad_accum=accum,
+            device=rt.device,
+        )
+
+    @staticmethod
+    def _args(batch):
+        x, y, doc = batch
+        return x, y, None, None, doc  # GPT.forward(idx, targets, src, src_mask, doc)
+
+    def train_batch(self, step: int, micro_step: int):
+        return self._args(self.sampler.get(step, micro_step))
+
+    def describe_batch(self, cfg) -> str:
+        return f"{cfg.batch_size * cfg.grad_accum} x {cfg.model.block_size} tokens of packed conversations"
+
+    def _eval_size(self) -> tuple[int, int]:
+        """(batches, batch size) of one split's evaluation: val in full, train as many batches."""
+        cfg = self.cfg
+        bs = cfg.eval_batch_size or cfg.batch_size
+        n = -(-packing.eval_rows(self.dataset, "val", cfg.model.block_size) // bs)
+        return (n if cfg.eval_iters == 0 else min(n, cfg.eval_iters)), bs
+
+    def eval_tokens(self) -> int:
+        n, bs = self._eval_size()
+        return (2 if self.cfg.eval_train else 1) * n * bs * self.cfg.model.block_size
+
+    def eval_batches(self, split: str):
+        """The masked loss on held-out conversations: val packed in order (its first `eval_iters` batches,
+        all of them with eval_iters = 0); train the same number of batches of a fixed shuffle."""
+        cfg = self.cfg
+        n, bs = self._eval_size()
+        if split == "val":
+            batches = packing.eval_batches(self.dataset, "val", cfg.model.block_size, bs, cfg.loss_on, self.device)
+            return Counted(n, (self._args(b) for b, _ in zip(batches, range(n))))
+        sampler = packing.PackedBatches(
+            self.dataset, "train", cfg.model.block_size, bs, seed=cfg.seed + 1, loss_on=cfg.loss_on, device=self.device
+        )
+        return Counted(n, (self._args(sampler.get(i)) for i in range(n)))
+
+
 def open_task(path: str):
     """The task for a prepared dataset directory, by its meta.json kind."""
-    return Translation(path) if dataset_kind(path) == "pairs" else LanguageModelling(path)
+    kind = dataset_kind(path)
+    return {"pairs": Translation, "chat": ChatFineTuning}.get(kind, LanguageModelling)(path)

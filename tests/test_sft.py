@@ -1,0 +1,253 @@
+"""Chat fine-tuning: chat files -> a masked, packed dataset -> a model trained on the assistant's tokens."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import ROOT, SHARED_DATA, prepare, train_run
+
+from gpt.checkpoints import loader
+from gpt.data.packing import PackedBatches, batch, open_chat_dataset
+from gpt.data.sft import prepare_chat
+from gpt.data.tokenizer import get_tokenizer
+from gpt.data.vocab import dataset_spec
+from gpt.model.transformer import GPT, GPTConfig
+
+MULTI30K = SHARED_DATA / "multi30k"
+TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--batch-size", "4", "--eval-iters", "3"]
+TINY += ["--log-interval", "1", "--warmup-iters", "2", "--device", "cpu", "--dtype", "float32"]
+
+
+def chat_rows(n, short=False):
+    """The first `n` Multi30k pairs as chat rows (`short`: only those under 180 characters in all)."""
+    de = (MULTI30K / "train.de").read_text(encoding="utf-8").splitlines()
+    en = (MULTI30K / "train.en").read_text(encoding="utf-8").splitlines()
+    pairs = [(d, e) for d, e in zip(de, en) if not short or len(d) + len(e) < 150][:n]
+    return [
+        {"messages": [{"role": "user", "content": f"Translate to English: {d}"}, {"role": "assistant", "content": e}]}
+        for d, e in pairs
+    ]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n" for r in rows))
+    return path
+
+
+def prepare_cli(*args):
+    r = subprocess.run([sys.executable, "data/prepare.py", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
+    return r.returncode, r.stdout, r.stderr
+
+
+@pytest.fixture(scope="module")
+def base_data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("base")
+    text = d / "text.txt"
+    text.write_text("\n".join(r["messages"][0]["content"] + " " + r["messages"][1]["content"] for r in chat_rows(2000)))
+    return prepare(text, d / "data", "--tokenizer", "char", "--block-size", "64")
+
+
+@pytest.fixture(scope="module")
+def chat_data(base_data, tmp_path_factory):
+    d = tmp_path_factory.mktemp("chat")
+    rows = chat_rows(300, short=True)
+    write_jsonl(d / "train.jsonl", rows[:260])
+    write_jsonl(d / "val.jsonl", rows[260:])
+    prepare_chat(
+        [d / "train.jsonl"], d / "data", val_inputs=[d / "val.jsonl"], tokenizer_from=base_data, block_size=192
+    )
+    return d / "data"
+
+
+@pytest.fixture(scope="module")
+def base_run(base_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "base"
+    train_run("--data", base_data, "--out-dir", out, *TINY, "--block-size", "192", "--max-iters", "3")
+    return out
+
+
+def test_template_and_mask_on_the_prepared_data(chat_data):
+    ds = open_chat_dataset(chat_data)
+    tok = get_tokenizer(dataset_spec(chat_data).spec)
+    rows = chat_rows(260, short=True)
+    assert ds.conversations("train") == 260 and ds.conversations("val") == 40
+    for i in (0, 17, 259):
+        ids, mask = ds.conversation("train", i)
+        user, answer = (m["content"] for m in rows[i]["messages"])
+        assert tok.decode(ids) == f"<|user|>{user}<|end|><|assistant|>{answer}<|end|>"
+        assert tok.decode(ids[mask]) == f"{answer}<|end|>"  # the loss's targets: exactly the assistant's
+        assert mask[: len(tok.encode(user)) + 3].sum() == 0  # markers and the user's words are context
+
+
+def test_row_formats_and_bad_rows(base_data, tmp_path):
+    rows = [
+        {"prompt": "Hallo", "completion": "Hello"},
+        "{not json",
+        {"instruction": "Translate", "input": "Katze", "output": "cat"},
+        {"question": "no format"},
+        {"messages": [{"role": "user", "content": 3}, {"role": "assistant", "content": "x"}]},
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hund"}]},
+    ] + chat_rows(4)
+    src = write_jsonl(tmp_path / "mixed.jsonl", rows)
+    out = tmp_path / "out"
+    code, _, err = prepare_cli("--chat", src, "--out", out, "--tokenizer-from", base_data, "--block-size", "64")
+    assert (code, err) == (
+        2,
+        f"error: {src}, row 2: not JSON (Expecting property name enclosed in double quotes at column 2)\n",
+    )
+    assert not out.exists()
+    code, stdout, err = prepare_cli(
+        "--chat", src, "--out", out, "--tokenizer-from", base_data, "--block-size", "256", "--skip-bad-rows",
+        "--val-fraction", "0.2",
+    )  # fmt: skip
+    assert code == 0, err
+    assert stdout.endswith("4 bad rows skipped\n") and "6 conversations" in stdout
+    assert f"skipped {src}, row 4: a row with keys question is none of the chat formats" in err
+    ds = open_chat_dataset(out)
+    tok = get_tokenizer(dataset_spec(out).spec)
+    texts = sorted(tok.decode(ds.conversation(s, i)[0]) for s in ("train", "val") for i in range(ds.conversations(s)))
+    assert "<|user|>Translate\n\nKatze<|end|><|assistant|>cat<|end|>" in texts
+    assert "<|user|>Hallo<|end|><|assistant|>Hello<|end|>" in texts
+
+
+def test_long_conversations_are_truncated_or_skipped_and_counted(base_data, tmp_path):
+    rows = chat_rows(40)
+    src = write_jsonl(tmp_path / "c.jsonl", rows)
+    lengths = [len(r["messages"][0]["content"]) + len(r["messages"][1]["content"]) + 4 for r in rows]
+    long = sum(n > 101 for n in lengths)
+    assert 0 < long < 40
+    val = [write_jsonl(tmp_path / "v.jsonl", [{"prompt": "Hallo", "completion": "Hello"}] * 3)]
+    cut = prepare_chat([src], tmp_path / "cut", val_inputs=val, tokenizer_from=base_data, block_size=100)
+    assert cut.truncated + cut.skipped_long == long and cut.truncated > 0
+    assert max(open_chat_dataset(tmp_path / "cut").lengths("train")) == 101
+    skip = prepare_chat([src], tmp_path / "skip", val_inputs=val, tokenizer_from=base_data, block_size=100, long="skip")
+    assert (skip.truncated, skip.skipped_long) == (0, long)
+    assert f"{long} longer than the block skipped" in skip.line()
+
+
+def test_cli_mistakes_are_one_line(base_data, tmp_path):
+    src = write_jsonl(tmp_path / "c.jsonl", chat_rows(5))
+    for args, message in [
+        (["--chat", src, "--max-len", "3"], "--max-len is for --pairs datasets, not --chat"),
+        (["--chat", src, "--tokenizer", "bpe"], "--tokenizer bpe: a chat dataset is encoded with the base model's"),
+        (["--chat", tmp_path / "nope.jsonl", "--tokenizer-from", base_data], "chat file not found"),
+        (["x.txt", "--chat", src], "give one of INPUT files, --pairs SRC TGT or --chat FILE, not INPUT and --chat"),
+        (["x.txt", "--long", "skip"], "--long is for --chat datasets, not INPUT text"),
+    ]:
+        code, out, err = prepare_cli(*args, "--out", tmp_path / "o")
+        assert code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_packing_trains_on_each_conversation_once_per_epoch(chat_data):
+    ds = open_chat_dataset(chat_data)
+    batches = PackedBatches(ds, "train", block_size=512, batch_size=4, seed=3)
+    rows = batches.epoch(0)
+    assert sorted(i for row in rows for i in row) == list(range(260))
+    assert all(sum(ds.lengths("train")[row]) <= 513 for row in rows)
+    assert len(rows) < 260 / 2  # packing: several conversations per window
+    assert batches.epoch(1) != rows  # a new order each epoch
+    x, y, doc = batches.get(5)
+    again = PackedBatches(ds, "train", block_size=512, batch_size=4, seed=3).get(5)
+    assert all(torch.equal(a, b) for a, b in zip((x, y, doc), again))  # a pure function of (seed, step)
+    for r, row in enumerate(batches.rows(20, 4)):
+        at = 0
+        for n, i in enumerate(row):
+            ids, mask = ds.conversation("train", i)
+            assert torch.equal(x[r, at : at + len(ids)], torch.from_numpy(ids)) if at + len(ids) <= 512 else True
+            want = np.where(mask[1:], ids[1:], -1)
+            assert torch.equal(y[r, at : at + len(ids) - 1], torch.from_numpy(want)[: 512 - at])
+            assert (doc[r, at : at + len(ids)][: 512 - at] == n).all()
+            if at + len(ids) - 1 < 512:
+                assert y[r, at + len(ids) - 1] == -1  # no target across two conversations
+            at += len(ids)
+        assert (y[r, at:] == -1).all()  # nor in the padding
+    _, y_all, _ = PackedBatches(ds, "train", block_size=512, batch_size=4, seed=3, loss_on="all").get(5)
+    assert (y_all != -1).sum() > (y != -1).sum()
+
+
+@pytest.mark.parametrize("pos_encoding", ["learned", "rope"])
+def test_packed_conversations_do_not_see_each_other(pos_encoding):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50, block_size=24, n_layer=2, n_head=2, n_embd=16, pos_encoding=pos_encoding))
+    model.eval()
+    a, b = torch.randint(0, 50, (1, 9)), torch.randint(0, 50, (1, 11))
+    x = torch.cat([a, b, torch.zeros(1, 4, dtype=torch.long)], 1)
+    doc = torch.tensor([[0] * 9 + [1] * 11 + [2] * 4])
+    packed, _ = model(x, doc=doc)
+    alone_b, _ = model(b)
+    torch.testing.assert_close(packed[:, 9:20], alone_b)  # as if alone: positions restart, no attention to a
+    x2 = x.clone()
+    x2[0, :9] = torch.randint(0, 50, (9,))
+    changed, _ = model(x2, doc=doc)
+    assert torch.equal(changed[:, 9:20], packed[:, 9:20]) and not torch.equal(changed[:, :9], packed[:, :9])
+
+
+def test_masked_loss_is_the_mean_over_the_assistants_tokens(chat_data):
+    torch.manual_seed(0)
+    ds = open_chat_dataset(chat_data)
+    model = GPT(GPTConfig(vocab_size=ds.vocab_size, block_size=512, n_layer=1, n_head=2, n_embd=16))
+    rows = [[0, 1], [2]]
+    x, y, doc = batch(ds, "train", rows, 512)
+    _, loss = model(x, y, doc=doc)
+    total, count = 0.0, 0
+    for i in (0, 1, 2):  # each conversation alone, its loss summed by hand over the masked positions
+        ids, mask = ds.conversation("train", i)
+        logits, _ = model(torch.from_numpy(ids[None, :-1]))
+        nll = -F.log_softmax(logits[0], -1)[torch.arange(len(ids) - 1), torch.from_numpy(ids[1:])]
+        total += nll[torch.from_numpy(mask[1:])].sum().item()
+        count += int(mask[1:].sum())
+    assert loss.item() == pytest.approx(total / count, rel=1e-5)
+
+
+def test_growing_the_vocabulary_keeps_the_old_logits():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16))
+    x = torch.randint(0, 60, (2, 10))
+    before, _ = model(x)
+    model.grow_vocab(128, range(60, 64))
+    after, _ = model(x)
+    assert after.shape[-1] == 128 and model.lm_head.weight is model.transformer.wte.weight
+    torch.testing.assert_close(after[..., :60], before[..., :60], rtol=0, atol=0)
+    fresh = model.transformer.wte.weight[60:64]
+    mean = model.transformer.wte.weight[:60].mean(0)
+    assert (fresh - mean).abs().max() < 0.2 and not torch.equal(fresh[0], fresh[1])
+
+
+def test_sft_from_a_base_grows_the_vocab_trains_on_answers_and_resumes_exactly(base_run, chat_data, tmp_path, capsys):
+    common = ["--data", chat_data, "--init-from", base_run, "--config", "sft", *TINY, "--eval-interval", "3"]
+    common += ["--lr-decay-iters", "6"]
+    train_run(*common, "--out-dir", tmp_path / "full", "--max-iters", "6")
+    assert "special tokens (ids" in capsys.readouterr().out
+    train_run(*common, "--out-dir", tmp_path / "half", "--max-iters", "3")
+    train_run("--resume", tmp_path / "half", "--max-iters", "6")
+
+    def records(run, kind):
+        return [r for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if r["kind"] == kind]
+
+    full = [(r["step"], r["loss"]) for r in records(tmp_path / "full", "train")]
+    assert [(r["step"], r["loss"]) for r in records(tmp_path / "half", "train")] == full
+    assert records(tmp_path / "half", "eval")[-1]["val_loss"] == records(tmp_path / "full", "eval")[-1]["val_loss"]
+    model, meta = loader.load_model(tmp_path / "full")
+    assert meta["chat_template"]["end"] == "<|end|>" and meta["tokenizer"]["kind"] == "specials"
+    assert model.config.vocab_size >= open_chat_dataset(chat_data).vocab_size
+    train_run(*common, "--out-dir", tmp_path / "all", "--max-iters", "3", "--loss-on", "all")
+    assert records(tmp_path / "all", "eval")[-1]["val_loss"] != records(tmp_path / "half", "eval")[0]["val_loss"]
+
+
+def test_a_chat_dataset_refuses_an_encoder_and_another_base(chat_data, tmp_path):
+    from gpt.errors import ConfigError
+    from gpt.train.start import TrainingError
+
+    with pytest.raises(ConfigError, match="a chat dataset trains a decoder-only model"):
+        train_run("--data", chat_data, "--out-dir", tmp_path / "e", *TINY, "--n-encoder-layer", "1", "--max-iters", "1")
+    other = tmp_path / "other.txt"
+    other.write_text("".join(chr(ord("A") + i % 60) for i in range(20000)))
+    other_run = tmp_path / "o"
+    data = prepare(other, tmp_path / "od", "--tokenizer", "char", "--block-size", "64")
+    train_run("--data", data, "--out-dir", other_run, *TINY, "--block-size", "64", "--max-iters", "1")
+    with pytest.raises(TrainingError, match="tokenizer mismatch"):
+        train_run("--data", chat_data, "--init-from", other_run, "--out-dir", tmp_path / "x", *TINY, "--max-iters", "1")
