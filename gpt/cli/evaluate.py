@@ -1,4 +1,4 @@
-"""BLEU of a translation checkpoint, or perplexity: `python -m gpt.evaluate`."""
+"""BLEU of a translation checkpoint (seq2seq, or a chat model answering an instruction): `python -m gpt.evaluate`."""
 
 from __future__ import annotations
 
@@ -10,20 +10,29 @@ from pathlib import Path
 from gpt.cli import ArgumentParser, run_main
 from gpt.data.pairs import read_lines
 from gpt.errors import storage_error
-from gpt.infer.evaluate import EvaluateError, evaluate
+from gpt.infer.chat import chat_template
+from gpt.infer.evaluate import EvaluateError, evaluate, evaluate_chat
 from gpt.infer.translate import DEFAULT_LENGTH_PENALTY, TranslateConfig, check_vocab, one_line, seq2seq_ids
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
         prog="python -m gpt.evaluate",
-        description="Corpus BLEU (sacrebleu) of a seq2seq checkpoint, and sentences/s.",
+        description="Corpus BLEU (sacrebleu) of a seq2seq checkpoint, or of a chat checkpoint's answers to "
+        "--instruction, and sentences/s.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--ckpt", required=True, help="run directory (best.pt, else last.pt) or checkpoint file")
     p.add_argument("--source-file", required=True, help="source sentences, one per line")
     p.add_argument("--reference", required=True, help="reference translations, line i for source line i")
-    p.add_argument("--beam-size", type=int, default=1, help="1 = greedy")
+    p.add_argument("--beam-size", type=int, default=1, help="1 = greedy (chat checkpoints: greedy only)")
+    p.add_argument(
+        "--instruction",
+        default="{source}",
+        help="chat checkpoints: the user's message, {source} replaced by each source line, e.g. "
+        "'Translate to English: {source}'",
+    )
+    p.add_argument("--system", default=None, help="chat checkpoints: a system message before each instruction")
     p.add_argument("--length-penalty", type=float, default=DEFAULT_LENGTH_PENALTY, help="GNMT alpha for beam search")
     p.add_argument("--batch-size", type=int, default=64, help="sentences decoded together")
     p.add_argument("--max-new-tokens", type=int, help="output length limit (default: source length + 50)")
@@ -80,20 +89,41 @@ def run(args: argparse.Namespace) -> str:
     if args.limit:
         sources, references = sources[: args.limit], references[: args.limit]
     rt, model, tok, meta, _ = load_for_inference(args.ckpt, args.device, args.dtype, args.threads, args.quantize)
-    bos, eos = seq2seq_ids(meta)
     check_vocab(tok, model)
-    result = evaluate(
-        model,
-        tok,
-        sources,
-        references,
-        bos,
-        eos,
-        args.beam_size,
-        args.length_penalty,
-        args.batch_size,
-        args.max_new_tokens,
-    )
+    template = chat_template(meta)
+    if template is not None:
+        if args.beam_size != 1:
+            raise EvaluateError(f"--beam-size {args.beam_size}: a chat checkpoint answers greedily (--beam-size 1)")
+        result = evaluate_chat(
+            model,
+            tok,
+            template,
+            sources,
+            references,
+            args.instruction,
+            args.system,
+            args.batch_size,
+            args.max_new_tokens,
+        )
+    elif not model.config.n_encoder_layer:
+        raise EvaluateError(
+            f"{args.ckpt} is a plain language model (no encoder, no chat template): BLEU needs a seq2seq checkpoint "
+            f"(a pairs dataset) or a chat checkpoint (a --chat dataset)"
+        )
+    else:
+        bos, eos = seq2seq_ids(meta)
+        result = evaluate(
+            model,
+            tok,
+            sources,
+            references,
+            bos,
+            eos,
+            args.beam_size,
+            args.length_penalty,
+            args.batch_size,
+            args.max_new_tokens,
+        )
     if args.output:
         try:
             Path(args.output).write_text("".join(one_line(h) + "\n" for h in result["hypotheses"]), encoding="utf-8")

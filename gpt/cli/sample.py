@@ -4,6 +4,8 @@
     python sample.py --ckpt path/to/hf-gpt2-dir --prompt-file prompt.txt --temperature 0 --stop "\\n\\n"
     python sample.py --ckpt out/multi30k --source "Ein Mann fährt Fahrrad." --beam-size 4
     python sample.py --ckpt out/multi30k --source-file test.de --batch-size 64 > test.hyp.en
+    python sample.py --ckpt out/chat --chat --system "Answer in English."      # a conversation in the terminal
+    echo '[{"role": "user", "content": "Hallo"}]' | python sample.py --ckpt out/chat --chat   # JSON lines
 
 Samples are generated in batches (as many as 1 GiB of KV cache holds: gpt.sampling.batch_rows), so any
 --num-samples runs in bounded memory; the first sample streams live, each later one as soon as those
@@ -20,12 +22,22 @@ samples (with `--top-k`, `--top-p`, `--seed`). `--max-new-tokens` bounds each tr
 its batch's longest source + 50 tokens, at most the model's block_size). Text-only flags (`--prompt`,
 `--num-samples`, `--stop`, ...) with a seq2seq checkpoint, or `--source` with a decoder-only one, are
 errors. `--stop` understands the escapes \\n, \\t, \\r and \\\\ (a shell passes them as two characters).
+
+Chat (checkpoints fine-tuned on a `--chat` dataset, whose meta holds the chat template): `--chat` on a
+terminal is a conversation: type a message, the answer streams; `/reset` starts over (the `--system`
+message stays), `/exit` or Ctrl-D ends. The oldest turns leave the context when it is full
+(gpt/infer/chat.py). With stdin not a terminal, each input line is one conversation as JSON (a list of
+messages, or an object with "messages", ending in the user's) and each output line the answer as
+{"role": "assistant", "content": ...}, or {"error": ...} for a line that is not one (exit status 2 at
+the end). `--prompt` on a chat checkpoint is the user's message, answered (the template applied).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
+import json
 import os
 import re
 import sys
@@ -33,7 +45,7 @@ import time
 import warnings
 
 from gpt.cli import ArgumentParser, fail, run_main
-from gpt.errors import storage_error
+from gpt.errors import UserError, storage_error
 
 SEPARATOR = "\n---------------\n"
 LM_DEFAULTS = {"temperature": 0.8, "max_new_tokens": 500}
@@ -77,6 +89,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="seq2seq checkpoints: a sentence to translate; repeatable, one output line each",
     )
     src.add_argument("--source-file", help="seq2seq checkpoints: translate each line of this UTF-8 file")
+    src.add_argument(
+        "--chat",
+        action="store_true",
+        help="chat checkpoints: a conversation in the terminal (/reset, /exit); stdin not a terminal: one "
+        "JSON conversation per line in, one answer per line out",
+    )
+    p.add_argument(
+        "--system", default=None, metavar="TEXT", help="chat checkpoints: the system message of the conversation"
+    )
     p.add_argument(
         "--num-samples", type=int, default=1, help="samples, generated together in batches that fit 1 GiB (default: 1)"
     )
@@ -187,7 +208,19 @@ def _given(value, default):
 
 
 def mode_error(args: argparse.Namespace) -> str | None:
-    """Flags of text sampling given for translation (--source), or the other way round."""
+    """Flags of text sampling given for translation (--source), or the other way round; flags a chat
+    conversation cannot take."""
+    if args.chat:
+        given = [
+            flag
+            for dest, (flag, unset) in {**TEXT_ONLY, **TRANSLATION_ONLY}.items()
+            if dest != "stop" and getattr(args, dest) != unset
+        ]
+        if given:
+            return f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not for --chat (one answer per message)"
+        return None
+    if args.system is not None and (args.source or args.source_file):
+        return "--system is for chat checkpoints (--chat or --prompt), not translation"
     translating = bool(args.source or args.source_file)
     wrong = TEXT_ONLY if translating else TRANSLATION_ONLY
     given = [flag for dest, (flag, unset) in wrong.items() if getattr(args, dest) != unset]
@@ -232,10 +265,13 @@ def run(args: argparse.Namespace) -> None:
     from gpt.checkpoints.loader import (
         load_for_inference,  # torch: loaded once the flags are checked (--help and mistakes answer at once)
     )
+    from gpt.infer.chat import chat_template, end_tokens, fit
     from gpt.infer.sampling import ContextWarning, SampleConfig, SamplingError
 
     if args.source or args.source_file:
         return translate(args)
+    if args.chat:
+        return chat(args)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") >> 1
     cfg = SampleConfig(
         num_samples=args.num_samples,
@@ -259,7 +295,7 @@ def run(args: argparse.Namespace) -> None:
         except OSError as e:
             raise storage_error(e, "read --prompt-file", args.prompt_file) from None
 
-    rt, model, tokenizer, _, _ = load_for_inference(
+    rt, model, tokenizer, meta, _ = load_for_inference(
         args.ckpt, args.device, args.dtype, args.threads, args.quantize, single_stream=True
     )
     device = rt.device
@@ -267,6 +303,18 @@ def run(args: argparse.Namespace) -> None:
         raise SamplingError(
             f"{args.ckpt} is a seq2seq (encoder-decoder) checkpoint: translate with --source TEXT "
             f"or --source-file FILE{', not --prompt' if args.prompt is not None or args.prompt_file else ''}"
+        )
+    template = chat_template(meta)
+    shown = prompt  # what is printed before each sample: the prompt a plain model continues
+    if template is not None:  # a chat model answers the prompt as the user's message
+        messages = [{"role": "system", "content": args.system}] if args.system else []
+        prompt, budget, _ = fit(template, tokenizer, [*messages, {"role": "user", "content": prompt}],
+                                model.config.block_size, cfg.max_new_tokens)  # fmt: skip
+        cfg = dataclasses.replace(cfg, max_new_tokens=budget, end_tokens=end_tokens(template, tokenizer))
+        shown = ""
+    elif args.system is not None:
+        raise SamplingError(
+            f"--system is for chat checkpoints; {args.ckpt} is a plain language model (no chat template)"
         )
     if args.compile:
         model.compile_decoding()
@@ -284,7 +332,7 @@ def run(args: argparse.Namespace) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("always", ContextWarning)
         pieces = generate(model, tokenizer, prompt, cfg)  # checks the prompt before anything is printed
-        printer = OrderedPrinter(cfg.num_samples, prompt, write)
+        printer = OrderedPrinter(cfg.num_samples, shown, write)
         try:
             for piece in pieces:
                 if first is None:
@@ -306,6 +354,83 @@ def run(args: argparse.Namespace) -> None:
         + (f", {torch.get_num_threads()} thread(s)" if device.type == "cpu" else ""),
         file=sys.stderr,
     )
+
+
+CHAT_DEFAULTS = {"temperature": 0.7, "max_new_tokens": 256}
+
+
+def chat(args: argparse.Namespace) -> int | None:
+    """--chat: a conversation on a terminal, or one JSON conversation per line of a pipe."""
+    from gpt.checkpoints.loader import load_for_inference
+    from gpt.infer.chat import Chat, chat_template, conversation_line
+    from gpt.infer.sampling import SampleConfig, SamplingError
+
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") >> 1
+    cfg = SampleConfig(
+        max_new_tokens=_given(args.max_new_tokens, CHAT_DEFAULTS["max_new_tokens"]),
+        temperature=_given(args.temperature, CHAT_DEFAULTS["temperature"]),
+        top_k=args.top_k,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+        stop=tuple(map(unescape, args.stop)),
+        seed=seed,
+    )
+    rt, model, tokenizer, meta, _ = load_for_inference(
+        args.ckpt, args.device, args.dtype, args.threads, args.quantize, single_stream=True
+    )
+    template = chat_template(meta)
+    if template is None:
+        raise SamplingError(
+            f"{args.ckpt} is not a chat model (its checkpoint has no chat template): fine-tune it on a chat "
+            f"dataset (data/prepare.py --chat, then train.py --config sft --init-from it), or continue text "
+            f"with --prompt"
+        )
+    session = Chat(model, tokenizer, template, args.system, cfg)
+    if not sys.stdin.isatty():
+        failed = 0
+        for number, line in enumerate(sys.stdin, 1):
+            if not line.strip():
+                continue
+            try:
+                answer = "".join(p.text for p in session.answer(conversation_line(line)))
+                out = {"role": "assistant", "content": answer}
+            except UserError as e:
+                failed += 1
+                out = {"error": f"line {number}: {e}"}
+            print(json.dumps(out, ensure_ascii=False), flush=True)
+        return 2 if failed else None
+    print(
+        f"chatting with {args.ckpt} ({rt.device}, {rt.precision()}); /reset starts over, /exit or Ctrl-D ends",
+        file=sys.stderr,
+    )
+    while True:
+        try:
+            text = input("you> ")
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return None
+        if text.strip() in ("/exit", "/quit"):
+            return None
+        if text.strip() == "/reset":
+            session.reset()
+            print("(a new conversation)", file=sys.stderr)
+            continue
+        if not text.strip():
+            continue
+        sys.stdout.write("assistant> ")
+        try:
+            for piece in session.say(text):
+                sys.stdout.write(piece.text)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            print("\n(interrupted: the answer is left out of the conversation)", file=sys.stderr)
+            continue
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            continue
+        sys.stdout.write("\n")
+        if session.dropped:
+            print(f"(the {session.dropped} oldest turn(s) left the context)", file=sys.stderr)
 
 
 def translate(args: argparse.Namespace) -> None:
@@ -362,4 +487,6 @@ def main(argv=None) -> int:
     problem = mode_error(args)
     if problem:
         return fail(problem)
-    return run_main(lambda: run(args))
+    status = []
+    code = run_main(lambda: status.append(run(args)))
+    return code or (status[0] if status and status[0] else 0)

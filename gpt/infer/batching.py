@@ -210,16 +210,16 @@ class BatchEngine(_Engine):
                 row.tokens.append(token)
                 row.generated += 1
                 piece = row.stream.piece(
-                    row.sample, token, self._eot(request), last=row.generated == request.config.max_new_tokens
+                    row.sample,
+                    token,
+                    request.config.ends(self.tokenizer),
+                    last=row.generated == request.config.max_new_tokens,
                 )
                 if piece.finish is not None:
                     finished.append(i)
                 if not request.cancelled:
                     request.emit(piece)
         self._leave(finished)
-
-    def _eot(self, request: Request) -> int | None:
-        return self.tokenizer.eot_token if request.config.stop_at_eot else None
 
     def _sample(self, logits: torch.Tensor):
         """(request, its rows in sample order, their next ids) for every request in the batch.

@@ -82,6 +82,7 @@ class SampleConfig:
     repetition_penalty: float = 1.0  # CTRL-style; 1.0 is off
     stop: tuple[str, ...] = ()  # stop strings, not included in the output
     stop_at_eot: bool = True  # end a sample at the end-of-text token
+    end_tokens: tuple[int, ...] = ()  # more ids that end a sample as end-of-text does (a chat's end of turn)
     seed: int | None = None  # None: a fresh random seed
     window_keep: int | None = None  # tokens kept when the context slides; None: block_size // 2
     cuda_graph: bool = True  # on CUDA, replay each one-token step as a CUDA graph (see Decoder)
@@ -89,6 +90,7 @@ class SampleConfig:
 
     def __post_init__(self):
         self.stop = tuple(self.stop)
+        self.end_tokens = tuple(self.end_tokens)
         problems = []
 
         def is_int(v):
@@ -116,6 +118,10 @@ class SampleConfig:
             problems.append(f"batch_rows must be an integer >= 1, got {self.batch_rows!r}")
         if problems:
             raise SamplingError("invalid sampling settings: " + "; ".join(problems))
+
+    def ends(self, tokenizer: Tokenizer) -> frozenset[int]:
+        """The ids that end a sample: end-of-text (unless stop_at_eot is off) and `end_tokens`."""
+        return frozenset(self.end_tokens) | ({tokenizer.eot_token} if self.stop_at_eot else set())
 
 
 # ---- logits -> next token (pure functions) --------------------------------------------------------
@@ -364,10 +370,11 @@ class TextStream:
         """What is held back, at the end (an incomplete trailing character is dropped)."""
         return self.stops.flush()
 
-    def piece(self, sample: int, token: int, eot: int | None, last: bool) -> Piece:
+    def piece(self, sample: int, token: int, ends: frozenset[int], last: bool) -> Piece:
         """The Piece that `token`, the next id of `sample`, makes; its `finish` is set when the sample
-        ends here: at `eot` (None: never), at a stop string, or at the `last` token allowed."""
-        if token == eot:
+        ends here: at one of the `ends` ids (end-of-text, a chat's end of turn), at a stop string, or at
+        the `last` token allowed."""
+        if token in ends:
             return Piece(sample, self.finish(), [token], "eot")
         text, hit = self.push(token)
         if hit:
@@ -493,7 +500,7 @@ def _generate(
     dec = Decoder(model, idx, cfg.window_keep, graph=cfg.cuda_graph and device.type == "cuda")
     rows = list(range(n))  # the sample each batch row belongs to
     streams = [TextStream(tokenizer, cfg.stop) for _ in rows]
-    eot = tokenizer.eot_token if cfg.stop_at_eot else None
+    ends = cfg.ends(tokenizer)
     vocab_size = tokenizer.vocab_size if tokenizer.vocab_size < model.config.vocab_size else None
     for step in range(cfg.max_new_tokens):
         new = next_token(
@@ -508,7 +515,7 @@ def _generate(
         )
         alive = []
         for row, (sample, token) in enumerate(zip(rows, new.tolist())):
-            piece = streams[sample].piece(sample, token, eot, last=step == cfg.max_new_tokens - 1)
+            piece = streams[sample].piece(sample, token, ends, last=step == cfg.max_new_tokens - 1)
             yield piece
             if piece.finish is None:
                 alive.append(row)

@@ -1,0 +1,152 @@
+"""Talk to a checkpoint fine-tuned on conversations (train.py on a `data/prepare.py --chat` dataset).
+
+    model, tok, meta = load_checkpoint("out/chat")
+    chat = Chat(model, tok, chat_template(meta), system="Answer briefly.")
+    for piece in chat.say("Translate to English: Ein Hund rennt."):   # streamed Pieces of the answer
+        print(piece.text, end="", flush=True)
+    chat.reset()                                                     # a new conversation, same system
+
+The checkpoint's meta holds the template it was trained with (`chat_template`); the prompt is the
+conversation so far rendered by it, ending in the assistant's marker, and the answer ends at the
+template's end-of-turn token (or at a role marker: the model starting another turn has finished its own).
+
+Policies
+- A conversation longer than the context loses its oldest whole turns (a user message and the answer to
+  it), never the system message nor the newest user message; if those alone do not fit with room for
+  `max_new_tokens`, the answer is shortened to what fits, and if not even one token fits, ChatError.
+- `answer_ids` decodes many prompts greedily at once (gpt.evaluate on chat checkpoints): prompts of
+  equal length share a batch, as absolute positions forbid padding them on the left.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+
+import torch
+
+from gpt.data.chat import ChatError, ChatTemplate, check_conversation
+from gpt.infer.sampling import Decoder, Piece, SampleConfig, generate
+
+DEFAULT_CHAT = SampleConfig(max_new_tokens=256, temperature=0.7, top_k=50)
+
+
+def chat_template(meta: dict) -> ChatTemplate | None:
+    """The template of a chat checkpoint (None for a plain language model)."""
+    spec = meta.get("chat_template")
+    return None if spec is None else ChatTemplate.from_spec(spec, "the checkpoint's chat_template")
+
+
+def end_tokens(template: ChatTemplate, tok) -> tuple[int, ...]:
+    """The ids that end an answer: end-of-turn first, then the role markers."""
+    return tuple(tok.special(t) for t in (template.end, template.user, template.assistant, template.system))
+
+
+def fit(template: ChatTemplate, tok, messages: list[dict], block_size: int, max_new_tokens: int):
+    """(prompt ids, max_new_tokens that fit, turns dropped): the conversation cut by whole turns to fit
+    the context with room for the answer (see the module's policies)."""
+    check_conversation(messages, for_prompt=True)
+    system = messages[:1] if messages[0]["role"] == "system" else []
+    turns = messages[len(system) :]
+    dropped = 0
+    while True:
+        ids = template.prompt(system + turns, tok)
+        if len(ids) + max_new_tokens <= block_size or len(turns) == 1:
+            break
+        cut = next((i for i in range(1, len(turns)) if turns[i]["role"] == "user"), len(turns) - 1)
+        turns, dropped = turns[cut:], dropped + 1
+    room = block_size - len(ids)
+    if room < 1:
+        raise ChatError(
+            f"the conversation needs {len(ids)} tokens without any answer, more than the model's context of "
+            f"{block_size}: shorten the last message (or the system message)"
+        )
+    return ids, min(max_new_tokens, room), dropped
+
+
+class Chat:
+    """One conversation with a chat model: the messages so far, and the next answer, streamed."""
+
+    def __init__(
+        self, model, tok, template: ChatTemplate, system: str | None = None, config: SampleConfig = DEFAULT_CHAT
+    ):
+        self.model, self.tok, self.template = model, tok, template
+        self.system = system
+        self.config = dataclasses.replace(config, end_tokens=end_tokens(template, tok), num_samples=1)
+        self.dropped = 0  # turns dropped to fit the context, in the last answer
+        self.reset()
+
+    def reset(self) -> None:
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+
+    def say(self, text: str) -> Iterator[Piece]:
+        """Add the user's message; yield the answer's pieces. Both join the conversation once the answer
+        is complete (an interrupted answer leaves the conversation as it was)."""
+        return self.answer([*self.messages, {"role": "user", "content": text}])
+
+    def answer(self, messages: list[dict]) -> Iterator[Piece]:
+        """The answer to `messages` (ending in the user's; the system message is added if they have none),
+        streamed; the conversation becomes `messages` and the answer once it is complete."""
+        check_conversation(messages, for_prompt=True)
+        if self.system and messages[0]["role"] != "system":
+            messages = [{"role": "system", "content": self.system}, *messages]
+        block = self.model.config.block_size
+        ids, budget, self.dropped = fit(self.template, self.tok, messages, block, self.config.max_new_tokens)
+        return self._stream(messages, ids, budget)
+
+    def _stream(self, messages, ids, budget) -> Iterator[Piece]:
+        answer = []
+        for piece in generate(self.model, self.tok, ids, dataclasses.replace(self.config, max_new_tokens=budget)):
+            answer.append(piece.text)
+            yield piece
+        self.messages = [*messages, {"role": "assistant", "content": "".join(answer)}]
+
+
+def conversation_line(line: str) -> list[dict]:
+    """One line of `sample.py --chat`'s input: a JSON list of messages, or an object with "messages"."""
+    try:
+        value = json.loads(line)
+    except ValueError as e:
+        raise ChatError(f"not JSON ({e})") from None
+    if isinstance(value, dict) and "messages" in value:
+        value = value["messages"]
+    if not isinstance(value, list):
+        raise ChatError('a conversation is a JSON list of messages (or an object with "messages")')
+    check_conversation(value, for_prompt=True)
+    return value
+
+
+@torch.no_grad()
+def answer_ids(
+    model, prompts: list[list[int]], ends: tuple[int, ...], vocab_size: int, max_new_tokens: int, batch_size: int = 64
+) -> list[list[int]]:
+    """Greedy answers (ids, without the ending token) to many prompts, prompts of equal length batched;
+    `vocab_size` is the tokenizer's (a padded embedding's extra rows are never chosen)."""
+    device = next(model.parameters()).device
+    model.eval()
+    out: list[list[int]] = [[] for _ in prompts]
+    by_length: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        by_length.setdefault(len(p), []).append(i)
+    stop = torch.tensor(ends, device=device)
+    for length, members in sorted(by_length.items()):
+        budget = min(max_new_tokens, model.config.block_size - length)
+        for first in range(0, len(members), batch_size):
+            rows = members[first : first + batch_size]
+            dec = Decoder(model, torch.tensor([prompts[i] for i in rows], device=device))
+            for step in range(budget):
+                new = dec.logits[:, :vocab_size].argmax(-1)
+                done = torch.isin(new, stop)
+                for r, token, end in zip(rows, new.tolist(), done.tolist()):
+                    if not end:
+                        out[r].append(token)
+                if done.all() or step == budget - 1:
+                    break
+                if done.any():
+                    keep = (~done).nonzero().flatten()
+                    rows = [rows[k] for k in keep.tolist()]
+                    dec.select(keep)
+                    new = new[keep]
+                dec.advance(new)
+    return out
