@@ -1,4 +1,5 @@
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -183,4 +184,70 @@ def trained_run(tmp_path_factory) -> Path:
         )
     finally:
         torch.set_num_threads(n)
+    return out
+
+
+# ---- chat: a base model and a chat model fine-tuned from it, on Multi30k pairs as chat rows ----------------
+
+MULTI30K = SHARED_DATA / "multi30k"
+CHAT_TRAIN = ["--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--batch-size", "4", "--eval-iters", "3"]
+CHAT_TRAIN += ["--log-interval", "1", "--warmup-iters", "2", "--device", "cpu", "--dtype", "float32", "--no-plot"]
+
+
+def chat_rows(n, short=False):
+    """The first `n` Multi30k pairs as chat rows "Translate to English: DE" -> EN (`short`: only pairs of
+    under 150 characters in all)."""
+    de = (MULTI30K / "train.de").read_text(encoding="utf-8").splitlines()
+    en = (MULTI30K / "train.en").read_text(encoding="utf-8").splitlines()
+    pairs = [(d, e) for d, e in zip(de, en) if not short or len(d) + len(e) < 150][:n]
+    return [
+        {"messages": [{"role": "user", "content": f"Translate to English: {d}"}, {"role": "assistant", "content": e}]}
+        for d, e in pairs
+    ]
+
+
+def write_jsonl(path, rows):
+    """Rows (JSON values, or lines as they are) into a .jsonl file."""
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="session")
+def base_data(tmp_path_factory):
+    """A char dataset of both sides of 2000 Multi30k pairs: the base model's text."""
+    d = tmp_path_factory.mktemp("base")
+    text = d / "text.txt"
+    text.write_text("\n".join(r["messages"][0]["content"] + " " + r["messages"][1]["content"] for r in chat_rows(2000)))
+    return prepare(text, d / "data", "--tokenizer", "char", "--block-size", "64")
+
+
+@pytest.fixture(scope="session")
+def chat_data(base_data, tmp_path_factory):
+    """A chat dataset of 260 + 40 short pairs, the base's tokenizer plus the template's tokens."""
+    from gpt.data.sft import prepare_chat
+
+    d = tmp_path_factory.mktemp("chat")
+    rows = chat_rows(300, short=True)
+    write_jsonl(d / "train.jsonl", rows[:260])
+    write_jsonl(d / "val.jsonl", rows[260:])
+    prepare_chat(
+        [d / "train.jsonl"], d / "data", val_inputs=[d / "val.jsonl"], tokenizer_from=base_data, block_size=192
+    )
+    return d / "data"
+
+
+@pytest.fixture(scope="session")
+def base_run(base_data, tmp_path_factory):
+    """A tiny base trained 3 steps on base_data."""
+    out = tmp_path_factory.mktemp("runs") / "base"
+    train_run("--data", base_data, "--out-dir", out, *CHAT_TRAIN, "--block-size", "192", "--max-iters", "3")
+    return out
+
+
+@pytest.fixture(scope="session")
+def chat_run(base_run, chat_data, tmp_path_factory):
+    """A chat model: base_run fine-tuned 4 steps on chat_data (its vocabulary grown, the template in its meta)."""
+    out = tmp_path_factory.mktemp("runs") / "chat"
+    train_run("--data", chat_data, "--init-from", base_run, "--config", "sft", *CHAT_TRAIN, "--out-dir", out,
+              "--max-iters", "4", "--eval-interval", "4")  # fmt: skip
     return out

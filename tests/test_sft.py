@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ROOT, SHARED_DATA, prepare, train_run
+from conftest import CHAT_TRAIN as TINY
+from conftest import ROOT, chat_rows, prepare, train_run, write_jsonl
 
 from gpt.checkpoints import loader
 from gpt.data.packing import PackedBatches, batch, open_chat_dataset
@@ -17,57 +18,10 @@ from gpt.data.tokenizer import get_tokenizer
 from gpt.data.vocab import dataset_spec
 from gpt.model.transformer import GPT, GPTConfig
 
-MULTI30K = SHARED_DATA / "multi30k"
-TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--batch-size", "4", "--eval-iters", "3"]
-TINY += ["--log-interval", "1", "--warmup-iters", "2", "--device", "cpu", "--dtype", "float32"]
-
-
-def chat_rows(n, short=False):
-    """The first `n` Multi30k pairs as chat rows (`short`: only those under 180 characters in all)."""
-    de = (MULTI30K / "train.de").read_text(encoding="utf-8").splitlines()
-    en = (MULTI30K / "train.en").read_text(encoding="utf-8").splitlines()
-    pairs = [(d, e) for d, e in zip(de, en) if not short or len(d) + len(e) < 150][:n]
-    return [
-        {"messages": [{"role": "user", "content": f"Translate to English: {d}"}, {"role": "assistant", "content": e}]}
-        for d, e in pairs
-    ]
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n" for r in rows))
-    return path
-
 
 def prepare_cli(*args):
     r = subprocess.run([sys.executable, "data/prepare.py", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
     return r.returncode, r.stdout, r.stderr
-
-
-@pytest.fixture(scope="module")
-def base_data(tmp_path_factory):
-    d = tmp_path_factory.mktemp("base")
-    text = d / "text.txt"
-    text.write_text("\n".join(r["messages"][0]["content"] + " " + r["messages"][1]["content"] for r in chat_rows(2000)))
-    return prepare(text, d / "data", "--tokenizer", "char", "--block-size", "64")
-
-
-@pytest.fixture(scope="module")
-def chat_data(base_data, tmp_path_factory):
-    d = tmp_path_factory.mktemp("chat")
-    rows = chat_rows(300, short=True)
-    write_jsonl(d / "train.jsonl", rows[:260])
-    write_jsonl(d / "val.jsonl", rows[260:])
-    prepare_chat(
-        [d / "train.jsonl"], d / "data", val_inputs=[d / "val.jsonl"], tokenizer_from=base_data, block_size=192
-    )
-    return d / "data"
-
-
-@pytest.fixture(scope="module")
-def base_run(base_data, tmp_path_factory):
-    out = tmp_path_factory.mktemp("runs") / "base"
-    train_run("--data", base_data, "--out-dir", out, *TINY, "--block-size", "192", "--max-iters", "3")
-    return out
 
 
 def test_template_and_mask_on_the_prepared_data(chat_data):

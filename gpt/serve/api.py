@@ -1,4 +1,5 @@
-"""The OpenAI completions API's shapes: the request (validated), responses, stream chunks and errors.
+"""The OpenAI completions and chat completions APIs' shapes: requests (validated), responses, stream
+chunks and errors.
 
 Shapes follow OpenAI's `POST /v1/completions` as the official `openai` client reads them
 (`openai.types.Completion`): `{"id", "object": "text_completion", "created", "model",
@@ -12,6 +13,12 @@ stop, seed (a signed 64-bit integer, as OpenAI's), stream, stream_options.includ
 extensions top_k and repetition_penalty (the openai client sends them with `extra_body`). Asked for
 with other than their neutral value, logprobs, best_of, suffix, logit_bias and the presence /
 frequency penalties are a 400 that says so; unknown fields are a 400 that names them.
+
+`POST /v1/chat/completions` (`openai.types.chat.ChatCompletion`): `messages` (system / developer,
+user and assistant; content a string or a list of text parts) instead of a prompt, the same sampling
+fields (`max_completion_tokens` is a synonym of `max_tokens`); the answer is `choices[i].message`
+`{"role": "assistant", "content"}`, streamed as `chat.completion.chunk` objects whose `delta` carries
+the role first, then the text.
 """
 
 from __future__ import annotations
@@ -100,6 +107,70 @@ class CompletionRequest(BaseModel):
         return list(self.prompt)
 
 
+class TextPart(BaseModel):
+    model_config = STRICT
+    type: str
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    role: str
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        kinds = [p.type for p in self.content if p.type != "text"]
+        if kinds:
+            raise ValueError(f"content parts of type {kinds[0]!r} are not supported (text only)")
+        return "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(BaseModel):
+    """The body of `POST /v1/chat/completions` (bounds that depend on the server are checked in app.py)."""
+
+    model_config = STRICT
+
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(1.0, ge=0.0, le=2.0)
+    top_p: float | None = Field(1.0, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=1)
+    repetition_penalty: float | None = Field(None, gt=0.0)
+    n: int | None = Field(1, ge=1)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
+    user: str | None = None
+    # accepted at their neutral value only
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+    _stops = field_validator("stop")(CompletionRequest._stops.__func__)
+
+    def unsupported(self) -> str | None:
+        neutral = {
+            "logprobs": (None, False),
+            "top_logprobs": (None, 0),
+            "logit_bias": (None, {}),
+            "presence_penalty": (None, 0.0),
+            "frequency_penalty": (None, 0.0),
+        }
+        return next((name for name, values in neutral.items() if getattr(self, name) not in values), None)
+
+    def conversation(self) -> list[dict]:
+        """The messages as gpt.data.chat takes them (`developer` is OpenAI's newer name for `system`)."""
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+
+
 class APIError(Exception):
     """An error answered in OpenAI's shape: status, message, type, param, code."""
 
@@ -174,6 +245,44 @@ class Completion:
         return {**self._head(), "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
 
 
+class ChatCompletion(Completion):
+    """A chat completion's identity, body and chunks (the first chunk of each choice carries the role)."""
+
+    def __init__(self, model: str, fingerprint: str):
+        super().__init__(model, fingerprint)
+        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.started: set[int] = set()
+
+    def _head(self, chunk: bool = False) -> dict:
+        return {**super()._head(), "object": "chat.completion.chunk" if chunk else "chat.completion"}
+
+    def body(self, texts: list[str], finishes: list[str], prompt_tokens: int, completion_tokens: int) -> dict:
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": FINISH[finish] if finish else None,
+            }
+            for i, (text, finish) in enumerate(zip(texts, finishes))
+        ]
+        return {**self._head(), "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
+
+    def chunk(self, index: int, text: str, finish: str | None) -> dict:
+        delta = {"content": text}
+        if index not in self.started:
+            self.started.add(index)
+            delta = {"role": "assistant", **delta}
+        finish_reason = FINISH[finish] if finish else None
+        return {
+            **self._head(chunk=True),
+            "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        }
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
+        return {**self._head(chunk=True), "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
+
+
 def choice(index: int, text: str, finish: str | None) -> dict:
     return {"text": text, "index": index, "logprobs": None, "finish_reason": FINISH[finish] if finish else None}
 
@@ -186,5 +295,6 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     }
 
 
-def model_card(name: str, created: int) -> dict:
-    return {"id": name, "object": "model", "created": created, "owned_by": "gpt"}
+def model_card(name: str, created: int, chat: bool = False) -> dict:
+    """OpenAI's model object; `chat` says whether /v1/chat/completions serves it (a chat template)."""
+    return {"id": name, "object": "model", "created": created, "owned_by": "gpt", "chat": chat}

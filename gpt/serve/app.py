@@ -4,7 +4,9 @@
     uvicorn.run(app, host="127.0.0.1", port=8000)     # what `python -m gpt.serve` does
 
 Routes: `POST /v1/completions` (OpenAI's completions API, streamed as server-sent events with
-`"stream": true`), `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`, and the playground page
+`"stream": true`), `POST /v1/chat/completions` (its chat API, for checkpoints fine-tuned on a chat
+dataset: the messages rendered by the checkpoint's chat template, the answer ending at its end of turn;
+a plain model answers a 400 `not_a_chat_model`), `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`, and the playground page
 at `/` (`playground.html`). With an API key, `/v1/*` needs `Authorization: Bearer KEY`.
 
 Browsers. Without an API key, every route answers only a `Host` this server goes by (`HostCheck`:
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import ipaddress
@@ -53,6 +56,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gpt.data.chat import ChatError, check_conversation
 from gpt.errors import UserError
 from gpt.infer.batching import (
     BatchEngine,
@@ -61,10 +65,13 @@ from gpt.infer.batching import (
     Request,
     Seq2seqEngine,
 )
+from gpt.infer.chat import chat_template, end_tokens
 from gpt.infer.sampling import SampleConfig, prompt_ids
 from gpt.serve import ServeError
 from gpt.serve.api import (
     APIError,
+    ChatCompletion,
+    ChatCompletionRequest,
     Completion,
     CompletionRequest,
     model_card,
@@ -121,6 +128,8 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
     block_size = model.config.block_size
     max_prompt = min(config.max_prompt_tokens or block_size, block_size)
     created = int(time.time())
+    template = None if seq2seq else chat_template(meta)
+    ends = end_tokens(template, tokenizer) if template else ()
 
     async def lifespan(app):
         worker.start()
@@ -197,7 +206,7 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
     @app.get("/v1/models")
     async def models(request: HTTPRequest):
         authorize(request)
-        return {"object": "list", "data": [model_card(config.model_name, created)]}
+        return {"object": "list", "data": [model_card(config.model_name, created, template is not None)]}
 
     @app.get("/v1/models/{name:path}")
     async def model_info(name: str, request: HTTPRequest):
@@ -209,7 +218,7 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
                 param="model",
                 code="model_not_found",
             )
-        return model_card(config.model_name, created)
+        return model_card(config.model_name, created, template is not None)
 
     @app.post(
         "/v1/completions",
@@ -221,6 +230,53 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
         },
     )
     async def completions(request: HTTPRequest):
+        req = await parse(request, CompletionRequest)
+        sample, prompts = check(req)
+        echoes = [tokenizer.decode(ids) if req.echo else "" for ids in prompts]
+        return await answer(request, req, sample, prompts, Completion(config.model_name, config.fingerprint), echoes)
+
+    @app.post(
+        "/v1/chat/completions",
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": ChatCompletionRequest.model_json_schema()}},
+            }
+        },
+    )
+    async def chat_completions(request: HTTPRequest):
+        req = await parse(request, ChatCompletionRequest)
+        if template is None:
+            raise APIError(
+                400,
+                f"The model '{config.model_name}' is a plain language model, not a chat model (its checkpoint has no "
+                "chat template): use /v1/completions, or fine-tune it on a chat dataset.",
+                param="model",
+                code="not_a_chat_model",
+            )
+        try:
+            messages = req.conversation()
+            check_conversation(messages, for_prompt=True)
+        except (ValueError, ChatError) as e:
+            raise APIError(400, f"Invalid messages: {e}.", param="messages", code="invalid_messages") from None
+        req.max_tokens = req.max_completion_tokens or req.max_tokens or config.max_tokens
+        sample, _ = check(req, texts=[])
+        ids = template.prompt(messages, tokenizer)
+        if len(ids) >= max_prompt:
+            raise APIError(
+                400,
+                f"The conversation has {len(ids)} tokens, more than this server's limit of {max_prompt - 1} "
+                f"(the model's context is {block_size} tokens, the answer needs at least one): shorten it.",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        sample = dataclasses.replace(
+            sample, max_new_tokens=min(sample.max_new_tokens, block_size - len(ids)), end_tokens=ends
+        )
+        return await answer(request, req, sample, [ids], ChatCompletion(config.model_name, config.fingerprint), [""])
+
+    async def parse(request: HTTPRequest, schema):
+        """The request's JSON body as `schema`, or the 4xx that says what is wrong with it."""
         authorize(request)
         media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
         if media_type != "application/json":
@@ -232,13 +288,14 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
             )
         body = await read_body(request, config.max_body_bytes, config.body_timeout)
         try:
-            req = CompletionRequest.model_validate_json(body)
+            return schema.model_validate_json(body)
         except ValidationError as e:
             raise validation_error(e) from None
-        sample, prompts = check(req)
+
+    async def answer(request: HTTPRequest, req, sample: SampleConfig, prompts, completion, echoes):
+        """Queue one engine request per prompt, then answer: the whole body, or a stream of chunks."""
         if app.state.stopping:
             raise stopping
-        completion = Completion(config.model_name, config.fingerprint)
         queue: asyncio.Queue = asyncio.Queue()
         open_completions.add(queue)
         loop = asyncio.get_running_loop()
@@ -248,7 +305,6 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
         except QueueFull as e:
             raise APIError(429, f"The server is busy: {e}.", type="requests", code="rate_limit_exceeded") from None
         total = len(requests) * sample.num_samples
-        echoes = [tokenizer.decode(ids) if req.echo else "" for ids in prompts]
         prompt_tokens = sum(len(ids) for ids in prompts)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -258,8 +314,9 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
             )
         return await respond(request, completion, queue, requests, total, echoes, prompt_tokens)
 
-    def check(req: CompletionRequest) -> tuple[SampleConfig, list[list[int]]]:
-        """The request's sampling settings and prompt ids, or the 4xx that says what is wrong."""
+    def check(req, texts: list | None = None) -> tuple[SampleConfig, list[list[int]]]:
+        """The request's sampling settings and prompt ids (of `texts`, default the request's prompts), or
+        the 4xx that says what is wrong."""
         unsupported = req.unsupported()
         if unsupported:
             raise APIError(
@@ -283,11 +340,12 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
                 param="max_tokens",
                 code="invalid_value",
             )
-        n, texts = req.n or 1, req.prompts()
-        if n * len(texts) > config.max_batch:
+        n = req.n or 1
+        texts = req.prompts() if texts is None else texts
+        if n * max(1, len(texts)) > config.max_batch:
             raise APIError(
                 400,
-                f"n x prompts is {n} x {len(texts)} = {n * len(texts)} completions, more than this "
+                f"n x prompts is {n} x {max(1, len(texts))} = {n * max(1, len(texts))} completions, more than this "
                 f"server decodes together ({config.max_batch}).",
                 param="n",
                 code="invalid_value",

@@ -1,0 +1,112 @@
+"""POST /v1/chat/completions against the official `openai` client, with a chat checkpoint fine-tuned by train.py."""
+
+import json
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra is not installed: pip install -e '.[serve]'")
+openai = pytest.importorskip("openai", reason="the dev extra is not installed: pip install -e '.[dev]'")
+import httpx  # noqa: E402  (installed with openai)
+
+from gpt import load_checkpoint  # noqa: E402
+from gpt.infer.chat import Chat, chat_template  # noqa: E402
+from gpt.infer.sampling import SampleConfig  # noqa: E402
+from gpt.serve.app import ServeConfig, create_app, running  # noqa: E402
+
+NAME = "chat"
+USER = "Translate to English: Ein Hund rennt durch den Park."
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def loaded(chat_run):
+    return load_checkpoint(chat_run)
+
+
+@pytest.fixture(scope="module")
+def server(loaded):
+    model, tok, meta = loaded
+    with running(create_app(model, tok, meta, ServeConfig(model_name=NAME, max_batch=8, max_tokens=100))) as url:
+        yield url
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def reference(loaded, messages, **settings):
+    """The library's own answer (gpt.infer.chat.Chat) with these settings."""
+    model, tok, meta = loaded
+    chat = Chat(model, tok, chat_template(meta), config=SampleConfig(**{"top_k": None, **settings}))
+    return "".join(p.text for p in chat.answer(messages))
+
+
+def test_a_chat_completion_is_the_librarys_answer(client, loaded):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": USER}]
+    r = client.chat.completions.create(model=NAME, messages=messages, max_tokens=30, temperature=0)
+    assert r.object == "chat.completion" and r.id.startswith("chatcmpl-") and r.model == NAME
+    choice = r.choices[0]
+    assert choice.message.role == "assistant" and choice.finish_reason in ("stop", "length")
+    assert choice.message.content == reference(loaded, messages, max_new_tokens=30, temperature=0)
+    model, tok, meta = loaded
+    prompt = chat_template(meta).prompt(messages, tok)
+    assert r.usage.prompt_tokens == len(prompt) and r.usage.completion_tokens >= 1
+
+
+def test_streamed_chunks_carry_the_role_then_the_text(client, loaded):
+    messages = [{"role": "user", "content": USER}]
+    chunks = list(
+        client.chat.completions.create(
+            model=NAME,
+            messages=messages,
+            max_tokens=30,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert chunks[0].object == "chat.completion.chunk" and deltas[0].role == "assistant"
+    assert all(d.role is None for d in deltas[1:]) and len(deltas) > 3
+    assert "".join(d.content or "" for d in deltas) == reference(loaded, messages, max_new_tokens=30, temperature=0)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
+
+
+def test_n_seed_and_stop(client):
+    messages = [{"role": "user", "content": USER}]
+    r = client.chat.completions.create(model=NAME, messages=messages, max_tokens=20, n=3, seed=7, temperature=1.0)
+    again = client.chat.completions.create(model=NAME, messages=messages, max_tokens=20, n=3, seed=7, temperature=1.0)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.message.content for c in r.choices] == [c.message.content for c in again.choices]
+    full = client.chat.completions.create(model=NAME, messages=messages, max_tokens=30, temperature=0).choices[0]
+    text = full.message.content
+    assert len(text) > 2
+    stop = text[2:4]
+    cut = client.chat.completions.create(model=NAME, messages=messages, max_tokens=30, temperature=0, stop=[stop])
+    assert cut.choices[0].message.content == text[: text.index(stop)] and cut.choices[0].finish_reason == "stop"
+
+
+def test_errors_in_openais_shape(client, server, trained_run):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=NAME, messages=[{"role": "assistant", "content": "hi"}])
+    assert e.value.body["code"] == "invalid_messages" and "ends with the user's" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=NAME, messages=[{"role": "tool", "content": "x"}])
+    assert e.value.body["code"] == "invalid_messages"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hallo " * 300}])
+    assert e.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="other", messages=[{"role": "user", "content": "x"}])
+    r = httpx.post(server + "/v1/chat/completions", json={"model": NAME, "messages": []})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    models = {m.id: m for m in client.models.list().data}
+    assert models[NAME].model_extra["chat"] is True
+    model, tok, meta = load_checkpoint(trained_run)  # a plain language model: one clear 4xx
+    with running(create_app(model, tok, meta, ServeConfig(model_name="plain"))) as url:
+        plain = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as e:
+            plain.chat.completions.create(model="plain", messages=[{"role": "user", "content": "hi"}])
+        assert e.value.body["code"] == "not_a_chat_model"
+        assert json.loads(httpx.get(url + "/v1/models").text)["data"][0]["chat"] is False
