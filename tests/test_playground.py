@@ -97,3 +97,40 @@ def test_playground_stop_button_frees_the_server_and_errors_are_shown(browser, s
     browser.find_element(By.ID, "generate").click()
     WebDriverWait(browser, 10).until(lambda b: text_of(b, "error"))
     assert "temperature" in text_of(browser, "error") and "less than or equal to 2" in text_of(browser, "error")
+
+
+@pytest.fixture(scope="module")
+def chat_served(chat_run):
+    model, tok, meta = load_checkpoint(chat_run)
+    with running(create_app(model, tok, meta, ServeConfig(model_name="chat", max_tokens=100))) as url:
+        yield url, (model, tok, meta)
+
+
+def test_playground_chat_view_holds_a_conversation(browser, chat_served):
+    from gpt.infer.chat import Chat, chat_template
+    from gpt.infer.sampling import SampleConfig
+
+    url, (model, tok, meta) = chat_served
+    browser.get(url + "/")
+    WebDriverWait(browser, 20).until(lambda b: "(chat)" in text_of(b, "model"))
+    assert browser.find_element(By.ID, "mode-chat").is_selected()  # a chat model opens in the chat view
+    assert not browser.find_element(By.ID, "prompt").is_displayed()
+    fill(browser, "max_tokens", 30)
+    fill(browser, "temperature", 0)
+    browser.find_element(By.ID, "top_k").clear()
+    fill(browser, "system", "Be brief.")
+    reference = Chat(
+        model, tok, chat_template(meta), "Be brief.", SampleConfig(max_new_tokens=30, temperature=0, top_k=None)
+    )
+    for turn, said in enumerate(["Translate to English: Ein Hund.", "Translate to English: Eine Katze."]):
+        fill(browser, "message", said)
+        browser.find_element(By.ID, "generate").click()
+        WebDriverWait(browser, 30).until(lambda b: "finished" in text_of(b, "stats"))
+        expected = "".join(p.text for p in reference.say(said))  # the library, with the same history
+        bubbles = browser.find_elements(By.CSS_SELECTOR, "#chat-log .message")
+        assert [b.get_attribute("class").split()[-1] for b in bubbles] == ["user", "assistant"] * (turn + 1)
+        assert bubbles[-2].get_attribute("textContent") == said
+        assert bubbles[-1].get_attribute("textContent") == expected
+    browser.find_element(By.ID, "reset").click()
+    assert browser.find_elements(By.CSS_SELECTOR, "#chat-log .message") == []
+    assert text_of(browser, "error") == ""
