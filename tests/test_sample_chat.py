@@ -1,0 +1,139 @@
+"""Chat checkpoints from the command line: sample.py --chat (a pipe, a terminal), --prompt, and gpt.evaluate."""
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import MULTI30K, ROOT
+
+from gpt import load_checkpoint
+from gpt.infer.chat import Chat, chat_template
+from gpt.infer.sampling import SampleConfig
+
+ASK = "Translate to English: Ein Hund rennt."
+
+
+def sample(*args, stdin=""):
+    r = subprocess.run(
+        [sys.executable, "sample.py", *map(str, args)], cwd=ROOT, input=stdin, capture_output=True, text=True
+    )
+    return r.returncode, r.stdout, r.stderr
+
+
+@pytest.fixture(scope="module")
+def reference(chat_run):
+    model, tok, meta = load_checkpoint(chat_run)
+
+    def answer(messages, system=None, max_new_tokens=20):
+        cfg = SampleConfig(max_new_tokens=max_new_tokens, temperature=0, top_k=None)
+        return "".join(p.text for p in Chat(model, tok, chat_template(meta), system, cfg).answer(messages))
+
+    return answer
+
+
+def test_chat_through_a_pipe_answers_one_json_line_per_conversation(chat_run, reference):
+    first = [{"role": "user", "content": ASK}]
+    second = {"messages": [{"role": "user", "content": "Hallo"}, {"role": "assistant", "content": "Hi"}, *first]}
+    lines = [json.dumps(first), "", "not json", json.dumps(second), json.dumps([{"role": "assistant", "content": "x"}])]
+    code, out, err = sample(
+        "--ckpt", chat_run, "--chat", "--temperature", "0", "--top-k", "none", "--max-new-tokens", "20",
+        "--system", "Be brief.", stdin="\n".join(lines) + "\n",
+    )  # fmt: skip
+    answers = [json.loads(line) for line in out.splitlines()]
+    assert code == 2 and len(answers) == 4, err
+    assert answers[0] == {"role": "assistant", "content": reference(first, "Be brief.")}
+    assert answers[1]["error"].startswith("line 3: not JSON")
+    assert answers[2] == {"role": "assistant", "content": reference(second["messages"], "Be brief.")}
+    assert answers[3] == {"error": "line 5: the last message is the assistant's; a prompt ends with the user's"}
+
+
+def test_chat_in_a_terminal_streams_answers_and_understands_reset_and_exit(chat_run, reference):
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "sample.py", "--ckpt", chat_run, "--chat", "--temperature", "0", "--top-k", "none",
+         "--max-new-tokens", "20"],
+        cwd=ROOT, stdin=slave, stdout=slave, stderr=slave, close_fds=True,
+    )  # fmt: skip
+    os.close(slave)
+    seen = b""
+
+    def read_until(marker: bytes, count=1, timeout=60):
+        nonlocal seen
+        deadline = time.monotonic() + timeout
+        while seen.count(marker) < count and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.5)[0]:
+                try:
+                    seen += os.read(master, 4096)
+                except OSError:
+                    break
+        assert seen.count(marker) >= count, seen.decode(errors="replace")
+
+    read_until(b"you> ")
+    os.write(master, (ASK + "\n").encode())
+    read_until(b"you> ", count=2)  # the answer, then the next prompt
+    os.write(master, b"/reset\n")
+    read_until(b"(a new conversation)")
+    os.write(master, b"/exit\n")
+    proc.wait(30)
+    os.close(master)
+    text = seen.decode().replace("\r\n", "\n")
+    assert proc.returncode == 0, text
+    assert f"assistant> {reference([{'role': 'user', 'content': ASK}])}\n" in text
+
+
+def test_prompt_on_a_chat_checkpoint_is_answered(chat_run, reference):
+    code, out, err = sample("--ckpt", chat_run, "--prompt", ASK, "--temperature", "0", "--top-k", "none",
+                            "--max-new-tokens", "20")  # fmt: skip
+    assert code == 0, err
+    assert out == reference([{"role": "user", "content": ASK}]) + "\n"
+
+
+def test_chat_mistakes_are_one_line(chat_run, trained_run):
+    for args, message in [
+        (["--ckpt", trained_run, "--chat"], "is not a chat model (its checkpoint has no chat template)"),
+        (["--ckpt", chat_run, "--chat", "--num-samples", "2"], "--num-samples is not for --chat"),
+        (["--ckpt", trained_run, "--prompt", "x", "--system", "y"], "--system is for chat checkpoints"),
+        (
+            ["--ckpt", chat_run, "--source", "x", "--system", "y"],
+            "--system is for chat checkpoints (--chat or --prompt)",
+        ),
+    ]:
+        code, out, err = sample(*args)
+        assert code == 2 and out == "" and err.startswith("error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_evaluate_scores_a_chat_checkpoints_answers(chat_run, trained_run, tmp_path, reference):
+    sources = (MULTI30K / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()[:6]
+    src, ref = tmp_path / "src.de", tmp_path / "ref.en"
+    src.write_text("\n".join(sources) + "\n")
+    ref.write_text("\n".join((MULTI30K / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()[:6]) + "\n")
+
+    def evaluate(ckpt, *extra):
+        r = subprocess.run(
+            [sys.executable, "-m", "gpt.evaluate", "--ckpt", str(ckpt), "--source-file", str(src), "--reference",
+             str(ref), "--dtype", "float32", *map(str, extra)],
+            cwd=ROOT, capture_output=True, text=True,
+        )  # fmt: skip
+        return r.returncode, r.stdout, r.stderr
+
+    out = tmp_path / "hyp.en"
+    code, line, err = evaluate(chat_run, "--instruction", "Translate to English: {source}", "--output", out)
+    assert code == 0 and line.startswith("BLEU ") and "6 sentences" in line, err
+    hyps = out.read_text(encoding="utf-8").splitlines()
+    tok = load_checkpoint(chat_run)[1]
+    for source, hyp in zip(sources, hyps):  # the greedy answer the library gives, batched or not
+        ask = [{"role": "user", "content": f"Translate to English: {source}"}]
+        want = reference(ask, max_new_tokens=len(tok.encode(source)) + 50)
+        assert hyp == " ".join(want.strip().split("\n"))
+    for ckpt, extra, message in [
+        (chat_run, ["--beam-size", "2"], "a chat checkpoint answers greedily"),
+        (chat_run, ["--instruction", "Translate"], "--instruction must contain {source}"),
+        (trained_run, [], "is a plain language model (no encoder, no chat template)"),
+    ]:
+        code, line, err = evaluate(ckpt, *extra)
+        assert code == 2 and line == "" and message in err and err.count("\n") == 1, err
