@@ -1,7 +1,16 @@
-"""Benchmark `data/prepare.py --tokenizer gpt2` against tiktoken's own batch encoding, and BPE training.
+"""Benchmark `data/prepare.py --tokenizer gpt2` against tiktoken's own batch encoding, and BPE training;
+with `--formats`, the same text prepared from .txt, .jsonl, .jsonl.gz and .parquet.
 
     python bench/bench_prepare.py                       # 100 MB and 200 MB corpora, ~1-2 minutes on 2 cores
     python bench/bench_prepare.py --sizes 100,400 --shared ../shared/data
+    python bench/bench_prepare.py --formats --sizes 100,300   # record files vs the same text as .txt
+
+`--formats`: the sources cut into documents of about 4 KB (at blank lines), written once as one .txt
+file (documents separated by a blank line) and as rows of a .jsonl, a .jsonl.gz and a .parquet (row
+groups of 1000 rows, pyarrow's default compression) file; each prepared in its own process. Throughput
+is text MB (the documents' UTF-8 bytes) per second of prepare's own timing, and tokens per second;
+peak memory the process's maximum RSS (bounded for Parquet: it reads a batch at a time). Writes
+bench/results/prepare_formats.json and prints a table.
 
 Builds each corpus in a temporary directory as a folder of documents (copies of tiny-shakespeare and
 WikiText-2 valid/test, about 1.1 MB each), then runs, each in its own process so peak memory is its own:
@@ -145,14 +154,111 @@ def bench_bpe(shared: Path, vocab_size: int = 8192) -> dict:
     }
 
 
+def documents(shared: Path, megabytes: int, size: int = 4096) -> list[str]:
+    """The sources, repeated, cut at blank lines into documents of about `size` characters."""
+    paragraphs = [p for name in SOURCES for p in (shared / name).read_text(encoding="utf-8").split("\n\n") if p.strip()]
+    docs, current, total, i = [], [], 0, 0
+    while total < megabytes * 1e6:
+        current.append(paragraphs[i % len(paragraphs)])
+        i += 1
+        if sum(map(len, current)) >= size:
+            docs.append("\n\n".join(current))
+            total += len(docs[-1].encode())
+            current = []
+    return docs
+
+
+def write_formats(docs: list[str], folder: Path) -> dict[str, Path]:
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True)
+    paths = {name: folder / f"corpus.{name}" for name in ("txt", "jsonl", "jsonl.gz", "parquet")}
+    paths["txt"].write_text("\n\n".join(docs), encoding="utf-8")
+    lines = "".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs)
+    paths["jsonl"].write_text(lines, encoding="utf-8")
+    with gzip.open(paths["jsonl.gz"], "wt", encoding="utf-8") as f:
+        f.write(lines)
+    pq.write_table(pa.table({"text": docs}), paths["parquet"], row_group_size=1000)
+    return paths
+
+
+def bench_formats(megabytes: int, shared: Path, ranks: Path, tmp: Path) -> list[dict]:
+    docs = documents(shared, megabytes)
+    text_mb = sum(len(d.encode()) for d in docs) / 1e6
+    paths = write_formats(docs, tmp / f"formats-{megabytes}")
+    del docs
+    rows = []
+    for name, path in paths.items():
+        out_dir = tmp / f"ds-{megabytes}-{name}"
+        cmd = [
+            sys.executable,
+            str(ROOT / "data" / "prepare.py"),
+            str(path),
+            "--out",
+            str(out_dir),
+            "--tokenizer",
+            "gpt2",
+        ]
+        out, wall, rss = run([*cmd, "--tokenizer-file", str(ranks), "--quiet"])
+        seconds = float(re.search(r" in ([\d.]+) s \(", out).group(1))
+        meta = json.loads((out_dir / "meta.json").read_text())
+        shutil.rmtree(out_dir)
+        rows.append(
+            {
+                "text_mb": round(text_mb, 1),
+                "format": name,
+                "file_mb": round(path.stat().st_size / 1e6, 1),
+                "documents": meta["documents"],
+                "tokens": meta["tokens"],
+                "seconds": seconds,
+                "text_mb_s": round(text_mb / seconds, 2),
+                "tokens_per_s": round(meta["tokens"] / seconds),
+                "wall_s": round(wall, 2),
+                "peak_rss_mb": round(rss),
+            }
+        )
+        rows[-1]["vs_txt"] = round(rows[0]["seconds"] / seconds, 3)
+        print(json.dumps(rows[-1]), flush=True)
+    shutil.rmtree(tmp / f"formats-{megabytes}")
+    return rows
+
+
+def formats_main(args, shared: Path, ranks: Path) -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import harness
+
+    with tempfile.TemporaryDirectory(prefix="bench-formats-") as tmp:
+        rows = [r for size in args.sizes.split(",") for r in bench_formats(int(size), shared, ranks, Path(tmp))]
+    result = {"machine": harness.machine(), "formats": rows, "date": time.strftime("%Y-%m-%d")}
+    out = Path(args.out if args.out != DEFAULT_OUT else ROOT / "bench" / "results" / "prepare_formats.json")
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print("\n| text | format | file | prepare | text MB/s | tokens/s | vs .txt | peak RSS |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(
+            f"| {r['text_mb']} MB | .{r['format']} | {r['file_mb']} MB | {r['seconds']:.1f} s | {r['text_mb_s']} "
+            f"| {r['tokens_per_s']:,} | {r['vs_txt']:.0%} | {r['peak_rss_mb']} MB |"
+        )
+    print(f"results in {out}")
+
+
+DEFAULT_OUT = str(ROOT / "bench" / "results" / "prepare.json")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="100,200", help="corpus sizes in MB (default: %(default)s)")
     p.add_argument("--shared", default=str(ROOT.parent / "shared" / "data"), help="folder with the source corpora")
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "prepare.json"))
+    p.add_argument("--out", default=DEFAULT_OUT)
+    p.add_argument("--formats", action="store_true", help="the same text from .txt, .jsonl, .jsonl.gz and .parquet")
     args = p.parse_args()
     shared = Path(args.shared)
     ranks = shared / "gpt2.tiktoken"
+    if args.formats:
+        return formats_main(args, shared, ranks)
     load_before = os.getloadavg()
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-prepare-") as tmp:

@@ -54,12 +54,15 @@ def run(cmd: list, log: Path) -> float:
 
 
 def side_by_side(cmds: dict, work: Path) -> dict:
-    """Run the commands at once; name -> CPU seconds of each."""
+    """Run the commands at once; name -> CPU seconds of each. A run already done (its CPU seconds in
+    WORK/cpu.json) is not run again, so an interrupted benchmark goes on where it stopped."""
+    done_file = work / "cpu.json"
+    done = json.loads(done_file.read_text()) if done_file.exists() else {}
+    cmds = {name: cmd for name, cmd in cmds.items() if name not in done}
     procs = {}
     for name, cmd in cmds.items():
         f = open(work / f"{name}.log", "w")
         procs[name] = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
-    cpu = {}
     by_pid = {p.pid: n for n, p in procs.items()}
     while by_pid:
         pid, status, usage = os.wait4(-1, 0)
@@ -67,8 +70,9 @@ def side_by_side(cmds: dict, work: Path) -> dict:
             name = by_pid.pop(pid)
             if os.waitstatus_to_exitcode(status) != 0:
                 raise SystemExit(f"failed: {name} (see {work / name}.log)")
-            cpu[name] = usage.ru_utime + usage.ru_stime
-    return cpu
+            done[name] = usage.ru_utime + usage.ru_stime
+            done_file.write_text(json.dumps(done, indent=1) + "\n")
+    return done
 
 
 def write_chat(src: str, tgt: str, out: Path) -> Path:
@@ -109,6 +113,7 @@ def main(argv=None) -> int:
     p.add_argument("--encdec-minutes", type=float, default=35)
     p.add_argument("--sft-iters", type=int, default=600)
     p.add_argument("--results", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--only-train", action="store_true", help="stop after training (run again to evaluate)")
     args = p.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -142,13 +147,15 @@ def main(argv=None) -> int:
     if not args.encdec:
         todo["encdec"] = [*train, "--config", "multi30k_cpu", "--data", pairs, "--out-dir", encdec, "--max-minutes",
                           args.encdec_minutes]  # fmt: skip
-    cpu.update(side_by_side(todo, work) if todo else {})
+    cpu.update({k: v for k, v in side_by_side(todo, work).items() if k in todo} if todo else {})
     sft = {
         f"sft-{on}": [*train, "--config", "sft", "--init-from", base, "--data", chat, "--out-dir", work / f"sft-{on}",
                       "--loss-on", on, "--max-iters", args.sft_iters, "--max-minutes", "0"]
         for on in ("assistant", "all")
     }  # fmt: skip
-    cpu.update(side_by_side(sft, work))
+    cpu.update({k: v for k, v in side_by_side(sft, work).items() if k.startswith("sft")})
+    if args.only_train:
+        return 0
 
     results = {"machine": harness.machine(), "settings": vars(args), "cpu_seconds": cpu, "runs": {}}
     for name in ("base", "encdec", "sft-assistant", "sft-all"):

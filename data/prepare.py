@@ -2,6 +2,7 @@
 
     python data/prepare.py corpus/ notes.txt --out data/mine --tokenizer gpt2
     python data/prepare.py corpus/ --out data/mine --tokenizer bpe --vocab-size 8192
+    python data/prepare.py shards/*.parquet more.jsonl.gz --out data/web --text-field text --skip-bad-rows
     python data/prepare.py input.txt --out data/mine_char --tokenizer char --block-size 256
     python data/prepare.py --pairs train.de train.en --val-pairs val.de val.en --out data/de-en --tokenizer bpe
     python data/prepare.py new.txt --out data/new --tokenizer-from out/shakespeare-char --unknown replace
@@ -42,6 +43,7 @@ ONLY_FOR = {
     "unknown": ("--unknown", {"text"}),
     "replacement": ("--replacement", {"text"}),
     "skip_bad_rows": ("--skip-bad-rows", {"text", "chat"}),
+    "text_field": ("--text-field", {"text"}),
     "val_pairs": ("--val-pairs", {"pairs"}),
     "max_len": ("--max-len", {"pairs"}),
     "truncate": ("--truncate", {"pairs"}),
@@ -54,7 +56,13 @@ ONLY_FOR = {
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("inputs", nargs="*", metavar="INPUT", help="text files and directories (all text files below them)")
+    p.add_argument(
+        "inputs",
+        nargs="*",
+        metavar="INPUT",
+        help="text files, record files (.jsonl, .jsonl.gz, .parquet: one document per row) and directories "
+        "(all such files below them)",
+    )
     p.add_argument(
         "--pairs",
         nargs=2,
@@ -113,6 +121,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     text.add_argument(
         "--replacement", default=None, help="--unknown replace: the character they become (default: '?', else a space)"
+    )
+    text.add_argument(
+        "--text-field",
+        default=None,
+        metavar="NAME",
+        help="the field of each JSONL row / the Parquet column that holds a document's text (default: text)",
     )
     text.add_argument(
         "--skip-bad-rows",
@@ -233,6 +247,8 @@ def main(argv=None) -> int:
             unknown=args.unknown or "refuse",
             replacement=args.replacement,
             strict_utf8=args.strict_utf8,
+            text_field=args.text_field or "text",
+            skip_bad_rows=args.skip_bad_rows,
             workers=args.workers,
             force=args.force,
             progress=False if args.quiet else None,

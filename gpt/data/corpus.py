@@ -1,5 +1,6 @@
 """A text corpus on disk: which files are documents, how they split into train/val, and reading them
-as bounded text chunks cut where a BPE pre-tokenizer would cut anyway.
+as bounded text chunks cut where a BPE pre-tokenizer would cut anyway; record files (JSONL, Parquet)
+read row by row, each row a document.
 
     docs = find_documents(["books/", "notes.txt"])
     segments, split_by = plan_split(docs, val_fraction=0.1)
@@ -18,6 +19,12 @@ Policies
   GPT-2's pre-tokenizer always cuts, so encoding chunk by chunk gives the same ids as encoding the
   whole text. A chunk with no such newline is cut before a space that follows a non-space, and a
   single huge "word" at a character boundary (the only case where ids can differ, never the text).
+- Record files, as pretraining corpora ship (FineWeb, The Pile, SlimPajama): `.jsonl` / `.jsonl.gz`
+  (one JSON object per line) and `.parquet`, a named field / column (default `text`) holding one
+  document per row. Parquet is read a batch at a time within row groups (pyarrow), so memory stays
+  bounded for shards larger than RAM. Their rows are split like documents: every 1/val_fraction-th
+  row of each file goes to val. A row that is not JSON, not an object, lacks the field or holds no
+  string is one BadRowError naming file, row and field, or is skipped and counted (`skip_bad`).
 """
 
 from __future__ import annotations
@@ -33,6 +40,11 @@ from pathlib import Path
 from gpt.errors import UserError
 
 SNIFF_BYTES = 8192
+RECORD_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
+
+
+def is_record_file(path: str | Path) -> bool:
+    return str(path).endswith(RECORD_SUFFIXES)
 
 
 class CorpusError(UserError, ValueError):
@@ -51,6 +63,7 @@ class BadRowError(CorpusError):
 class Document:
     path: Path
     size: int  # bytes
+    records: bool = False  # a JSONL / Parquet file: each row a document (`read_records`)
 
 
 @dataclass(frozen=True)
@@ -72,6 +85,8 @@ class Segment:
 class ReadStats:
     replaced_bytes: int = 0
     files_with_replacements: list = field(default_factory=list)
+    bad_rows: list = field(default_factory=list)  # BadRowErrors skipped (with skip_bad)
+    rows: int = 0  # rows of record files read (documents)
 
 
 # ---- finding and splitting documents -----------------------------------------------------------------
@@ -106,14 +121,14 @@ def find_documents(inputs: list[str | Path], exclude: Path | None = None) -> lis
                     d for d in dirs if not d.startswith(".") and (exclude is None or Path(root, d).resolve() != exclude)
                 )
                 files += [Path(root, n) for n in names if not n.startswith(".")]
-            files = [f for f in sorted(files) if f.is_file() and not _looks_binary(f)]
+            files = [f for f in sorted(files) if f.is_file() and (is_record_file(f) or not _looks_binary(f))]
         else:
             files = [item]
         for f in files:
             key = f.resolve()
             if key not in seen and f.stat().st_size > 0:
                 seen.add(key)
-                docs.append(Document(f, f.stat().st_size))
+                docs.append(Document(f, f.stat().st_size, is_record_file(f)))
     return docs
 
 
@@ -133,9 +148,24 @@ def _cut_point(path: Path, offset: int, size: int, limit: int = 1 << 20) -> int:
 
 
 def plan_split(docs: list[Document], val_fraction: float) -> tuple[list[Segment], str]:
-    """Assign every byte of the corpus to train or val: (segments, "document" or "tail")."""
+    """Assign every byte of the corpus to train or val: (segments, "document" or "tail"). Record files
+    are one segment each whose split is "rows": their rows are assigned as they are read (`val_row`)."""
     if not 0 < val_fraction < 1:
         raise CorpusError(f"--val-fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+    records = [Segment(d, 0, d.size, "rows", True) for d in docs if d.records]
+    docs = [d for d in docs if not d.records]
+    if not docs:
+        return records, "row"
+    segments, split_by = _plan_text(docs, val_fraction)
+    return segments + records, split_by + (" (record files: by row)" if records else "")
+
+
+def val_row(i: int, val_fraction: float) -> bool:
+    """Whether row i (from 0) of a record file goes to val: floor(n f) of n rows, evenly spread."""
+    return int((i + 1) * val_fraction) > int(i * val_fraction)
+
+
+def _plan_text(docs: list[Document], val_fraction: float) -> tuple[list[Segment], str]:
     n = len(docs)
     if int(n * val_fraction) >= 1:
         # Document i goes to val when floor((i+1)f) > floor(if): floor(n f) documents, evenly spread.
@@ -243,16 +273,21 @@ def read_chunks(
 # ---- record files: one JSON value per line -----------------------------------------------------------
 
 
-def jsonl_rows(path: str | Path) -> Iterator[tuple[int, object, str | None]]:
+def jsonl_rows(path: str | Path, progress=None) -> Iterator[tuple[int, object, str | None]]:
     """(row, value, problem) for each non-blank line of a `.jsonl` (or gzip-compressed `.jsonl.gz`) file:
     `row` counts lines from 1, `value` is the parsed JSON (None when `problem` says why it could not be).
-    The caller decides whether a bad row stops it (`BadRowError(path, row, problem)`) or is skipped."""
+    The caller decides whether a bad row stops it (`BadRowError(path, row, problem)`) or is skipped.
+    `progress(n)`, if given, is told the file bytes read since it was last told (compressed ones for .gz)."""
     path = Path(path)
-    opener = gzip.open if path.name.endswith(".gz") else open
     try:
-        f = opener(path, "rb")
-        with f:
+        raw = open(path, "rb")
+        with raw, gzip.GzipFile(fileobj=raw) if path.name.endswith(".gz") else raw as f:
+            told = 0
             for row, line in enumerate(f, 1):
+                if progress:
+                    at = raw.tell()
+                    progress(at - told)
+                    told = at
                 if not line.strip():
                     continue
                 try:
@@ -263,3 +298,69 @@ def jsonl_rows(path: str | Path) -> Iterator[tuple[int, object, str | None]]:
                     yield row, None, f"not JSON ({e.msg} at column {e.colno})"
     except (OSError, EOFError) as e:  # unreadable, or a damaged / truncated gzip stream
         raise CorpusError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+
+
+def record_texts(doc: Document, field: str, stats: ReadStats, skip_bad: bool = False, progress=None):
+    """(row index from 0, text) of each good row of a record file; a bad row raises BadRowError, or with
+    `skip_bad` is added to `stats.bad_rows` and left out (rows are numbered from 1 in messages, as lines
+    are). `progress(n)` is told the file bytes read."""
+    rows = (
+        _parquet_rows(doc, field, progress)
+        if doc.path.name.endswith(".parquet")
+        else _jsonl_texts(doc, field, progress)
+    )
+    index = 0
+    for row, text, problem in rows:
+        if problem is not None:
+            error = BadRowError(doc.path, row, problem)
+            if not skip_bad:
+                raise error
+            stats.bad_rows.append(error)
+            continue
+        yield index, text
+        index += 1
+
+
+def _jsonl_texts(doc: Document, field: str, progress):
+    for row, value, problem in jsonl_rows(doc.path, progress):
+        if problem is None:
+            if not isinstance(value, dict):
+                problem = f"a JSON {type(value).__name__}, not an object with a {field!r} field"
+            elif field not in value:
+                keys = ", ".join(sorted(map(str, value))[:8]) or "none"
+                problem = f"no field {field!r} (its fields: {keys}); name the field with --text-field"
+            elif not isinstance(value[field], str):
+                problem = f"field {field!r} is {type(value[field]).__name__}, not a string"
+        yield row, value[field] if problem is None else None, problem
+
+
+def _parquet_rows(doc: Document, field: str, progress, batch_rows: int = 1024):
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise CorpusError(f"{doc.path}: reading Parquet needs pyarrow: pip install pyarrow") from None
+    try:
+        pf = pq.ParquetFile(doc.path)
+    except (OSError, pa.ArrowException) as e:
+        raise CorpusError(f"cannot read {doc.path} as Parquet: {e}") from None
+    names = pf.schema_arrow.names
+    if field not in names:
+        raise CorpusError(
+            f"{doc.path}: no column {field!r} (its columns: {', '.join(names[:8])}); name the column with --text-field"
+        )
+    kind = pf.schema_arrow.field(field).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
+        raise CorpusError(f"{doc.path}: column {field!r} holds {kind}, not strings")
+    n, row, told = max(1, pf.metadata.num_rows), 0, 0
+    try:
+        for batch in pf.iter_batches(batch_size=batch_rows, columns=[field]):
+            for text in batch.column(0).to_pylist():
+                row += 1
+                yield row, text, None if text is not None else f"column {field!r} is null"
+            if progress:
+                at = doc.size * row // n
+                progress(at - told)
+                told = at
+    except (OSError, pa.ArrowException) as e:
+        raise CorpusError(f"cannot read {doc.path} (row {row + 1}): {e}") from None

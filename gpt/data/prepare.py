@@ -49,6 +49,8 @@ from gpt.data.corpus import (
     find_documents,
     plan_split,
     read_chunks,
+    record_texts,
+    val_row,
 )
 from gpt.data.format import (
     SPLITS,
@@ -94,6 +96,8 @@ class PrepareSummary:
             f"vocab {self.meta['vocab_size']:,} as {self.meta['dtype']}, {mb:,.1f} MB in {self.seconds:.1f} s "
             f"({mb / max(self.seconds, 1e-9):,.1f} MB/s)"
         )
+        if self.meta["corpus"].get("bad_rows_skipped"):
+            text += f"; {self.meta['corpus']['bad_rows_skipped']:,} bad rows skipped"
         if self.replaced_bytes:
             text += f"; {self.replaced_bytes:,} bytes that were not UTF-8 replaced by U+FFFD"
         if self.unknown:
@@ -120,12 +124,16 @@ def prepare(
     replacement: str | None = None,
     force: bool = False,
     strict_utf8: bool = False,
+    text_field: str = "text",
+    skip_bad_rows: bool = False,
     workers: int | None = None,
     chunk_bytes: int = 1 << 20,
     progress: bool | None = None,
     log: Callable[[str], None] = _stderr,
 ) -> PrepareSummary:
-    """Tokenize the text files and directories in `inputs` into the dataset directory `out`, with a new
+    """Tokenize the text files, record files (`.jsonl`, `.jsonl.gz`, `.parquet`: `text_field` of each row,
+    bad rows an error or, with `skip_bad_rows`, skipped and counted) and directories in `inputs` into the
+    dataset directory `out`, with a new
     tokenizer of kind `tokenizer` (default gpt2), or the one of `tokenizer_from` (a dataset, or the `vocab.Reused` of a run or
     checkpoint from `gpt.checkpoints.loader.tokenizer_source`: see gpt/data/vocab.py for it and the `unknown` / `replacement` policy).
 
@@ -157,18 +165,19 @@ def prepare(
         except CorpusError as e:
             raise DataError(str(e)) from None
         missing, replace_with = None, None
+        reading = Reading(chunk_bytes, strict_utf8, text_field, skip_bad_rows, val_fraction)
         if spec is None:
-            tok = _build_tokenizer(tokenizer, segments, vocab_size, tokenizer_file, strict_utf8, chunk_bytes, progress)
+            tok = _build_tokenizer(tokenizer, segments, vocab_size, tokenizer_file, reading, progress)
         else:
             tok = reused_tokenizer(spec, tokenizer_file)
             if isinstance(tok, CharTokenizer):
-                missing = vocab.unknown_chars(_char_counts(segments, chunk_bytes, strict_utf8, progress), tok.chars)
+                missing = vocab.unknown_chars(_char_counts(segments, reading, progress), tok.chars)
                 replace_with = vocab.unknown_policy(missing, tok.chars, unknown, replacement, tokenizer_from)
         dtype = dtype_for_vocab(tok.vocab_size)
         stats = ReadStats()
         writers = {s: _SplitWriter(tmp / f"{s}.bin", dtype, tok.vocab_size) for s in SPLITS}
         try:
-            _encode(segments, tok, writers, stats, workers, chunk_bytes, strict_utf8, progress, replace_with)
+            _encode(segments, tok, writers, stats, workers, reading, progress, replace_with)
         finally:
             for w in writers.values():
                 w.close()
@@ -190,6 +199,12 @@ def prepare(
             "val_fraction": val_fraction,
             "split_by": split_by,
         }
+        if any(d.records for d in docs):
+            corpus.update(text_field=text_field, bad_rows_skipped=len(stats.bad_rows))
+        for error in stats.bad_rows[:3]:
+            log(f"skipped {error}")
+        if len(stats.bad_rows) > 3:
+            log(f"skipped {len(stats.bad_rows) - 3:,} more bad rows")
         if spec is not None:
             corpus["tokenizer_from"] = str(tokenizer_from)
             corpus["unknown_chars"] = {
@@ -197,11 +212,12 @@ def prepare(
                 "replaced_by": replace_with,
                 "most_common": (missing or Counter()).most_common(20),
             }
-        meta = _meta(tok, store_ranks(tmp, tok.spec), writers, len(docs), corpus)
+        documents = sum(not d.records for d in docs) + stats.rows
+        meta = _meta(tok, store_ranks(tmp, tok.spec), writers, documents, corpus)
         write_meta(tmp, meta)
     return PrepareSummary(
         out,
-        len(docs),
+        documents,
         {s: w.tokens for s, w in writers.items()},
         corpus["bytes"],
         stats.replaced_bytes,
@@ -247,10 +263,32 @@ def check_tokenizer_options(kind: str, vocab_size: int | None, tokenizer_file: s
 # ---- tokenizers -------------------------------------------------------------------------------------
 
 
-def _texts(segments: list[Segment], chunk_bytes: int, strict: bool, bar: Progress | None = None):
+@dataclass(frozen=True)
+class Reading:
+    """How the corpus is read: chunk size and UTF-8 strictness for text files; for record files the
+    field of each row, whether bad rows are skipped, and the share of rows that goes to val."""
+
+    chunk_bytes: int = 1 << 20
+    strict: bool = False
+    field: str = "text"
+    skip_bad: bool = False
+    val_fraction: float = 0.1
+
+    def split_of(self, row: int) -> str:
+        return "val" if val_row(row, self.val_fraction) else "train"
+
+
+def _texts(segments: list[Segment], reading: Reading, bar: Progress | None = None, split: str | None = None):
+    """The corpus's text in pieces (text-file chunks, record rows); only `split`'s rows of record files."""
     stats = ReadStats()
     for seg in segments:
-        for text, nbytes in read_chunks(seg, chunk_bytes, stats, strict):
+        if seg.doc.records:
+            update = bar.update if bar else None
+            for row, text in record_texts(seg.doc, reading.field, stats, reading.skip_bad, update):
+                if split is None or reading.split_of(row) == split:
+                    yield text
+            continue
+        for text, nbytes in read_chunks(seg, reading.chunk_bytes, stats, reading.strict):
             yield text
             if bar:
                 bar.update(nbytes)
@@ -284,12 +322,12 @@ def reused_tokenizer(spec: dict, tokenizer_file: str | None):
         raise DataError(f"--tokenizer-from: cannot build its tokenizer ({e})") from None
 
 
-def _char_counts(segments, chunk_bytes: int, strict: bool, progress) -> Counter:
+def _char_counts(segments, reading: Reading, progress) -> Counter:
     """How often each character occurs in the corpus."""
     bar = Progress("scan chars", sum(s.size for s in segments), enabled=progress)
     counts = Counter()
     try:
-        for text in _texts(segments, chunk_bytes, strict, bar):
+        for text in _texts(segments, reading, bar):
             counts.update(text)
     except CorpusError as e:
         raise DataError(str(e)) from None
@@ -297,7 +335,7 @@ def _char_counts(segments, chunk_bytes: int, strict: bool, progress) -> Counter:
     return counts
 
 
-def _build_tokenizer(kind, segments, vocab_size, tokenizer_file, strict, chunk_bytes, progress):
+def _build_tokenizer(kind, segments, vocab_size, tokenizer_file, reading: Reading, progress):
     try:
         if kind == "gpt2":
             try:
@@ -305,11 +343,11 @@ def _build_tokenizer(kind, segments, vocab_size, tokenizer_file, strict, chunk_b
             except TokenizerError as e:
                 raise DataError(str(e)) from None
         if kind == "char":
-            return CharTokenizer("".join(sorted(_char_counts(segments, chunk_bytes, strict, progress))))
-        train = [s for s in segments if s.split == "train"]
+            return CharTokenizer("".join(sorted(_char_counts(segments, reading, progress))))
+        train = [s for s in segments if s.split in ("train", "rows")]
         bar = Progress("train BPE", sum(s.size for s in train), enabled=progress)
         try:
-            tok = train_bpe(_texts(train, chunk_bytes, strict, bar), vocab_size or DEFAULT_BPE_VOCAB)
+            tok = train_bpe(_texts(train, reading, bar, split="train"), vocab_size or DEFAULT_BPE_VOCAB)
         except ValueError as e:
             raise DataError(str(e)) from None
         bar.close()
@@ -368,10 +406,36 @@ class _SplitWriter:
         self.f.close()
 
 
-def _encode(segments, tok, writers, stats, workers, chunk_bytes, strict, progress, replace_with=None) -> None:
+def _row_batches(seg: Segment, reading: Reading, stats: ReadStats):
+    """(split, rows, file bytes read) of a record file, in batches of about `chunk_bytes` of text."""
+    rows, size, read = {"train": [], "val": []}, 0, [0]
+
+    def progress(n: int) -> None:
+        read[0] += n
+
+    def take():
+        for split in ("train", "val"):
+            if rows[split]:
+                yield split, rows[split], read[0]
+                rows[split], read[0] = [], 0
+
+    for row, text in record_texts(seg.doc, reading.field, stats, reading.skip_bad, progress):
+        rows[reading.split_of(row)].append(text)
+        size += len(text)
+        if size >= reading.chunk_bytes:
+            yield from take()
+            size = 0
+    yield from take()
+
+
+def _encode(segments, tok, writers, stats, workers, reading: Reading, progress, replace_with=None) -> None:
     """Encode the segments in order on `workers` threads, keeping a bounded number of chunks in flight."""
     encode = _encoder(tok, replace_with)
     eot = np.array([tok.eot_token], dtype=np.int64)
+
+    def encode_rows(texts: list[str]) -> np.ndarray:  # each row a document: its ids, then end-of-text
+        return np.concatenate([ids for text in texts for ids in (encode(text).astype(np.int64, copy=False), eot)])
+
     bar = Progress("encode", sum(s.size for s in segments), enabled=progress)
     in_flight: deque = deque()
 
@@ -384,7 +448,14 @@ def _encode(segments, tok, writers, stats, workers, chunk_bytes, strict, progres
     with ThreadPoolExecutor(max_workers=workers) as pool:
         try:
             for seg in segments:
-                for text, nbytes in read_chunks(seg, chunk_bytes, stats, strict):
+                if seg.doc.records:
+                    for split, texts, nbytes in _row_batches(seg, reading, stats):
+                        in_flight.append((pool.submit(encode_rows, texts), split, nbytes))
+                        writers[split].documents += len(texts)
+                        stats.rows += len(texts)
+                        drain(2 * workers)
+                    continue
+                for text, nbytes in read_chunks(seg, reading.chunk_bytes, stats, reading.strict):
                     in_flight.append((pool.submit(encode, text), seg.split, nbytes))
                     drain(2 * workers)
                 if seg.last:

@@ -205,6 +205,8 @@ def prepare_chat(
             raise DataError(str(e)) from None
         for error in bad[:3]:
             log(f"skipped {error}")
+        if len(bad) > 3:
+            log(f"skipped {len(bad) - 3:,} more bad rows")
         if val is None:
             held = hold_out(len(train), val_fraction, seed)
             train, val = [c for c, h in zip(train, held) if not h], [c for c, h in zip(train, held) if h]

@@ -86,6 +86,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos.to(x.dtype) + torch.cat([-x2, x1], dim=-1) * sin.to(x.dtype)
 
 
+def explicit_attention(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+    """softmax(QK^T / sqrt(d_k) + M) as a (B, nh, Tq, Tk) float32 tensor: what SDPA computes inside."""
+    scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.size(-1))
+    if causal:
+        Tq, Tk = scores.shape[-2:]
+        scores = scores.masked_fill(~torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(Tk - Tq), float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(-1)
+
+
 class Attention(nn.Module):
     """Multi-head scaled dot-product attention, softmax(QK^T/sqrt(d_k) + M)V.
 
@@ -102,6 +113,7 @@ class Attention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
+        self.weights: list[torch.Tensor] | None = None  # a list while GPT.attention_maps records, else None
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         B, T, C = t.shape
@@ -147,9 +159,14 @@ class Attention(nn.Module):
                 allowed = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
                 mask = allowed if mask is None else mask & allowed
             causal = False
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, dropout_p=self.dropout if self.training else 0.0
-        )  # (B, nh, T, hs)
+        if self.weights is None:  # the fast path (flash / memory-efficient kernels)
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal, dropout_p=self.dropout if self.training else 0.0
+            )  # (B, nh, T, hs)
+        else:  # recording: the same attention spelled out, its weights kept
+            att = explicit_attention(q, k, mask, causal)
+            self.weights.append(att)
+            y = att.to(v.dtype) @ v
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -426,6 +443,32 @@ class GPT(nn.Module):
             logits = self.lm_head(self.decode(self.encode(src, src_mask), src_mask, idx))
         loss = self.loss(logits, targets) if targets is not None else None
         return logits, loss
+
+    @torch.no_grad()
+    def attention_maps(
+        self, idx: torch.Tensor, src: torch.Tensor | None = None, src_mask: torch.Tensor | None = None
+    ) -> dict[str, list[torch.Tensor]]:
+        """The attention weights of one forward (in eval mode), per layer (B, n_head, T_query, T_key), each
+        row summing to 1: "self" for the decoder's self-attention (causal), and for a seq2seq model
+        (`src` given) "cross" (target over source tokens) and "encoder". The normal forward stays on
+        SDPA's fast path: weights are computed only here, by switching each layer to recording."""
+        layers = {"self": [b.attn for b in self.transformer.h]}
+        if src is not None:
+            layers["cross"] = [b.cross_attn for b in self.transformer.h]
+            layers["encoder"] = [b.attn for b in self.encoder.h]
+        was_training = self.training
+        self.eval()
+        try:
+            for modules in layers.values():
+                for m in modules:
+                    m.weights = []
+            self(idx, None, src, src_mask)
+            return {kind: [m.weights[0] for m in modules] for kind, modules in layers.items()}
+        finally:
+            for modules in layers.values():
+                for m in modules:
+                    m.weights = None
+            self.train(was_training)
 
     # ---- incremental decoding: the caches the forward paths above take ---------------------------
 

@@ -1,0 +1,89 @@
+"""What a model attends to: the attention weights of one forward over a text, as per-layer, per-head heatmaps.
+
+    maps = attention_for(model, tok, meta, "The cat sat on the mat.")       # decoder-only: self-attention
+    maps = attention_for(model, tok, meta, "Ein Hund rennt.")               # seq2seq: + cross and encoder
+    fig = draw(maps["self"])                                                # a matplotlib Figure
+
+Each map is a `Maps`: the weights per layer (n_head, T_query, T_key), rows summing to 1, and the tokens
+of both axes as labels. For a seq2seq checkpoint the target is the model's own greedy translation of the
+source (or `target`), fed after the start token, so "cross" shows which source tokens each target token
+looked at: the alignment. The weights come from GPT.attention_maps; the normal forward is untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gpt.infer.translate import encode_sources, seq2seq_ids, translate
+
+MAX_LABELED = 64  # axes with more tokens than this get no tick labels (they would be unreadable)
+
+
+@dataclass
+class Maps:
+    title: str
+    layers: list[torch.Tensor]  # per layer (n_head, T_query, T_key)
+    queries: list[str]  # tick labels: the query tokens (rows)
+    keys: list[str]  # and the key tokens (columns)
+
+
+def token_labels(tok, ids: list[int]) -> list[str]:
+    """Each token's text, spaces and line breaks made visible."""
+    return [tok.decode([i]).replace(" ", "·").replace("\n", "\\n") or "∅" for i in ids]
+
+
+def attention_for(model, tok, meta: dict, text: str, target: str | None = None) -> dict[str, Maps]:
+    """The attention maps of `text` (decoder-only: the text itself, cut to the context; seq2seq: the
+    source, with `target` or the model's greedy translation as the decoder's input)."""
+    device = next(model.parameters()).device
+    block = model.config.block_size
+    if not model.config.n_encoder_layer:
+        ids = tok.encode(text)[-block:]
+        if not ids:
+            raise ValueError("the text has no tokens")
+        maps = model.attention_maps(torch.tensor([ids], device=device))
+        labels = token_labels(tok, ids)
+        return {"self": Maps("self-attention", [w[0] for w in maps["self"]], labels, labels)}
+    bos, eos = seq2seq_ids(meta)
+    src, mask = encode_sources(tok, [text], eos, block, device)
+    if target is None:
+        target = translate(model, tok, [text], bos, eos)[0]
+    tgt = [bos, *tok.encode(target)[: block - 1]]
+    maps = model.attention_maps(torch.tensor([tgt], device=device), src, mask)
+    source_labels = token_labels(tok, src[0].tolist())
+    target_labels = ["<s>", *token_labels(tok, tgt[1:])]
+    return {
+        "self": Maps("decoder self-attention", [w[0] for w in maps["self"]], target_labels, target_labels),
+        "cross": Maps(
+            "cross-attention (target over source)", [w[0] for w in maps["cross"]], target_labels, source_labels
+        ),
+        "encoder": Maps("encoder self-attention", [w[0] for w in maps["encoder"]], source_labels, source_labels),
+    }
+
+
+def draw(maps: Maps, layers: list[int] | None = None):
+    """A Figure of one heatmap per layer (rows) and head (columns); tokens as tick labels."""
+    from matplotlib.figure import Figure
+
+    layers = list(range(len(maps.layers))) if layers is None else layers
+    heads = maps.layers[0].size(0)
+    Tq, Tk = len(maps.queries), len(maps.keys)
+    cell = min(4.0, max(1.8, 0.12 * max(Tq, Tk)))
+    fig = Figure(figsize=(cell * heads + 1, cell * len(layers) + 0.6), layout="constrained")
+    fig.suptitle(maps.title)
+    axes = fig.subplots(len(layers), heads, squeeze=False)
+    for r, layer in enumerate(layers):
+        for h in range(heads):
+            ax = axes[r][h]
+            image = ax.imshow(maps.layers[layer][h].float().cpu().numpy(), vmin=0, vmax=1, cmap="viridis")
+            ax.set_title(f"layer {layer} head {h}", fontsize=8)
+            for axis, labels, n in ((ax.xaxis, maps.keys, Tk), (ax.yaxis, maps.queries, Tq)):
+                if n <= MAX_LABELED:
+                    axis.set_ticks(range(n), labels, fontsize=max(3, 8 - n // 12))
+                else:
+                    axis.set_ticks([])
+            ax.tick_params(axis="x", labelrotation=90)
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    return fig
