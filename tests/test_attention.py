@@ -82,7 +82,7 @@ def test_a_seq2seq_checkpoint_gets_cross_and_encoder_maps(tmp_path):
     from test_sample_seq2seq import save_seq2seq
 
     save_seq2seq(tmp_path / "s2s")
-    code, out, err = draw("--ckpt", tmp_path / "s2s", "--text", "hello", "--out", tmp_path / "m.png")
+    code, out, err = draw("--ckpt", tmp_path / "s2s", "--text", "bad cafe", "--out", tmp_path / "m.png")
     names = [tmp_path / n for n in ("m.png", "m-cross.png", "m-encoder.png")]
     assert code == 0 and out == f"wrote {', '.join(map(str, names))}\n", err
     assert all(n.read_bytes()[:4] == b"\x89PNG" for n in names)
