@@ -205,3 +205,33 @@ def test_a_chat_dataset_refuses_an_encoder_and_another_base(chat_data, tmp_path)
     train_run("--data", data, "--out-dir", other_run, *TINY, "--block-size", "64", "--max-iters", "1")
     with pytest.raises(TrainingError, match="tokenizer mismatch"):
         train_run("--data", chat_data, "--init-from", other_run, "--out-dir", tmp_path / "x", *TINY, "--max-iters", "1")
+
+
+def test_lora_sft_trains_the_new_tokens_loads_resumes_and_merges(base_run, chat_data, tmp_path):
+    from gpt.cli.lora import merge_checkpoint
+
+    common = ["--data", chat_data, "--init-from", base_run, "--config", "sft", *TINY, "--lora-rank", "4"]
+    common += ["--eval-interval", "2", "--lr-decay-iters", "4", "--learning-rate", "1e-2"]
+    train_run(*common, "--out-dir", tmp_path / "full", "--max-iters", "4")
+    train_run(*common, "--out-dir", tmp_path / "half", "--max-iters", "2")
+    train_run("--resume", tmp_path / "half", "--max-iters", "4")
+
+    def losses(run):
+        return [
+            r["loss"] for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if r["kind"] == "train"
+        ]
+
+    assert losses(tmp_path / "half") == losses(tmp_path / "full")  # the base grown the same way on resume
+    adapted, meta = loader.load_model(tmp_path / "full")
+    n = open_chat_dataset(chat_data).vocab_size  # the base's ids, then the template's four
+    assert meta["lora"]["grown"]["fresh"] == [n - 4, n] and "wte" in meta["lora"]["targets"]
+    merged, merged_meta = loader.load_model(merge_checkpoint(tmp_path / "full", tmp_path / "merged.pt"))
+    assert merged_meta["chat_template"] == meta["chat_template"]
+    x = torch.tensor([[n - 4, 10, 11, n - 2, 12]])  # the template's tokens among the base's
+    torch.testing.assert_close(merged(x)[0], adapted(x)[0])
+    base, _ = loader.load_model(base_run)
+    grown = GPT(GPTConfig.from_dict(base.config.to_dict()))
+    grown.load_state_dict(base.state_dict())
+    grown.grow_vocab(merged.config.vocab_size, range(n - 4, n))
+    rows = slice(n - 4, n)
+    assert not torch.equal(merged.transformer.wte.weight[rows], grown.transformer.wte.weight[rows])  # they learned

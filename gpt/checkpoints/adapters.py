@@ -6,7 +6,8 @@
 `meta["lora"]` holds `base` (absolute path), `base_relative` (from the checkpoint's directory, so a
 base moved together with the run still loads), `base_sha256` (a fingerprint of the base weights as
 adapted: a base that changed since, e.g. a best.pt that moved on, is refused in one line instead of
-silently giving other text), and `rank`, `alpha`, `dropout`, `targets`. Loading the base itself is the
+silently giving other text), and `rank`, `alpha`, `dropout`, `targets`; `grown` when the run grew the
+base's vocabulary for a chat template's tokens (the base is grown the same way when loaded). Loading the base itself is the
 loader's (gpt/checkpoints/loader.py: `load_model`, `load_adapted`); this module never imports it.
 """
 
@@ -21,10 +22,12 @@ from gpt.errors import ConfigError
 from gpt.model.lora import LoRAConfig, LoRAError, apply, fingerprint, trainable_params
 
 
-def meta(config: LoRAConfig, model: nn.Module, base: Path, out_dir) -> dict:
-    """meta["lora"] of a checkpoint saved into `out_dir`: the settings and where the base is."""
+def meta(config: LoRAConfig, model: nn.Module, base: Path, out_dir, grown: dict | None = None) -> dict:
+    """meta["lora"] of a checkpoint saved into `out_dir`: the settings and where the base is; `grown`, if
+    the base's vocabulary was grown for a chat template's tokens (GPT.grow_vocab, deterministic)."""
     return {
         **config.to_dict(),
+        **({"grown": grown} if grown else {}),
         "base": str(base),
         "base_relative": os.path.relpath(base, Path(out_dir).resolve()),
         "base_sha256": fingerprint(model),
@@ -50,6 +53,8 @@ def attach(model: nn.Module, lora_meta: dict, model_config: dict, source, base) 
     fingerprint checked."""
     if model_config["block_size"] < model.config.block_size:
         model.crop_block_size(model_config["block_size"])
+    if "grown" in lora_meta:  # the chat template's tokens, added to the base as the run added them
+        model.grow_vocab(lora_meta["grown"]["vocab_size"], range(*lora_meta["grown"]["fresh"]))
     if fingerprint(model) != lora_meta["base_sha256"]:
         raise LoRAError(
             f"{source}: its base {base} has changed since the adapters were trained on it (the weights "

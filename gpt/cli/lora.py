@@ -14,7 +14,7 @@ def merge_checkpoint(path, out, base=None) -> Path:
     directory that gets best.pt): sample.py, `--init-from` and the HF export read it like any other."""
 
     model, meta_ = load_adapted(path, merge_adapters=True, base=base)
-    keep = {k: meta_[k] for k in ("step", "val_loss", "dataset") if k in meta_}
+    keep = {k: meta_[k] for k in ("step", "val_loss", "dataset", "chat_template") if k in meta_}
     new_meta = native.build_meta(model_config=model.config.to_dict(), tokenizer=meta_["tokenizer"], **keep)
     out = Path(out)
     target = out if out.suffix == ".pt" else out / "best.pt"

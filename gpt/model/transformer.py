@@ -538,22 +538,25 @@ class GPT(nn.Module):
         """Give the embedding (and the head tied to it) `vocab_size` rows, at least its current count, and
         fresh rows for the new tokens `fresh` (a chat template's special tokens, after the base
         vocabulary): each the mean of the base vocabulary's rows plus a little noise, so a new token
-        starts as an average token, neither dominating the softmax nor unreachable. Padding rows
-        beyond get the usual normal(0, 0.02). The rows of the old tokens, hence their logits, stay as they are."""
+        starts as an average token, neither dominating the softmax nor unreachable; the noise is drawn
+        from a generator of its own, so growing the same base twice gives the same rows (a LoRA run's
+        base is grown again when it is loaded). Padding rows beyond get normal(0, 0.02) the same way. The rows of the old tokens, hence their logits, stay as they are."""
         old = self.transformer.wte.weight
         n = max(vocab_size, old.size(0))
         if fresh.start < 1 or fresh.stop > n:
             raise ValueError(f"fresh rows {fresh} must lie within 1..{n} after at least one base row")
         weight = torch.empty(n, old.size(1), dtype=old.dtype, device=old.device)
         weight[: old.size(0)] = old
-        torch.nn.init.normal_(weight[old.size(0) :], mean=0.0, std=0.02)
-        mean = old[: fresh.start].float().mean(0)
-        weight[fresh.start : fresh.stop] = (mean + 0.02 * torch.randn(len(fresh), old.size(1), device=old.device)).to(
+        padding = torch.randn(n - old.size(0), old.size(1), generator=torch.Generator().manual_seed(n))
+        weight[old.size(0) :] = (0.02 * padding).to(weight)
+        noise = torch.randn(len(fresh), old.size(1), generator=torch.Generator().manual_seed(fresh.start))
+        weight[fresh.start : fresh.stop] = (old[: fresh.start].float().mean(0) + 0.02 * noise.to(old.device)).to(
             old.dtype
         )
         self.transformer.wte.weight = nn.Parameter(weight, requires_grad=old.requires_grad)
         self.transformer.wte.num_embeddings = n
         self.lm_head.weight = self.transformer.wte.weight
+        self.lm_head.out_features = n
         self.config.vocab_size = n
 
     def crop_block_size(self, block_size: int) -> None:

@@ -130,6 +130,7 @@ def new_model(cfg: TrainConfig, task, explicit: set[str], log, init_from: str = 
     fresh = chat_growth(meta["tokenizer"], task)
     if fresh is not None:
         model.grow_vocab(padded_vocab(task), fresh)
+        model.grown = {"vocab_size": model.config.vocab_size, "fresh": [fresh.start, fresh.stop]}
         log(
             f"init_from: the chat template's {len(fresh)} special tokens (ids {fresh.start}..{fresh.stop - 1}) are new to "
             f"{init_from}: its embedding and tied head grow to {model.config.vocab_size:,} rows, the new ones "
@@ -206,9 +207,13 @@ def lora_base(cfg) -> Path:
 def add_adapters(model: nn.Module, cfg, base: Path, log) -> dict:
     """Freeze the base, add the adapters `cfg` asks for; returns meta["lora"] for the run's checkpoints."""
     config = LoRAConfig.from_train(cfg)
+    grown = getattr(model, "grown", None)
+    if grown and "wte" not in config.targets:  # the new tokens' rows must be able to learn
+        config = dataclasses.replace(config, targets=[*config.targets, "wte"])
+        log("lora: the chat template's tokens are new to the base: adapting wte too (their embedding rows)")
     n = apply(model, config)
     log(
         f"lora: rank {config.rank}, alpha {config.alpha:g} on {', '.join(config.targets)}: {n:,} trained parameters; "
         f"the base {base} is frozen"
     )
-    return adapters.meta(config, model, base, cfg.out_dir)
+    return adapters.meta(config, model, base, cfg.out_dir, grown)
