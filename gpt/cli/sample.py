@@ -231,6 +231,23 @@ def mode_error(args: argparse.Namespace) -> str | None:
     return f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for translation: give --source or --source-file"
 
 
+def sample_config(args: argparse.Namespace, defaults: dict, **fields):
+    """The sampling flags as a SampleConfig, the mode's `defaults` for the flags not given; without --seed
+    a fresh seed, which the summary prints so the run can be reproduced."""
+    from gpt.infer.sampling import SampleConfig
+
+    return SampleConfig(
+        max_new_tokens=_given(args.max_new_tokens, defaults["max_new_tokens"]),
+        temperature=_given(args.temperature, defaults["temperature"]),
+        top_k=args.top_k,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+        stop=tuple(map(unescape, args.stop)),
+        seed=args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") >> 1,
+        **fields,
+    )
+
+
 class OrderedPrinter:
     """Prints samples in order: sample i streams live once samples before it are finished. Only the
     samples still waiting their turn are held (in memory as large as the batch decoded at once)."""
@@ -266,25 +283,20 @@ def run(args: argparse.Namespace) -> None:
         load_for_inference,  # torch: loaded once the flags are checked (--help and mistakes answer at once)
     )
     from gpt.infer.chat import chat_template, end_tokens, fit
-    from gpt.infer.sampling import ContextWarning, SampleConfig, SamplingError
+    from gpt.infer.sampling import ContextWarning, SamplingError
 
     if args.source or args.source_file:
         return translate(args)
     if args.chat:
         return chat(args)
-    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") >> 1
-    cfg = SampleConfig(
+    cfg = sample_config(
+        args,
+        LM_DEFAULTS,
         num_samples=args.num_samples,
-        max_new_tokens=_given(args.max_new_tokens, LM_DEFAULTS["max_new_tokens"]),
-        temperature=_given(args.temperature, LM_DEFAULTS["temperature"]),
-        top_k=args.top_k,
-        top_p=args.top_p,
-        repetition_penalty=args.repetition_penalty,
-        stop=tuple(map(unescape, args.stop)),
         stop_at_eot=args.stop_at_eot,
-        seed=seed,
         cuda_graph=args.cuda_graph and not args.compile,
     )  # validated before anything slow happens
+    seed = cfg.seed
     prompt = args.prompt or ""
     if args.prompt_file:
         try:
@@ -363,18 +375,9 @@ def chat(args: argparse.Namespace) -> int | None:
     """--chat: a conversation on a terminal, or one JSON conversation per line of a pipe."""
     from gpt.checkpoints.loader import load_for_inference
     from gpt.infer.chat import Chat, chat_template, conversation_line
-    from gpt.infer.sampling import SampleConfig, SamplingError
+    from gpt.infer.sampling import SamplingError
 
-    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") >> 1
-    cfg = SampleConfig(
-        max_new_tokens=_given(args.max_new_tokens, CHAT_DEFAULTS["max_new_tokens"]),
-        temperature=_given(args.temperature, CHAT_DEFAULTS["temperature"]),
-        top_k=args.top_k,
-        top_p=args.top_p,
-        repetition_penalty=args.repetition_penalty,
-        stop=tuple(map(unescape, args.stop)),
-        seed=seed,
-    )
+    cfg = sample_config(args, CHAT_DEFAULTS)
     rt, model, tokenizer, meta, _ = load_for_inference(
         args.ckpt, args.device, args.dtype, args.threads, args.quantize, single_stream=True
     )
