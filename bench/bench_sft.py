@@ -75,17 +75,6 @@ def side_by_side(cmds: dict, work: Path) -> dict:
     return done
 
 
-def write_chat(src: str, tgt: str, out: Path) -> Path:
-    de = (MULTI30K / src).read_text(encoding="utf-8").splitlines()
-    en = (MULTI30K / tgt).read_text(encoding="utf-8").splitlines()
-    with open(out, "w", encoding="utf-8") as f:
-        for d, e in zip(de, en):
-            user = INSTRUCTION.replace("{source}", d)
-            row = {"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": e}]}
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    return out
-
-
 def bleu(ckpt: Path, *extra) -> dict:
     cmd = [sys.executable, "-m", "gpt.evaluate", "--ckpt", ckpt, "--threads", "2", "--dtype", "float32"]
     cmd += ["--source-file", MULTI30K / "test_2016_flickr.de", "--reference", MULTI30K / "test_2016_flickr.en"]
@@ -126,10 +115,11 @@ def main(argv=None) -> int:
              "bpe", "--vocab-size", "8192", "--block-size", "128", "--quiet"], work / "prepare-base.log")  # fmt: skip
     chat = work / "chat"
     if not chat.exists():
-        train_rows = write_chat("train.de", "train.en", work / "train.jsonl")
-        val_rows = write_chat("val.de", "val.en", work / "val.jsonl")
-        run([py, "data/prepare.py", "--chat", train_rows, "--val-chat", val_rows, "--out", chat, "--tokenizer-from",
-             base_data, "--block-size", "128"], work / "prepare-chat.log")  # fmt: skip
+        rows = work / "chat-rows"
+        run([py, "data/multi30k/chat.py", "--input", MULTI30K, "--out", rows, "--instruction", INSTRUCTION, "--force"],
+            work / "chat-rows.log")  # fmt: skip
+        run([py, "data/prepare.py", "--chat", rows / "train.jsonl", "--val-chat", rows / "val.jsonl", "--out", chat,
+             "--tokenizer-from", base_data, "--block-size", "128"], work / "prepare-chat.log")  # fmt: skip
     pairs = work / "de-en"
     if not pairs.exists():
         run([py, "data/multi30k/prepare.py", "--input", MULTI30K, "--out", pairs], work / "prepare-pairs.log")
