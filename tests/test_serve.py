@@ -240,7 +240,8 @@ def test_a_cross_site_post_without_json_content_type_is_refused_and_no_cors_is_g
     r = httpx.post(url + "/v1/completions", content=body, headers={"Content-Type": "application/json; charset=utf-8"})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
     page = httpx.get(url + "/").text  # the playground (same-origin) sends JSON with its own headers
-    assert 'fetch("/v1/completions", {method: "POST", headers: headers()' in page
+    assert 'fetch(url, {method: "POST", headers: headers()' in page  # url: /v1/completions or /v1/chat/completions
+    assert 'url = "/v1/completions"' in page and 'url = "/v1/chat/completions"' in page
     assert 'const h = {"Content-Type": "application/json"};' in page
 
 
