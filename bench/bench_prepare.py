@@ -7,8 +7,9 @@ with `--formats`, the same text prepared from .txt, .jsonl, .jsonl.gz and .parqu
 
 `--formats`: the sources cut into documents of about 4 KB (at blank lines), written once as one .txt
 file (documents separated by a blank line) and as rows of a .jsonl, a .jsonl.gz and a .parquet (row
-groups of 1000 rows, pyarrow's default compression) file; each prepared in its own process. Throughput
-is text MB (the documents' UTF-8 bytes) per second of prepare's own timing, and tokens per second;
+groups of 1000 rows, pyarrow's default compression) file; each prepared in its own process, three times,
+the formats interleaved. Throughput is text MB (the documents' UTF-8 bytes) per second of prepare's own
+timing (the median of the three), and tokens per second;
 peak memory the process's maximum RSS (bounded for Parquet: it reads a batch at a time). Writes
 bench/results/prepare_formats.json and prints a table.
 
@@ -32,6 +33,7 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -185,42 +187,53 @@ def write_formats(docs: list[str], folder: Path) -> dict[str, Path]:
     return paths
 
 
-def bench_formats(megabytes: int, shared: Path, ranks: Path, tmp: Path) -> list[dict]:
+def _write_corpus(shared: Path, megabytes: int, folder: Path, sizes) -> None:
     docs = documents(shared, megabytes)
-    text_mb = sum(len(d.encode()) for d in docs) / 1e6
-    paths = write_formats(docs, tmp / f"formats-{megabytes}")
-    del docs
+    sizes.put(sum(len(d.encode()) for d in docs) / 1e6)
+    write_formats(docs, folder)
+
+
+def bench_formats(megabytes: int, shared: Path, ranks: Path, tmp: Path, repeats: int = 3) -> list[dict]:
+    # The corpus is built in a child process: a child inherits its parent's peak RSS (Linux keeps
+    # ru_maxrss across fork and exec), so the parent stays small and each prepare's peak is its own.
+    import multiprocessing
+
+    folder = tmp / f"formats-{megabytes}"
+    sizes = multiprocessing.Queue()
+    writer = multiprocessing.Process(target=_write_corpus, args=(shared, megabytes, folder, sizes))
+    writer.start()
+    text_mb = sizes.get()
+    writer.join()
+    paths = {name: folder / f"corpus.{name}" for name in ("txt", "jsonl", "jsonl.gz", "parquet")}
+    runs = {name: [] for name in paths}
+    for _ in range(repeats):  # interleaved, so a slow moment of the machine hits every format alike
+        for name, path in paths.items():
+            out_dir = tmp / f"ds-{megabytes}-{name}"
+            cmd = [sys.executable, str(ROOT / "data" / "prepare.py"), str(path), "--out", str(out_dir)]
+            out, wall, rss = run([*cmd, "--tokenizer", "gpt2", "--tokenizer-file", str(ranks), "--quiet"])
+            meta = json.loads((out_dir / "meta.json").read_text())
+            shutil.rmtree(out_dir)
+            runs[name].append((float(re.search(r" in ([\d.]+) s \(", out).group(1)), wall, rss, meta))
     rows = []
-    for name, path in paths.items():
-        out_dir = tmp / f"ds-{megabytes}-{name}"
-        cmd = [
-            sys.executable,
-            str(ROOT / "data" / "prepare.py"),
-            str(path),
-            "--out",
-            str(out_dir),
-            "--tokenizer",
-            "gpt2",
-        ]
-        out, wall, rss = run([*cmd, "--tokenizer-file", str(ranks), "--quiet"])
-        seconds = float(re.search(r" in ([\d.]+) s \(", out).group(1))
-        meta = json.loads((out_dir / "meta.json").read_text())
-        shutil.rmtree(out_dir)
+    for name, results in runs.items():
+        seconds = statistics.median(r[0] for r in results)
+        meta = results[0][3]
         rows.append(
             {
                 "text_mb": round(text_mb, 1),
                 "format": name,
-                "file_mb": round(path.stat().st_size / 1e6, 1),
+                "file_mb": round(paths[name].stat().st_size / 1e6, 1),
                 "documents": meta["documents"],
                 "tokens": meta["tokens"],
                 "seconds": seconds,
+                "all_seconds": [r[0] for r in results],
                 "text_mb_s": round(text_mb / seconds, 2),
                 "tokens_per_s": round(meta["tokens"] / seconds),
-                "wall_s": round(wall, 2),
-                "peak_rss_mb": round(rss),
+                "wall_s": round(statistics.median(r[1] for r in results), 2),
+                "peak_rss_mb": round(max(r[2] for r in results)),
+                "vs_txt": round(rows[0]["seconds"] / seconds, 3) if rows else 1.0,
             }
         )
-        rows[-1]["vs_txt"] = round(rows[0]["seconds"] / seconds, 3)
         print(json.dumps(rows[-1]), flush=True)
     shutil.rmtree(tmp / f"formats-{megabytes}")
     return rows
