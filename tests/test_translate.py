@@ -351,7 +351,7 @@ def test_evaluate_cli_from_a_checkpoint(reverser, tmp_path, capsys):
     sd = {k: v for k, v in model.state_dict().items() if not k.startswith("encoder.") and "cross" not in k}
     native.save(tmp_path / "run" / "last.pt", {"model": sd}, decoder_only)
     assert main(args) == 2
-    assert "decoder-only model" in capsys.readouterr().err
+    assert "is a plain language model (no encoder, no chat template)" in capsys.readouterr().err
     (tmp_path / "ref.txt").write_text("one line\n")
     native.save(tmp_path / "run" / "last.pt", {"model": model.state_dict()}, meta)
     assert main(args) == 2
