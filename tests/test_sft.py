@@ -192,10 +192,18 @@ def test_sft_from_a_base_grows_the_vocab_trains_on_answers_and_resumes_exactly(b
     assert records(tmp_path / "all", "eval")[-1]["val_loss"] != records(tmp_path / "half", "eval")[0]["val_loss"]
 
 
-def test_a_chat_dataset_refuses_an_encoder_and_another_base(chat_data, tmp_path):
+def test_a_chat_dataset_refuses_an_encoder_a_short_block_and_another_base(base_run, chat_data, tmp_path):
     from gpt.errors import ConfigError
     from gpt.train.start import TrainingError
 
+    with pytest.raises(ConfigError, match="block_size: the model's 32 is too short for the dataset's longest"):
+        train_run(
+            "--data", chat_data, "--init-from", base_run, "--out-dir", tmp_path / "b", *TINY, "--block-size", "32"
+        )
+    again = train_run(
+        "--data", chat_data, "--init-from", base_run, "--out-dir", tmp_path / "b", *TINY, "--max-iters", "1"
+    )
+    assert again["step"] == 1  # the start that failed left the directory free
     with pytest.raises(ConfigError, match="a chat dataset trains a decoder-only model"):
         train_run("--data", chat_data, "--out-dir", tmp_path / "e", *TINY, "--n-encoder-layer", "1", "--max-iters", "1")
     other = tmp_path / "other.txt"

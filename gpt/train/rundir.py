@@ -52,7 +52,12 @@ class RunDir:
         self._lock = None
 
     def holds_run(self) -> bool:
-        return any((self.path / name).exists() for name in ("last.pt", "best.pt", "log.jsonl", "last.dcp"))
+        """A checkpoint, or a log with something in it: a run that stopped before its first step (a bad
+        --init-from, a block too short for the data) leaves an empty log, and the directory is free again."""
+        log = self.path / "log.jsonl"
+        return any((self.path / name).exists() for name in ("last.pt", "best.pt", "last.dcp")) or (
+            log.exists() and log.stat().st_size > 0
+        )
 
     @contextmanager
     def claim(self, resume: bool, force: bool):

@@ -178,6 +178,13 @@ class ChatFineTuning:
             raise ConfigError("n_encoder_layer: a chat dataset trains a decoder-only model (no encoder)")
 
     def start(self, cfg, rt, accum: int) -> None:
+        longest = int(max(self.dataset.lengths(split).max() for split in ("train", "val")))
+        if longest > cfg.model.block_size + 1:
+            raise ConfigError(
+                f"block_size: the model's {cfg.model.block_size} is too short for the dataset's longest conversation "
+                f"({longest} tokens, a window holds block_size + 1): prepare the chat data with --block-size "
+                f"{cfg.model.block_size}"
+            )
         self.cfg, self.device = cfg, rt.device
         self.sampler = packing.PackedBatches(
             self.dataset,
