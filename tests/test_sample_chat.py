@@ -137,3 +137,14 @@ def test_evaluate_scores_a_chat_checkpoints_answers(chat_run, trained_run, tmp_p
     ]:
         code, line, err = evaluate(ckpt, *extra)
         assert code == 2 and line == "" and message in err and err.count("\n") == 1, err
+
+
+def test_a_chat_model_exported_to_hugging_face_still_chats(chat_run, tmp_path, reference):
+    from gpt.cli.hf import main as hf_main
+
+    assert hf_main(["export", "--ckpt", str(chat_run), "--out", str(tmp_path / "hf")]) == 0
+    model, tok, meta = load_checkpoint(tmp_path / "hf")
+    assert meta["chat_template"] == load_checkpoint(chat_run)[2]["chat_template"]
+    code, out, err = sample("--ckpt", tmp_path / "hf", "--prompt", ASK, "--temperature", "0", "--top-k", "none",
+                            "--max-new-tokens", "20")  # fmt: skip
+    assert code == 0 and out == reference([{"role": "user", "content": ASK}]) + "\n", err

@@ -49,6 +49,7 @@ WEIGHT_FILES = (
     "pytorch_model.bin.index.json",
 )
 TOKENIZER_SPEC_FILE = "gpt_tokenizer.json"
+CHAT_TEMPLATE_FILE = "gpt_chat_template.json"  # a chat model's template (role markers, end of turn)
 GPT2_VOCAB = 50257
 HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}  # theirs -> ours
 SIZES = ("vocab_size", "n_embd", "n_layer", "n_head")  # and n_positions (or n_ctx)
@@ -209,6 +210,12 @@ def read_weights(path) -> dict[str, torch.Tensor]:
     return sd
 
 
+def chat_template_spec(path) -> dict | None:
+    """The chat template a chat checkpoint's export wrote (gpt_chat_template.json), or None."""
+    file = Path(path) / CHAT_TEMPLATE_FILE
+    return _read_json(file) if file.is_file() else None
+
+
 def tokenizer_spec(path, vocab_size: int) -> dict:
     """The tokenizer spec of a GPT-2 directory: gpt_tokenizer.json (written by export_hf), else GPT-2's
     BPE when the vocabulary is GPT-2's."""
@@ -341,10 +348,11 @@ def write_gpt2_tokenizer_files(tokenizer, out_dir: Path, model_max_length: int) 
     (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2), encoding="utf-8")
 
 
-def export_hf(model, tokenizer, out_dir) -> Path:
+def export_hf(model, tokenizer, out_dir, chat_template: dict | None = None) -> Path:
     """Write `out_dir` so `transformers.GPT2LMHeadModel.from_pretrained(out_dir)` loads it.
 
-    Files: config.json, model.safetensors, gpt_tokenizer.json (our tokenizer spec, for re-import) and,
+    Files: config.json, model.safetensors, gpt_tokenizer.json (our tokenizer spec, for re-import),
+    gpt_chat_template.json for a chat model (its template, so the re-imported model still chats) and,
     when the tokenizer is GPT-2's, vocab.json / merges.txt / tokenizer_config.json for AutoTokenizer.
     """
     from safetensors.torch import save_file
@@ -359,6 +367,8 @@ def export_hf(model, tokenizer, out_dir) -> Path:
         save_file(_hf_state_dict(model), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
         (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
         (out_dir / TOKENIZER_SPEC_FILE).write_text(json.dumps(tokenizer.spec) + "\n")
+        if chat_template is not None:
+            (out_dir / CHAT_TEMPLATE_FILE).write_text(json.dumps(chat_template) + "\n")
         if tokenizer.spec.get("kind") == "gpt2":
             write_gpt2_tokenizer_files(tokenizer, out_dir, model.config.block_size)
     except OSError as e:

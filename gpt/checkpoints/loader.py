@@ -98,7 +98,10 @@ def _read_hf(path: str | os.PathLike) -> tuple[Fields, dict, Path]:
     source = Path(path) / "config.json"
     config = model_config(hf.read_config(path), source)
     meta = build_meta(
-        model_config=config.to_dict(), tokenizer=hf.tokenizer_spec(path, config.vocab_size), hf_dir=str(path)
+        model_config=config.to_dict(),
+        tokenizer=hf.tokenizer_spec(path, config.vocab_size),
+        hf_dir=str(path),
+        chat_template=hf.chat_template_spec(path),
     )
     return check_meta(meta, source), hf.read_weights(path), source
 

@@ -16,8 +16,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     def export() -> str:
-        model, tokenizer, _ = load_checkpoint(args.ckpt)
-        out = export_hf(model, tokenizer, args.out)
+        model, tokenizer, meta = load_checkpoint(args.ckpt)
+        out = export_hf(model, tokenizer, args.out, meta.get("chat_template"))
         return f"wrote {out} (load with transformers.GPT2LMHeadModel.from_pretrained({str(out)!r}))"
 
     return run_main(export)
