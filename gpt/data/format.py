@@ -7,7 +7,8 @@
         write_meta(tmp, meta)                               # ... and meta.json last
     # on leaving: moved into data/mine, meta.json last; after any error: the temporary directory is gone
 
-A dataset directory holds (gpt/data/prepare.py writes token datasets, gpt/data/pairs.py pairs datasets):
+A dataset directory holds (gpt/data/prepare.py writes token datasets, gpt/data/pairs.py pairs datasets,
+gpt/data/sft.py chat datasets):
 
 | file | contents |
 | --- | --- |
@@ -22,8 +23,9 @@ meta.json, every kind: `format_version` (1), `kind` (`tokens`, `pairs` or `chat`
 `max_id`, its largest token id, so opening a dataset checks every id against the vocabulary without a
 pass over the files. Older datasets still open: pairs datasets named the version `format`, token datasets
 had no `kind`, and a split without `max_id` has its ids read once when opened. A chat dataset also holds
-`eot_token`, `chat_template` (gpt/data/chat.py) and per split `file`, `mask`, `index`, `tokens`,
-`conversations`, `targets` (tokens under the mask), `sha256` of the .bin and `max_id`.
+`eot_token`, `chat_template` (gpt/data/chat.py), `block_size` (conversations were cut or left out to
+fit block_size + 1 tokens) and per split `file`, `mask`, `index`, `tokens`, `conversations`, `targets`
+(tokens under the mask), `sha256` of the .bin and `max_id`.
 
 Footguns
 - Every mistake in meta.json is one DataError naming the file and the field (`splits.train.file`),
