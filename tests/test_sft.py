@@ -91,6 +91,14 @@ def test_cli_mistakes_are_one_line(base_data, tmp_path):
         (["--chat", tmp_path / "nope.jsonl", "--tokenizer-from", base_data], "chat file not found"),
         (["x.txt", "--chat", src], "give one of INPUT files, --pairs SRC TGT or --chat FILE, not INPUT and --chat"),
         (["x.txt", "--long", "skip"], "--long is for --chat datasets, not INPUT text"),
+        (
+            ["--chat", write_jsonl(tmp_path / "e.jsonl", []), "--tokenizer-from", base_data],
+            "e.jsonl: no conversation (empty)",
+        ),
+        (
+            ["--chat", write_jsonl(tmp_path / "b.jsonl", ["x"]), "--tokenizer-from", base_data, "--skip-bad-rows"],
+            "no conversation (all 1 rows were bad)",
+        ),
     ]:
         code, out, err = prepare_cli(*args, "--out", tmp_path / "o")
         assert code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1, err

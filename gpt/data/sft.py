@@ -203,6 +203,12 @@ def prepare_chat(
             val = list(read_conversations(val_inputs, fmt, skip_bad_rows, bad.append)) if val_inputs else None
         except CorpusError as e:
             raise DataError(str(e)) from None
+        for name, conversations in (("--chat", train), ("--val-chat", val)):
+            if conversations is not None and not conversations:
+                files = ", ".join(map(str, inputs if name == "--chat" else val_inputs))
+                raise DataError(
+                    f"{name} {files}: no conversation" + (f" (all {len(bad)} rows were bad)" if bad else " (empty)")
+                )
         for error in bad[:3]:
             log(f"skipped {error}")
         if len(bad) > 3:
