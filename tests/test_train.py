@@ -490,7 +490,10 @@ def test_cli_errors_are_one_line(tmp_path):
     assert res.returncode == 0 and "--max-iters" in res.stdout and "(default:" in res.stdout
 
 
-def test_sigterm_finishes_the_step_saves_and_says_how_to_resume(char_data, tmp_path):
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGHUP", "closed stdout"])
+def test_a_stop_finishes_the_step_saves_and_says_how_to_resume(char_data, tmp_path, stop):
+    """SIGTERM, SIGHUP (the terminal closed) and a reader of stdout that went away (`train.py | head`)
+    each end the run after its step with a checkpoint: no work lost."""
     out = tmp_path / "run"
     proc = subprocess.Popen(
         [
@@ -523,10 +526,16 @@ def test_sigterm_finishes_the_step_saves_and_says_how_to_resume(char_data, tmp_p
     while time.time() < deadline and logged_steps() < 3:
         time.sleep(0.2)
         assert proc.poll() is None, proc.stderr.read()
-    proc.send_signal(signal.SIGTERM)
-    stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 0, stderr
-    assert f"resume with: python train.py --resume {out}" in stdout
+    if stop == "closed stdout":
+        proc.stdout.close()  # the next line the trainer prints finds no reader
+        stdout, stderr = "", proc.stderr.read()
+        proc.wait(60)
+    else:
+        proc.send_signal(getattr(signal, stop))
+        stdout, stderr = proc.communicate(timeout=60)
+        assert f"stopped by {stop} at step" in stdout and f"resume with: python train.py --resume {out}" in stdout
+    assert proc.returncode == 0 and "Traceback" not in stderr, stderr
+    assert records(out, "summary")[-1]["interrupted"] is True
     meta = loader.read(out / "last.pt")["meta"]
     assert meta["step"] == records(out, "train")[-1]["step"] >= 3
     summary = train_run("--resume", out, "--max-iters", str(meta["step"] + 2))

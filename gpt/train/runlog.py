@@ -8,7 +8,9 @@ warning and training goes on without it.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 import sys
 import time
@@ -125,6 +127,7 @@ class RunLogger:
         self.tracker = tracker or NullTracker()
         self.path = Path(out_dir) / "log.jsonl"
         self.file = open(self.path, "a", buffering=1) if enabled else None
+        self.console_closed = False
 
     @classmethod
     def create(
@@ -157,8 +160,19 @@ class RunLogger:
         return cls(out_dir, enabled, Trackers(trackers) if trackers else None)
 
     def print(self, line: str) -> None:
-        if self.enabled:
+        """A console line. When stdout's reader has gone (`train.py | head`, a closed terminal) the line
+        and the ones after it go nowhere and `console_closed` is set: the loop then saves and stops."""
+        if not self.enabled or self.console_closed:
+            return
+        try:
             print(line, flush=True)
+        except OSError as e:  # BrokenPipeError; EIO from a terminal that was closed
+            if not isinstance(e, BrokenPipeError) and e.errno != errno.EIO:
+                raise
+            self.console_closed = True
+            devnull = os.open(os.devnull, os.O_WRONLY)  # so no later write (or the flush at exit) fails again
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
 
     def record(self, kind: str, step: int, **values) -> None:
         if not self.enabled:

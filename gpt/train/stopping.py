@@ -1,5 +1,5 @@
 """When a training run stops early: signals (finish the step, save, exit; a second Ctrl-C waits for a
-checkpoint write) and `--max-minutes` (stop early enough that the final evaluation fits).
+checkpoint write; SIGHUP too, so closing the terminal loses no work) and `--max-minutes` (stop early enough that the final evaluation fits).
 
     with StopSignal() as stop:
         ... if stop.signum is not None: save and stop
@@ -15,8 +15,10 @@ from contextlib import contextmanager
 
 
 class StopSignal:
-    """SIGINT/SIGTERM set a flag; the loop finishes its step, saves and exits. A second SIGINT aborts,
-    except while a checkpoint is being written (`deferred()`): then it aborts right after the write."""
+    """SIGINT/SIGTERM/SIGHUP set a flag; the loop finishes its step, saves and exits. A second SIGINT
+    aborts, except while a checkpoint is being written (`deferred()`): then it aborts right after the write."""
+
+    SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
     def __init__(self):
         self.signum = None
@@ -25,7 +27,7 @@ class StopSignal:
         self._abort = False
 
     def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in self.SIGNALS:
             self._old[sig] = signal.signal(sig, self._handle)
         return self
 

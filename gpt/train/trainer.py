@@ -451,6 +451,8 @@ class Run:
                     tok_s = self._log_step(loss, grad_norm, lr, interval, step_seconds, now)
 
                 due = self.step % cfg.eval_interval == 0 or self.step == cfg.max_iters
+                if log.console_closed and stop.signum is None:  # stdout's reader went away: as a signal would
+                    stop.signum = signal.SIGPIPE
                 if stop.signum is not None:
                     halt = Halt.SIGNALLED
                 elif self.limit.out_of_time(now, step_seconds, tok_s, due):
