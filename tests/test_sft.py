@@ -192,6 +192,10 @@ def test_sft_from_a_base_grows_the_vocab_trains_on_answers_and_resumes_exactly(b
 
     full = [(r["step"], r["loss"]) for r in records(tmp_path / "full", "train")]
     assert [(r["step"], r["loss"]) for r in records(tmp_path / "half", "train")] == full
+    cfg = json.loads((tmp_path / "full" / "config.json").read_text())
+    window_tokens = 6 * cfg["train"]["batch_size"] * cfg["train"]["grad_accum"] * cfg["model"]["block_size"]
+    for run in ("full", "half"):  # tokens/s and MFU count every position read, not only the answers
+        assert records(tmp_path / run, "train")[-1]["tokens"] == window_tokens
     assert records(tmp_path / "half", "eval")[-1]["val_loss"] == records(tmp_path / "full", "eval")[-1]["val_loss"]
     model, meta = loader.load_model(tmp_path / "full")
     assert meta["chat_template"]["end"] == "<|end|>" and meta["tokenizer"]["kind"] == "specials"

@@ -7,6 +7,7 @@ loop the same face, so the loop itself never asks:
     task = open_task(cfg.data)                  # vocab_size, tokenizer_spec, checkpoint_meta
     task.start(cfg, rt, accum)                  # the training sampler (after the model is built)
     args = task.train_batch(step, micro_step)   # positional args of GPT.forward: (idx, targets, ...)
+    task.tokens(args)                           # the tokens it trains on, for tokens/s and MFU
     for args in task.eval_batches("val"): ...
 
 Batches are pure functions of (seed, step, micro_step, rank) for both kinds: that is what makes a
@@ -20,6 +21,11 @@ from gpt.data.format import dataset_kind, inline_ranks
 from gpt.data.pairs import PairBatches, open_pairs
 from gpt.data.tokens import Batches, eval_batches, open_dataset
 from gpt.errors import ConfigError
+
+
+def count_targets(batch):
+    """The tokens a batch trains on: its targets (for pairs, those that are not padding)."""
+    return batch[1].ne(-1).sum()
 
 
 class Counted:
@@ -69,6 +75,8 @@ class LanguageModelling:
 
     def train_batch(self, step: int, micro_step: int):
         return self.sampler.get(step, micro_step)
+
+    tokens = staticmethod(count_targets)
 
     def describe_batch(self, cfg) -> str:
         return f"{cfg.batch_size * cfg.grad_accum} x {cfg.model.block_size} tokens"
@@ -145,6 +153,8 @@ class Translation:
     def train_batch(self, step: int, micro_step: int):
         return self._args(self.sampler.get(step, micro_step))
 
+    tokens = staticmethod(count_targets)
+
     def describe_batch(self, cfg) -> str:
         return f"{cfg.grad_accum} x <= {self._tokens(cfg)} tokens of length-grouped pairs"
 
@@ -206,6 +216,12 @@ class ChatFineTuning:
 
     def train_batch(self, step: int, micro_step: int):
         return self._args(self.sampler.get(step, micro_step))
+
+    @staticmethod
+    def tokens(batch):
+        """Every position of the windows: the model reads (and spends its FLOPs on) the prompts and the
+        little padding as much as the answers, so tokens/s and MFU compare with pretraining's."""
+        return batch[0].numel()
 
     def describe_batch(self, cfg) -> str:
         return f"{cfg.batch_size * cfg.grad_accum} x {cfg.model.block_size} tokens of packed conversations"

@@ -47,7 +47,7 @@ from gpt.train.runlog import RunLogger, peak_flops
 from gpt.train.schedule import lr_at
 from gpt.train.start import TrainingError
 from gpt.train.stopping import StopSignal, TimeLimit
-from gpt.train.tasks import open_task
+from gpt.train.tasks import count_targets, open_task
 
 # ---- the pieces of a step ----------------------------------------------------------------------------
 
@@ -64,8 +64,11 @@ def make_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.
         return torch.optim.AdamW(model.param_groups(cfg.weight_decay), foreach=True, **kwargs)
 
 
-def train_step(train_model, optimizer, scaler, get_batch, step: int, accum: int, rt: Runtime, grad_clip: float):
-    """Accumulate `accum` micro-batches, then clip; returns (mean loss, gradient norm, target tokens).
+def train_step(
+    train_model, optimizer, scaler, get_batch, step: int, accum: int, rt: Runtime, grad_clip: float, count=count_targets
+):
+    """Accumulate `accum` micro-batches, then clip; returns (mean loss, gradient norm, tokens trained on:
+    `count(batch)` summed).
 
     `get_batch(step, micro_step)` gives the positional arguments of `GPT.forward`: (idx, targets)
     for language modelling, (idx, targets, src, src_mask) for seq2seq.
@@ -84,7 +87,7 @@ def train_step(train_model, optimizer, scaler, get_batch, step: int, accum: int,
                 loss = loss / accum
             scaler.scale(loss).backward()
         total += loss.detach()
-        tokens += batch[1].ne(-1).sum()  # targets that count (seq2seq batches vary in size)
+        tokens += count(batch)
     scaler.unscale_(optimizer)
     params = [p for g in optimizer.param_groups for p in g["params"]]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
@@ -388,6 +391,7 @@ class Run:
                 self.accum,
                 self.rt,
                 cfg.grad_clip,
+                self.task.tokens,
             )
             self.pending_tokens += n_tokens  # (a device tensor: counted at log steps and saves)
             loss_f, norm_f = torch.stack([loss.detach().float(), grad_norm.float()]).tolist()  # the step's one sync
@@ -486,7 +490,7 @@ class Run:
         return step % self.cfg.log_interval == 0 or step in (self.cfg.max_iters, self.first_step)
 
     def _count_tokens(self) -> int:
-        """Add the target tokens trained on since the last count (over all processes: a collective under
+        """Add the tokens trained on (`task.tokens`) since the last count (over all processes: a collective under
         DDP, so every rank calls it at the same step) to `tokens_seen`; returns them."""
         tokens = self.pending_tokens
         if self.rt.ddp:
