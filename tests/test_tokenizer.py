@@ -25,6 +25,13 @@ def test_round_trips(gpt2, text):
     assert char.decode(char.encode(text)) == text
 
 
+@pytest.mark.parametrize("n", [0, 1, 64, 65, 1001])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_encode_batch_equals_encoding_each_text_in_order(gpt2, n, threads):
+    texts = [f"{SAMPLES[i % len(SAMPLES)]} {i}" * (i % 7) for i in range(n)]  # uneven lengths, empty ones too
+    assert gpt2.encode_batch(texts, num_threads=threads) == [gpt2.encode(t) for t in texts]
+
+
 def test_split_multibyte_character_decodes_with_replacement_and_streams(gpt2):
     ids = gpt2.encode("🚀")
     assert len(ids) > 1  # the emoji's 4 bytes span several tokens
