@@ -231,6 +231,7 @@ def main(argv=None) -> int:
                 seed=args.seed or 0,
                 skip_bad_rows=args.skip_bad_rows,
                 force=args.force,
+                progress=False if args.quiet else None,
             ).line(),
             interrupted=f"{args.out} was left as it was",
         )

@@ -1,8 +1,9 @@
 """A one-line progress bar on stderr with rate and ETA, redrawn at most a few times a second.
 
-    bar = Progress("encode", total=nbytes, unit="MB", scale=1e-6)
-    bar.update(n)   # after each piece of work
-    bar.close()     # final state, then a newline
+    with Progress("encode", total=nbytes, unit="MB", scale=1e-6) as bar:
+        bar.update(n)   # after each piece of work
+    # leaving the block: the final state, then a newline; or, when an error leaves it, the bar erased
+    # (so the error's line starts a line of its own)
 
 On a stream that is not a terminal (a log file, CI) it prints nothing: the caller's summary line says
 what happened.
@@ -44,14 +45,21 @@ class Progress:
         rate = self.done * self.scale / elapsed
         eta = (self.total - self.done) / (self.done / elapsed) if 0 < self.done < self.total else 0.0
         bar = "#" * int(frac * 24)
+        n = 0 if self.scale == 1 else 1  # decimals: counted things are whole
         return (
-            f"{self.label} [{bar:<24}] {frac:4.0%} {self.done * self.scale:,.1f}/{self.total * self.scale:,.1f} "
+            f"{self.label} [{bar:<24}] {frac:4.0%} {self.done * self.scale:,.{n}f}/{self.total * self.scale:,.{n}f} "
             f"{self.unit} {rate:,.1f} {self.unit}/s elapsed {format_duration(elapsed)} ETA {format_duration(eta)}"
         )
 
     def _draw(self, now: float) -> None:
         self.stream.write("\r" + self.line(now) + "\x1b[K")
         self.stream.flush()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(keep=exc_type is None)
 
     def close(self, keep: bool = True) -> None:
         """The final state on its own line, or (keep=False) the bar erased, if it was ever drawn."""

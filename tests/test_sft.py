@@ -12,6 +12,7 @@ from conftest import CHAT_TRAIN as TINY
 from conftest import ROOT, chat_rows, prepare, train_run, write_jsonl
 
 from gpt.checkpoints import loader
+from gpt.data.format import DataError
 from gpt.data.packing import PackedBatches, batch, open_chat_dataset
 from gpt.data.sft import prepare_chat
 from gpt.data.tokenizer import get_tokenizer
@@ -81,6 +82,25 @@ def test_long_conversations_are_truncated_or_skipped_and_counted(base_data, tmp_
     skip = prepare_chat([src], tmp_path / "skip", val_inputs=val, tokenizer_from=base_data, block_size=100, long="skip")
     assert (skip.truncated, skip.skipped_long) == (0, long)
     assert f"{long} longer than the block skipped" in skip.line()
+
+
+def test_prepare_shows_reading_and_rendering_and_an_error_starts_its_own_line(base_data, tmp_path, capsys):
+    src = write_jsonl(tmp_path / "c.jsonl", chat_rows(40))
+    prepare_chat([src], tmp_path / "ok", tokenizer_from=base_data, block_size=256, progress=True)
+    err = capsys.readouterr().err
+    assert (
+        "read [########################] 100%" in err
+        and "render [########################] 100% 40/40 conversations" in err
+    )
+
+    bad = write_jsonl(tmp_path / "bad.jsonl", chat_rows(40) + ["{oops"])
+    clock = iter(range(1000))  # every update a second later: the bar is drawn before the bad row
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("gpt.progress.time.perf_counter", lambda: float(next(clock)))
+        with pytest.raises(DataError, match="row 41: not JSON"):
+            prepare_chat([bad], tmp_path / "bad", tokenizer_from=base_data, block_size=256, progress=True)
+    err = capsys.readouterr().err
+    assert "read [" in err and err.endswith("\r\x1b[K")  # erased, so the error's line starts clean
 
 
 def test_cli_mistakes_are_one_line(base_data, tmp_path):

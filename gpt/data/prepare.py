@@ -324,14 +324,13 @@ def reused_tokenizer(spec: dict, tokenizer_file: str | None):
 
 def _char_counts(segments, reading: Reading, progress) -> Counter:
     """How often each character occurs in the corpus."""
-    bar = Progress("scan chars", sum(s.size for s in segments), enabled=progress)
     counts = Counter()
     try:
-        for text in _texts(segments, reading, bar):
-            counts.update(text)
+        with Progress("scan chars", sum(s.size for s in segments), enabled=progress) as bar:
+            for text in _texts(segments, reading, bar):
+                counts.update(text)
     except CorpusError as e:
         raise DataError(str(e)) from None
-    bar.close()
     return counts
 
 
@@ -345,13 +344,11 @@ def _build_tokenizer(kind, segments, vocab_size, tokenizer_file, reading: Readin
         if kind == "char":
             return CharTokenizer("".join(sorted(_char_counts(segments, reading, progress))))
         train = [s for s in segments if s.split in ("train", "rows")]
-        bar = Progress("train BPE", sum(s.size for s in train), enabled=progress)
         try:
-            tok = train_bpe(_texts(train, reading, bar, split="train"), vocab_size or DEFAULT_BPE_VOCAB)
+            with Progress("train BPE", sum(s.size for s in train), enabled=progress) as bar:
+                return train_bpe(_texts(train, reading, bar, split="train"), vocab_size or DEFAULT_BPE_VOCAB)
         except ValueError as e:
             raise DataError(str(e)) from None
-        bar.close()
-        return tok
     except CorpusError as e:
         raise DataError(str(e)) from None
 
@@ -436,7 +433,6 @@ def _encode(segments, tok, writers, stats, workers, reading: Reading, progress, 
     def encode_rows(texts: list[str]) -> np.ndarray:  # each row a document: its ids, then end-of-text
         return np.concatenate([ids for text in texts for ids in (encode(text).astype(np.int64, copy=False), eot)])
 
-    bar = Progress("encode", sum(s.size for s in segments), enabled=progress)
     in_flight: deque = deque()
 
     def drain(limit: int) -> None:
@@ -445,7 +441,8 @@ def _encode(segments, tok, writers, stats, workers, reading: Reading, progress, 
             writers[split].write(future.result() if future is not None else eot)
             bar.update(nbytes)
 
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    bar = Progress("encode", sum(s.size for s in segments), enabled=progress)
+    with bar, ThreadPoolExecutor(max_workers=workers) as pool:
         try:
             for seg in segments:
                 if seg.doc.records:
@@ -468,7 +465,6 @@ def _encode(segments, tok, writers, stats, workers, reading: Reading, progress, 
             for future, _, _ in in_flight:
                 if future is not None:
                     future.cancel()
-    bar.close()
 
 
 # ---- recipes ----------------------------------------------------------------------------------------

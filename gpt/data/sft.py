@@ -41,6 +41,7 @@ from gpt.data.corpus import BadRowError, CorpusError, jsonl_rows
 from gpt.data.format import SPLITS, DataError, dtype_for_vocab, new_meta, staged, store_ranks, write_meta
 from gpt.data.prepare import reused_spec, reused_tokenizer
 from gpt.data.tokenizer import TokenizerError, gpt2_tokenizer
+from gpt.progress import Progress
 
 LONG_POLICIES = ("truncate", "skip")
 DEFAULT_VAL_FRACTION = 0.05
@@ -82,12 +83,16 @@ def _stderr(message: str) -> None:
 
 
 def read_conversations(
-    paths: list[str | os.PathLike], fmt: str | None = None, skip_bad_rows: bool = False, on_skip=None
+    paths: list[str | os.PathLike],
+    fmt: str | None = None,
+    skip_bad_rows: bool = False,
+    on_skip=None,
+    progress: Callable[[int], None] | None = None,
 ) -> Iterator[list[dict]]:
     """The conversations of the chat files in order; a bad row raises BadRowError (file and row), or is
-    passed to `on_skip(error)` and left out with `skip_bad_rows`."""
+    passed to `on_skip(error)` and left out with `skip_bad_rows`. `progress(n)` is told the bytes read."""
     for path in paths:
-        for row, value, problem in _rows(Path(path)):
+        for row, value, problem in _rows(Path(path), progress):
             try:
                 if problem is not None:
                     raise ChatError(problem)
@@ -100,14 +105,17 @@ def read_conversations(
                     on_skip(error)
 
 
-def _rows(path: Path) -> Iterator[tuple[int, object, str | None]]:
+def _rows(path: Path, progress=None) -> Iterator[tuple[int, object, str | None]]:
     if not path.is_file():
         raise CorpusError(f"chat file not found: {path}" if not path.exists() else f"{path} is not a file")
     if path.suffix != ".json":
-        yield from jsonl_rows(path)
+        yield from jsonl_rows(path, progress)
         return
     try:
-        rows = json.loads(path.read_bytes())
+        data = path.read_bytes()
+        if progress:
+            progress(len(data))
+        rows = json.loads(data)
     except (UnicodeDecodeError, ValueError) as e:
         raise CorpusError(f"{path} is not a JSON file ({e}); a JSON Lines file ends in .jsonl") from None
     if not isinstance(rows, list):
@@ -180,10 +188,12 @@ def prepare_chat(
     seed: int = 0,
     skip_bad_rows: bool = False,
     force: bool = False,
+    progress: bool | None = None,
     log: Callable[[str], None] = _stderr,
 ) -> ChatSummary:
     """Render the conversations of `inputs` (and `val_inputs`, else a held-out share) into the chat dataset
-    `out`. Raises DataError for a user mistake (one line), StorageError for a disk that fails."""
+    `out`, with progress bars on a terminal (`progress` None) or not (False). Raises DataError for a user
+    mistake (one line), StorageError for a disk that fails."""
     t0 = time.perf_counter()
     if long not in LONG_POLICIES:
         raise DataError(f"--long must be one of {', '.join(LONG_POLICIES)}, got {long!r}")
@@ -198,9 +208,15 @@ def prepare_chat(
     tok = template.tokenizer(_base_tokenizer(tokenizer_from, tokenizer, tokenizer_file))
     with staged(out, force, log) as tmp:
         bad = []
+        files = [Path(p) for p in [*inputs, *(val_inputs or [])]]
         try:
-            train = list(read_conversations(inputs, fmt, skip_bad_rows, bad.append))
-            val = list(read_conversations(val_inputs, fmt, skip_bad_rows, bad.append)) if val_inputs else None
+            with Progress("read", sum(p.stat().st_size for p in files if p.is_file()), enabled=progress) as bar:
+                train = list(read_conversations(inputs, fmt, skip_bad_rows, bad.append, bar.update))
+                val = (
+                    list(read_conversations(val_inputs, fmt, skip_bad_rows, bad.append, bar.update))
+                    if val_inputs
+                    else None
+                )
         except CorpusError as e:
             raise DataError(str(e)) from None
         for name, conversations in (("--chat", train), ("--val-chat", val)):
@@ -216,23 +232,8 @@ def prepare_chat(
         if val is None:
             held = hold_out(len(train), val_fraction, seed)
             train, val = [c for c, h in zip(train, held) if not h], [c for c, h in zip(train, held) if h]
-        counts = {"truncated": 0, "skipped_long": 0}
-        splits = {}
-        for name, conversations in zip(SPLITS, (train, val)):
-            split = _Split(tmp, name, dtype_for_vocab(tok.vocab_size))
-            try:
-                for ids, mask in render_all(conversations, template, tok):
-                    if len(ids) > block_size + 1:
-                        if long == "skip" or not any(mask[: block_size + 1]):
-                            counts["skipped_long"] += 1
-                            continue
-                        ids, mask = ids[: block_size + 1], mask[: block_size + 1]
-                        counts["truncated"] += 1
-                    split.add(ids, mask)
-            finally:
-                splits[name] = split.close(tmp)
-            if not splits[name]["conversations"]:
-                raise DataError(f"no {name} conversation left to write (all were skipped): see --long, --block-size")
+        with Progress("render", len(train) + len(val), unit="conversations", scale=1, enabled=progress) as bar:
+            splits, counts = _write_splits(tmp, (train, val), template, tok, block_size, long, bar)
         meta = new_meta(
             "chat",
             tok.vocab_size,
@@ -265,6 +266,29 @@ def prepare_chat(
         time.perf_counter() - t0,
         meta,
     )
+
+
+def _write_splits(tmp: Path, conversations, template, tok, block_size: int, long: str, bar: Progress):
+    """Render (train, val) into `tmp`: (the splits' meta, counts of conversations truncated / skipped)."""
+    counts = {"truncated": 0, "skipped_long": 0}
+    splits = {}
+    for name, split_conversations in zip(SPLITS, conversations):
+        split = _Split(tmp, name, dtype_for_vocab(tok.vocab_size))
+        try:
+            for ids, mask in render_all(split_conversations, template, tok):
+                bar.update()
+                if len(ids) > block_size + 1:
+                    if long == "skip" or not any(mask[: block_size + 1]):
+                        counts["skipped_long"] += 1
+                        continue
+                    ids, mask = ids[: block_size + 1], mask[: block_size + 1]
+                    counts["truncated"] += 1
+                split.add(ids, mask)
+        finally:
+            splits[name] = split.close(tmp)
+        if not splits[name]["conversations"]:
+            raise DataError(f"no {name} conversation left to write (all were skipped): see --long, --block-size")
+    return splits, counts
 
 
 def _base_tokenizer(tokenizer_from, tokenizer, tokenizer_file):
