@@ -92,7 +92,11 @@ class TrainConfig:
         1, "micro-batches per optimizer step, over all processes (global batch = batch_size * grad_accum)"
     )
     max_tokens: int = opt(0, "seq2seq: tokens per micro-batch, pairs grouped by length (0 = batch_size * block_size)")
-    sampling: str = opt("random", "training windows: random (with replacement) | epoch (each window once per epoch)")
+    sampling: str = opt(
+        "random",
+        "token datasets' training windows: random (with replacement) | epoch (each window once per epoch); pairs "
+        "are batched by length and chat conversations packed once per epoch either way",
+    )
     loss_on: str = opt(
         "assistant",
         "chat datasets: the loss on the assistant's tokens only, or on every token (all) of the conversations",
