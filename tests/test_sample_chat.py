@@ -148,3 +148,29 @@ def test_a_chat_model_exported_to_hugging_face_still_chats(chat_run, tmp_path, r
     code, out, err = sample("--ckpt", tmp_path / "hf", "--prompt", ASK, "--temperature", "0", "--top-k", "none",
                             "--max-new-tokens", "20")  # fmt: skip
     assert code == 0 and out == reference([{"role": "user", "content": ASK}]) + "\n", err
+
+
+def test_an_exported_chat_model_carries_its_template(chat_run, tmp_path, reference):
+    """gpt_export.json holds what a runtime needs to chat: the tokenizer with the template's tokens and the
+    template; greedy decoding with the exported program and them gives the checkpoint's answer."""
+    import torch
+
+    from gpt.cli.export import main as export_main
+    from gpt.data.chat import ChatTemplate
+    from gpt.data.tokenizer import get_tokenizer
+
+    assert export_main(["--ckpt", str(chat_run), "--format", "pt2", "--out", str(tmp_path), "--no-check"]) == 0
+    meta = json.loads((tmp_path / "gpt_export.json").read_text())
+    template, tok = ChatTemplate.from_spec(meta["chat_template"]), get_tokenizer(meta["tokenizer"])
+    program = torch.export.load(str(tmp_path / "model.pt2")).module()
+    messages = [{"role": "user", "content": ASK}]
+    ids, end = template.prompt(messages, tok), tok.special(template.end)
+    answer = []
+    while len(answer) < 20:
+        with torch.no_grad():
+            nxt = int(program(torch.tensor([ids[-meta["block_size"] :]]))[0, -1].argmax())
+        if nxt == end:
+            break
+        answer.append(nxt)
+        ids.append(nxt)
+    assert tok.decode(answer) == reference(messages)

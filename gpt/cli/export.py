@@ -37,9 +37,9 @@ def run(args: argparse.Namespace) -> str:
         load_checkpoint,  # torch: loaded once the flags are checked (--help and mistakes answer at once)
     )
 
-    model, tokenizer, _ = load_checkpoint(args.ckpt, device="cpu")
+    model, tokenizer, meta = load_checkpoint(args.ckpt, device="cpu")
     start = time.perf_counter()
-    path = export(model, tokenizer, args.out, args.format, args.force)
+    path = export(model, tokenizer, args.out, args.format, args.force, meta.get("chat_template"))
     line = (
         f"exported {args.ckpt} ({model.num_params() / 1e6:.2f}M parameters) to {path} in "
         f"{time.perf_counter() - start:.1f} s: idx int64 (batch, seq <= {model.config.block_size}) -> logits "

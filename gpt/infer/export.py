@@ -11,7 +11,8 @@ What the exported graph covers: the decoder-only model's whole forward pass,
 with batch and seq dynamic. There is no KV cache (each call recomputes its whole window: fine for
 scoring text, quadratic for long generations), no sampling (take `logits[:, -1]` and draw) and no
 tokenizer (`gpt_export.json` beside the model holds our tokenizer spec, block_size, vocab_size and
-end-of-text id; `gpt.data.tokenizer.get_tokenizer(spec)` rebuilds it). Positions are learned and
+end-of-text id, and for a chat model its template (`chat_template`: role markers and end-of-turn
+token, see gpt/data/chat.py); `gpt.data.tokenizer.get_tokenizer(spec)` rebuilds the tokenizer). Positions are learned and
 absolute, so a longer window must be cropped to its last block_size tokens by the caller.
 Encoder-decoder checkpoints are not exported.
 
@@ -74,8 +75,11 @@ def quiet_exporter():
         registration.setLevel(level)
 
 
-def export(model, tokenizer, out_dir: str | Path, fmt: str, force: bool = False) -> Path:
-    """Write the model (float32, CPU) as `fmt` ("onnx" or "pt2") to out_dir, with gpt_export.json; its path."""
+def export(
+    model, tokenizer, out_dir: str | Path, fmt: str, force: bool = False, chat_template: dict | None = None
+) -> Path:
+    """Write the model (float32, CPU) as `fmt` ("onnx" or "pt2") to out_dir, with gpt_export.json (and a
+    chat model's template in it); its path."""
     if fmt not in FORMATS:
         raise ExportError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
     if model.config.n_encoder_layer:
@@ -117,6 +121,7 @@ def export(model, tokenizer, out_dir: str | Path, fmt: str, force: bool = False)
         "tokenizer": tokenizer.spec,
         "eot_token": tokenizer.eot_token,
         "model_config": model.config.to_dict(),
+        **({"chat_template": chat_template} if chat_template else {}),
     }
     (out_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return path
