@@ -72,7 +72,7 @@ def test_the_command_draws_pngs(trained_run, tmp_path):
         (["--out", tmp_path / "a.jpg"], "name a .png file"),
         (["--out", tmp_path / "no" / "a.png"], "there is no directory"),
         (["--out", tmp_path / "a.png", "--layers", "7"], "this model's layers are 0..1"),
-        (["--out", tmp_path / "a.png", "--target", "x"], "--target is for seq2seq checkpoints"),
+        (["--out", tmp_path / "a.png", "--target", "x"], "--target is for seq2seq and chat checkpoints"),
     ]:
         code, out, err = draw("--ckpt", trained_run, "--text", "ROMEO:", *args)
         assert code == 2 and message in err and err.count("\n") == 1, err
@@ -86,3 +86,21 @@ def test_a_seq2seq_checkpoint_gets_cross_and_encoder_maps(tmp_path):
     names = [tmp_path / n for n in ("m.png", "m-cross.png", "m-encoder.png")]
     assert code == 0 and out == f"wrote {', '.join(map(str, names))}\n", err
     assert all(n.read_bytes()[:4] == b"\x89PNG" for n in names)
+
+
+def test_a_chat_checkpoint_draws_its_answer_over_the_templated_question(chat_run):
+    from gpt import load_checkpoint
+    from gpt.infer.attention import MAX_ANSWER, attention_for
+    from gpt.infer.chat import answer_ids, chat_template, end_tokens
+
+    model, tok, meta = load_checkpoint(chat_run)
+    template, question = chat_template(meta), "Translate to English: Ein Hund rennt."
+    prompt = template.prompt([{"role": "user", "content": question}], tok)
+    given = attention_for(model, tok, meta, question, "A dog runs.")["self"]
+    ids = [*prompt, *tok.encode("A dog runs."), tok.special(template.end)]
+    assert given.queries == given.keys and len(given.keys) == len(ids)
+    assert given.keys[0] == "<|user|>" and given.keys[-1] == "<|end|>" and "<|assistant|>" in given.keys
+    for w in given.layers:
+        torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]))
+    own = answer_ids(model, [prompt], end_tokens(template, tok), tok.vocab_size, MAX_ANSWER)[0]
+    assert len(attention_for(model, tok, meta, question)["self"].keys) == len(prompt) + len(own) + 1

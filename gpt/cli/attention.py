@@ -37,8 +37,6 @@ def run(args) -> str:
     if not args.text:
         raise AttentionError("--text is empty: give the text whose attention to draw")
     _, model, tok, meta, _ = load_for_inference(args.ckpt, "cpu", "float32")
-    if args.target is not None and not model.config.n_encoder_layer:
-        raise AttentionError("--target is for seq2seq checkpoints (the translation to align with --text)")
     try:
         maps = attention_for(model, tok, meta, args.text, args.target)
     except ValueError as e:
@@ -54,11 +52,17 @@ def main(argv=None) -> int:
     p = ArgumentParser(
         prog="python -m gpt.attention",
         description="Per-layer, per-head attention heatmaps of a checkpoint over a text, tokens on the axes. "
-        "A seq2seq checkpoint also gets OUT-cross.png (target over source: the alignment) and OUT-encoder.png.",
+        "A seq2seq checkpoint also gets OUT-cross.png (target over source: the alignment) and OUT-encoder.png; "
+        "a chat checkpoint's text is the user's message, in its template, followed by the answer.",
     )
     p.add_argument("--ckpt", required=True, help="run directory or checkpoint file")
-    p.add_argument("--text", required=True, help="the text (seq2seq: the source sentence)")
-    p.add_argument("--target", help="seq2seq: the translation to align (default: the model's greedy translation)")
+    p.add_argument(
+        "--text", required=True, help="the text (seq2seq: the source sentence; a chat model: the user's message)"
+    )
+    p.add_argument(
+        "--target",
+        help="seq2seq: the translation to align; a chat model: the answer (default: the model's own, greedy)",
+    )
     p.add_argument("--out", required=True, help="the PNG to write, e.g. attn.png")
     p.add_argument("--layers", help="only these layers, e.g. 0,2 (default: all)")
     args = p.parse_args(argv)

@@ -7,7 +7,8 @@
 Each map is a `Maps`: the weights per layer (n_head, T_query, T_key), rows summing to 1, and the tokens
 of both axes as labels. For a seq2seq checkpoint the target is the model's own greedy translation of the
 source (or `target`), fed after the start token, so "cross" shows which source tokens each target token
-looked at: the alignment. The weights come from GPT.attention_maps; the normal forward is untouched.
+looked at: the alignment. A chat checkpoint's text is the user's message, rendered with its template and
+followed by the model's greedy answer (or `target`), so the map shows what the answer looked at. The weights come from GPT.attention_maps; the normal forward is untouched.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
+from gpt.infer.chat import answer_ids, chat_template, end_tokens
 from gpt.infer.translate import encode_sources, seq2seq_ids, translate
 
 MAX_LABELED = 64  # axes with more tokens than this get no tick labels (they would be unreadable)
+MAX_ANSWER = 32  # tokens of a chat model's own answer drawn, at most
 
 
 @dataclass
@@ -35,11 +38,27 @@ def token_labels(tok, ids: list[int]) -> list[str]:
 
 
 def attention_for(model, tok, meta: dict, text: str, target: str | None = None) -> dict[str, Maps]:
-    """The attention maps of `text` (decoder-only: the text itself, cut to the context; seq2seq: the
-    source, with `target` or the model's greedy translation as the decoder's input)."""
+    """The attention maps of `text` (decoder-only: the text itself, cut to the context; a chat model: `text`
+    as the user's message in the template, then `target` or the model's greedy answer and end-of-turn;
+    seq2seq: the source, with `target` or the model's greedy translation as the decoder's input)."""
     device = next(model.parameters()).device
     block = model.config.block_size
+    template = chat_template(meta)
+    if template is not None:  # a chat model: the question templated, then the answer (given or its own)
+        prompt = template.prompt([{"role": "user", "content": text}], tok)
+        if target is None:
+            ends = end_tokens(template, tok)
+            budget = max(min(MAX_ANSWER, block - len(prompt)), 0)
+            target_ids = answer_ids(model, [prompt], ends, tok.vocab_size, budget)[0]
+        else:
+            target_ids = tok.encode(target)
+        ids = [*prompt, *target_ids, tok.special(template.end)][:block]
+        maps = model.attention_maps(torch.tensor([ids], device=device))
+        labels = token_labels(tok, ids)
+        return {"self": Maps("self-attention (chat)", [w[0] for w in maps["self"]], labels, labels)}
     if not model.config.n_encoder_layer:
+        if target is not None:
+            raise ValueError("--target is for seq2seq and chat checkpoints (the answer to align with --text)")
         ids = tok.encode(text)[-block:]
         if not ids:
             raise ValueError("the text has no tokens")
