@@ -498,7 +498,8 @@ def test_sigterm_ends_open_streams_with_an_error_event(trained_run):
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         url = proc.stderr.readline().split(" at ")[1].split("/ ")[0]
-        body = {"model": NAME, "prompt": "A", "max_tokens": 100000, "stream": True}
+        # greedy: sampled, the completion could draw end-of-text (p ~ 1e-4 a token) and end before the signal
+        body = {"model": NAME, "prompt": "A", "max_tokens": 100000, "stream": True, "temperature": 0}
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
             events = (line[6:] for line in r.iter_lines() if line.startswith("data: "))
             assert json.loads(next(events))["choices"]
