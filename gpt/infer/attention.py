@@ -8,7 +8,8 @@ Each map is a `Maps`: the weights per layer (n_head, T_query, T_key), rows summi
 of both axes as labels. For a seq2seq checkpoint the target is the model's own greedy translation of the
 source (or `target`), fed after the start token, so "cross" shows which source tokens each target token
 looked at: the alignment. A chat checkpoint's text is the user's message, rendered with its template and
-followed by the model's greedy answer (or `target`), so the map shows what the answer looked at. The weights come from GPT.attention_maps; the normal forward is untouched.
+followed by the model's greedy answer (or `target`), so the map shows what the answer looked at. The
+weights come from GPT.attention_maps; the normal forward is untouched.
 """
 
 from __future__ import annotations

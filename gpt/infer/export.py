@@ -11,9 +11,9 @@ What the exported graph covers: the decoder-only model's whole forward pass,
 with batch and seq dynamic. There is no KV cache (each call recomputes its whole window: fine for
 scoring text, quadratic for long generations), no sampling (take `logits[:, -1]` and draw) and no
 tokenizer (`gpt_export.json` beside the model holds our tokenizer spec, block_size, vocab_size and
-end-of-text id, and for a chat model its template (`chat_template`: role markers and end-of-turn
-token, see gpt/data/chat.py); `gpt.data.tokenizer.get_tokenizer(spec)` rebuilds the tokenizer). Positions are learned and
-absolute, so a longer window must be cropped to its last block_size tokens by the caller.
+end-of-text id, and for a chat model its template, `chat_template`: role markers and end-of-turn token,
+see gpt/data/chat.py; `gpt.data.tokenizer.get_tokenizer(spec)` rebuilds the tokenizer). Positions are
+learned and absolute, so a longer window must be cropped to its last block_size tokens by the caller.
 Encoder-decoder checkpoints are not exported.
 
 ONNX goes through `torch.onnx.export(..., dynamo=True)` (torch.export, then onnxscript's

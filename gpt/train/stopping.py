@@ -1,5 +1,6 @@
 """When a training run stops early: signals (finish the step, save, exit; a second Ctrl-C waits for a
-checkpoint write; SIGHUP too, so closing the terminal loses no work) and `--max-minutes` (stop early enough that the final evaluation fits).
+checkpoint write; SIGHUP too, so closing the terminal loses no work) and `--max-minutes` (stop early
+enough that the final evaluation fits).
 
     with StopSignal() as stop:
         ... if stop.signum is not None: save and stop
