@@ -196,6 +196,9 @@ def test_out_dir_with_a_run_is_not_overwritten(char_data, tmp_path):
     (out / "last.pt").unlink()  # only best.pt (and the log) left: still a run
     with pytest.raises(RunDirError, match="already holds a run"):
         train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2")
+    (out / "best.pt").unlink()  # only the log of a run whose saves failed (a full disk): nothing to --resume
+    with pytest.raises(RunDirError, match="holds the log of a run that saved no checkpoint .* pass --force"):
+        train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2")
     train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "1", "--eval-interval", "1", "--force")
     assert [r["step"] for r in records(out, "train")] == [1]  # --force starts over: the old log is gone
 

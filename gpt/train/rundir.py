@@ -51,13 +51,14 @@ class RunDir:
         self.master = master  # under torchrun only rank 0 writes
         self._lock = None
 
+    def holds_checkpoint(self) -> bool:
+        return any((self.path / name).exists() for name in ("last.pt", "best.pt", "last.dcp"))
+
     def holds_run(self) -> bool:
         """A checkpoint, or a log with something in it: a run that stopped before its first step (a bad
         --init-from, a block too short for the data) leaves an empty log, and the directory is free again."""
         log = self.path / "log.jsonl"
-        return any((self.path / name).exists() for name in ("last.pt", "best.pt", "last.dcp")) or (
-            log.exists() and log.stat().st_size > 0
-        )
+        return self.holds_checkpoint() or (log.exists() and log.stat().st_size > 0)
 
     @contextmanager
     def claim(self, resume: bool, force: bool):
@@ -69,6 +70,11 @@ class RunDir:
         self._acquire()
         try:
             if not resume and self.holds_run():
+                if not force and not self.holds_checkpoint():  # (a run that failed before its first save)
+                    raise RunDirError(
+                        f"--out-dir {self.path} holds the log of a run that saved no checkpoint (nothing to "
+                        f"resume); pass --force to start over there (the log is removed), or choose another --out-dir"
+                    )
                 if not force:
                     raise RunDirError(
                         f"--out-dir {self.path} already holds a run; continue it with `--resume {self.path}`, "
