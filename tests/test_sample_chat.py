@@ -76,6 +76,8 @@ def test_chat_in_a_terminal_streams_answers_and_understands_reset_and_exit(chat_
     read_until(b"you> ")
     os.write(master, (ASK + "\n").encode())
     read_until(b"you> ", count=2)  # the answer, then the next prompt
+    os.write(master, b"/rest\n")  # a typo: not sent to the model
+    read_until(b"(unknown command /rest: /reset starts over, /exit ends)")
     os.write(master, b"/reset\n")
     read_until(b"(a new conversation)")
     os.write(master, b"/exit\n")
@@ -83,7 +85,7 @@ def test_chat_in_a_terminal_streams_answers_and_understands_reset_and_exit(chat_
     os.close(master)
     text = seen.decode().replace("\r\n", "\n")
     assert proc.returncode == 0, text
-    assert f"assistant> {reference([{'role': 'user', 'content': ASK}])}\n" in text
+    assert f"assistant> {reference([{'role': 'user', 'content': ASK}])}\n" in text and text.count("assistant> ") == 1
 
 
 def test_prompt_on_a_chat_checkpoint_is_answered(chat_run, reference):

@@ -420,6 +420,9 @@ def chat(args: argparse.Namespace) -> int | None:
             continue
         if not text.strip():
             continue
+        if text.strip().startswith("/") and len(text.split()) == 1:  # a mistyped command is not a message
+            print(f"(unknown command {text.strip()}: /reset starts over, /exit ends)", file=sys.stderr)
+            continue
         sys.stdout.write("assistant> ")
         try:
             for piece in session.say(text):
