@@ -73,8 +73,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--chat",
         nargs="+",
         metavar="FILE",
-        help="instead of INPUTs: chat files (.jsonl, .jsonl.gz or a .json list; one conversation per row) for a "
-        "chat dataset to fine-tune on, the loss on the assistant's answers",
+        help="instead of INPUTs: chat files (.jsonl, .jsonl.gz, .parquet or a .json list; one conversation per row) "
+        "for a chat dataset to fine-tune on, the loss on the assistant's answers",
     )
     p.add_argument("--out", required=True, help="dataset directory to create, e.g. data/NAME")
     p.add_argument("--tokenizer", choices=TOKENIZERS, default=None, help="a new tokenizer (default: gpt2)")

@@ -69,6 +69,26 @@ def test_row_formats_and_bad_rows(base_data, tmp_path):
     assert "<|user|>Hallo<|end|><|assistant|>Hello<|end|>" in texts
 
 
+def test_parquet_chat_files_read_as_their_jsonl(base_data, tmp_path):
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    rows = chat_rows(30)
+    jsonl = write_jsonl(tmp_path / "c.jsonl", rows)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "c.parquet")  # messages: list of structs
+    for src in (jsonl, tmp_path / "c.parquet"):
+        prepare_chat([src], tmp_path / src.suffix[1:], tokenizer_from=base_data, block_size=256)
+    for name in ("train.bin", "train.mask.bin", "train.idx", "val.bin"):
+        assert (tmp_path / "jsonl" / name).read_bytes() == (tmp_path / "parquet" / name).read_bytes()
+    alpaca = [{"instruction": "Translate", "input": None, "output": "cat"}] * 10  # null: no input
+    pq.write_table(pa.Table.from_pylist(alpaca), tmp_path / "a.parquet")
+    prepare_chat([tmp_path / "a.parquet"], tmp_path / "a", tokenizer_from=base_data, block_size=256)
+    tok = get_tokenizer(dataset_spec(tmp_path / "a").spec)
+    ids, _ = open_chat_dataset(tmp_path / "a").conversation("train", 0)
+    assert tok.decode(ids) == "<|user|>Translate<|end|><|assistant|>cat<|end|>"
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(DataError, match="cannot read .*bad.parquet as Parquet"):
+        prepare_chat([tmp_path / "bad.parquet"], tmp_path / "b", tokenizer_from=base_data)
+
+
 def test_long_conversations_are_truncated_or_skipped_and_counted(base_data, tmp_path):
     rows = chat_rows(40)
     src = write_jsonl(tmp_path / "c.jsonl", rows)

@@ -148,7 +148,7 @@ def conversation(row, fmt: str | None = None) -> list[dict]:
         raise ChatError(f"unknown chat format {fmt!r}; expected one of {', '.join(FORMATS)}")
 
     def field(key, optional=False):
-        if key not in row:
+        if key not in row or (optional and row[key] is None):  # (Parquet and some JSONL write an absent one as null)
             if optional:
                 return ""
             raise ChatError(f"the row lacks {key!r} (format {fmt})")

@@ -334,16 +334,8 @@ def _jsonl_texts(doc: Document, field: str, progress):
         yield row, value[field] if problem is None else None, problem
 
 
-def _parquet_rows(doc: Document, field: str, progress, batch_rows: int = 1024):
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise CorpusError(f"{doc.path}: reading Parquet needs pyarrow: pip install pyarrow") from None
-    try:
-        pf = pq.ParquetFile(doc.path)
-    except (OSError, pa.ArrowException) as e:
-        raise CorpusError(f"cannot read {doc.path} as Parquet: {e}") from None
+def _parquet_rows(doc: Document, field: str, progress):
+    pa, pf = _open_parquet(doc.path)
     names = pf.schema_arrow.names
     if field not in names:
         raise CorpusError(
@@ -352,15 +344,40 @@ def _parquet_rows(doc: Document, field: str, progress, batch_rows: int = 1024):
     kind = pf.schema_arrow.field(field).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
         raise CorpusError(f"{doc.path}: column {field!r} holds {kind}, not strings")
-    n, row, told = max(1, pf.metadata.num_rows), 0, 0
+    for row, value, _ in parquet_rows(doc.path, progress, [field]):
+        text = value[field]
+        yield row, text, None if text is not None else f"column {field!r} is null"
+
+
+def _open_parquet(path: Path):
+    """(the pyarrow module, the open ParquetFile); a CorpusError when pyarrow or the file is missing."""
     try:
-        for batch in pf.iter_batches(batch_size=batch_rows, columns=[field]):
-            for text in batch.column(0).to_pylist():
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise CorpusError(f"{path}: reading Parquet needs pyarrow: pip install pyarrow") from None
+    try:
+        return pa, pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as e:
+        raise CorpusError(f"cannot read {path} as Parquet: {e}") from None
+
+
+def parquet_rows(path: str | Path, progress=None, columns: list[str] | None = None, batch_rows: int = 1024):
+    """(row, value, None) for each row of a Parquet file, `value` a dict of its columns (all, or `columns`),
+    read a batch of rows at a time within the row groups (bounded memory for a shard larger than RAM).
+    Rows count from 1, as jsonl_rows' lines; `progress(n)` is told the file bytes read (in proportion to
+    the rows)."""
+    path = Path(path)
+    pa, pf = _open_parquet(path)
+    size, n, row, told = path.stat().st_size, max(1, pf.metadata.num_rows), 0, 0
+    try:
+        for batch in pf.iter_batches(batch_size=batch_rows, columns=columns):
+            for value in batch.to_pylist():
                 row += 1
-                yield row, text, None if text is not None else f"column {field!r} is null"
+                yield row, value, None
             if progress:
-                at = doc.size * row // n
+                at = size * row // n
                 progress(at - told)
                 told = at
     except (OSError, pa.ArrowException) as e:
-        raise CorpusError(f"cannot read {doc.path} (row {row + 1}): {e}") from None
+        raise CorpusError(f"cannot read {path} (row {row + 1}): {e}") from None

@@ -5,7 +5,7 @@
     from gpt.data.sft import prepare_chat
     print(prepare_chat(["train.jsonl"], "data/chat", tokenizer_from=reused).line())
 
-Each row of a `.jsonl` / `.jsonl.gz` file (or of a `.json` file holding one list of rows) is one
+Each row of a `.jsonl` / `.jsonl.gz` / `.parquet` file (or of a `.json` file holding one list of rows) is one
 conversation in one of the shapes gpt/data/chat.py recognises. The dataset (format in gpt/data/format.py)
 stores per split the ids of every conversation one after the other (`{split}.bin`), one mask byte per
 token (`{split}.mask.bin`, 1 on the assistant's tokens) and where each conversation starts (`{split}.idx`,
@@ -37,7 +37,7 @@ import numpy as np
 
 from gpt.data import vocab
 from gpt.data.chat import ChatError, ChatTemplate, conversation
-from gpt.data.corpus import BadRowError, CorpusError, jsonl_rows
+from gpt.data.corpus import BadRowError, CorpusError, jsonl_rows, parquet_rows
 from gpt.data.format import SPLITS, DataError, dtype_for_vocab, new_meta, staged, store_ranks, write_meta
 from gpt.data.prepare import reused_spec, reused_tokenizer
 from gpt.data.tokenizer import TokenizerError, gpt2_tokenizer
@@ -108,6 +108,9 @@ def read_conversations(
 def _rows(path: Path, progress=None) -> Iterator[tuple[int, object, str | None]]:
     if not path.is_file():
         raise CorpusError(f"chat file not found: {path}" if not path.exists() else f"{path} is not a file")
+    if path.suffix == ".parquet":
+        yield from parquet_rows(path, progress)
+        return
     if path.suffix != ".json":
         yield from jsonl_rows(path, progress)
         return
