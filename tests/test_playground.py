@@ -14,6 +14,7 @@ selenium = pytest.importorskip("selenium", reason="selenium is not installed: pi
 from selenium import webdriver  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 from gpt import load_checkpoint  # noqa: E402
@@ -124,7 +125,10 @@ def test_playground_chat_view_holds_a_conversation(browser, chat_served):
     )
     for turn, said in enumerate(["Translate to English: Ein Hund.", "Translate to English: Eine Katze."]):
         fill(browser, "message", said)
-        browser.find_element(By.ID, "generate").click()
+        if turn == 0:
+            browser.find_element(By.ID, "generate").click()
+        else:  # Enter sends, as in any chat box
+            browser.find_element(By.ID, "message").send_keys(Keys.ENTER)
         WebDriverWait(browser, 30).until(lambda b: "finished" in text_of(b, "stats"))
         expected = "".join(p.text for p in reference.say(said))  # the library, with the same history
         bubbles = browser.find_elements(By.CSS_SELECTOR, "#chat-log .message")
