@@ -135,6 +135,11 @@ def test_playground_chat_view_holds_a_conversation(browser, chat_served):
         assert [b.get_attribute("class").split()[-1] for b in bubbles] == ["user", "assistant"] * (turn + 1)
         assert bubbles[-2].get_attribute("textContent") == said
         assert bubbles[-1].get_attribute("textContent") == expected
+    browser.execute_script('document.getElementById("generate").disabled = true')  # as while an answer streams
+    fill(browser, "message", "Noch eine?")
+    browser.find_element(By.ID, "message").send_keys(Keys.ENTER)
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#chat-log .message")) == 4  # nothing sent meanwhile
+    browser.execute_script('document.getElementById("generate").disabled = false')
     browser.find_element(By.ID, "reset").click()
     assert browser.find_elements(By.CSS_SELECTOR, "#chat-log .message") == []
     assert text_of(browser, "error") == ""
