@@ -143,8 +143,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--chat-format",
         choices=FORMATS,
         default=None,
-        help="the rows' shape: OpenAI messages, prompt + completion, or Alpaca instruction (+ input) + output "
-        "(default: recognised row by row from its keys)",
+        help="the rows' shape: OpenAI messages, prompt + completion, Alpaca instruction (+ input) + output, or "
+        "ShareGPT conversations (from human / gpt) (default: recognised row by row from its keys)",
     )
     chat.add_argument(
         "--long",

@@ -69,6 +69,20 @@ def test_row_formats_and_bad_rows(base_data, tmp_path):
     assert "<|user|>Hallo<|end|><|assistant|>Hello<|end|>" in texts
 
 
+def test_sharegpt_rows(base_data, tmp_path):
+    good = {"conversations": [{"from": "system", "value": "Kurz."}, {"from": "human", "value": "Hund"},
+                              {"from": "gpt", "value": "dog"}]}  # fmt: skip
+    src = write_jsonl(tmp_path / "s.jsonl", [good] * 10 + [{"conversations": [{"from": "bot", "value": "x"}]}])
+    code, _, err = prepare_cli("--chat", src, "--out", tmp_path / "o", "--tokenizer-from", base_data)
+    assert (code, err) == (2, f"error: {src}, row 11: turn 0 is from 'bot'; expected one of system, human, gpt\n")
+    out = prepare_chat([src], tmp_path / "ok", tokenizer_from=base_data, skip_bad_rows=True, log=lambda m: None)
+    assert out.bad_rows == 1
+    tok = get_tokenizer(dataset_spec(tmp_path / "ok").spec)
+    ids, mask = open_chat_dataset(tmp_path / "ok").conversation("train", 0)
+    assert tok.decode(ids) == "<|system|>Kurz.<|end|><|user|>Hund<|end|><|assistant|>dog<|end|>"
+    assert tok.decode([i for i, m in zip(ids, mask) if m]) == "dog<|end|>"
+
+
 def test_parquet_chat_files_read_as_their_jsonl(base_data, tmp_path):
     pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
     rows = chat_rows(30)

@@ -7,13 +7,14 @@
     prompt = template.prompt(messages[:-1], tok)                # ... ending in <|assistant|>: the model answers
 
 A conversation is a list of `{"role": "system" | "user" | "assistant", "content": str}`. Rows of a chat
-file come in three shapes, recognised by their keys (or named with `fmt`):
+file come in four shapes, recognised by their keys (or named with `fmt`):
 
 | fmt          | row                                                   | becomes                              |
 |--------------|-------------------------------------------------------|--------------------------------------|
 | `messages`   | `{"messages": [{"role": ..., "content": ...}, ...]}` (OpenAI) | the messages as they are     |
 | `prompt`     | `{"prompt": P, "completion": C}`                      | user P, assistant C                  |
 | `alpaca`     | `{"instruction": I, "input": X, "output": O}` (input optional) | user `I\\n\\nX` (or I), assistant O |
+| `sharegpt`   | `{"conversations": [{"from": "human", "value": ...}, {"from": "gpt", ...}]}` | human: user, gpt: assistant |
 
 The template renders each message as `<role marker> content <|end|>`, one after the other. The loss mask
 is 1 exactly on the tokens an assistant message contributes after its marker: its words and its `<|end|>`
@@ -35,7 +36,8 @@ from gpt.data.tokenizer import SpecialsTokenizer, Tokenizer, TokenizerError
 from gpt.errors import UserError
 
 ROLES = ("system", "user", "assistant")
-FORMATS = ("messages", "prompt", "alpaca")
+FORMATS = ("messages", "prompt", "alpaca", "sharegpt")
+SHAREGPT_ROLES = {"system": "system", "human": "user", "gpt": "assistant", "user": "user", "assistant": "assistant"}
 
 
 class ChatError(UserError, ValueError):
@@ -133,9 +135,12 @@ def row_format(row: dict) -> str:
         return "prompt"
     if "instruction" in row and "output" in row:
         return "alpaca"
+    if "conversations" in row:
+        return "sharegpt"
     raise ChatError(
         f"a row with keys {', '.join(sorted(map(str, row))) or '(none)'} is none of the chat formats: "
-        '"messages" (OpenAI), "prompt" + "completion", or "instruction" (+ "input") + "output" (Alpaca)'
+        '"messages" (OpenAI), "prompt" + "completion", "instruction" (+ "input") + "output" (Alpaca), or '
+        '"conversations" (ShareGPT)'
     )
 
 
@@ -163,6 +168,17 @@ def conversation(row, fmt: str | None = None) -> list[dict]:
         messages = [
             {"role": m.get("role"), "content": m.get("content")} if isinstance(m, dict) else m for m in messages
         ]
+    elif fmt == "sharegpt":
+        turns = row.get("conversations")
+        if not isinstance(turns, list):
+            raise ChatError("field 'conversations' is not a list of turns")
+        messages = []
+        for n, t in enumerate(turns):
+            if isinstance(t, dict) and t.get("from") not in SHAREGPT_ROLES:
+                raise ChatError(f"turn {n} is from {t.get('from')!r}; expected one of system, human, gpt")
+            messages.append(
+                {"role": SHAREGPT_ROLES[t["from"]], "content": t.get("value")} if isinstance(t, dict) else t
+            )
     elif fmt == "prompt":
         messages = [{"role": "user", "content": field("prompt")}, {"role": "assistant", "content": field("completion")}]
     else:
