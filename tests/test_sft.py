@@ -83,6 +83,19 @@ def test_sharegpt_rows(base_data, tmp_path):
     assert tok.decode([i for i, m in zip(ids, mask) if m]) == "dog<|end|>"
 
 
+def test_developer_is_read_as_the_system_role_in_files_and_sample_input():
+    from gpt.data.chat import conversation
+    from gpt.infer.chat import conversation_line
+
+    said = [{"role": "developer", "content": "Kurz."}, {"role": "user", "content": "Hund", "name": "ann"}]
+    row = {"messages": [*said, {"role": "assistant", "content": "dog"}]}
+    assert [m["role"] for m in conversation(row)] == ["system", "user", "assistant"]
+    assert conversation_line(json.dumps(said)) == [
+        {"role": "system", "content": "Kurz."},
+        {"role": "user", "content": "Hund"},
+    ]
+
+
 def test_parquet_chat_files_read_as_their_jsonl(base_data, tmp_path):
     pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
     rows = chat_rows(30)

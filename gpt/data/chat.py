@@ -127,6 +127,18 @@ def check_conversation(messages, for_prompt: bool = False) -> None:
         raise ChatError("the conversation has no assistant message to learn from")
 
 
+def openai_messages(messages: list) -> list:
+    """OpenAI-shaped messages as a conversation: role and content kept (other keys, such as `name`, dropped),
+    `developer`, OpenAI's newer name for the system role, read as `system`. Anything else is left for
+    check_conversation to name."""
+    return [
+        {"role": "system" if m.get("role") == "developer" else m.get("role"), "content": m.get("content")}
+        if isinstance(m, dict)
+        else m
+        for m in messages
+    ]
+
+
 def row_format(row: dict) -> str:
     """Which of FORMATS a row is, by its keys; ChatError if none."""
     if "messages" in row:
@@ -165,9 +177,7 @@ def conversation(row, fmt: str | None = None) -> list[dict]:
         messages = row.get("messages")
         if not isinstance(messages, list):
             raise ChatError("field 'messages' is not a list of messages")
-        messages = [
-            {"role": m.get("role"), "content": m.get("content")} if isinstance(m, dict) else m for m in messages
-        ]
+        messages = openai_messages(messages)
     elif fmt == "sharegpt":
         turns = row.get("conversations")
         if not isinstance(turns, list):

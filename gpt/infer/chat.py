@@ -26,7 +26,7 @@ from collections.abc import Iterator
 
 import torch
 
-from gpt.data.chat import ChatError, ChatTemplate, check_conversation
+from gpt.data.chat import ChatError, ChatTemplate, check_conversation, openai_messages
 from gpt.infer.sampling import Decoder, Piece, SampleConfig, generate
 
 DEFAULT_CHAT = SampleConfig(max_new_tokens=256, temperature=0.7, top_k=50)
@@ -113,8 +113,9 @@ def conversation_line(line: str) -> list[dict]:
         value = value["messages"]
     if not isinstance(value, list):
         raise ChatError('a conversation is a JSON list of messages (or an object with "messages")')
-    check_conversation(value, for_prompt=True)
-    return value
+    messages = openai_messages(value)
+    check_conversation(messages, for_prompt=True)
+    return messages
 
 
 @torch.no_grad()

@@ -28,6 +28,8 @@ import uuid
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gpt.data.chat import openai_messages
+
 STRICT = ConfigDict(extra="forbid", strict=True)
 
 
@@ -168,7 +170,7 @@ class ChatCompletionRequest(BaseModel):
 
     def conversation(self) -> list[dict]:
         """The messages as gpt.data.chat takes them (`developer` is OpenAI's newer name for `system`)."""
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+        return openai_messages([{"role": m.role, "content": m.text()} for m in self.messages])
 
 
 class APIError(Exception):
