@@ -87,6 +87,16 @@ def test_bad_rows_name_file_row_and_field_or_are_skipped_and_counted(tmp_path):
     assert "prepared" in out and "200 documents" in out
 
 
+def test_the_encode_bar_counts_skipped_rows_to_the_end(tmp_path, capsys):
+    text = tmp_path / "a.txt"
+    text.write_text("\n".join(rows()) + "\n")
+    src = tmp_path / "b.jsonl"  # every row without the field: skipped, but read, so counted on the bar
+    src.write_text("".join(json.dumps({"body": t}) + "\n" for t in rows()))
+    prepare([text, src], tmp_path / "o", "gpt2", block_size=16, skip_bad_rows=True, progress=True)
+    bars = [line for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if line.startswith("encode")]
+    assert bars and bars[-1].startswith("encode [########################] 100%"), bars[-1:]
+
+
 def test_parquet_mistakes_are_one_line(tmp_path):
     src = tmp_path / "c.parquet"
     pq.write_table(pa.table({"text": ["a b c " * 50, None, "d e f " * 50] * 20, "n": list(range(60))}), src)

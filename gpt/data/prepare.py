@@ -404,7 +404,8 @@ class _SplitWriter:
 
 
 def _row_batches(seg: Segment, reading: Reading, stats: ReadStats):
-    """(split, rows, file bytes read) of a record file, in batches of about `chunk_bytes` of text."""
+    """(split, rows, file bytes read) of a record file, in batches of about `chunk_bytes` of text or of file
+    (split None and no rows: bytes of skipped rows only)."""
     rows, size, read = {"train": [], "val": []}, 0, [0]
 
     def progress(n: int) -> None:
@@ -415,11 +416,14 @@ def _row_batches(seg: Segment, reading: Reading, stats: ReadStats):
             if rows[split]:
                 yield split, rows[split], read[0]
                 rows[split], read[0] = [], 0
+        if read[0]:  # only skipped rows since the last batch: their bytes, for the progress bar
+            yield None, [], read[0]
+            read[0] = 0
 
     for row, text in record_texts(seg.doc, reading.field, stats, reading.skip_bad, progress):
         rows[reading.split_of(row)].append(text)
         size += len(text)
-        if size >= reading.chunk_bytes:
+        if size >= reading.chunk_bytes or read[0] >= reading.chunk_bytes:
             yield from take()
             size = 0
     yield from take()
@@ -447,6 +451,9 @@ def _encode(segments, tok, writers, stats, workers, reading: Reading, progress, 
             for seg in segments:
                 if seg.doc.records:
                     for split, texts, nbytes in _row_batches(seg, reading, stats):
+                        if not texts:
+                            bar.update(nbytes)
+                            continue
                         in_flight.append((pool.submit(encode_rows, texts), split, nbytes))
                         writers[split].documents += len(texts)
                         stats.rows += len(texts)
