@@ -46,7 +46,7 @@ def browser():
 @pytest.fixture(scope="module")
 def served(trained_run):
     model, tok, meta = load_checkpoint(trained_run)
-    app = create_app(model, tok, meta, ServeConfig(model_name=NAME, max_tokens=1000))
+    app = create_app(model, tok, meta, ServeConfig(model_name=NAME, max_tokens=100000))
     with running(app) as url:
         yield url, app, (model, tok)
 
@@ -83,8 +83,9 @@ def test_playground_stop_button_frees_the_server_and_errors_are_shown(browser, s
     url, app, _ = served
     browser.get(url + "/")
     WebDriverWait(browser, 20).until(lambda b: NAME in text_of(b, "model"))
-    fill(browser, "max_tokens", 1000)
-    fill(browser, "temperature", 1)
+    # long and greedy: it must still be running at the click (sampled, the char model can draw end-of-text)
+    fill(browser, "max_tokens", 100000)
+    fill(browser, "temperature", 0)
     browser.find_element(By.ID, "generate").click()
     WebDriverWait(browser, 30).until(lambda b: "tokens/s" in text_of(b, "stats"))
     browser.find_element(By.ID, "stop-button").click()
