@@ -69,8 +69,27 @@ def torchrun(n: int, *argv):
         capture_output=True,
         text=True,
     )
+    if res.returncode != 0 and TEARDOWN_ABORT in res.stderr and finished(argv):
+        return res  # see TEARDOWN_ABORT
     assert res.returncode == 0, res.stderr[-3000:]
     return res
+
+
+# About once in 60 torchrun runs (more often inside the full suite), a rank dies with SIGABRT and this message (a C++
+# std::thread destroyed while joinable) after the run has finished: last step, final evaluation and checkpoint all
+# written, the other rank still writing its summary. The cause is in torch's teardown and is not found (see
+# issue 24's closing note); the run's work, which these tests check, is complete, so such a run counts as done.
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def finished(argv) -> bool:
+    """Whether the run of these train.py arguments saved its checkpoint of the last step."""
+    args = [str(a) for a in argv]
+    out = args[args.index("--out-dir" if "--out-dir" in args else "--resume") + 1]
+    try:
+        return loader.read_meta(out, names=native.LATEST)["step"] == int(args[args.index("--max-iters") + 1])
+    except Exception:
+        return False
 
 
 @pytest.mark.parametrize("encoder", [0, 2])
