@@ -344,7 +344,7 @@ def _parquet_rows(doc: Document, field: str, progress):
     kind = pf.schema_arrow.field(field).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
         raise CorpusError(f"{doc.path}: column {field!r} holds {kind}, not strings")
-    for row, value, _ in parquet_rows(doc.path, progress, [field]):
+    for row, value, _ in _batched_rows(doc.path, pa, pf, progress, [field]):
         text = value[field]
         yield row, text, None if text is not None else f"column {field!r} is null"
 
@@ -362,13 +362,17 @@ def _open_parquet(path: Path):
         raise CorpusError(f"cannot read {path} as Parquet: {e}") from None
 
 
-def parquet_rows(path: str | Path, progress=None, columns: list[str] | None = None, batch_rows: int = 1024):
+def parquet_rows(path: str | Path, progress=None, columns: list[str] | None = None):
     """(row, value, None) for each row of a Parquet file, `value` a dict of its columns (all, or `columns`),
     read a batch of rows at a time within the row groups (bounded memory for a shard larger than RAM).
     Rows count from 1, as jsonl_rows' lines; `progress(n)` is told the file bytes read (in proportion to
     the rows)."""
     path = Path(path)
-    pa, pf = _open_parquet(path)
+    yield from _batched_rows(path, *_open_parquet(path), progress, columns)
+
+
+def _batched_rows(path: Path, pa, pf, progress, columns, batch_rows: int = 1024):
+    """parquet_rows of an open file (the text reader opens it first to check its column)."""
     size, n, row, told = path.stat().st_size, max(1, pf.metadata.num_rows), 0, 0
     try:
         for batch in pf.iter_batches(batch_size=batch_rows, columns=columns):

@@ -70,15 +70,13 @@ class RunDir:
         self._acquire()
         try:
             if not resume and self.holds_run():
-                if not force and not self.holds_checkpoint():  # (a run that failed before its first save)
-                    raise RunDirError(
-                        f"--out-dir {self.path} holds the log of a run that saved no checkpoint (nothing to "
-                        f"resume); pass --force to start over there (the log is removed), or choose another --out-dir"
-                    )
                 if not force:
                     raise RunDirError(
                         f"--out-dir {self.path} already holds a run; continue it with `--resume {self.path}`, "
                         f"or pass --force to start over there (its checkpoints and log are removed)"
+                        if self.holds_checkpoint()
+                        else f"--out-dir {self.path} holds the log of a run that saved no checkpoint (nothing to "
+                        f"resume); pass --force to start over there (the log is removed), or choose another --out-dir"
                     )
                 for name in RUN_FILES:
                     (self.path / name).unlink(missing_ok=True)
