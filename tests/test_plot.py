@@ -27,8 +27,8 @@ def train(step, loss, elapsed, tokens, lr=1e-3, grad_norm=1.0, **extra):
     return dict(kind="train", step=step, loss=loss, lr=lr, grad_norm=grad_norm, elapsed=elapsed, tokens=tokens, **extra)
 
 
-def evaluation(step, val, elapsed):
-    return dict(kind="eval", step=step, train_loss=val - 0.1, val_loss=val, elapsed=elapsed)
+def evaluation(step, val, elapsed, **extra):
+    return dict(kind="eval", step=step, train_loss=val - 0.1, val_loss=val, elapsed=elapsed, **extra)
 
 
 @pytest.fixture
@@ -61,7 +61,7 @@ def test_a_resumed_log_reads_as_one_run(resumed_run):
 
 
 def test_the_png_has_every_panel_and_run(resumed_run, tmp_path):
-    other = write_log(tmp_path / "b", [train(10, 3.5, 2.0, 500, lr=2e-3), evaluation(10, 3.4, 3.0)])
+    other = write_log(tmp_path / "b", [train(10, 3.5, 2.0, 500, lr=2e-3), evaluation(10, 3.4, 3.0, val_bpb=1.7)])
     fig = plot.draw([plot.read_log(resumed_run), plot.read_log(other)])
     panels = {ax.get_title(): ax for ax in fig.axes}
     assert list(panels) == [p[0] for p in plot.PANELS]
@@ -75,6 +75,7 @@ def test_the_png_has_every_panel_and_run(resumed_run, tmp_path):
     assert lines("learning rate")["b"] == ([10], [2e-3])
     assert lines("update / weight ratio") == {"a": ([20], [1e-3])}
     assert panels["gradient norm (before clipping)"].get_yscale() == "log"
+    assert lines("val bits per byte") == {"b val": ([10], [1.7])}  # run a logged none (a log from before val_bpb)
 
     out = tmp_path / "runs.png"
     assert cli_plot.main([str(resumed_run), str(other / "log.jsonl"), "--out", str(out)]) == 0
@@ -82,7 +83,7 @@ def test_the_png_has_every_panel_and_run(resumed_run, tmp_path):
     from matplotlib.image import imread
 
     pixels = imread(out)
-    assert pixels.shape[:2] == (765, 1350)
+    assert pixels.shape[:2] == (765, 1800)  # 20 x 8.5 inches at 90 dpi: 2 rows of 4 panels
     assert len(np.unique(pixels.reshape(-1, pixels.shape[2]), axis=0)) > 50  # drawn, not a blank canvas
 
 

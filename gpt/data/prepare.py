@@ -21,7 +21,8 @@ writing in gpt/data/format.py)
   (`data/shakespeare_char/`) can hold its own prepare.py next to the data.
 - Ids are stored as uint16 when the vocabulary fits (<= 65536 ids), uint32 otherwise; every chunk
   is checked against the vocabulary before it is narrowed, so nothing ever wraps around, and each
-  split's largest id goes into meta.json (`max_id`) for the loader to check.
+  split's largest id goes into meta.json (`max_id`) for the loader to check, and the UTF-8 bytes of its
+  text (`bytes`), which turn its loss into bits per byte.
 - Each split must hold at least one training window (block_size + 1 tokens).
 """
 
@@ -235,6 +236,7 @@ def _meta(tok, spec: dict, writers: dict, documents: int, corpus: dict) -> dict:
             "documents": w.documents,
             "sha256": w.sha256.hexdigest(),
             "max_id": w.max_id,
+            "bytes": w.text_bytes,
         }
         for s, w in writers.items()
     }
@@ -388,6 +390,7 @@ class _SplitWriter:
         self.tokens = 0
         self.documents = 0
         self.max_id = 0
+        self.text_bytes = 0  # UTF-8 bytes of the text encoded (bits-per-byte: gpt.data.tokens.bits_per_byte)
 
     def write(self, ids: np.ndarray) -> None:
         if len(ids):
@@ -455,12 +458,14 @@ def _encode(segments, tok, writers, stats, workers, reading: Reading, progress, 
                             bar.update(nbytes)
                             continue
                         in_flight.append((pool.submit(encode_rows, texts), split, nbytes))
+                        writers[split].text_bytes += sum(len(t.encode("utf-8")) for t in texts)
                         writers[split].documents += len(texts)
                         stats.rows += len(texts)
                         drain(2 * workers)
                     continue
                 for text, nbytes in read_chunks(seg, reading.chunk_bytes, stats, reading.strict):
                     in_flight.append((pool.submit(encode, text), seg.split, nbytes))
+                    writers[seg.split].text_bytes += len(text.encode("utf-8"))
                     drain(2 * workers)
                 if seg.last:
                     in_flight.append((None, seg.split, 0))  # the document ends: end-of-text

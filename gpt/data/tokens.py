@@ -26,6 +26,7 @@ Footguns
 
 from __future__ import annotations
 
+import math
 from functools import cached_property
 from pathlib import Path
 
@@ -59,6 +60,7 @@ class TokenDataset:
         self.meta = meta
         self.vocab_size = int(meta["vocab_size"])
         self._splits = splits
+        self._decoded_bytes: dict[str, int] = {}
 
     def __repr__(self) -> str:
         counts = ", ".join(f"{s}={self.meta['splits'][s]['tokens']:,}" for s in SPLITS)
@@ -87,6 +89,22 @@ class TokenDataset:
         """The per-batch vocabulary check of split `name`, for `Batches(..., guard=)` and `eval_batches`."""
         file = self.path / self.meta["splits"][name]["file"]
         return IdGuard(self.split(name), self.vocab_size, self.path, name, file)
+
+    def text_bytes(self, name: str) -> int:
+        """UTF-8 bytes of the text split `name` was encoded from (end-of-text ids stand for none): meta.json's
+        `bytes`, or, for a dataset prepared before prepare recorded it, counted once by decoding the split
+        (a TokenizerError where its tokenizer cannot be built here, e.g. GPT-2's offline without its file)."""
+        recorded = self.meta["splits"][name].get("bytes")
+        if recorded is not None:
+            return recorded
+        if name not in self._decoded_bytes:
+            tok, ids = self.tokenizer(), self.split(name)
+            total = 0
+            for start in range(0, len(ids), 1 << 20):
+                chunk = ids[start : start + (1 << 20)]
+                total += len(tok.decode_bytes(chunk[chunk != tok.eot_token].tolist()))
+            self._decoded_bytes[name] = total
+        return self._decoded_bytes[name]
 
     def verify_checksums(self) -> None:
         """Hash every file in full and compare with meta.json (reads the whole dataset once)."""
@@ -117,6 +135,13 @@ def open_dataset(path: str | Path, verify: bool = False) -> TokenDataset:
     if verify:
         ds.verify_checksums()
     return ds
+
+
+def bits_per_byte(nll_nats: float, n_bytes: int) -> float:
+    """A total negative log-likelihood in nats -> bits per UTF-8 byte of the text it scored: comparable
+    across tokenizers (lm-evaluation-harness's `bits_per_byte`). A mean loss per token converts as
+    `bits_per_byte(loss * tokens, n_bytes)`."""
+    return nll_nats / math.log(2) / n_bytes
 
 
 # ---- batches ----------------------------------------------------------------------------------------

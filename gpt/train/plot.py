@@ -4,7 +4,8 @@
     python -m gpt.plot out/run/log.jsonl --out run.png
 
 Panels: train and val loss against step, against tokens seen and against training wall time; the
-learning rate; the gradient norm (before clipping) and the update-to-weight ratio (log scales).
+learning rate; the gradient norm (before clipping) and the update-to-weight ratio (log scales); the val
+loss in bits per byte (`val_bpb`, token datasets), which compares runs of different tokenizers.
 train.py draws the same figure for its own run into OUT_DIR/run.png at every evaluation (`--no-plot`
 turns it off), in a separate low-priority process (`FigureWriter`): drawing takes about a second on a
 quiet CPU, several on a busy one, and training never waits for it, except for the final figure.
@@ -135,6 +136,8 @@ PANELS = [  # (title, x key, x label, [(kind, y key, label suffix, style)], log 
     ("learning rate", "step", "step", [("train", "lr", "", "-")], False),
     ("gradient norm (before clipping)", "step", "step", [("train", "grad_norm", "", "-")], True),
     ("update / weight ratio", "step", "step", [("train", "update_ratio", "", "o-")], True),
+    # the one loss that compares across tokenizers (char, own BPE, GPT-2): runs that log no val_bpb draw none
+    ("val bits per byte", "step", "step", [("eval", "val_bpb", "val", "o-")], False),
 ]
 
 
@@ -142,8 +145,10 @@ def draw(logs: list[RunLog]):
     """A matplotlib Figure of the runs (see PANELS); not saved."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(15, 8.5), layout="constrained")
-    axes = fig.subplots(2, 3).flatten()
+    fig = Figure(figsize=(20, 8.5), layout="constrained")
+    axes = fig.subplots(2, 4).flatten()
+    for ax in axes[len(PANELS) :]:
+        fig.delaxes(ax)
     colours = [f"C{i % 10}" for i in range(len(logs))]
     for ax, (title, x, xlabel, lines, log_y) in zip(axes, PANELS):
         ax.set_title(title)

@@ -9,6 +9,7 @@ loop the same face, so the loop itself never asks:
     args = task.train_batch(step, micro_step)   # positional args of GPT.forward: (idx, targets, ...)
     task.tokens(args)                           # the tokens it trains on, for tokens/s and MFU
     for args in task.eval_batches("val"): ...
+    task.val_bits_per_byte(val_loss)            # a token stream's val loss in bits per byte, else None
 
 Batches are pure functions of (seed, step, micro_step, rank) for both kinds: that is what makes a
 resumed run draw exactly the batches the uninterrupted one would.
@@ -19,8 +20,8 @@ from __future__ import annotations
 from gpt.data import packing
 from gpt.data.format import dataset_kind, inline_ranks
 from gpt.data.pairs import PairBatches, open_pairs
-from gpt.data.tokens import Batches, eval_batches, open_dataset
-from gpt.errors import ConfigError
+from gpt.data.tokens import Batches, bits_per_byte, eval_batches, open_dataset
+from gpt.errors import ConfigError, UserError
 
 
 def count_targets(batch):
@@ -88,6 +89,22 @@ class LanguageModelling:
         if cfg.eval_iters == 0 or cfg.sampling == "epoch":
             return splits * (len(self.dataset.split("val")) - 1)
         return splits * cfg.eval_iters * (cfg.eval_batch_size or cfg.batch_size) * cfg.model.block_size
+
+    def val_bits_per_byte(self, val_loss: float) -> float | None:
+        """The val loss (nats per token) in bits per byte of text, which compares across tokenizers:
+        val_loss / ln 2 * tokens_in_val / bytes_in_val, the standard conversion. The loss is estimated on
+        the evaluation's windows, whose tokens per byte are taken to be the whole split's (its end-of-text
+        ids, scored like any token, count as tokens of no bytes). The bytes are meta.json's, or the split
+        decoded once for a dataset prepared before they were recorded; None (no bits per byte, no error)
+        where they are unknown: the tokenizer cannot be built here, or the split is empty."""
+        if not hasattr(self, "_val_bytes"):
+            try:
+                self._val_bytes = self.dataset.text_bytes("val")
+            except UserError:
+                self._val_bytes = None
+        if not self._val_bytes:
+            return None
+        return bits_per_byte(val_loss * len(self.dataset.split("val")), self._val_bytes)
 
     def eval_batches(self, split: str):
         """The same `eval_iters` random batches at every evaluation; or, with eval_iters = 0 or epoch
@@ -171,6 +188,10 @@ class Translation:
             return Counted(len(batches), (self._args(b) for b in batches))  # the whole split once
         return Counted(cfg.eval_iters, (self._args(batches.get(i)) for i in range(cfg.eval_iters)))
 
+    def val_bits_per_byte(self, val_loss: float) -> None:
+        """None: the loss is on targets given their source, not on running text (no bits per byte)."""
+        return None
+
 
 class ChatFineTuning:
     """Conversations packed into windows, the loss on the assistant's tokens (gpt/data/packing.py)."""
@@ -249,6 +270,10 @@ class ChatFineTuning:
             self.dataset, "train", cfg.model.block_size, bs, seed=cfg.seed + 1, loss_on=cfg.loss_on, device=self.device
         )
         return Counted(n, (self._args(sampler.get(i)) for i in range(n)))
+
+    def val_bits_per_byte(self, val_loss: float) -> None:
+        """None: the loss is on the answers only, in packed conversations (no bits per byte)."""
+        return None
 
 
 def open_task(path: str):

@@ -346,9 +346,11 @@ class Run:
         val = losses["val"]
         train = f"train {losses['train']:.4f} | " if "train" in losses else ""
         self.limit.eval_seconds = time.time() - t_eval
+        bpb = self.task.val_bits_per_byte(val) if math.isfinite(val) else None  # None: not a token stream
         self.log.print(
             f"eval {self.step:>6} | {train}val {val:.4f} | val ppl {math.exp(min(val, 50)):.2f}"
-            f" | {self.limit.eval_seconds:.1f}s | elapsed {format_duration(time.time() - self.t_start)}"
+            + (f" | val bpb {bpb:.4f}" if bpb is not None else "")
+            + f" | {self.limit.eval_seconds:.1f}s | elapsed {format_duration(time.time() - self.t_start)}"
         )
         self.log.record(
             "eval",
@@ -356,6 +358,7 @@ class Run:
             train_loss=losses.get("train"),
             val_loss=val,
             val_ppl=math.exp(min(val, 50)),
+            val_bpb=bpb,
             elapsed=time.time() - self.t_start,
         )
         if not math.isfinite(val):
