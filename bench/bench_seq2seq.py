@@ -17,7 +17,8 @@
    default 13a tokenization, the same as `python -m gpt.evaluate`) of each checkpoint on
    test_2016_flickr (1000 sentences, `--limit N` for fewer), greedy and beam search (`--beam-size`,
    GNMT length penalty `--length-penalty`), the length ratio (sacrebleu's hypothesis / reference
-   length; below 1 costs the brevity penalty BP) and decoding speed in sentences/s.
+   length; below 1 costs the brevity penalty BP), ROUGE-1/2/L (rouge-score's F-measures, mean over the
+   sentences, as `python -m gpt.evaluate`; in seq2seq.json) and decoding speed in sentences/s.
 
 `--ckpt FILE --label TEXT` skips 1 and 2: it scores one existing checkpoint the same way and files
 the result under "decoding" in the existing seq2seq.json, replacing an entry of the same label (how
@@ -152,7 +153,7 @@ def evaluate_checkpoint(
     batch_size: int = 64,
     device: str = "cpu",
 ) -> dict:
-    """BLEU and sentences/s of one checkpoint: greedy, then beam search."""
+    """BLEU, ROUGE-1/2/L and sentences/s of one checkpoint: greedy, then beam search."""
     from gpt.checkpoints.loader import load_checkpoint
     from gpt.infer.evaluate import evaluate
     from gpt.infer.translate import check_vocab, seq2seq_ids
@@ -170,6 +171,8 @@ def evaluate_checkpoint(
             "sentences_per_s": round(r["sentences_per_s"], 1),
             "seconds": round(r["seconds"], 1),
             "signature": r["signature"],
+            **{k: round(r[k], 2) for k in ("rouge1", "rouge2", "rougeL")},  # rouge-score's mean F-measures x 100
+            "rouge_signature": r["rouge_signature"],
             "sample": r["hypotheses"][:3],
         }
     return out

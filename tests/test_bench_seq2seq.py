@@ -70,6 +70,10 @@ def test_snapshot_log_evaluation_and_table(tmp_path):
         hyp_len = sum(len(h.split()) for h in want["hypotheses"])  # these have no punctuation for 13a to split
         assert want["ratio"] == hyp_len / want["ref_len"] and want["hyp_len"] == hyp_len
         assert got["sentences_per_s"] > 0 and got["signature"].startswith("nrefs:1")
+        assert [got[k] for k in ("rouge1", "rouge2", "rougeL")] == [
+            round(want[k], 2) for k in ("rouge1", "rouge2", "rougeL")
+        ]
+        assert got["rouge_signature"].startswith("rouge-score ")
 
     rows = [
         {"minutes": 0.5, "step": None},
@@ -144,7 +148,9 @@ def test_one_checkpoint_is_filed_under_decoding(tmp_path, monkeypatch):
         ("after", 1.0, 700),
         ("before", 0.0, 700),
     ]
-    assert {"bleu", "ratio", "bp", "sentences_per_s"} <= set(result["decoding"][0]["beam"])
+    assert {"bleu", "ratio", "bp", "rouge1", "rouge2", "rougeL", "sentences_per_s"} <= set(
+        result["decoding"][0]["beam"]
+    )
     md = (results / "seq2seq.md").read_text().splitlines()
     assert md[2].startswith("| minutes |") and md[3 + 1].startswith("| 1 | 1 | 500 | 2.000 | 1.00 | - | 3.00 | - |")
     assert md[-2].startswith("| after | 1 | 700 | 1.500 | ") and md[-1].startswith("| before | 0 | 700 | 1.500 | ")

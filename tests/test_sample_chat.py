@@ -124,9 +124,17 @@ def test_evaluate_scores_a_chat_checkpoints_answers(chat_run, trained_run, tmp_p
         return r.returncode, r.stdout, r.stderr
 
     out = tmp_path / "hyp.en"
-    code, line, err = evaluate(chat_run, "--instruction", "Translate to English: {source}", "--output", out)
+    code, line, err = evaluate(
+        chat_run, "--instruction", "Translate to English: {source}", "--output", out, "--json", tmp_path / "r.json"
+    )
     assert code == 0 and line.startswith("BLEU ") and "6 sentences" in line, err
     hyps = out.read_text(encoding="utf-8").splitlines()
+    from rouge_score.rouge_scorer import RougeScorer  # (the dev extra's) ROUGE of the answers: its mean F-measures
+
+    got, refs = json.loads((tmp_path / "r.json").read_text()), ref.read_text().splitlines()
+    scores = [RougeScorer(["rougeL"]).score(r, h)["rougeL"].fmeasure for h, r in zip(hyps, refs)]
+    assert got["task"] == "chat" and got["rougeL"] == pytest.approx(100 * sum(scores) / 6, rel=1e-12)
+    assert f"ROUGE-L {got['rougeL']:.2f}" in line
     tok = load_checkpoint(chat_run)[1]
     for source, hyp in zip(sources, hyps):  # the greedy answer the library gives, batched or not
         ask = [{"role": "user", "content": f"Translate to English: {source}"}]

@@ -315,6 +315,7 @@ def test_translate_strings_keeps_order(reverser):
 
 def test_evaluate_cli_from_a_checkpoint(reverser, tmp_path, capsys):
     pytest.importorskip("sacrebleu")
+    pytest.importorskip("rouge_score")  # (gpt.evaluate scores BLEU and ROUGE by default)
     from gpt.checkpoints import native
     from gpt.cli.evaluate import main
 
@@ -339,7 +340,8 @@ def test_evaluate_cli_from_a_checkpoint(reverser, tmp_path, capsys):
     assert main([*args, "--beam-size", "2", "--output", str(tmp_path / "hyp.txt")]) == 0
     out = capsys.readouterr().out
     # sacrebleu tokenizes on spaces: reversed words of a reversed sentence score 100
-    assert out.startswith("BLEU 100.00 | beam 2 | 5 sentences in") and "sentences/s" in out
+    assert out.startswith("BLEU 100.00 | ROUGE-1 100.00 | ROUGE-2 100.00 | ROUGE-L 100.00 | beam 2 | 5 sentences in")
+    assert "sentences/s" in out
     assert (tmp_path / "hyp.txt").read_text().split("\n")[:5] == [s[::-1] for s in sources]
 
     meta_space = dict(meta, tokenizer=CharTokenizer(CHARS + "z").spec)  # one id more than the model has

@@ -2,7 +2,8 @@
 
 - `sampling.py` next-token sampling (temperature, top-k, top-p, penalties) and the KV-cached decode loop.
 - `batching.py` continuous batching: requests joining and leaving one decode batch (the server's engine).
-- `translate.py` seq2seq greedy and beam decoding; `evaluate.py` BLEU and perplexity.
+- `translate.py` seq2seq greedy and beam decoding; `evaluate.py` BLEU and ROUGE of translations.
+- `perplexity.py` loss, perplexity and bits per byte of a text file, in sliding windows.
 - `export.py` ONNX / torch.export of the logits graph.
 
 May import: checkpoints, model, data, the foundations. Never training or the command line.
