@@ -10,6 +10,7 @@ from test_sample_seq2seq import save_seq2seq
 
 from gpt.checkpoints import loader, native
 from gpt.cli import evaluate as cli_evaluate
+from gpt.data.bpe import train_bpe
 from gpt.data.tokenizer import CharTokenizer, get_tokenizer
 from gpt.infer.perplexity import plan_windows
 from gpt.model.config import GPTConfig
@@ -118,12 +119,15 @@ def test_bits_per_byte_compares_a_char_model_and_a_bpe_model(tmp_path, capsys):
     _, ascii_only = evaluate_text(capsys, tmp_path, char, TEXT, "--stride", 8)
     assert ascii_only["bpb"] == pytest.approx(ascii_only["loss"] / math.log(2), rel=1e-9)  # one byte per character
 
-    gpt2 = get_tokenizer({"kind": "gpt2"})
-    bpe = save_lm(tmp_path / "bpe", gpt2, pos_encoding="rope")
-    _, b = evaluate_text(capsys, tmp_path, bpe, text, "--stride", 8)
-    assert b["bytes"] == 95 and b["tokens"] == len(gpt2.encode(text)) < 40
-    assert b["bpb"] == pytest.approx(b["nll"] / math.log(2) / 95, rel=1e-9)
-    assert b["bpb"] == pytest.approx(b["loss"] * b["tokens"] / 95 / math.log(2), rel=1e-9)
+    for name, tok in [("gpt2", get_tokenizer({"kind": "gpt2"})), ("own", train_bpe([TEXT * 20], vocab_size=300))]:
+        bpe = save_lm(tmp_path / name, tok, pos_encoding="rope")
+        _, b = evaluate_text(capsys, tmp_path, bpe, text, "--stride", 8)
+        assert b["bytes"] == 95 and b["tokens"] == len(tok.encode(text)) < 60
+        assert b["bpb"] == pytest.approx(b["nll"] / math.log(2) / 95, rel=1e-9)
+        assert b["bpb"] == pytest.approx(b["loss"] * b["tokens"] / 95 / math.log(2), rel=1e-9)
+        n = b["tokens"]  # and the sum is the windows' by hand: the first 16 targets, then 8 at a time
+        windows = [(0, 16, 16)] + [(min(e, n) - 16, min(e, n), min(8, n - e + 8)) for e in range(24, n + 8, 8)]
+        assert b["nll"] == pytest.approx(by_hand(bpe, text, windows), rel=1e-6)
 
 
 def test_a_chat_checkpoint_scores_plain_text(chat_run, tmp_path, capsys):
