@@ -167,7 +167,8 @@ def write_json(path: str, results: dict) -> None:
 def text_table(args: argparse.Namespace, r: dict, where: str) -> str:
     return "\n".join(
         [
-            f"text        {args.text} ({r['bytes']:,} bytes, {r['tokens']:,} tokens, {r['tokens_per_byte']:.3f} per byte)",
+            f"text        {args.text} ({r['bytes']:,} bytes, {r['tokens']:,} tokens, "
+            f"{r['tokens_per_byte']:.3f} per byte)",
             f"loss        {r['loss']:.4f} nats per token",
             f"perplexity  {r['ppl']:.3f}",
             f"bits/byte   {r['bpb']:.4f}",
@@ -293,7 +294,8 @@ def run(args: argparse.Namespace) -> str:
         [
             *scores,
             f"beam {args.beam_size}",
-            f"{result['sentences']} sentences in {result['seconds']:.1f} s = {result['sentences_per_s']:.1f} sentences/s",
+            f"{result['sentences']} sentences in {result['seconds']:.1f} s = "
+            f"{result['sentences_per_s']:.1f} sentences/s",
             f"{rt.device}, {rt.precision()}",
             *([result["bleu_text"], result["signature"]] if "bleu" in result else []),
             *([result["rouge_signature"]] if "rouge_signature" in result else []),

@@ -22,12 +22,12 @@ meta.json, every kind: `format_version` (1), `kind` (`tokens`, `pairs` or `chat`
 `tokenizer` (the spec gpt.data.tokenizer.get_tokenizer takes) and `splits`, where each split records
 `max_id`, its largest token id, so opening a dataset checks every id against the vocabulary without a
 pass over the files; a token dataset's split also records `bytes`, the UTF-8 bytes of the text it was
-encoded from (bits per byte). Older datasets still open: pairs datasets named the version `format`, token
-datasets had no `kind`, a split without `max_id` has its ids read once when opened, and one without `bytes`
-is decoded once when its bits per byte are first asked for (`TokenDataset.text_bytes`). A chat dataset also holds
-`eot_token`, `chat_template` (gpt/data/chat.py), `block_size` (conversations were cut or left out to
-fit block_size + 1 tokens) and per split `file`, `mask`, `index`, `tokens`, `conversations`, `targets`
-(tokens under the mask), `sha256` of the .bin and `max_id`.
+encoded from (bits per byte). Older datasets still open: pairs datasets named the version `format`,
+token datasets had no `kind`, a split without `max_id` has its ids read once when opened, and one
+without `bytes` is decoded once when its bits per byte are first asked for (`TokenDataset.text_bytes`).
+A chat dataset also holds `eot_token`, `chat_template` (gpt/data/chat.py), `block_size` (conversations
+were cut or left out to fit block_size + 1 tokens) and per split `file`, `mask`, `index`, `tokens`,
+`conversations`, `targets` (tokens under the mask), `sha256` of the .bin and `max_id`.
 
 Footguns
 - Every mistake in meta.json is one DataError naming the file and the field (`splits.train.file`),
