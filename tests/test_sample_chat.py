@@ -106,9 +106,13 @@ def test_prompt_on_a_chat_checkpoint_is_answered(chat_run, reference):
     assert out == reference([{"role": "user", "content": ASK}]) + "\n"
 
 
-def test_chat_mistakes_are_one_line(chat_run, trained_run):
+def test_chat_mistakes_are_one_line(chat_run, trained_run, tmp_path):
+    from test_sample_seq2seq import save_seq2seq
+
+    save_seq2seq(tmp_path / "s2s")
     for args, message in [
         (["--ckpt", trained_run, "--chat"], "is not a chat model (its checkpoint has no chat template)"),
+        (["--ckpt", tmp_path / "s2s", "--chat"], "is a seq2seq (encoder-decoder) checkpoint: translate with --source"),
         (["--ckpt", chat_run, "--chat", "--num-samples", "2"], "--num-samples is not for --chat"),
         (["--ckpt", trained_run, "--prompt", "x", "--system", "y"], "--system is for chat checkpoints"),
         (
