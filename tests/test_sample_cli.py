@@ -393,3 +393,16 @@ def test_a_terminal_is_shown_control_characters_escaped_a_pipe_gets_them_raw(tmp
     assert seen == '{"role": "assistant", "content": "\\u009b\\u009b\\u009b"}\n'
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(line)))
     assert cli(capsys, "--ckpt", chat, "--chat", *greedy)[1] == '{"role": "assistant", "content": "\x9b\x9b\x9b"}\n'
+
+
+@pytest.mark.skipif(
+    not __import__("os").path.exists("/dev/full"), reason="needs /dev/full (a disk that is always full)"
+)
+def test_output_to_a_full_disk_is_one_line(run_dir):
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "sample.py", "--ckpt", run_dir, "--max-new-tokens", "5"], cwd=ROOT,
+                           stdout=full, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert (
+        r.returncode == 2
+        and r.stderr == "error: could not write the output to stdout: the disk is full; free some space\n"
+    )

@@ -46,7 +46,7 @@ import sys
 import time
 import warnings
 
-from gpt.cli import ArgumentParser, fail, for_terminal, run_main
+from gpt.cli import ArgumentParser, closed_stdout, fail, for_terminal, run_main
 from gpt.errors import UserError, storage_error
 
 SEPARATOR = "\n---------------\n"
@@ -500,5 +500,17 @@ def main(argv=None) -> int:
     if problem:
         return fail(problem)
     status = []
-    code = run_main(lambda: status.append(run(args)))
+    code = run_main(lambda: status.append(writing(run, args)))
     return code or (status[0] if status and status[0] else 0)
+
+
+def writing(body, args):
+    """`body(args)`, a failed write to stdout (a full disk behind `> out.txt`) one error line: the only
+    OSError left without a file name (reading the checkpoint and --prompt-file name theirs)."""
+    try:
+        return body(args)
+    except OSError as e:
+        if isinstance(e, (BrokenPipeError, UserError)) or e.filename is not None:
+            raise
+        closed_stdout()  # what is still buffered goes nowhere: no second error at exit
+        raise storage_error(e, "write the output to", "stdout") from None
