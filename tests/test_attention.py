@@ -104,3 +104,54 @@ def test_a_chat_checkpoint_draws_its_answer_over_the_templated_question(chat_run
         torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]))
     own = answer_ids(model, [prompt], end_tokens(template, tok), tok.vocab_size, MAX_ANSWER)[0]
     assert len(attention_for(model, tok, meta, question)["self"].keys) == len(prompt) + len(own) + 1
+
+
+def draw_here(capsys, *args):
+    """`python -m gpt.attention` in this process (no second torch import)."""
+    from gpt.cli.attention import main
+
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_text_longer_than_the_context_is_drawn_as_its_last_tokens_and_says_so(trained_run, tmp_path, capsys):
+    text = "ROMEO: " * 20  # 140 characters, block_size 64
+    code, out, err = draw_here(capsys, "--ckpt", trained_run, "--text", text, "--out", tmp_path / "a.png")
+    assert code == 0 and out == f"wrote {tmp_path / 'a.png'}\n", err
+    assert err == "warning: the text has 140 tokens, more than the model's context of 64: only its last 64 are drawn\n"
+
+
+def test_a_chat_map_always_holds_the_whole_answer(chat_run, tmp_path, capsys):
+    from gpt import load_checkpoint
+    from gpt.infer.attention import attention_for
+    from gpt.infer.chat import chat_template
+
+    model, tok, meta = load_checkpoint(chat_run)
+    template, block = chat_template(meta), model.config.block_size  # 192
+    for n, target, message in [
+        (300, None, "the question takes 303 tokens in the chat template, which leaves no room for an answer"),
+        (block - 4, None, "the question takes 191 tokens in the chat template, which leaves no room for an answer"),
+        (20, "b" * 170, "the question (23 tokens in the chat template), the answer (170) and its end-of-turn token "
+         "need 194 tokens, more than the model's context of 192: shorten --target or --text"),
+    ]:  # fmt: skip
+        code, out, err = draw_here(capsys, "--ckpt", chat_run, "--text", "a" * n,
+                                   *(["--target", target] if target else []), "--out", tmp_path / "c.png")  # fmt: skip
+        assert code == 2 and out == "" and err.startswith(f"error: {message}") and err.count("\n") == 1, err
+    assert not (tmp_path / "c.png").exists()
+    prompt = template.prompt([{"role": "user", "content": "a" * (block - 6)}], tok)  # 189: room for 2 answer tokens
+    own = attention_for(model, tok, meta, "a" * (block - 6))["self"]
+    assert len(own.keys) <= block and own.keys[-1] == "<|end|>" and len(own.keys) > len(prompt) + 1
+    given = attention_for(model, tok, meta, "a" * (block - 6), "bc")["self"]
+    assert len(given.keys) == block and given.keys[-3:] == ["b", "c", "<|end|>"]
+
+
+def test_a_seq2seq_target_longer_than_the_context_says_what_is_drawn(tmp_path, capsys):
+    from test_sample_seq2seq import save_seq2seq
+
+    save_seq2seq(tmp_path / "s2s")  # block_size 32
+    code, out, err = draw_here(capsys, "--ckpt", tmp_path / "s2s", "--text", "bad cafe", "--target", "abc " * 10,
+                               "--out", tmp_path / "m.png")  # fmt: skip
+    assert code == 0 and out.startswith("wrote "), err
+    assert err == "warning: the target has 40 tokens, more than the 31 the model's context holds after the start " \
+        "token: only its first 31 are drawn\n"  # fmt: skip

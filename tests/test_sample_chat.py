@@ -39,17 +39,28 @@ def reference(chat_run):
 def test_chat_through_a_pipe_answers_one_json_line_per_conversation(chat_run, reference):
     first = [{"role": "user", "content": ASK}]
     second = {"messages": [{"role": "user", "content": "Hallo"}, {"role": "assistant", "content": "Hi"}, *first]}
-    lines = [json.dumps(first), "", "not json", json.dumps(second), json.dumps([{"role": "assistant", "content": "x"}])]
-    code, out, err = sample(
-        "--ckpt", chat_run, "--chat", "--temperature", "0", "--top-k", "none", "--max-new-tokens", "20",
-        "--system", "Be brief.", stdin="\n".join(lines) + "\n",
+    deep = "[" * 100_000 + "]" * 100_000  # JSON's parser recurses per level: a RecursionError, not a ValueError
+    lines = [
+        json.dumps(first),
+        "",
+        "not json",
+        deep,
+        json.dumps(second),
+        json.dumps([{"role": "assistant", "content": "x"}]),
+    ]
+    stdin = "\n".join(lines).encode() + b"\n\xff\xfe not UTF-8\n" + json.dumps(first).encode() + b"\n"
+    r = subprocess.run(
+        [sys.executable, "sample.py", "--ckpt", chat_run, "--chat", "--temperature", "0", "--top-k", "none",
+         "--max-new-tokens", "20", "--system", "Be brief."], cwd=ROOT, input=stdin, capture_output=True,
     )  # fmt: skip
-    answers = [json.loads(line) for line in out.splitlines()]
-    assert code == 2 and len(answers) == 4, err
-    assert answers[0] == {"role": "assistant", "content": reference(first, "Be brief.")}
+    answers = [json.loads(line) for line in r.stdout.decode().splitlines()]
+    assert r.returncode == 2 and len(answers) == 7, r.stderr.decode()
+    assert answers[0] == answers[6] == {"role": "assistant", "content": reference(first, "Be brief.")}
     assert answers[1]["error"].startswith("line 3: not JSON")
-    assert answers[2] == {"role": "assistant", "content": reference(second["messages"], "Be brief.")}
-    assert answers[3] == {"error": "line 5: the last message is the assistant's; a prompt ends with the user's"}
+    assert answers[2] == {"error": "line 4: not JSON this program reads: nested too deeply"}
+    assert answers[3] == {"role": "assistant", "content": reference(second["messages"], "Be brief.")}
+    assert answers[4] == {"error": "line 6: the last message is the assistant's; a prompt ends with the user's"}
+    assert answers[5] == {"error": "line 7: not UTF-8 text"}
 
 
 def test_chat_in_a_terminal_streams_answers_and_understands_reset_and_exit(chat_run, reference):
@@ -95,9 +106,13 @@ def test_prompt_on_a_chat_checkpoint_is_answered(chat_run, reference):
     assert out == reference([{"role": "user", "content": ASK}]) + "\n"
 
 
-def test_chat_mistakes_are_one_line(chat_run, trained_run):
+def test_chat_mistakes_are_one_line(chat_run, trained_run, tmp_path):
+    from test_sample_seq2seq import save_seq2seq
+
+    save_seq2seq(tmp_path / "s2s")
     for args, message in [
         (["--ckpt", trained_run, "--chat"], "is not a chat model (its checkpoint has no chat template)"),
+        (["--ckpt", tmp_path / "s2s", "--chat"], "is a seq2seq (encoder-decoder) checkpoint: translate with --source"),
         (["--ckpt", chat_run, "--chat", "--num-samples", "2"], "--num-samples is not for --chat"),
         (["--ckpt", trained_run, "--prompt", "x", "--system", "y"], "--system is for chat checkpoints"),
         (

@@ -313,3 +313,96 @@ def test_a_reader_that_quits_ends_sample_py_quietly(run_dir, args):
     err = proc.stderr.read()
     assert proc.wait(timeout=300) == 141 and len(head) == 50
     assert err == b""  # no traceback, no "Exception ignored", no summary
+
+
+# ---- a terminal is shown control characters escaped; a pipe gets the text as it is -------------------------
+
+SHOUTING = "ab[0;\t\n\x1b\x07\x9b"  # a char vocabulary with C0 and C1 controls
+
+
+def save_parrot(path, says: str, chat: bool = False):
+    """A checkpoint whose greedy output is always the character `says`, whatever it read: the final LayerNorm
+    gives one constant vector (weight 0, bias 1), which the tied head scores highest for `says` alone."""
+    from gpt.data.chat import ChatTemplate
+
+    tok = CharTokenizer(SHOUTING)
+    tok = ChatTemplate().tokenizer(tok) if chat else tok
+    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=64, n_layer=1, n_head=1, n_embd=8)
+    model = GPT(cfg)
+    with torch.no_grad():
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.fill_(1.0)
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[SHOUTING.index(says)] = 1.0
+    meta = {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec}
+    if chat:
+        meta["chat_template"] = ChatTemplate().spec
+    path.mkdir()
+    native.save(path / "best.pt", {"model": model.state_dict()}, meta)
+    return path
+
+
+def on_a_terminal(argv, typed: list[bytes] = (), stdin: bytes | None = None, timeout=60) -> str:
+    """sample.py with stdout on a pseudo-terminal (stdin too, unless `stdin` is given: then a pipe);
+    `typed` lines are typed at each `you> ` (input() prompts on stderr: then stderr is the terminal too).
+    What the terminal received, its \\r\\n as \\n."""
+    import os
+    import pty
+    import select
+    import time
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "sample.py", *map(str, argv)], cwd=ROOT, stdout=slave, stderr=slave if typed else subprocess.DEVNULL,
+        stdin=slave if stdin is None else subprocess.PIPE, close_fds=True,
+    )  # fmt: skip
+    os.close(slave)
+    if stdin is not None:
+        proc.stdin.write(stdin)
+        proc.stdin.close()
+    seen, typed, deadline = b"", list(typed), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([master], [], [], 0.2)[0]:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # the program ended: the terminal's other side is gone
+                break
+            if not chunk:
+                break
+            seen += chunk
+            if typed and seen.endswith(b"you> "):
+                os.write(master, typed.pop(0) + b"\n")
+    proc.wait(30)
+    os.close(master)
+    return seen.decode().replace("\r\n", "\n")
+
+
+def test_a_terminal_is_shown_control_characters_escaped_a_pipe_gets_them_raw(tmp_path, capsys, monkeypatch):
+    import io
+
+    plain, chat = save_parrot(tmp_path / "p", "\x1b"), save_parrot(tmp_path / "c", "\x9b", chat=True)
+    prompt = "a\x1b[0;b\x07\t\n\x9bb"  # e.g. ESC [ 0 ; ... would set the terminal's colours
+    greedy = ["--temperature", "0", "--max-new-tokens", "3"]
+    seen = on_a_terminal(["--ckpt", plain, "--prompt", prompt, *greedy])
+    assert seen == "a\\x1b[0;b\\x07\t\n\\x9bb\\x1b\\x1b\\x1b\n"  # tab and newline are left as they are
+    assert cli(capsys, "--ckpt", plain, "--prompt", prompt, *greedy)[1] == prompt + "\x1b\x1b\x1b\n"  # not a tty
+    seen = on_a_terminal(["--ckpt", chat, "--chat", *greedy], typed=[b"ab", b"/exit"])
+    assert "assistant> \\x9b\\x9b\\x9b\n" in seen and "\x9b" not in seen
+    line = b'[{"role": "user", "content": "ab"}]\n'
+    seen = on_a_terminal(["--ckpt", chat, "--chat", *greedy], stdin=line)  # JSON lines out, on a terminal
+    assert seen == '{"role": "assistant", "content": "\\u009b\\u009b\\u009b"}\n'
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(line)))
+    assert cli(capsys, "--ckpt", chat, "--chat", *greedy)[1] == '{"role": "assistant", "content": "\x9b\x9b\x9b"}\n'
+
+
+@pytest.mark.skipif(
+    not __import__("os").path.exists("/dev/full"), reason="needs /dev/full (a disk that is always full)"
+)
+def test_output_to_a_full_disk_is_one_line(run_dir):
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "sample.py", "--ckpt", run_dir, "--max-new-tokens", "5"], cwd=ROOT,
+                           stdout=full, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert (
+        r.returncode == 2
+        and r.stderr == "error: could not write the output to stdout: the disk is full; free some space\n"
+    )

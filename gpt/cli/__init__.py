@@ -14,12 +14,14 @@ its body through `run_main`. A `gpt.errors.UserError` becomes its message (exit 
 a bug and keeps its traceback. Ctrl-C prints one line and exits 130. A reader that closes stdout early
 (`python sample.py ... | head`) ends the script quietly, as it ends `cat`: no traceback, no "Exception
 ignored" at exit, status 141 (128 + SIGPIPE, what a shell shows for `cat` killed by the broken pipe).
+Text a model wrote goes to a terminal through `for_terminal`: its escape sequences are shown, never run.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import warnings
 from collections.abc import Callable
@@ -57,6 +59,19 @@ def closed_stdout() -> int:
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
     return CLOSED_STDOUT
+
+
+CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0, DEL and C1: every control but tab and newline
+
+
+def for_terminal(stream, form: str = "\\x{:02x}") -> Callable[[str], str]:
+    """How text goes to `stream`: on a terminal, each control character other than newline and tab is
+    written as `form` of its code point (ESC as `\\x1b`, CR as `\\x0d`, U+009B as `\\x9b`), so output
+    cannot move the cursor, retitle the window or reach the clipboard; elsewhere (a pipe, a file) the text
+    is left as it is. JSON lines pass `form="\\u{:04x}"`: the same JSON, its raw DEL and C1 escaped too."""
+    if not stream.isatty():
+        return lambda text: text
+    return lambda text: CONTROLS.sub(lambda m: form.format(ord(m.group())), text)
 
 
 def fail(message: str) -> int:

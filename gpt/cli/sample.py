@@ -30,6 +30,8 @@ message stays), `/exit` or Ctrl-D ends. The oldest turns leave the context when 
 messages, or an object with "messages", ending in the user's) and each output line the answer as
 {"role": "assistant", "content": ...}, or {"error": ...} for a line that is not one (exit status 2 at
 the end). `--prompt` on a chat checkpoint is the user's message, answered (the template applied).
+On a terminal, control characters other than newline and tab are shown escaped, ESC as `\\x1b`
+(gpt.cli.for_terminal); a pipe or a file gets the text exactly as generated.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ import sys
 import time
 import warnings
 
-from gpt.cli import ArgumentParser, fail, run_main
+from gpt.cli import ArgumentParser, closed_stdout, fail, for_terminal, run_main
 from gpt.errors import UserError, storage_error
 
 SEPARATOR = "\n---------------\n"
@@ -331,10 +333,10 @@ def run(args: argparse.Namespace) -> None:
     if args.compile:
         model.compile_decoding()
 
-    out = sys.stdout if args.stream else io.StringIO()
+    out, safe = (sys.stdout if args.stream else io.StringIO()), for_terminal(sys.stdout)
 
     def write(text: str) -> None:
-        out.write(text)
+        out.write(safe(text))
         if args.stream:
             out.flush()
 
@@ -382,6 +384,8 @@ def chat(args: argparse.Namespace) -> int | None:
         args.ckpt, args.device, args.dtype, args.threads, args.quantize, single_stream=True
     )
     template = chat_template(meta)
+    if template is None and model.config.n_encoder_layer:
+        raise SamplingError(f"{args.ckpt} is a seq2seq (encoder-decoder) checkpoint: translate with --source TEXT")
     if template is None:
         raise SamplingError(
             f"{args.ckpt} is not a chat model (its checkpoint has no chat template): fine-tune it on a chat "
@@ -390,18 +394,20 @@ def chat(args: argparse.Namespace) -> int | None:
         )
     session = Chat(model, tokenizer, template, args.system, cfg)
     if not sys.stdin.isatty():
-        failed = 0
-        for number, line in enumerate(sys.stdin, 1):
+        failed, safe = 0, for_terminal(sys.stdout, "\\u{:04x}")  # (JSON escapes C0 itself)
+        for number, line in enumerate(sys.stdin.buffer, 1):  # bytes: a line that is not UTF-8 is one error
             if not line.strip():
                 continue
             try:
-                answer = "".join(p.text for p in session.answer(conversation_line(line)))
+                answer = "".join(p.text for p in session.answer(conversation_line(line.decode("utf-8"))))
                 out = {"role": "assistant", "content": answer}
+            except UnicodeDecodeError:
+                failed, out = failed + 1, {"error": f"line {number}: not UTF-8 text"}
             except UserError as e:
-                failed += 1
-                out = {"error": f"line {number}: {e}"}
-            print(json.dumps(out, ensure_ascii=False), flush=True)
+                failed, out = failed + 1, {"error": f"line {number}: {e}"}
+            print(safe(json.dumps(out, ensure_ascii=False)), flush=True)
         return 2 if failed else None
+    safe = for_terminal(sys.stdout)
     print(
         f"chatting with {args.ckpt} ({rt.device}, {rt.precision()}); /reset starts over, /exit or Ctrl-D ends",
         file=sys.stderr,
@@ -426,7 +432,7 @@ def chat(args: argparse.Namespace) -> int | None:
         sys.stdout.write("assistant> ")
         try:
             for piece in session.say(text):
-                sys.stdout.write(piece.text)
+                sys.stdout.write(safe(piece.text))
                 sys.stdout.flush()
         except KeyboardInterrupt:
             print("\n(interrupted: the answer is left out of the conversation)", file=sys.stderr)
@@ -477,7 +483,7 @@ def translate(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     lines = translate_lines(model, tokenizer, meta, sources, cfg)
     elapsed = time.perf_counter() - start
-    sys.stdout.write("".join(line + "\n" for line in lines))
+    sys.stdout.write(for_terminal(sys.stdout)("".join(line + "\n" for line in lines)))
     sys.stdout.flush()
     print(
         f"{len(lines)} sentence(s) in {elapsed:.2f} s: {len(lines) / elapsed:.1f} sentences/s; {cfg.describe()}"
@@ -494,5 +500,17 @@ def main(argv=None) -> int:
     if problem:
         return fail(problem)
     status = []
-    code = run_main(lambda: status.append(run(args)))
+    code = run_main(lambda: status.append(writing(run, args)))
     return code or (status[0] if status and status[0] else 0)
+
+
+def writing(body, args):
+    """`body(args)`, a failed write to stdout (a full disk behind `> out.txt`) one error line: the only
+    OSError left without a file name (reading the checkpoint and --prompt-file name theirs)."""
+    try:
+        return body(args)
+    except OSError as e:
+        if isinstance(e, (BrokenPipeError, UserError)) or e.filename is not None:
+            raise
+        closed_stdout()  # what is still buffered goes nowhere: no second error at exit
+        raise storage_error(e, "write the output to", "stdout") from None

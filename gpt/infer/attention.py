@@ -10,15 +10,21 @@ source (or `target`), fed after the start token, so "cross" shows which source t
 looked at: the alignment. A chat checkpoint's text is the user's message, rendered with its template and
 followed by the model's greedy answer (or `target`), so the map shows what the answer looked at. The
 weights come from GPT.attention_maps; the normal forward is untouched.
+
+Longer than the context: a text is drawn as its last block_size tokens and a seq2seq source or target as
+its first, each with a ContextWarning saying so (as sample.py warns of a long prompt); a chat question and
+answer that do not fit together are refused (ValueError), so a chat map always holds the whole answer.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
 
 from gpt.infer.chat import answer_ids, chat_template, end_tokens
+from gpt.infer.sampling import ContextWarning
 from gpt.infer.translate import encode_sources, seq2seq_ids, translate
 
 MAX_LABELED = 64  # axes with more tokens than this get no tick labels (they would be unreadable)
@@ -39,7 +45,7 @@ def token_labels(tok, ids: list[int]) -> list[str]:
 
 
 def attention_for(model, tok, meta: dict, text: str, target: str | None = None) -> dict[str, Maps]:
-    """The attention maps of `text` (decoder-only: the text itself, cut to the context; a chat model: `text`
+    """The attention maps of `text` (decoder-only: the text itself, its last block_size tokens; a chat model: `text`
     as the user's message in the template, then `target` or the model's greedy answer and end-of-turn;
     seq2seq: the source, with `target` or the model's greedy translation as the decoder's input)."""
     device = next(model.parameters()).device
@@ -47,30 +53,53 @@ def attention_for(model, tok, meta: dict, text: str, target: str | None = None) 
     template = chat_template(meta)
     if template is not None:  # a chat model: the question templated, then the answer (given or its own)
         prompt = template.prompt([{"role": "user", "content": text}], tok)
+        room = block - len(prompt) - 1  # for the answer, after the question and before its end-of-turn token
         if target is None:
+            if room < 1:
+                raise ValueError(
+                    f"the question takes {len(prompt)} tokens in the chat template, which leaves no room for an "
+                    f"answer and its end-of-turn token in the model's context of {block}: shorten --text"
+                )
             ends = end_tokens(template, tok)
-            budget = max(min(MAX_ANSWER, block - len(prompt)), 0)
-            target_ids = answer_ids(model, [prompt], ends, tok.vocab_size, budget)[0]
+            target_ids = answer_ids(model, [prompt], ends, tok.vocab_size, min(MAX_ANSWER, room))[0]
         else:
             target_ids = tok.encode(target)
-        ids = [*prompt, *target_ids, tok.special(template.end)][:block]
+            if len(target_ids) > room:
+                raise ValueError(
+                    f"the question ({len(prompt)} tokens in the chat template), the answer ({len(target_ids)}) "
+                    f"and its end-of-turn token need {len(prompt) + len(target_ids) + 1} tokens, more than the "
+                    f"model's context of {block}: shorten --target or --text"
+                )
+        ids = [*prompt, *target_ids, tok.special(template.end)]
         maps = model.attention_maps(torch.tensor([ids], device=device))
         labels = token_labels(tok, ids)
         return {"self": Maps("self-attention (chat)", [w[0] for w in maps["self"]], labels, labels)}
     if not model.config.n_encoder_layer:
         if target is not None:
             raise ValueError("--target is for seq2seq and chat checkpoints (the answer to align with --text)")
-        ids = tok.encode(text)[-block:]
+        ids = tok.encode(text)
         if not ids:
             raise ValueError("the text has no tokens")
+        if len(ids) > block:
+            warn(
+                f"the text has {len(ids)} tokens, more than the model's context of {block}: only its last {block} are drawn"
+            )
+            ids = ids[-block:]
         maps = model.attention_maps(torch.tensor([ids], device=device))
         labels = token_labels(tok, ids)
         return {"self": Maps("self-attention", [w[0] for w in maps["self"]], labels, labels)}
     bos, eos = seq2seq_ids(meta)
     src, mask = encode_sources(tok, [text], eos, block, device)
     if target is None:
-        target = translate(model, tok, [text], bos, eos)[0]
-    tgt = [bos, *tok.encode(target)[: block - 1]]
+        longest = min(src.size(1) + 50, block - 1)  # translate's own bound, less the start token's place
+        target = translate(model, tok, [text], bos, eos, max_new_tokens=longest)[0]
+    tgt = [bos, *tok.encode(target)]
+    if len(tgt) > block:
+        warn(
+            f"the target has {len(tgt) - 1} tokens, more than the {block - 1} the model's context holds after the "
+            f"start token: only its first {block - 1} are drawn"
+        )
+        tgt = tgt[:block]
     maps = model.attention_maps(torch.tensor([tgt], device=device), src, mask)
     source_labels = token_labels(tok, src[0].tolist())
     target_labels = ["<s>", *token_labels(tok, tgt[1:])]
@@ -81,6 +110,10 @@ def attention_for(model, tok, meta: dict, text: str, target: str | None = None) 
         ),
         "encoder": Maps("encoder self-attention", [w[0] for w in maps["encoder"]], source_labels, source_labels),
     }
+
+
+def warn(message: str) -> None:
+    warnings.warn(message, ContextWarning, stacklevel=3)
 
 
 def draw(maps: Maps, layers: list[int] | None = None):

@@ -45,24 +45,35 @@ def end_tokens(template: ChatTemplate, tok) -> tuple[int, ...]:
 
 def fit(template: ChatTemplate, tok, messages: list[dict], block_size: int, max_new_tokens: int):
     """(prompt ids, max_new_tokens that fit, turns dropped): the conversation cut by whole turns to fit
-    the context with room for the answer (see the module's policies)."""
+    the context with room for the answer (see the module's policies).
+
+    Linear in the conversation: each message is encoded at most once, newest first, and only as far back
+    as the context reaches (a long chat history costs no more than the turns that still fit)."""
     check_conversation(messages, for_prompt=True)
     system = messages[:1] if messages[0]["role"] == "system" else []
     turns = messages[len(system) :]
-    dropped = 0
-    while True:
-        ids = template.prompt(system + turns, tok)
-        if len(ids) + max_new_tokens <= block_size or len(turns) == 1:
+    starts = [0, *(i for i in range(1, len(turns)) if turns[i]["role"] == "user")]  # where the kept turns may begin
+    bodies = [tok.encode(m["content"]) for m in system] + [[] for _ in turns]
+    size = 1 + sum(2 + len(b) for b in bodies[: len(system)])  # every message is marker, body, end; then a marker
+    chosen, end = len(starts) - 1, len(turns)  # the newest user message is kept even if it does not fit
+    for k in reversed(range(len(starts))):  # earlier starts keep more turns: stop at the first that overflows
+        for i in range(starts[k], end):
+            bodies[len(system) + i] = tok.encode(turns[i]["content"])
+            size += 2 + len(bodies[len(system) + i])
+        end = starts[k]
+        if size + max_new_tokens > block_size:
             break
-        cut = next((i for i in range(1, len(turns)) if turns[i]["role"] == "user"), len(turns) - 1)
-        turns, dropped = turns[cut:], dropped + 1
+        chosen = k
+    kept = system + turns[starts[chosen] :]
+    ids = template.assemble(kept, bodies[: len(system)] + bodies[len(system) + starts[chosen] :], tok)[0]
+    ids.append(tok.special(template.assistant))
     room = block_size - len(ids)
     if room < 1:
         raise ChatError(
             f"the conversation needs {len(ids)} tokens without any answer, more than the model's context of "
             f"{block_size}: shorten the last message (or the system message)"
         )
-    return ids, min(max_new_tokens, room), dropped
+    return ids, min(max_new_tokens, room), chosen
 
 
 class Chat:
@@ -109,6 +120,8 @@ def conversation_line(line: str) -> list[dict]:
         value = json.loads(line)
     except ValueError as e:
         raise ChatError(f"not JSON ({e})") from None
+    except RecursionError:  # json's parser recurses once per level of nesting
+        raise ChatError("not JSON this program reads: nested too deeply") from None
     if isinstance(value, dict) and "messages" in value:
         value = value["messages"]
     if not isinstance(value, list):
