@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from gpt import GPT, GPTConfig, load_checkpoint
-from gpt.checkpoints.hf import HFError, bpe_merges, export_hf, is_hf_dir
+from gpt.checkpoints.hf import HFError, export_hf, is_hf_dir
+from gpt.checkpoints.hf_tokenizer import bpe_merges
 from gpt.checkpoints.native import CheckpointError
 from gpt.cli.hf import main as hf_main
 from gpt.data.tokenizer import CharTokenizer, get_tokenizer
@@ -203,20 +204,6 @@ def test_weights_that_do_not_match_config_json(hf_model, tmp_path):
         rf"config: missing transformer\.h\.2\.ln_1\.weight, ",
     ):
         load_checkpoint(tmp_path)
-
-
-def test_export_cli_refuses_what_gpt2_cannot_express_in_one_line(tmp_path, capsys):
-    from gpt.checkpoints import native
-
-    tok = CharTokenizer("abc \n")
-    cfg = GPTConfig(vocab_size=8, block_size=16, n_layer=1, n_head=2, n_embd=8, norm="post")
-    native.save(
-        tmp_path / "run" / "best.pt",
-        {"model": GPT(cfg).state_dict()},
-        native.build_meta(model_config=cfg.to_dict(), tokenizer=tok.spec),
-    )
-    assert hf_main(["export", "--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 2
-    assert capsys.readouterr().err == "error: cannot export as GPT-2: norm='post' (GPT-2 is pre-norm)\n"
 
 
 def test_export_refuses_what_gpt2_cannot_express(tmp_path, gpt2):
