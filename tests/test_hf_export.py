@@ -318,3 +318,42 @@ def test_export_refuses_what_no_hugging_face_architecture_expresses_in_one_line(
     err = capsys.readouterr().err
     assert err.startswith("error: cannot export to Hugging Face: " + message) and err.count("\n") == 1
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_lora_chat_run_exports_merged_with_its_template_and_chats_the_same_in_transformers(
+    base_run, chat_data, tmp_path
+):
+    from conftest import CHAT_TRAIN, chat_rows, train_run
+
+    from gpt.infer.chat import chat_template
+
+    out = tmp_path / "lora-chat"
+    train_run("--data", chat_data, "--init-from", base_run, "--config", "sft", *CHAT_TRAIN, "--out-dir", out,
+              "--lora-rank", "4", "--max-iters", "2", "--eval-interval", "2")  # fmt: skip
+    assert hf_main(["export", "--ckpt", str(out), "--out", str(tmp_path / "hf")]) == 0
+    merged, tok, meta = load_checkpoint(out)
+    template = chat_template(meta)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    messages = chat_rows(1)[0]["messages"]
+    got = hf_tok.apply_chat_template(messages, return_dict=True, return_assistant_tokens_mask=True)
+    assert (got["input_ids"], got["assistant_masks"]) == template.render(messages, tok)
+    with torch.no_grad():
+        ids = torch.tensor([got["input_ids"]])
+        torch.testing.assert_close(hf(ids).logits, merged(ids)[0], atol=2e-5, rtol=1e-5)
+    prompt = hf_tok.apply_chat_template(messages[:1], add_generation_prompt=True, return_dict=True)["input_ids"]
+    assert prompt == template.prompt(messages[:1], tok)
+    assert theirs_greedy(hf, prompt, tok.eot_token) == ours_greedy(merged, tok, prompt)
+
+
+def test_train_init_from_a_gpt_neox_export(tiny_char_data, tmp_path):
+    from conftest import TRAIN, train_run
+
+    from gpt.data.tokens import open_dataset
+
+    tok = get_tokenizer(open_dataset(tiny_char_data).tokenizer_spec)
+    export_hf(random_model(tok.vocab_size, "rope", block=16), tok, tmp_path / "neox")
+    train_run("--data", tiny_char_data, "--init-from", tmp_path / "neox", "--out-dir", tmp_path / "run", *TRAIN,
+              "--max-iters", "1", "--eval-interval", "1")  # fmt: skip
+    model, _, meta = load_checkpoint(tmp_path / "run")
+    assert meta["model_config"]["pos_encoding"] == "rope" and model.config.n_embd == 24
