@@ -103,11 +103,17 @@ def vocabulary(tok) -> Vocabulary:
         model, tokens, merges, pattern = "char", list(base.chars), [], None
     else:
         raise TokenizerExportError(f"cannot export a {base.spec.get('kind')!r} tokenizer to Hugging Face")
-    specials = {EOT_TEXT: base.eot_token, **{t: base.vocab_size + i for i, t in enumerate(extra)}}
+    specials = special_tokens(tok)
     clash = [t for t in specials if t in tokens]
     if clash:
         raise TokenizerExportError(f"the special token {clash[0]!r} is also an ordinary token of the vocabulary")
     return Vocabulary(model, tokens + list(specials), merges, pattern, base.eot_token, specials)
+
+
+def special_tokens(tok) -> dict[str, int]:
+    """Every special token of `tok` (end of text, then a chat template's markers) -> its id."""
+    base, extra = (tok.base, tok.specials) if isinstance(tok, SpecialsTokenizer) else (tok, [])
+    return {EOT_TEXT: base.eot_token, **{t: base.vocab_size + i for i, t in enumerate(extra)}}
 
 
 def _added_token(content: str, i: int) -> dict:
@@ -225,7 +231,6 @@ def chat_template_jinja(template: ChatTemplate, specials: list[str]) -> str:
 
 def tokenizer_config(tok, model_max_length: int, chat_template: ChatTemplate | None = None) -> dict:
     """tokenizer_config.json: the fast tokenizer class, the special tokens, the chat template."""
-    v = vocabulary(tok)
     eos = chat_template.end if chat_template is not None else EOT_TEXT
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -237,7 +242,7 @@ def tokenizer_config(tok, model_max_length: int, chat_template: ChatTemplate | N
         "clean_up_tokenization_spaces": False,
     }
     if chat_template is not None:
-        config["chat_template"] = chat_template_jinja(chat_template, list(v.specials))
+        config["chat_template"] = chat_template_jinja(chat_template, list(special_tokens(tok)))
     return config
 
 
