@@ -357,3 +357,37 @@ def test_train_init_from_a_gpt_neox_export(tiny_char_data, tmp_path):
               "--max-iters", "1", "--eval-interval", "1")  # fmt: skip
     model, _, meta = load_checkpoint(tmp_path / "run")
     assert meta["model_config"]["pos_encoding"] == "rope" and model.config.n_embd == 24
+
+
+@pytest.mark.parametrize(
+    "pos, kind, chat", [("rope", "char", True), ("sinusoidal", "bpe", False), ("rope", "gpt2", True)]
+)
+def test_a_directory_transformers_saved_again_imports_with_its_tokenizer_and_template(
+    tmp_path, tokenizers, pos, kind, chat
+):
+    # e.g. after fine-tuning with transformers: save_pretrained keeps none of our gpt_*.json files
+    template = ChatTemplate()
+    tok = template.tokenizer(tokenizers[kind]) if chat else tokenizers[kind]
+    model = random_model(tok.vocab_size, pos)
+    export_hf(model, tok, tmp_path / "ours", template.spec if chat else None)
+    transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours").save_pretrained(tmp_path / "theirs")
+    transformers.AutoTokenizer.from_pretrained(tmp_path / "ours").save_pretrained(tmp_path / "theirs")
+    assert not list((tmp_path / "theirs").glob("gpt_*.json"))
+    again, tok2, meta = load_checkpoint(tmp_path / "theirs")
+    assert tok2.spec == tok.spec and meta.get("chat_template") == (template.spec if chat else None)
+    idx = torch.randint(0, tok.vocab_size, (2, 32))
+    with torch.no_grad():  # sinusoidal comes back as learned positions holding the table: the same function
+        torch.testing.assert_close(again(idx)[0], model(idx)[0], atol=2e-5, rtol=1e-5)
+
+
+def test_a_tokenizer_of_another_shape_is_refused_in_one_line(tmp_path, capsys):
+    their_neox().save_pretrained(tmp_path / "neox")
+    vocab = {f"w{i}": i for i in range(64)}  # a word vocabulary: not characters, not a byte-level BPE
+    (tmp_path / "neox" / "tokenizer.json").write_text(
+        json.dumps({"model": {"type": "WordLevel", "vocab": vocab}, "added_tokens": []})
+    )
+    capsys.readouterr()
+    assert hf_main(["import", "--hf-dir", str(tmp_path / "neox"), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "tokenizer.json: cannot read this tokenizer back (end-of-text <|endoftext|> is not id 64" in err
+    assert err.startswith("error: ") and err.count("\n") == 1

@@ -274,17 +274,32 @@ def read_weights(path) -> dict[str, torch.Tensor]:
 
 
 def chat_template_spec(path) -> dict | None:
-    """The chat template a chat checkpoint's export wrote (gpt_chat_template.json), or None."""
+    """The chat template a chat checkpoint's export wrote (gpt_chat_template.json), else the markers a
+    tokenizer.json of our shape holds, or None."""
     file = Path(path) / CHAT_TEMPLATE_FILE
-    return _read_json(file) if file.is_file() else None
+    if file.is_file():
+        return _read_json(file)
+    if not (Path(path) / TOKENIZER_SPEC_FILE).is_file() and (Path(path) / "tokenizer.json").is_file():
+        return _from_tokenizer_json(Path(path))[1]
+    return None
+
+
+def _from_tokenizer_json(path: Path) -> tuple[dict, dict | None]:
+    try:
+        return hf_tokenizer.spec_from_tokenizer_json(_read_json(path / "tokenizer.json"), path / "tokenizer.json")
+    except hf_tokenizer.TokenizerExportError as e:
+        raise HFError(str(e)) from None
 
 
 def tokenizer_spec(path, vocab_size: int) -> dict:
-    """The tokenizer spec of a GPT-2 directory: gpt_tokenizer.json (written by export_hf), else GPT-2's
-    BPE when the vocabulary is GPT-2's."""
+    """The tokenizer spec of a Hugging Face directory: gpt_tokenizer.json (written by export_hf), else its
+    tokenizer.json when it has the shape our export writes (transformers saved it again), else GPT-2's BPE
+    when the vocabulary is GPT-2's."""
     path = Path(path)
     if (path / TOKENIZER_SPEC_FILE).is_file():
         return _read_json(path / TOKENIZER_SPEC_FILE)
+    if (path / "tokenizer.json").is_file() and vocab_size != GPT2_VOCAB:
+        return _from_tokenizer_json(path)[0]
     if vocab_size == GPT2_VOCAB:
         return {"kind": "gpt2"}
     vocab_file = path / "vocab.json"
@@ -294,7 +309,7 @@ def tokenizer_spec(path, vocab_size: int) -> dict:
             return {"kind": "gpt2"}
     raise HFError(
         f"cannot tell which tokenizer {path} uses: vocab_size {vocab_size} is not GPT-2's {GPT2_VOCAB}, and there "
-        f"is no {TOKENIZER_SPEC_FILE} or GPT-2 vocab.json beside config.json"
+        f"is no {TOKENIZER_SPEC_FILE}, tokenizer.json of gpt's shape or GPT-2 vocab.json beside config.json"
     )
 
 

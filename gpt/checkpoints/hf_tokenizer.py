@@ -257,3 +257,61 @@ def special_tokens_map(chat_template: ChatTemplate | None = None) -> dict:
 def dumps(data: dict) -> str:
     """The JSON text written for these files (stable: export -> import -> export gives the same bytes)."""
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+# ---- back: our tokenizer spec from a tokenizer.json ------------------------------------------------
+
+
+def spec_from_tokenizer_json(data: dict, source) -> tuple[dict, dict | None]:
+    """(our tokenizer spec, chat template spec or None) from a tokenizer.json of the shapes `tokenizer_json`
+    writes, e.g. after transformers saved the tokenizer again without our own files: a byte-level BPE whose
+    ids are its ranks, or a char WordLevel; end-of-text right after the vocabulary, then the chat markers
+    (four of them: system, user, assistant, end). TokenizerExportError for any other tokenizer."""
+
+    def refuse(why: str):
+        return TokenizerExportError(f"{source}: cannot read this tokenizer back ({why}); only the shapes gpt exports")
+
+    model = data.get("model") if isinstance(data, dict) else None
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if not isinstance(vocab, dict) or sorted(vocab.values()) != list(range(len(vocab))):
+        raise refuse("no vocabulary with ids 0 .. n-1")
+    n = len(vocab)
+    tokens = sorted(vocab, key=vocab.get)
+    added = sorted((t["id"], t["content"]) for t in data.get("added_tokens", []) if isinstance(t, dict))
+    if not added or added[0] != (n, EOT_TEXT) or [i for i, _ in added] != list(range(n, n + len(added))):
+        raise refuse(f"end-of-text {EOT_TEXT} is not id {n}, right after the vocabulary, with the specials after it")
+    if model.get("type") == "WordLevel" and all(len(t) == 1 for t in tokens):
+        base = {"kind": "char", "chars": "".join(tokens)}
+    elif model.get("type") == "BPE":
+        base = _bpe_spec(tokens, data.get("pre_tokenizer"), refuse)
+    else:
+        raise refuse(f"a {model.get('type')} model")
+    specials = [t for _, t in added[1:]]
+    if not specials:
+        return base, None
+    spec = {"kind": "specials", "base": base, "specials": specials}
+    return spec, dict(zip(("system", "user", "assistant", "end"), specials)) if len(specials) == 4 else None
+
+
+def _bpe_spec(tokens: list[str], pre_tokenizer, refuse) -> dict:
+    from gpt.data.tokenizer import TokenizerError, dump_ranks, get_tokenizer  # (gpt2's ranks: only to compare)
+
+    alphabet = byte_level_alphabet()
+    if not all(c in alphabet for t in tokens for c in t):
+        raise refuse("not a byte-level BPE")
+    raw = [bytes(alphabet[c] for c in t) for t in tokens]
+    if not {bytes([b]) for b in range(256)} <= set(raw):
+        raise refuse("it lacks some of the 256 single bytes")
+    pieces = pre_tokenizer.get("pretokenizers", []) if isinstance(pre_tokenizer, dict) else []
+    split = [p for p in pieces if p.get("type") == "Split" and "Regex" in p.get("pattern", {})]
+    pattern = split[0]["pattern"]["Regex"] if split else None
+    if pattern is None:
+        raise refuse("its pre-tokenizer is not a Split on a regex, then ByteLevel")
+    if pattern == GPT2_PATTERN and len(raw) == 50256:
+        try:
+            gpt2 = get_tokenizer("gpt2")
+            if all(gpt2.enc.decode_single_token_bytes(i) == t for i, t in enumerate(raw)):
+                return {"kind": "gpt2"}
+        except TokenizerError:  # GPT-2's ranks not at hand: the same BPE, as an own one
+            pass
+    return {"kind": "bpe", "pattern": pattern, "ranks": dump_ranks({t: i for i, t in enumerate(raw)})}
