@@ -33,8 +33,11 @@ Design notes
   `weights_only=True`; sharded checkpoints (`*.index.json`) are followed, never outside the directory.
 - This module reads and writes the formats only; gpt/checkpoints/loader.py turns `read` into a model
   and the same meta a checkpoint has, with the same checks.
-- Tokenizer on import: the one named in gpt_tokenizer.json (written by `export_hf`), else GPT-2's BPE
-  when the vocabulary is GPT-2's (vocab_size 50257, or a vocab.json of 50257 entries).
+- Tokenizer on import: the one named in gpt_tokenizer.json (written by `export_hf`), else tokenizer.json
+  when it has our export's shape (transformers saved the directory again: hf_tokenizer.spec_from_tokenizer_json,
+  which also gives the chat markers back), else GPT-2's BPE when the vocabulary is GPT-2's (vocab_size
+  50257, or a vocab.json of 50257 entries). Without gpt_model.json a sinusoidal export comes back as
+  learned positions holding the table: the same function.
 - A padded vocabulary (50304 rows for 50257 ids) exports as is: config.json's vocab_size is the
   number of rows; the tokenizer has the real ids and the sampler never picks the padded ones.
 - Every file goes through gpt.fsutil.replacing (a temporary file renamed into place), in a fixed order

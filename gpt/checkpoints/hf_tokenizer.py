@@ -10,8 +10,9 @@ Design notes
   spelled with GPT-2's byte-to-unicode table (gpt.data.bpe.byte_level_alphabet, inverted). Each token's
   merge is recovered from the ranks (`bpe_merges`). The pre-tokenizer is the tokenizer's own regex
   (`Split`, isolated) then `ByteLevel` without its own regex: the pipeline `gpt.data.bpe.train_hf_bpe`
-  trains with. The model sets `ignore_merges` because tiktoken takes a pre-token that is a whole token as
-  is, before merging anything.
+  trains with. `ignore_merges` stays off (tiktoken takes a pre-token that is a whole token as is, but the
+  recovered merges reach every token from its own bytes anyway, and tokenizers 0.19 gives tokens found
+  that way empty offsets, which breaks transformers' assistant mask).
 - `char`: a `WordLevel` model over the characters, a pre-tokenizer that splits every character, a `Fuse`
   decoder (no spaces between tokens). Our encoder refuses a character outside the vocabulary; the
   `unk_token` names a token that is not in the vocabulary, so `tokenizers` raises too ("Missing [UNK]
@@ -141,7 +142,7 @@ def tokenizer_json(tok, chat_template: ChatTemplate | None = None) -> dict:
             "end_of_word_suffix": None,
             "fuse_unk": False,
             "byte_fallback": False,
-            "ignore_merges": True,
+            "ignore_merges": False,
             "vocab": {t: i for i, t in enumerate(v.tokens[:n_plain])},
             "merges": [f"{a} {b}" for a, b in v.merges],  # the string form every tokenizers version reads
         }
