@@ -268,3 +268,23 @@ def test_an_index_naming_a_shard_outside_the_directory_is_refused(hf_model, tmp_
     ) as e:
         load_checkpoint(path)
     assert "\n" not in str(e.value)
+
+
+def test_a_gpt2_dir_with_another_tokenizer_json_still_imports_with_gpt2s_bpe(hf_model, tmp_path):
+    hf_model.save_pretrained(tmp_path)
+    wordpiece = {"model": {"type": "WordPiece", "vocab": {"[UNK]": 0}}, "added_tokens": []}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(wordpiece))
+    _, tok, meta = load_checkpoint(tmp_path)
+    assert tok.spec == {"kind": "gpt2"} and "chat_template" not in meta
+
+
+def test_gpt2s_own_tokenizer_json_reads_back_as_gpt2(gpt2):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from gpt.checkpoints.hf_tokenizer import spec_from_tokenizer_json, vocabulary
+
+    v = vocabulary(gpt2)  # GPT-2's tokenizer.json as the Hub has it: ByteLevel with its built-in regex
+    hf = Tokenizer(models.BPE({t: i for i, t in enumerate(v.tokens[:-1])}, v.merges))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.add_special_tokens(["<|endoftext|>"])
+    assert spec_from_tokenizer_json(json.loads(hf.to_str()), "tokenizer.json") == ({"kind": "gpt2"}, None)

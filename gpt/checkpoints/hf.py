@@ -283,7 +283,10 @@ def chat_template_spec(path) -> dict | None:
     if file.is_file():
         return _read_json(file)
     if not (Path(path) / TOKENIZER_SPEC_FILE).is_file() and (Path(path) / "tokenizer.json").is_file():
-        return _from_tokenizer_json(Path(path))[1]
+        try:
+            return _from_tokenizer_json(Path(path))[1]
+        except HFError:  # another tokenizer's file (e.g. GPT-2's own): no template; tokenizer_spec decides
+            return None
     return None
 
 

@@ -306,6 +306,8 @@ def _bpe_spec(tokens: list[str], pre_tokenizer, refuse) -> dict:
     pieces = pre_tokenizer.get("pretokenizers", []) if isinstance(pre_tokenizer, dict) else []
     split = [p for p in pieces if p.get("type") == "Split" and "Regex" in p.get("pattern", {})]
     pattern = split[0]["pattern"]["Regex"] if split else None
+    if isinstance(pre_tokenizer, dict) and pre_tokenizer.get("type") == "ByteLevel" and pre_tokenizer.get("use_regex"):
+        pattern = GPT2_PATTERN  # GPT-2's own tokenizer.json: ByteLevel with its built-in regex, which is GPT-2's
     if pattern is None:
         raise refuse("its pre-tokenizer is not a Split on a regex, then ByteLevel")
     if pattern == GPT2_PATTERN and len(raw) == 50256:
