@@ -185,7 +185,7 @@ GPT2_CONFIG = {"model_type": "gpt2", "vocab_size": 50257, "n_positions": 32, "n_
 @pytest.mark.parametrize(
     "config,message",
     [
-        ("[1, 2]", "{cfg} is not a GPT-2 config: expected a JSON object, got a list"),
+        ("[1, 2]", "{cfg} is not a Hugging Face config: expected a JSON object, got a list"),
         ('{"n_embd": 32,', "{cfg} is not valid JSON (Expecting property name"),
         (
             {k: v for k, v in GPT2_CONFIG.items() if k not in ("n_layer", "n_head")},

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from gpt import GPT, GPTConfig, load_checkpoint
-from gpt.checkpoints.hf import HFError, bpe_merges, export_hf, is_hf_dir
+from gpt.checkpoints.hf import HFError, export_hf, is_hf_dir
+from gpt.checkpoints.hf_tokenizer import bpe_merges
 from gpt.checkpoints.native import CheckpointError
 from gpt.cli.hf import main as hf_main
 from gpt.data.tokenizer import CharTokenizer, get_tokenizer
@@ -205,20 +206,6 @@ def test_weights_that_do_not_match_config_json(hf_model, tmp_path):
         load_checkpoint(tmp_path)
 
 
-def test_export_cli_refuses_what_gpt2_cannot_express_in_one_line(tmp_path, capsys):
-    from gpt.checkpoints import native
-
-    tok = CharTokenizer("abc \n")
-    cfg = GPTConfig(vocab_size=8, block_size=16, n_layer=1, n_head=2, n_embd=8, norm="post")
-    native.save(
-        tmp_path / "run" / "best.pt",
-        {"model": GPT(cfg).state_dict()},
-        native.build_meta(model_config=cfg.to_dict(), tokenizer=tok.spec),
-    )
-    assert hf_main(["export", "--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 2
-    assert capsys.readouterr().err == "error: cannot export as GPT-2: norm='post' (GPT-2 is pre-norm)\n"
-
-
 def test_export_refuses_what_gpt2_cannot_express(tmp_path, gpt2):
     model = GPT(GPTConfig(vocab_size=50257, block_size=8, n_layer=1, n_head=1, n_embd=8, norm="post"))
     with pytest.raises(ValueError, match="norm='post'"):
@@ -281,3 +268,23 @@ def test_an_index_naming_a_shard_outside_the_directory_is_refused(hf_model, tmp_
     ) as e:
         load_checkpoint(path)
     assert "\n" not in str(e.value)
+
+
+def test_a_gpt2_dir_with_another_tokenizer_json_still_imports_with_gpt2s_bpe(hf_model, tmp_path):
+    hf_model.save_pretrained(tmp_path)
+    wordpiece = {"model": {"type": "WordPiece", "vocab": {"[UNK]": 0}}, "added_tokens": []}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(wordpiece))
+    _, tok, meta = load_checkpoint(tmp_path)
+    assert tok.spec == {"kind": "gpt2"} and "chat_template" not in meta
+
+
+def test_gpt2s_own_tokenizer_json_reads_back_as_gpt2(gpt2):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from gpt.checkpoints.hf_tokenizer import spec_from_tokenizer_json, vocabulary
+
+    v = vocabulary(gpt2)  # GPT-2's tokenizer.json as the Hub has it: ByteLevel with its built-in regex
+    hf = Tokenizer(models.BPE({t: i for i, t in enumerate(v.tokens[:-1])}, v.merges))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.add_special_tokens(["<|endoftext|>"])
+    assert spec_from_tokenizer_json(json.loads(hf.to_str()), "tokenizer.json") == ({"kind": "gpt2"}, None)

@@ -159,11 +159,12 @@ def test_generate_runs_far_past_the_context_without_prefills(monkeypatch):
     assert len(text) == 100 and prefills == [1]
 
 
-def test_a_rope_model_is_not_exported_as_gpt2():
-    from gpt.checkpoints.hf import HFError, config_to_hf
+def test_a_rope_model_is_exported_as_gpt_neox():
+    from gpt.checkpoints.hf import config_to_hf
 
-    with pytest.raises(HFError, match=r"cannot export as GPT-2: pos_encoding='rope' \(GPT-2 learns its positions\)"):
-        config_to_hf(rope_model().config, eot_token=0)
+    config = config_to_hf(rope_model().config, eot_token=0)  # tests/test_hf_export.py: transformers' logits
+    assert config["architectures"] == ["GPTNeoXForCausalLM"] and config["use_parallel_residual"] is False
+    assert config["rotary_pct"] == 1.0 and config["rotary_emb_base"] == 10000.0
 
 
 def test_the_shipped_rope_config_trains_and_samples_past_its_context(char_data, tmp_path, monkeypatch):

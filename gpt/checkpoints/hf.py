@@ -1,44 +1,63 @@
-"""Hugging Face GPT-2 interoperability: import a GPT-2 directory, export one transformers loads.
+"""Hugging Face interoperability: export every decoder so transformers loads it, import it back.
 
-    python -m gpt.hf export --ckpt out/NAME --out hf/NAME      # then GPT2LMHeadModel.from_pretrained("hf/NAME")
-    python sample.py --ckpt path/to/hf-gpt2-dir                # import happens in load_checkpoint
+    python -m gpt.hf export --ckpt out/NAME --out hf/NAME     # then AutoModelForCausalLM.from_pretrained("hf/NAME")
+    python -m gpt.hf import --hf-dir hf/NAME --out out/back  # a native checkpoint (best.pt)
+    python sample.py --ckpt path/to/hf-dir                    # import happens in load_checkpoint
 
-    model, meta = gpt.checkpoints.native.load_model("path/to/gpt2")    # config.json + model.safetensors / pytorch_model.bin
-    export_hf(model, tok, "hf/NAME")                           # config.json, model.safetensors (+ tokenizer files)
+    export_hf(model, tok, "hf/NAME", chat_template=spec, meta=meta)   # the Python API
+    config, state, facts = read("hf/NAME")                            # our config dict + state dict
+
+| our model                  | Hugging Face                                                                |
+|----------------------------|-----------------------------------------------------------------------------|
+| learned positions          | GPT2LMHeadModel                                                             |
+| sinusoidal positions       | GPT2LMHeadModel, `wpe` = our table; wte scaled by sqrt(n_embd), ln_f by 1/that |
+| rope                       | GPTNeoXForCausalLM, sequential residual, full rotary (gpt/checkpoints/hf_neox.py) |
+| encoder-decoder, post-norm | refused in one line                                                         |
+
+Files: config.json, generation_config.json, model.safetensors, tokenizer.json + tokenizer_config.json
+(+ the Jinja chat template) + special_tokens_map.json (gpt/checkpoints/hf_tokenizer.py), README.md
+(the model card), and ours for a lossless way back: gpt_tokenizer.json (the tokenizer spec),
+gpt_chat_template.json (a chat model's markers), gpt_model.json (our model config and training facts).
 
 Design notes
-- Parameter names match; HF's GPT-2 stores the four projection matrices as Conv1D, i.e.
-  (in_features, out_features), where ours are nn.Linear (out_features, in_features): transposed on
-  the way in and out. Everything else maps key for key; HF's causal-mask buffers are dropped.
+- GPT-2 stores the four projection matrices as Conv1D, (in, out), where ours are nn.Linear (out, in):
+  transposed on the way in and out. HF's causal-mask buffers are dropped.
+- Sinusoidal: ours computes wte[idx] * sqrt(C) + PE[pos] and a head tied to the unscaled wte. GPT-2
+  adds wte[idx] + wpe[pos] and ties its head to that same wte, so the export holds wte * s, wpe = PE
+  and ln_f divided by s: logits are unchanged (to float rounding). Import divides back: wte and ln_f
+  may then differ from the original in their last bit, but scale to the same bytes, so export ->
+  import -> export is stable.
+- A model without biases exports zero biases (GPT-2 and GPT-NeoX always have them), which computes
+  the same thing; gpt_model.json says so, and import drops them again when they are still all zero.
 - Loading never executes code: config.json is JSON, weights are safetensors or a `torch.load` with
-  `weights_only=True`; sharded checkpoints (`*.index.json`) are followed.
-- This module reads and writes the GPT-2 format only (`read_config`, `read_weights`,
-  `tokenizer_spec`); gpt/checkpoints/native.py turns those into a model and the same meta a checkpoint has,
-  with the same checks (a config that builds no model, weights that do not fit it). So this module
-  never imports gpt.checkpoints.native, except the command line at the bottom, which loads `--ckpt` as
-  sample.py does.
-- Only GPT-2's architecture maps: learned positions, pre-norm, no encoder, tied embeddings, GELU
-  (tanh 'gelu_new', or exact 'gelu'), LayerNorm eps 1e-5. Anything else is an error naming the field, never a silent change.
-  A model without biases exports zero biases (GPT-2 always has them), which computes the same thing.
-- Tokenizer on import: the one named in `gpt_tokenizer.json` (written by `export_hf`), else GPT-2's
-  BPE when the vocabulary is GPT-2's (vocab_size 50257, or a vocab.json of 50257 entries).
+  `weights_only=True`; sharded checkpoints (`*.index.json`) are followed, never outside the directory.
+- This module reads and writes the formats only; gpt/checkpoints/loader.py turns `read` into a model
+  and the same meta a checkpoint has, with the same checks.
+- Tokenizer on import: the one named in gpt_tokenizer.json (written by `export_hf`), else tokenizer.json
+  when it has our export's shape (transformers saved the directory again: hf_tokenizer.spec_from_tokenizer_json,
+  which also gives the chat markers back), else GPT-2's BPE when the vocabulary is GPT-2's (vocab_size
+  50257, or a vocab.json of 50257 entries). Without gpt_model.json a sinusoidal export comes back as
+  learned positions holding the table: the same function.
 - A padded vocabulary (50304 rows for 50257 ids) exports as is: config.json's vocab_size is the
-  number of rows, which is what the weights hold; the sampler never picks the padded ids.
-- For the gpt2 tokenizer, export also writes vocab.json and merges.txt, derived from tiktoken's
-  ranks: each token's merge is recovered by running BPE on its bytes with the ranks below its own,
-  which ends in exactly two parts; bytes are spelled with GPT-2's printable byte-to-unicode table.
+  number of rows; the tokenizer has the real ids and the sampler never picks the padded ones.
+- Every file goes through gpt.fsutil.replacing (a temporary file renamed into place), in a fixed order
+  with fixed contents (no dates, no paths), so two exports of one model are byte-identical.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import pickle
 from pathlib import Path
 
 import torch
 
-from gpt.data.tokenizer import EOT_TEXT
+from gpt.checkpoints import hf_card, hf_neox, hf_tokenizer
+from gpt.data.chat import ChatTemplate
 from gpt.errors import UserError, storage_error
+from gpt.fsutil import replacing
+from gpt.model.transformer import sinusoidal_positions
 
 # Suffixes of HF GPT-2 weights stored transposed (Conv1D).
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -50,6 +69,8 @@ WEIGHT_FILES = (
 )
 TOKENIZER_SPEC_FILE = "gpt_tokenizer.json"
 CHAT_TEMPLATE_FILE = "gpt_chat_template.json"  # a chat model's template (role markers, end of turn)
+MODEL_FILE = "gpt_model.json"  # our model config and training facts: what config.json cannot say
+SAME_SHAPE = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
 GPT2_VOCAB = 50257
 HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}  # theirs -> ours
 SIZES = ("vocab_size", "n_embd", "n_layer", "n_head")  # and n_positions (or n_ctx)
@@ -99,13 +120,29 @@ def _read_json(path: Path):
         raise HFError(f"{path} is not valid JSON ({e})") from None
 
 
-def read_config(path) -> dict:
-    """Our model config (a GPTConfig dict, validated by the caller: gpt.checkpoints.native) from a GPT-2 directory's
-    config.json."""
+def _hf_config(path) -> tuple[dict, Path]:
     config_file = Path(path) / "config.json"
     hf = _read_json(config_file)
     if not isinstance(hf, dict):
-        raise HFError(f"{config_file} is not a GPT-2 config: expected a JSON object, got a {type(hf).__name__}")
+        raise HFError(f"{config_file} is not a Hugging Face config: expected a JSON object, got a {type(hf).__name__}")
+    return hf, config_file
+
+
+def read_config(path) -> dict:
+    """Our model config (a GPTConfig dict, validated by the caller: gpt.checkpoints.loader) from a GPT-2 or
+    GPT-NeoX directory's config.json, before gpt_model.json's fields (`read` adds them)."""
+    hf, config_file = _hf_config(path)
+    model_type = hf.get("model_type", "gpt2")
+    if model_type == "gpt_neox":
+        try:
+            return hf_neox.config_from_neox(hf, config_file)
+        except hf_neox.NeoXError as e:
+            raise HFError(str(e)) from None
+    if model_type != "gpt2":
+        raise HFError(
+            f"{config_file}: model_type {model_type!r} does not map onto this model; it imports 'gpt2' "
+            f"(GPT2LMHeadModel) and 'gpt_neox' (GPTNeoXForCausalLM, sequential residual, full rotary)"
+        )
     missing = [k for k in SIZES if k not in hf] + ([] if "n_positions" in hf or "n_ctx" in hf else ["n_positions"])
     if missing:
         raise HFError(
@@ -121,8 +158,6 @@ def config_from_hf(hf: dict, source="config.json") -> dict:
     get = hf.get
     n_embd, eps = hf["n_embd"], get("layer_norm_epsilon", 1e-5)
     problems = []
-    if get("model_type", "gpt2") != "gpt2":
-        problems.append(f"model_type is {get('model_type')!r}, only 'gpt2' maps onto this model")
     activation = HF_ACTIVATIONS.get(get("activation_function", "gelu_new"))
     if activation is None:
         problems.append(f"activation_function {get('activation_function')!r} (only GELU: 'gelu_new' or 'gelu')")
@@ -188,12 +223,10 @@ def _shards(index: Path) -> list[str]:
     return sorted(set(weight_map.values()))
 
 
-def read_weights(path) -> dict[str, torch.Tensor]:
-    """A GPT-2 directory's weights under our names and layouts (gpt.checkpoints.native checks them against the
-    config); nothing in them is executed."""
-    path = Path(path)
+def _state_dict(path: Path, config: dict) -> dict[str, torch.Tensor]:
+    """The directory's weights under our names and layouts (not yet checked against the config)."""
     try:
-        sd = state_dict_from_hf(_load_weights(path))
+        hf_sd = _load_weights(path)
     except HFError:
         raise
     except pickle.UnpicklingError:  # torch.load(weights_only=True) refused
@@ -204,24 +237,75 @@ def read_weights(path) -> dict[str, torch.Tensor]:
     except Exception as e:  # a corrupt or truncated file, a missing shard, ...
         reason = (str(e).splitlines() or [""])[0][:200]
         raise HFError(f"cannot read the weights in {path} ({type(e).__name__}: {reason})") from None
+    if config.get("pos_encoding") == "rope":
+        return hf_neox.state_dict_from_neox(hf_sd, config["n_head"])
+    return state_dict_from_hf(hf_sd)
+
+
+def read(path) -> tuple[dict, dict[str, torch.Tensor], dict]:
+    """(our model config dict, state dict, training facts) of a GPT-2 or GPT-NeoX directory. What
+    gpt_model.json adds (our export's own record) is taken only where the weights still agree with it:
+    no biases while they are all zero, sinusoidal positions while wpe is exactly the table."""
+    path = Path(path)
+    config = read_config(path)
+    sd = _state_dict(path, config)
     head, wte = sd.get("lm_head.weight"), sd.get("transformer.wte.weight")
     if head is not None and wte is not None and head is not wte and not torch.equal(head, wte):
         raise HFError(f"{path}: lm_head differs from wte, but this model ties them")
-    return sd
+    recorded = _read_json(path / MODEL_FILE) if (path / MODEL_FILE).is_file() else {}
+    ours = recorded.get("model_config") if isinstance(recorded, dict) else None
+    facts = recorded.get("training", {}) if isinstance(recorded, dict) else {}
+    if isinstance(ours, dict) and all(ours.get(k) == config[k] for k in (*SAME_SHAPE, "activation")):
+        config["dropout"] = ours.get("dropout", 0.0)
+        config["label_smoothing"] = ours.get("label_smoothing", 0.0)
+        biases = [k for k in sd if k.endswith(".bias")]
+        if ours.get("bias") is False and not any(sd[k].any() for k in biases):
+            sd = {k: v for k, v in sd.items() if k not in biases}
+            config["bias"] = False
+        if ours.get("pos_encoding") == "sinusoidal" and _is_table(sd.get("transformer.wpe.weight"), config):
+            sd = _from_sinusoidal(sd, config["n_embd"])
+            config["pos_encoding"] = "sinusoidal"
+    if "transformer.wte.weight" in sd:
+        sd["lm_head.weight"] = sd["transformer.wte.weight"]
+    return config, sd, facts if isinstance(facts, dict) else {}
+
+
+def read_weights(path) -> dict[str, torch.Tensor]:
+    """A directory's weights under our names and layouts (gpt.checkpoints.loader checks them against the
+    config); nothing in them is executed."""
+    return read(path)[1]
 
 
 def chat_template_spec(path) -> dict | None:
-    """The chat template a chat checkpoint's export wrote (gpt_chat_template.json), or None."""
+    """The chat template a chat checkpoint's export wrote (gpt_chat_template.json), else the markers a
+    tokenizer.json of our shape holds, or None."""
     file = Path(path) / CHAT_TEMPLATE_FILE
-    return _read_json(file) if file.is_file() else None
+    if file.is_file():
+        return _read_json(file)
+    if not (Path(path) / TOKENIZER_SPEC_FILE).is_file() and (Path(path) / "tokenizer.json").is_file():
+        try:
+            return _from_tokenizer_json(Path(path))[1]
+        except HFError:  # another tokenizer's file (e.g. GPT-2's own): no template; tokenizer_spec decides
+            return None
+    return None
+
+
+def _from_tokenizer_json(path: Path) -> tuple[dict, dict | None]:
+    try:
+        return hf_tokenizer.spec_from_tokenizer_json(_read_json(path / "tokenizer.json"), path / "tokenizer.json")
+    except hf_tokenizer.TokenizerExportError as e:
+        raise HFError(str(e)) from None
 
 
 def tokenizer_spec(path, vocab_size: int) -> dict:
-    """The tokenizer spec of a GPT-2 directory: gpt_tokenizer.json (written by export_hf), else GPT-2's
-    BPE when the vocabulary is GPT-2's."""
+    """The tokenizer spec of a Hugging Face directory: gpt_tokenizer.json (written by export_hf), else its
+    tokenizer.json when it has the shape our export writes (transformers saved it again), else GPT-2's BPE
+    when the vocabulary is GPT-2's."""
     path = Path(path)
     if (path / TOKENIZER_SPEC_FILE).is_file():
         return _read_json(path / TOKENIZER_SPEC_FILE)
+    if (path / "tokenizer.json").is_file() and vocab_size != GPT2_VOCAB:
+        return _from_tokenizer_json(path)[0]
     if vocab_size == GPT2_VOCAB:
         return {"kind": "gpt2"}
     vocab_file = path / "vocab.json"
@@ -231,24 +315,77 @@ def tokenizer_spec(path, vocab_size: int) -> dict:
             return {"kind": "gpt2"}
     raise HFError(
         f"cannot tell which tokenizer {path} uses: vocab_size {vocab_size} is not GPT-2's {GPT2_VOCAB}, and there "
-        f"is no {TOKENIZER_SPEC_FILE} or GPT-2 vocab.json beside config.json"
+        f"is no {TOKENIZER_SPEC_FILE}, tokenizer.json of gpt's shape or GPT-2 vocab.json beside config.json"
     )
+
+
+# ---- sinusoidal positions as GPT-2's ------------------------------------------------------------
+
+
+def _scaled(x: torch.Tensor, s: float) -> torch.Tensor:
+    return x * torch.tensor(s, dtype=x.dtype)
+
+
+def _unscaled(y: torch.Tensor, s: float) -> torch.Tensor:
+    """The inverse of `_scaled`: not always the original x (scaling can map two floats to one), but a
+    float that scales back to y bit for bit, so export -> import -> export gives the same bytes
+    (tests/test_hf_export.py checks it over many values and scales)."""
+    return y / torch.tensor(s, dtype=y.dtype)
+
+
+def _is_table(wpe, config: dict) -> bool:
+    table = sinusoidal_positions(config["block_size"], config["n_embd"])
+    return wpe is not None and wpe.shape == table.shape and torch.equal(wpe, table.to(wpe.dtype))
+
+
+def _to_sinusoidal(sd: dict, model) -> dict:
+    """Our sinusoidal model's weights in GPT-2's form: wte * s, wpe = the table, ln_f / s (s = sqrt(C))."""
+    s = math.sqrt(model.config.n_embd)
+    wte = sd["transformer.wte.weight"]
+    table = sinusoidal_positions(model.config.block_size, model.config.n_embd).to(wte.dtype)
+    out = {**sd, "transformer.wte.weight": _scaled(wte, s), "transformer.wpe.weight": table}
+    for k in ("transformer.ln_f.weight", "transformer.ln_f.bias"):
+        out[k] = _scaled(sd[k], 1 / s)
+    return out
+
+
+def _from_sinusoidal(sd: dict, n_embd: int) -> dict:
+    s = math.sqrt(n_embd)
+    out = {k: v for k, v in sd.items() if k != "transformer.wpe.weight"}
+    out["transformer.wte.weight"] = _unscaled(sd["transformer.wte.weight"], s)
+    for k in ("transformer.ln_f.weight", "transformer.ln_f.bias"):
+        if k in sd:
+            out[k] = _unscaled(sd[k], 1 / s)
+    return out
 
 
 # ---- export ----------------------------------------------------------------------------------------
 
 
-def config_to_hf(cfg, eot_token: int, dtype: torch.dtype = torch.float32) -> dict:
-    """A GPT-2 config.json dict for our config (HFError for what GPT-2 cannot express)."""
+def check_exportable(cfg) -> None:
+    """HFError, in one line, for what neither GPT-2 nor GPT-NeoX can express. Every other GPTConfig field
+    maps: bias=False as zero biases, either GELU, the tied head; dropout and label_smoothing (training
+    only) are recorded in gpt_model.json."""
     problems = []
     if cfg.n_encoder_layer:
-        problems.append(f"n_encoder_layer={cfg.n_encoder_layer} (GPT-2 has no encoder)")
-    if cfg.pos_encoding != "learned":
-        problems.append(f"pos_encoding={cfg.pos_encoding!r} (GPT-2 learns its positions)")
+        problems.append(
+            f"n_encoder_layer={cfg.n_encoder_layer} (an encoder-decoder: no Hugging Face decoder-only "
+            f"architecture has cross-attention; keep it as a gpt checkpoint for translate.py and sample.py)"
+        )
     if cfg.norm != "pre":
-        problems.append(f"norm={cfg.norm!r} (GPT-2 is pre-norm)")
+        problems.append(
+            f"norm={cfg.norm!r} (GPT-2 and GPT-NeoX are pre-norm: LayerNorm before each sublayer; train with "
+            f"--norm pre to export, or keep it as a gpt checkpoint)"
+        )
     if problems:
-        raise HFError("cannot export as GPT-2: " + "; ".join(problems))
+        raise HFError("cannot export to Hugging Face: " + "; ".join(problems))
+
+
+def config_to_hf(cfg, eot_token: int, dtype: torch.dtype = torch.float32) -> dict:
+    """config.json for our config: GPT-2 for learned and sinusoidal positions, GPT-NeoX for RoPE."""
+    check_exportable(cfg)
+    if cfg.pos_encoding == "rope":
+        return hf_neox.config_to_neox(cfg, eot_token, dtype)
     return {
         "model_type": "gpt2",
         "architectures": ["GPT2LMHeadModel"],
@@ -270,107 +407,77 @@ def config_to_hf(cfg, eot_token: int, dtype: torch.dtype = torch.float32) -> dic
         "bos_token_id": eot_token,
         "eos_token_id": eot_token,
         "tie_word_embeddings": True,
-        "dtype": str(dtype).replace("torch.", ""),
+        "torch_dtype": str(dtype).replace("torch.", ""),
     }
 
 
 def _hf_state_dict(model) -> dict[str, torch.Tensor]:
-    """Our weights under GPT-2's names and layouts, zero biases where ours have none, lm_head left
-    out (tied to wte: transformers re-ties it, and safetensors refuses shared tensors)."""
+    """Our weights under the target's names and layouts, zero biases where ours have none, GPT-2's tied
+    head left out (transformers re-ties it, and safetensors refuses shared tensors)."""
     sd = {k: v.detach().cpu() for k, v in model.state_dict().items() if k != "lm_head.weight"}
     for name, module in model.named_modules():
         if isinstance(module, (torch.nn.Linear, torch.nn.LayerNorm)) and name != "lm_head":
             if module.bias is None:
                 n = module.out_features if isinstance(module, torch.nn.Linear) else module.weight.numel()
                 sd[f"{name}.bias"] = torch.zeros(n, dtype=module.weight.dtype)
-    return {k: v.contiguous() for k, v in state_dict_to_hf(sd).items()}
+    if model.config.pos_encoding == "rope":
+        sd = hf_neox.state_dict_to_neox(sd, model.config.n_head)
+    else:
+        if model.config.pos_encoding == "sinusoidal":
+            sd = _to_sinusoidal(sd, model)
+        sd = state_dict_to_hf(sd)
+    return {k: v.contiguous() for k, v in sorted(sd.items())}
 
 
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's table spelling every byte as a printable character: printable Latin-1 bytes stand for
-    themselves, the other 68 take the characters from U+0100 up, in byte order."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            table[b] = chr(b)
+def _write(path: Path, data: str | bytes) -> None:
+    """One file, atomically (gpt.fsutil.replacing)."""
+    with replacing(path) as tmp:
+        if isinstance(data, str):
+            tmp.write_text(data, encoding="utf-8")
         else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
+            tmp.write_bytes(data)
 
 
-def bpe_merges(tokens: list[bytes]) -> list[tuple[bytes, bytes]]:
-    """The merge that made each multi-byte token, tokens given in rank order (rank = index)."""
-    ranks = {t: r for r, t in enumerate(tokens)}
-    merges = []
-    for rank, token in enumerate(tokens):
-        if len(token) == 1:
-            continue
-        parts = [bytes([b]) for b in token]
-        while True:  # byte-level BPE on the token, allowing only merges ranked below it
-            best = None
-            for i in range(len(parts) - 1):
-                r = ranks.get(parts[i] + parts[i + 1])
-                if r is not None and r < rank and (best is None or r < best[0]):
-                    best = (r, i)
-            if best is None:
-                break
-            i = best[1]
-            parts[i : i + 2] = [parts[i] + parts[i + 1]]
-        if len(parts) != 2:
-            raise ValueError(f"token {token!r} (rank {rank}) is not one merge of two lower-ranked tokens")
-        merges.append((parts[0], parts[1]))
-    return merges
-
-
-def write_gpt2_tokenizer_files(tokenizer, out_dir: Path, model_max_length: int) -> None:
-    """vocab.json, merges.txt and tokenizer_config.json for GPT2Tokenizer(Fast), from tiktoken's ranks."""
-    tokens = [tokenizer.enc.decode_single_token_bytes(i) for i in range(tokenizer.eot_token)]
-    spell = bytes_to_unicode()
-
-    def text(b: bytes) -> str:
-        return "".join(spell[x] for x in b)
-
-    vocab = {text(t): i for i, t in enumerate(tokens)}
-    vocab[EOT_TEXT] = tokenizer.eot_token
-    (out_dir / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    merges = "".join(f"{text(a)} {text(b)}\n" for a, b in bpe_merges(tokens))
-    (out_dir / "merges.txt").write_text("#version: 0.2\n" + merges, encoding="utf-8")
-    tok_config = {
-        "tokenizer_class": "GPT2Tokenizer",
-        "model_max_length": model_max_length,
-        "add_prefix_space": False,
-        "bos_token": EOT_TEXT,
-        "eos_token": EOT_TEXT,
-        "unk_token": EOT_TEXT,
-    }
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2), encoding="utf-8")
-
-
-def export_hf(model, tokenizer, out_dir, chat_template: dict | None = None) -> Path:
-    """Write `out_dir` so `transformers.GPT2LMHeadModel.from_pretrained(out_dir)` loads it.
-
-    Files: config.json, model.safetensors, gpt_tokenizer.json (our tokenizer spec, for re-import),
-    gpt_chat_template.json for a chat model (its template, so the re-imported model still chats) and,
-    when the tokenizer is GPT-2's, vocab.json / merges.txt / tokenizer_config.json for AutoTokenizer.
-    """
-    from safetensors.torch import save_file
+def export_hf(model, tokenizer, out_dir, chat_template: dict | None = None, meta: dict | None = None) -> Path:
+    """Write `out_dir` so `transformers.AutoModelForCausalLM.from_pretrained(out_dir)` and
+    `AutoTokenizer.from_pretrained(out_dir)` load the model, its tokenizer and (given `chat_template`, a
+    ChatTemplate spec) its chat template. `meta` (the checkpoint's) adds training facts to the card."""
+    from safetensors.torch import save as safetensors_bytes  # (safetensors is only needed here and on import)
 
     out_dir = Path(out_dir)
+    cfg = model.config
     dtype = next(model.parameters()).dtype
-    hf_config = config_to_hf(model.config, tokenizer.eot_token, dtype)
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise HFError(f"tokenizer has {tokenizer.vocab_size} ids but the model only {model.config.vocab_size} rows")
+    hf_config = config_to_hf(cfg, tokenizer.eot_token, dtype)
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise HFError(f"tokenizer has {tokenizer.vocab_size} ids but the model only {cfg.vocab_size} rows")
+    template = None
+    if chat_template is not None:
+        template = ChatTemplate.from_spec(chat_template, "the checkpoint's chat_template")
+        tokenizer = template.tokenizer(tokenizer)
+    facts = {
+        k: meta[k] for k in ("step", "val_loss", "tokens_seen") if meta and meta.get(k)
+    }  # (an import's step 0: none)
+    eos = [tokenizer.special(template.end), tokenizer.eot_token] if template else tokenizer.eot_token
+    generation = {"bos_token_id": tokenizer.eot_token, "eos_token_id": eos, "pad_token_id": tokenizer.eot_token}
+    files = {
+        "config.json": hf_config,
+        "generation_config.json": generation,
+        "tokenizer.json": hf_tokenizer.tokenizer_json(tokenizer, template),
+        "tokenizer_config.json": hf_tokenizer.tokenizer_config(tokenizer, cfg.block_size, template),
+        "special_tokens_map.json": hf_tokenizer.special_tokens_map(template),
+        TOKENIZER_SPEC_FILE: tokenizer.spec,
+        MODEL_FILE: {"model_config": cfg.to_dict(), "training": facts},
+    }
+    if template is not None:
+        files[CHAT_TEMPLATE_FILE] = template.spec
+    weights = safetensors_bytes(_hf_state_dict(model), metadata={"format": "pt"})
+    card = hf_card.model_card(model, tokenizer, hf_config, template, facts)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        save_file(_hf_state_dict(model), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-        (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-        (out_dir / TOKENIZER_SPEC_FILE).write_text(json.dumps(tokenizer.spec) + "\n")
-        if chat_template is not None:
-            (out_dir / CHAT_TEMPLATE_FILE).write_text(json.dumps(chat_template) + "\n")
-        if tokenizer.spec.get("kind") == "gpt2":
-            write_gpt2_tokenizer_files(tokenizer, out_dir, model.config.block_size)
+        _write(out_dir / "model.safetensors", weights)
+        for name, data in files.items():
+            _write(out_dir / name, hf_tokenizer.dumps(data))
+        _write(out_dir / "README.md", card)
     except OSError as e:
         raise storage_error(e, "write", out_dir) from None
     return out_dir

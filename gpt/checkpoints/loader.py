@@ -9,7 +9,7 @@
 |---------------------------------|------------------------------------------|
 | `.pt` file (`last.pt`, `best.pt`)| `native.load_file` (torch.load weights_only) |
 | DCP directory (`last.dcp`)      | `dcp.read` (a restricted unpickler for its index) |
-| Hugging Face GPT-2 directory    | `hf.read_config` / `hf.read_weights` (safetensors or weights_only) |
+| Hugging Face GPT-2 / GPT-NeoX directory | `hf.read` (safetensors or weights_only)    |
 | LoRA adapters (`meta["lora"]`)  | their base, loaded here, + `adapters.attach`                   |
 
 Every kind ends as the same checked meta (`native.check_meta`) and `native.build_model`. The formats
@@ -94,16 +94,18 @@ def read_meta(path: str | os.PathLike, names: tuple[str, ...] = BEST_FIRST) -> F
 
 
 def _read_hf(path: str | os.PathLike) -> tuple[Fields, dict, Path]:
-    """(meta, state dict, source) of a Hugging Face GPT-2 directory: the config first, weights last."""
+    """(meta, state dict, source) of a Hugging Face GPT-2 or GPT-NeoX directory."""
     source = Path(path) / "config.json"
-    config = model_config(hf.read_config(path), source)
+    config, state, facts = hf.read(path)
+    config = model_config(config, source)
     meta = build_meta(
         model_config=config.to_dict(),
         tokenizer=hf.tokenizer_spec(path, config.vocab_size),
         hf_dir=str(path),
         chat_template=hf.chat_template_spec(path),
+        **{k: facts[k] for k in ("step", "val_loss", "tokens_seen") if k in facts},
     )
-    return check_meta(meta, source), hf.read_weights(path), source
+    return check_meta(meta, source), state, source
 
 
 def load_model(path: str | os.PathLike, device="cpu"):

@@ -1,26 +1,47 @@
-"""Hugging Face GPT-2 export: `python -m gpt.hf export`."""
+"""Hugging Face export and import: `python -m gpt.hf export | import`.
+
+python -m gpt.hf export --ckpt out/NAME --out hf/NAME         # GPT2LMHeadModel or GPTNeoXForCausalLM + tokenizer
+python -m gpt.hf import --hf-dir hf/NAME --out out/back       # a native checkpoint: out/back/best.pt
+"""
 
 from __future__ import annotations
 
-from gpt.checkpoints.hf import export_hf
+from pathlib import Path
+
+from gpt.checkpoints import native
+from gpt.checkpoints.hf import HFError, export_hf, is_hf_dir
 from gpt.checkpoints.loader import load_checkpoint
 from gpt.cli import ArgumentParser, run_main
 
 
 def main(argv=None) -> int:
-    p = ArgumentParser(prog="python -m gpt.hf", description="Hugging Face GPT-2 import/export.")
+    p = ArgumentParser(prog="python -m gpt.hf", description="Hugging Face export and import.")
     sub = p.add_subparsers(dest="command", required=True)
-    ex = sub.add_parser("export", help="write a directory transformers' GPT2LMHeadModel.from_pretrained loads")
-    ex.add_argument("--ckpt", required=True, help="run directory, checkpoint file or HF GPT-2 directory")
+    ex = sub.add_parser("export", help="write a directory transformers' AutoModelForCausalLM and AutoTokenizer load")
+    ex.add_argument("--ckpt", required=True, help="run directory, checkpoint file (LoRA: merged) or HF directory")
     ex.add_argument("--out", required=True, help="output directory (created; existing files are replaced)")
+    im = sub.add_parser("import", help="turn a Hugging Face GPT-2 / GPT-NeoX directory into a gpt checkpoint")
+    im.add_argument("--hf-dir", required=True, help="directory with config.json and model weights")
+    im.add_argument("--out", required=True, help="run directory to create (the checkpoint is OUT/best.pt)")
     args = p.parse_args(argv)
 
     def export() -> str:
         model, tokenizer, meta = load_checkpoint(args.ckpt)
-        out = export_hf(model, tokenizer, args.out, meta.get("chat_template"))
-        return f"wrote {out} (load with transformers.GPT2LMHeadModel.from_pretrained({str(out)!r}))"
+        out = export_hf(model, tokenizer, args.out, meta.get("chat_template"), meta)
+        cls = "GPTNeoXForCausalLM" if model.config.pos_encoding == "rope" else "GPT2LMHeadModel"
+        return f"wrote {out} ({cls}; load with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r}))"
 
-    return run_main(export)
+    def import_() -> str:
+        if not is_hf_dir(args.hf_dir):
+            raise HFError(f"{args.hf_dir} is not a Hugging Face model directory (config.json and model weights)")
+        target = Path(args.out) / "best.pt"
+        if target.exists():
+            raise HFError(f"{target} exists; choose another --out (nothing was written)")
+        model, _, meta = load_checkpoint(args.hf_dir)
+        native.save(target, {"model": model.state_dict()}, dict(meta))
+        return f"wrote {target} (sample with `python sample.py --ckpt {args.out}`)"
+
+    return run_main(export if args.command == "export" else import_)
 
 
 if __name__ == "__main__":
