@@ -3,6 +3,7 @@
 - `native.py` the `.pt` format: its meta (`build_meta`, `check_meta`), atomic `save`, `load_file`.
 - `dcp.py` sharded checkpoints (`--fsdp`, torch.distributed.checkpoint) with a restricted unpickler.
 - `hf.py` Hugging Face GPT-2 directories (import and export).
+- `gguf.py` GGUF files for llama.cpp (export only: `python -m gpt.export --format gguf`).
 - `adapters.py` LoRA checkpoints: adapters only, naming their base.
 - `loader.py` `load_model` / `load_checkpoint` / `load_for_inference`: dispatches to the formats above;
   none of them imports it back.

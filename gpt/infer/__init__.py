@@ -3,7 +3,7 @@
 - `sampling.py` next-token sampling (temperature, top-k, top-p, penalties) and the KV-cached decode loop.
 - `batching.py` continuous batching: requests joining and leaving one decode batch (the server's engine).
 - `translate.py` seq2seq greedy and beam decoding; `evaluate.py` BLEU and perplexity.
-- `export.py` ONNX / torch.export of the logits graph.
+- `export.py` ONNX / torch.export of the logits graph; `llamacpp.py` runs a GGUF export in llama.cpp.
 
 May import: checkpoints, model, data, the foundations. Never training or the command line.
 """
