@@ -140,7 +140,7 @@ def test_llama_cpp_tokenizes_as_we_do(llama_cpp, exported, kind):
     if kind == "gpt2":
         texts = [*TEXTS, shakespeare()[:20_000]]
     else:  # a char vocabulary refuses what it lacks; llama.cpp would drop it (gpt/data/bytelevel.py)
-        texts = [TEXTS[0], "  two  spaces, and\n\n\nnewlines 3.3 it's they'll WE'RE", shakespeare()[-20_000:]]
+        texts = [TEXTS[0], "  two  spaces, and\n\n\nnewlines 3.3 it's they'll WE'RE", shakespeare()[-111_540:]]  # (char: the val split)
     for text in texts:
         ours, theirs = ours_vs_llama(llm, tok, text)
         assert theirs == ours
@@ -155,7 +155,7 @@ def test_an_own_bpe_tokenizes_as_in_llama_cpp(llama_cpp, tmp_path):
     save_model(tmp_path / "bpe.pt", tok.spec, 640)
     assert main(["--ckpt", str(tmp_path / "bpe.pt"), "--format", "gguf", "--out", str(tmp_path), "--no-check"]) == 0
     llm = llamacpp.open_gguf(tmp_path / "model.gguf", n_ctx=64, logits_all=False)
-    for sample in [*TEXTS, text[-30_000:]]:
+    for sample in [*TEXTS, text[-111_540:]]:  # (the val split)
         ours, theirs = ours_vs_llama(llm, tok, sample)
         assert theirs == ours
 

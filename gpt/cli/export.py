@@ -88,6 +88,7 @@ def run_gguf(args: argparse.Namespace, model, tokenizer, meta: dict) -> str:
         path = path / "model.gguf"
     if path.exists() and not args.force:
         raise ExportError(f"{path} exists already: choose another --out, or --force to replace it")
+    path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     counts = write_gguf(model, tokenizer, path, args.quant, meta.get("chat_template"))
     types = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
