@@ -140,7 +140,11 @@ def test_llama_cpp_tokenizes_as_we_do(llama_cpp, exported, kind):
     if kind == "gpt2":
         texts = [*TEXTS, shakespeare()[:20_000]]
     else:  # a char vocabulary refuses what it lacks; llama.cpp would drop it (gpt/data/bytelevel.py)
-        texts = [TEXTS[0], "  two  spaces, and\n\n\nnewlines 3.3 it's they'll WE'RE", shakespeare()[-111_540:]]  # (char: the val split)
+        texts = [
+            TEXTS[0],
+            "  two  spaces, and\n\n\nnewlines 3.3 it's they'll WE'RE",
+            shakespeare()[-111_540:],
+        ]  # (char: the val split)
     for text in texts:
         ours, theirs = ours_vs_llama(llm, tok, text)
         assert theirs == ours
@@ -226,3 +230,10 @@ def test_a_chat_model_answers_through_llama_cpps_chat_api_with_our_template(llam
         assert reply["usage"]["prompt_tokens"] == len(ids)
         words = tok.decode_bytes([i for i in answer if i < tok.base.vocab_size])
         assert reply["choices"][0]["message"]["content"] == words.decode("utf-8", errors="ignore")  # (as theirs)
+
+
+def test_the_export_reports_its_difference_in_llama_cpp(llama_cpp, tmp_path, capsys):
+    save_model(tmp_path / "m.pt", char_spec(), 128, pos_encoding="rope")
+    assert main(["--ckpt", str(tmp_path / "m.pt"), "--format", "gguf", "--out", str(tmp_path / "deep" / "m.gguf")]) == 0
+    found = re.search(r"max \|logits - PyTorch's\| = (\S+) in llama\.cpp\n$", capsys.readouterr().out)
+    assert found and float(found[1]) < TOLERANCE["f32"][0]
