@@ -79,5 +79,6 @@ def byte_level_vocab(tok) -> ByteLevelVocab:
         ranks = {tok.enc.decode_single_token_bytes(i): i for i in range(tok.eot_token)}
         assert len(ranks) == tok.eot_token == tok.vocab_size - 1, "tiktoken ids are dense, end-of-text last"
         tokens = [to_byte_level(t) for t in sorted(ranks, key=ranks.get)]
-        return ByteLevelVocab([*tokens, EOT_TEXT], ranks_merges(ranks), {tok.eot_token: EOT_TEXT}, tok.enc._pat_str)
+        pattern = tok.spec.get("pattern", GPT2_PATTERN)  # (GPT-2's spec has none: tiktoken's gpt2 uses this one)
+        return ByteLevelVocab([*tokens, EOT_TEXT], ranks_merges(ranks), {tok.eot_token: EOT_TEXT}, pattern)
     raise TypeError(f"no byte-level form for {type(tok).__name__}")
