@@ -1,13 +1,19 @@
-"""ONNX / torch.export of a checkpoint's logits graph: `python -m gpt.export`."""
+"""`python -m gpt.export`: ONNX / torch.export of a checkpoint's logits graph, or a GGUF file for llama.cpp.
+
+python -m gpt.export --ckpt out/run --format onnx --out export/run
+python -m gpt.export --ckpt out/run --format gguf --out run.gguf --quant q8_0
+"""
 
 from __future__ import annotations
 
 import argparse
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
+from gpt.checkpoints.gguf import QUANTS as GGUF_QUANTS
 from gpt.cli import ArgumentParser, run_main
-from gpt.infer.export import FORMATS, export, parity
+from gpt.infer.export import FORMATS, ExportError, export, parity
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,19 +21,38 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m gpt.export",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Export a decoder-only checkpoint's logits graph (dynamic batch and "
-        "sequence length, no KV cache) to ONNX or torch.export's .pt2.",
+        "sequence length, no KV cache) to ONNX or torch.export's .pt2, or the model with its tokenizer "
+        "(and chat template) to one GGUF file that llama.cpp runs.",
     )
     p.add_argument(
         "--ckpt", required=True, help="run directory (best.pt, else last.pt), checkpoint file or HF GPT-2 dir"
     )
-    p.add_argument("--format", required=True, choices=list(FORMATS), help="onnx (onnxruntime) or pt2 (torch.export)")
-    p.add_argument("--out", required=True, help="directory to write model.onnx / model.pt2 and gpt_export.json to")
+    p.add_argument(
+        "--format",
+        required=True,
+        choices=[*FORMATS, "gguf"],
+        help="onnx (onnxruntime), pt2 (torch.export) or gguf (llama.cpp)",
+    )
+    p.add_argument(
+        "--out",
+        required=True,
+        help="onnx / pt2: directory to write model.onnx / model.pt2 and gpt_export.json to; gguf: the .gguf "
+        "file (a directory: DIR/model.gguf)",
+    )
+    p.add_argument(
+        "--quant",
+        choices=GGUF_QUANTS,
+        default="f32",
+        help="gguf only: the matrices' type (vectors, norms and positions stay f32; a matrix q8_0 cannot "
+        "take falls back to f16)",
+    )
     p.add_argument("--force", action="store_true", help="replace an exported model already in --out")
     p.add_argument(
         "--no-check",
         dest="check",
         action="store_false",
-        help="skip running the exported model against PyTorch after writing it",
+        help="skip running the exported model against PyTorch after writing it (gguf: in llama.cpp, when "
+        "llama-cpp-python is installed)",
     )
     return p
 
@@ -37,7 +62,11 @@ def run(args: argparse.Namespace) -> str:
         load_checkpoint,  # torch: loaded once the flags are checked (--help and mistakes answer at once)
     )
 
+    if args.format != "gguf" and args.quant != "f32":
+        raise ExportError(f"--quant is for --format gguf; {args.format} exports float32")
     model, tokenizer, meta = load_checkpoint(args.ckpt, device="cpu")
+    if args.format == "gguf":
+        return run_gguf(args, model, tokenizer, meta)
     start = time.perf_counter()
     path = export(model, tokenizer, args.out, args.format, args.force, meta.get("chat_template"))
     line = (
@@ -47,6 +76,32 @@ def run(args: argparse.Namespace) -> str:
     )
     if args.check:
         line += f"; max |logits - PyTorch's| = {parity(model, path):.1e} at batch 3"
+    return line
+
+
+def run_gguf(args: argparse.Namespace, model, tokenizer, meta: dict) -> str:
+    from gpt.checkpoints.gguf import write_gguf
+    from gpt.infer import llamacpp
+
+    path = Path(args.out)
+    if path.is_dir():
+        path = path / "model.gguf"
+    if path.exists() and not args.force:
+        raise ExportError(f"{path} exists already: choose another --out, or --force to replace it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    counts = write_gguf(model, tokenizer, path, args.quant, meta.get("chat_template"))
+    types = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
+    line = (
+        f"exported {args.ckpt} ({model.num_params() / 1e6:.2f}M parameters) to {path} "
+        f"({path.stat().st_size / 1e6:.1f} MB: {types} tensors) in {time.perf_counter() - start:.1f} s"
+    )
+    if args.check:
+        try:
+            diff = llamacpp.parity(model, path)
+        except llamacpp.LlamaCppError as e:
+            return f"{line}; not checked in llama.cpp: {e}"
+        line += f"; max |logits - PyTorch's| = {diff:.1e} in llama.cpp"
     return line
 
 

@@ -4,7 +4,8 @@
   dataset directory (`train.bin`, `val.bin`, `meta.json`); `pairs.py` does the same for translation
   pairs and batches them by length.
 - `tokenizer.py` (gpt2, char, own BPE through tiktoken), `bpe.py` (training a BPE), `vocab.py`
-  (reusing a dataset's vocabulary, the unknown-character policy).
+  (reusing a dataset's vocabulary, the unknown-character policy), `bytelevel.py` (any of them as
+  byte-level BPE tokens and merges, for llama.cpp's GGUF).
 - `format.py` owns the on-disk format: meta.json's schema, dtypes, checksums, atomic publishing.
 - `tokens.py` opens a token dataset memory-mapped and draws training / evaluation batches.
 

@@ -4,7 +4,7 @@
 - `batching.py` continuous batching: requests joining and leaving one decode batch (the server's engine).
 - `translate.py` seq2seq greedy and beam decoding; `evaluate.py` BLEU and ROUGE of translations.
 - `perplexity.py` loss, perplexity and bits per byte of a text file, in sliding windows.
-- `export.py` ONNX / torch.export of the logits graph.
+- `export.py` ONNX / torch.export of the logits graph; `llamacpp.py` runs a GGUF export in llama.cpp.
 
 May import: checkpoints, model, data, the foundations. Never training or the command line.
 """

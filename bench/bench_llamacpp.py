@@ -1,0 +1,198 @@
+"""Batch-1 greedy decoding on CPU: sample.py's path against llama.cpp on the same weights (our GGUF export).
+
+    python bench/bench_llamacpp.py                          # both models, 2 threads, 5 rounds; ~10 minutes
+    python bench/bench_llamacpp.py --models char --rounds 1 --new-tokens 16      # a quick check that it runs
+    python bench/bench_llamacpp.py --ckpt out/shakespeare-char --models char     # a trained run as the char model
+
+Pairs, each at a comparable precision, on the same random weights (speed does not depend on them):
+| ours (gpt.checkpoints.loader.load_for_inference + gpt.infer.sampling.generate, as sample.py) | llama.cpp |
+|----------------------------------------------------------------------------------------------|-----------|
+| float32                                                                                      | f32       |
+| bf16 weights (only on a CPU with native bf16: elsewhere it is emulated, not a fair pair)     | f16       |
+| `--quantize int8` (dynamic int8 Linear layers)                                               | q8_0      |
+
+Models: `gpt2` is GPT-2 124M's shape (12 x 12 x 768, 50304 rows, block 1024, GPT-2's BPE); `char` is the
+main job's model (`--config shakespeare_char_cpu`: 2 x 4 x 128, block 64, no biases, erf GELU), or the run
+given with --ckpt. Each round runs every pair, ours then llama.cpp's, so both see the same load on a shared
+CPU; the report is the median over rounds. Prefill (a 22-token prompt to the first token) and decode (the
+tokens after the first, in tokens/s) are timed apart. llama.cpp runs through llama-cpp-python (`eval` one
+token at a time, argmax in numpy: the same loop as ours, no sampling chain), with the same thread count
+(n_threads and n_threads_batch), its default float16 KV cache and flash attention left on auto. The decode
+length is capped at block_size - prompt (llama.cpp's learned positions end there; ours would slide).
+
+Writes bench/results/llamacpp.{json,md} (or --out). The goal (issue 32): ours / llama.cpp >= 0.8 at each
+precision. Note which llama.cpp build ran: the wheel .ci/run builds is portable AVX2 (GGML_NATIVE=OFF), so
+on an AVX-512 machine llama.cpp is slower than a native build would be.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+import harness  # noqa: E402
+
+from gpt import GPT, GPTConfig  # noqa: E402
+from gpt.checkpoints import native  # noqa: E402
+from gpt.checkpoints.gguf import write_gguf  # noqa: E402
+from gpt.checkpoints.loader import load_checkpoint, load_for_inference  # noqa: E402
+from gpt.data.tokenizer import CharTokenizer  # noqa: E402
+from gpt.infer import llamacpp  # noqa: E402
+from gpt.infer.sampling import SampleConfig, generate  # noqa: E402
+from gpt.runtime import cpu_has_native_bf16  # noqa: E402
+
+MODELS = {
+    "gpt2": (dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304), {"kind": "gpt2"}),
+    "char": (dict(n_layer=2, n_head=4, n_embd=128, block_size=64, vocab_size=128, bias=False, activation="gelu"), None),
+}
+PAIRS = [
+    ("float32", "none", "f32"),
+    ("bfloat16", "none", "f16"),
+    ("float32", "int8", "q8_0"),
+]  # ours dtype, quantize, theirs
+PROMPT = "ROMEO:\nBut, soft! what light through yonder window breaks? It is the east"
+
+
+def random_checkpoint(name: str, directory: Path) -> Path:
+    cfg, spec = MODELS[name]
+    if spec is None:
+        spec = CharTokenizer.from_text((harness.SHARED_DATA / "tinyshakespeare.txt").read_text(encoding="utf-8")).spec
+    model = GPT(GPTConfig(**cfg))
+    path = directory / f"{name}.pt"
+    native.save(path, {"model": model.state_dict()}, native.build_meta(model.config.to_dict(), spec))
+    return path
+
+
+def ours(ckpt: Path, dtype: str, quantize: str, threads: int, prompt: list[int], n: int) -> tuple[float, float]:
+    """(prefill seconds to the first token, decode tokens/s after it) of sample.py's path, greedy."""
+    _, model, tok, _, _ = load_for_inference(ckpt, "cpu", dtype, threads, quantize)
+    cfg = SampleConfig(max_new_tokens=n, temperature=0.0, stop_at_eot=False, num_samples=1)
+    list(generate(model, tok, prompt, cfg, max_new_tokens=4))  # warm-up
+    t0 = time.perf_counter()
+    first = None
+    for _ in generate(model, tok, prompt, cfg):
+        first = first or time.perf_counter()
+    end = time.perf_counter()
+    return first - t0, (n - 1) / (end - first)
+
+
+def theirs(llm, prompt: list[int], n: int) -> tuple[float, float]:
+    """The same for llama.cpp: eval the prompt, then one token at a time, argmax of the last logits."""
+    llm.reset()
+    llm.eval(prompt[:4])  # warm-up
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(prompt)
+    nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    first = time.perf_counter()
+    for _ in range(n - 1):
+        llm.eval([nxt])
+        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    end = time.perf_counter()
+    return first - t0, (n - 1) / (end - first)
+
+
+def bench_model(name, ckpt, pairs, threads, rounds, new_tokens, tmp: Path) -> list[dict]:
+    model, tok, meta = load_checkpoint(ckpt)
+    prompt = tok.encode(PROMPT)[:22]
+    n = min(new_tokens, model.config.block_size - len(prompt))
+    files = {}
+    for _, _, quant in pairs:
+        files[quant] = tmp / f"{name}-{quant}.gguf"
+        write_gguf(model, tok, files[quant], quant, meta.get("chat_template"))
+    del model
+    llms = {
+        q: llamacpp.open_gguf(p, n_ctx=len(prompt) + n, n_threads=threads, logits_all=False) for q, p in files.items()
+    }
+    runs = {pair: [] for pair in pairs}
+    for r in range(rounds):
+        for pair in pairs:
+            dtype, quantize, quant = pair
+            runs[pair].append((ours(ckpt, dtype, quantize, threads, prompt, n), theirs(llms[quant], prompt, n)))
+            print(f"{name} round {r + 1}: {dtype}/{quantize} vs {quant}: {runs[pair][-1]}", file=sys.stderr)
+    rows = []
+    for (dtype, quantize, quant), got in runs.items():
+        med = [statistics.median(x[i][j] for x in got) for i in (0, 1) for j in (0, 1)]
+        rows.append(
+            {
+                "model": name,
+                "ours": dtype if quantize == "none" else quantize,
+                "llama_cpp": quant,
+                "prompt_tokens": len(prompt),
+                "new_tokens": n,
+                "ours_prefill_s": med[0],
+                "ours_decode_tok_s": med[1],
+                "llama_prefill_s": med[2],
+                "llama_decode_tok_s": med[3],
+                "decode_ratio": med[1] / med[3],
+                "rounds": [[list(o), list(t)] for o, t in got],
+            }
+        )
+    return rows
+
+
+def markdown(rows: list[dict], info: dict) -> str:
+    lines = [
+        f"Batch-1 greedy decode, {info['threads']} threads, {info['machine']['cpu']} (load {info['machine']['load_avg']}); "
+        f"llama-cpp-python {info['llama_cpp_python']}; medians of {info['rounds']} interleaved rounds.",
+        "",
+        "| model | ours | llama.cpp | new tokens | ours decode tok/s | llama.cpp decode tok/s | ours / llama.cpp "
+        "| ours prefill ms | llama.cpp prefill ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['ours']} | {r['llama_cpp']} | {r['new_tokens']} | {r['ours_decode_tok_s']:.1f} | "
+            f"{r['llama_decode_tok_s']:.1f} | **{r['decode_ratio']:.2f}x** | {1000 * r['ours_prefill_s']:.1f} | "
+            f"{1000 * r['llama_prefill_s']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--models", default="gpt2,char", help="comma-separated: gpt2, char")
+    p.add_argument("--ckpt", help="a run or checkpoint to use as the char model instead of random weights")
+    p.add_argument("--threads", type=int, default=2, help="threads for both (torch and llama.cpp)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--new-tokens", type=int, default=256, help="greedy tokens (capped at block_size - prompt)")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "llamacpp"), help="writes OUT.json and OUT.md")
+    args = p.parse_args()
+    import llama_cpp
+
+    torch.set_num_threads(args.threads)
+    pairs = [pair for pair in PAIRS if pair[0] != "bfloat16" or cpu_has_native_bf16()]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            ckpt = Path(args.ckpt) if (args.ckpt and name == "char") else random_checkpoint(name, Path(tmp))
+            rows += bench_model(name, ckpt, pairs, args.threads, args.rounds, args.new_tokens, Path(tmp))
+    info = {
+        "machine": harness.machine(),
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "llama_cpp_python": llama_cpp.__version__,
+        "bf16_pair": "run" if any(p[0] == "bfloat16" for p in pairs) else "skipped: no native bf16 on this CPU",
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"info": info, "rows": rows}, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(rows, info))
+    print(markdown(rows, info))
+
+
+if __name__ == "__main__":
+    main()

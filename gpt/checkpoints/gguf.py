@@ -1,0 +1,213 @@
+"""GGUF for llama.cpp: a decoder-only checkpoint as one file that llama.cpp runs with nothing else.
+
+    python -m gpt.export --format gguf --ckpt out/shakespeare-char --out model.gguf [--quant f32|f16|q8_0]
+    llama-cli -m model.gguf -p "ROMEO:" -n 100          # or: llama-server -m model.gguf (chat models)
+
+Written with `gguf`, the llama.cpp project's own writer (`pip install -e ".[gguf]"`).
+
+| our model                                   | GGUF architecture                                         |
+|---------------------------------------------|-----------------------------------------------------------|
+| learned positions                           | `gpt2`, wpe as `position_embd`                            |
+| sinusoidal positions                        | `gpt2`, our table as `position_embd`; the embedding's      |
+|                                             | sqrt(n_embd) scale folded into `token_embd`, so the head   |
+|                                             | (`output`, tied to wte here) is written on its own         |
+| RoPE                                        | `gptneox`, sequential residual, rotary over whole heads,   |
+|                                             | NeoX's half-split rotation (ours), theta ROPE_THETA        |
+| post-norm, encoder-decoder                  | refused: no llama.cpp architecture computes them           |
+
+Layout: our `c_attn` is already what llama.cpp's graphs slice (all queries, then all keys, then all values;
+Hugging Face's GPT-NeoX interleaves them per head, which llama.cpp's converter undoes) and nn.Linear's
+(out, in) weights are GGUF's row-major (in, out) tensors, so every matrix is written as it is. Without
+biases (`bias=False`) the biases llama.cpp requires are written as zeros. Quantization follows llama.cpp's
+converter: vectors, norms and the position table stay float32; other matrices become `--quant`'s type, and
+a matrix whose rows q8_0 cannot take (a row length not a multiple of 32) falls back to f16.
+
+Tokenizer (gpt/data/bytelevel.py): every kind becomes llama.cpp's byte-level BPE (`gpt2`) with GPT-2's
+pre-tokenizer; the end-of-text token and a chat model's role markers are control tokens, which plain text
+never produces (`llama_tokenize(..., parse_special=false)`, as our `encode`). A chat model's template is
+written as Jinja (`tokenizer.chat_template`) whose rendering is our prompt; its end-of-turn token is EOT.
+No BOS is added. The vocabulary is the tokenizer's: a model padded to a multiple of 64 rows loses the extra
+rows of its embedding and head, ids that our sampler never draws either (llama.cpp would).
+
+Known differences from PyTorch, all small: llama.cpp computes GELU through a float16 table (and always
+in the tanh form, so `activation="gelu"` models get tanh's curve, within 1e-3 of erf's) and keeps its
+KV cache in float16 unless asked for float32 (`--cache-type-k f32 --cache-type-v f32`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from gpt.data.bytelevel import byte_level_vocab
+from gpt.data.chat import ChatTemplate
+from gpt.data.tokenizer import GPT2_PATTERN
+from gpt.errors import UserError, storage_error
+from gpt.fsutil import replacing
+from gpt.model.transformer import ROPE_THETA
+
+QUANTS = ("f32", "f16", "q8_0")
+LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which every LayerNorm of ours uses
+
+
+class GGUFError(UserError, ValueError):
+    """A checkpoint that llama.cpp cannot run, or an output that cannot be written (the message says why)."""
+
+
+def architecture(config) -> str:
+    """ "gpt2" or "gptneox" for this model config; GGUFError (one line) for what llama.cpp cannot compute."""
+    if config.n_encoder_layer:
+        raise GGUFError(
+            "this checkpoint is an encoder-decoder (seq2seq) model: llama.cpp has no architecture for it; "
+            "export it with `python -m gpt.export --format onnx` instead"
+        )
+    if config.norm != "pre":
+        raise GGUFError(
+            "this checkpoint is post-norm (norm='post'): llama.cpp's gpt2 and gptneox graphs are pre-norm; "
+            "export it with `python -m gpt.export --format onnx` instead"
+        )
+    return "gptneox" if config.pos_encoding == "rope" else "gpt2"
+
+
+def jinja_template(template: ChatTemplate) -> str:
+    """A Jinja chat template that renders exactly `template.prompt` (with add_generation_prompt) or
+    `template.render`'s text: `<marker>content<end>` per message, then the assistant's marker."""
+
+    def literal(s: str) -> str:  # a Jinja string literal (JSON's escaping is one Jinja reads)
+        return "{{ " + json.dumps(s) + " }}"
+
+    markers = "".join(
+        f"{'{% if' if i == 0 else '{% elif'} message['role'] == {json.dumps(role)} %}}{literal(template.marker(role))}"
+        for i, role in enumerate(("system", "user", "assistant"))
+    )
+    return (
+        "{% for message in messages %}" + markers + "{% endif %}"
+        "{{ message['content'] }}" + literal(template.end) + "{% endfor %}"
+        "{% if add_generation_prompt %}" + literal(template.assistant) + "{% endif %}"
+    )
+
+
+def weights(model, arch: str, n_vocab: int) -> list[tuple[str, np.ndarray]]:
+    """(GGUF name, float32 array) for every tensor llama.cpp's `arch` graph loads, in its order; the embedding
+    and head cut to the tokenizer's `n_vocab` rows (a padded vocabulary's extra rows: ids nothing samples)."""
+    cfg = model.config
+    sd = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
+    for key in ("transformer.wte.weight", "lm_head.weight"):
+        sd[key] = sd[key][:n_vocab]
+    zeros = np.zeros
+
+    def both(prefix: str, name: str) -> list[tuple[str, np.ndarray]]:  # a Linear's or LayerNorm's weight and bias
+        w = sd[f"{prefix}.weight"]
+        return [(f"{name}.weight", w), (f"{name}.bias", sd.get(f"{prefix}.bias", zeros(w.shape[0], np.float32)))]
+
+    wte = sd["transformer.wte.weight"]
+    out = [("token_embd.weight", wte)]
+    if cfg.pos_encoding == "sinusoidal":  # GPT.embed scales token embeddings by sqrt(n_embd) before adding pe
+        out = [("token_embd.weight", wte * np.float32(math.sqrt(cfg.n_embd)))]
+        out.append(("position_embd.weight", model.pe.detach().float().cpu().numpy()))
+    elif cfg.pos_encoding == "learned":
+        out.append(("position_embd.weight", sd["transformer.wpe.weight"]))
+    out += both("transformer.ln_f", "output_norm")
+    if arch == "gptneox" or cfg.pos_encoding == "sinusoidal":  # (gpt2 reuses token_embd when there is none)
+        out.append(("output.weight", sd["lm_head.weight"]))
+    for i in range(cfg.n_layer):
+        h = f"transformer.h.{i}"
+        out += both(f"{h}.ln_1", f"blk.{i}.attn_norm")
+        out += both(f"{h}.attn.c_attn", f"blk.{i}.attn_qkv")
+        out += both(f"{h}.attn.c_proj", f"blk.{i}.attn_output")
+        out += both(f"{h}.ln_2", f"blk.{i}.ffn_norm")
+        out += both(f"{h}.mlp.c_fc", f"blk.{i}.ffn_up")
+        out += both(f"{h}.mlp.c_proj", f"blk.{i}.ffn_down")
+    return out
+
+
+def tensor_type(name: str, array: np.ndarray, quant: str):
+    """The GGML type `name` is stored in under `quant` (llama.cpp's converter's rules, module notes)."""
+    import gguf  # (the writer package: only this module needs it)
+
+    T = gguf.GGMLQuantizationType
+    if array.ndim < 2 or name.endswith("_norm.weight") or name == "position_embd.weight" or quant == "f32":
+        return T.F32
+    if quant == "q8_0" and array.shape[-1] % gguf.GGML_QUANT_SIZES[T.Q8_0][0] == 0:
+        return T.Q8_0
+    return T.F16
+
+
+def write_gguf(model, tokenizer, path: str | Path, quant: str = "f32", chat_template: dict | None = None, name=""):
+    """Write `model` (a decoder-only GPT) with its tokenizer (and chat template) as a GGUF file at `path`,
+    atomically; returns {GGML type name: number of tensors}."""
+    try:
+        import gguf
+    except ImportError:
+        raise GGUFError('GGUF export needs the gguf package: pip install -e ".[gguf]"') from None
+    if quant not in QUANTS:
+        raise GGUFError(f"--quant {quant!r} is not one of {', '.join(QUANTS)}")
+    cfg = model.config
+    arch = architecture(cfg)
+    vocab = byte_level_vocab(tokenizer)
+    if vocab.pattern not in (None, GPT2_PATTERN):
+        raise GGUFError(
+            f"this tokenizer splits words with its own pattern {vocab.pattern!r}: llama.cpp's BPE knows a fixed "
+            "set of pre-tokenizers and none of them is known to split as this one does"
+        )
+    if len(vocab.tokens) > cfg.vocab_size:
+        raise GGUFError(f"the tokenizer has {len(vocab.tokens)} ids but the model only {cfg.vocab_size} rows")
+    tokens = vocab.tokens
+    types = [gguf.TokenType.CONTROL if i in vocab.specials else gguf.TokenType.NORMAL for i in range(len(tokens))]
+
+    counts: dict[str, int] = {}
+    path = Path(path)
+    try:
+        with replacing(path) as tmp:
+            w = gguf.GGUFWriter(tmp, arch)
+            w.add_name(name or path.stem)
+            w.add_context_length(cfg.block_size)
+            w.add_embedding_length(cfg.n_embd)
+            w.add_feed_forward_length(4 * cfg.n_embd)
+            w.add_block_count(cfg.n_layer)
+            w.add_head_count(cfg.n_head)
+            w.add_layer_norm_eps(LAYER_NORM_EPS)
+            w.add_file_type(
+                {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16}.get(
+                    quant, gguf.LlamaFileType.MOSTLY_Q8_0
+                )
+            )
+            if arch == "gptneox":
+                w.add_rope_dimension_count(cfg.n_embd // cfg.n_head)
+                w.add_rope_freq_base(ROPE_THETA)
+                w.add_parallel_residual(False)
+            w.add_tokenizer_model("gpt2")
+            w.add_tokenizer_pre("gpt-2")
+            w.add_token_list(tokens)
+            w.add_token_types([int(t) for t in types])
+            # llama.cpp requires merges and gguf writes no empty list: a char vocabulary of one-byte characters
+            # (none to merge) gets one merge of a special token's text with itself, which BPE never forms.
+            never = tokens[tokenizer.eot_token]
+            w.add_token_merges([f"{a} {b}" for a, b in vocab.merges] or [f"{never} {never}"])
+            w.add_bos_token_id(tokenizer.eot_token)
+            w.add_eos_token_id(tokenizer.eot_token)
+            w.add_add_bos_token(False)
+            w.add_add_eos_token(False)
+            if chat_template:
+                template = ChatTemplate.from_spec(chat_template, "the checkpoint's chat_template")
+                w.add_eot_token_id(tokenizer.special(template.end))
+                w.add_chat_template(jinja_template(template))
+            for tname, array in weights(model, arch, len(tokens)):
+                qtype = tensor_type(tname, array, quant)
+                data = array.astype(np.float32) if qtype == gguf.GGMLQuantizationType.F32 else array
+                if qtype == gguf.GGMLQuantizationType.F16:
+                    data = array.astype(np.float16)
+                elif qtype != gguf.GGMLQuantizationType.F32:
+                    data = gguf.quants.quantize(array, qtype)
+                w.add_tensor(tname, data, raw_dtype=qtype)
+                counts[qtype.name] = counts.get(qtype.name, 0) + 1
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_tensors_to_file()
+            w.close()
+    except OSError as e:
+        raise storage_error(e, "write", path) from None
+    return counts
