@@ -1,0 +1,171 @@
+"""What stands between the network and the routes: the connection's deadlines and the app's wrappers.
+
+    Server(app)                 # gpt.serve.app: uvicorn with `http_protocol(config.header_timeout)`
+    app.add_middleware(HostCheck, allowed=("my.lan",))
+
+- `http_protocol(seconds)`: uvicorn's h11 connection with a deadline on every request head. uvicorn
+  starts its keep-alive timer only after a response and stops it at the first byte received, so a
+  client that sends nothing, or half a head, holds its place under `--max-connections` for ever (192
+  such sockets answered every other client 503). Here a connection has `seconds` to send a whole head,
+  counted from the moment it opens and again from the end of each response; then it is closed. A body
+  has its own deadline (`--body-timeout`, in app.read_body); heads over 16 KiB are h11's 400. The h11
+  protocol is named, not uvicorn's `auto`, so installing httptools changes nothing here.
+- `HostCheck`: without an API key, only a `Host` naming this server is answered (DNS rebinding).
+- `Hardened`, the outermost wrapper: every response carries `X-Frame-Options: DENY`,
+  `Content-Security-Policy: frame-ancestors 'none'` (no page can frame the playground) and
+  `X-Content-Type-Options: nosniff`; and anything a route raises that nothing else answered (a
+  `BaseException` too, such as a Rust panic in a tokenizer) is a 500 in OpenAI's error shape, logged
+  with its traceback, instead of uvicorn's plain-text 500. Interrupts and cancellation pass through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+
+from fastapi.responses import JSONResponse
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from gpt.serve.api import APIError
+
+log = logging.getLogger("gpt.serve")
+
+SECURITY_HEADERS = [
+    (b"x-frame-options", b"DENY"),
+    (b"content-security-policy", b"frame-ancestors 'none'"),
+    (b"x-content-type-options", b"nosniff"),
+]
+PASS_THROUGH = (KeyboardInterrupt, SystemExit, GeneratorExit, asyncio.CancelledError)  # not failures: re-raised
+
+
+class HeadDeadline(H11Protocol):
+    """uvicorn's h11 connection, closed when a request head has not arrived `head_timeout` seconds after
+    the connection opened or after the last response ended (see the module's docstring)."""
+
+    head_timeout: float = 5.0
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._wait_for_head()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)  # a complete head starts a request: self.cycle is a new one
+        if not self._idle():
+            self._stop()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # (may start the next, pipelined, request)
+        if self._idle() and not self.transport.is_closing():
+            self._wait_for_head()
+        else:
+            self._stop()
+
+    def connection_lost(self, exc) -> None:
+        super().connection_lost(exc)
+        self._stop()
+
+    def _idle(self) -> bool:
+        """No request under way: before the first head, or after a response."""
+        return self.cycle is None or self.cycle.response_complete
+
+    def _wait_for_head(self) -> None:
+        self._stop()
+        self._deadline = self.loop.call_later(self.head_timeout, self._late)
+
+    def _stop(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _late(self) -> None:
+        self._deadline = None
+        if self._idle() and not self.transport.is_closing():
+            self.transport.close()
+
+
+def http_protocol(head_timeout: float) -> type[HeadDeadline]:
+    """The connection class for uvicorn's `http` setting, with this deadline on request heads."""
+    return type("HeadDeadline", (HeadDeadline,), {"head_timeout": head_timeout})
+
+
+class Hardened:
+    """ASGI middleware, outermost: the security headers on every response, and a 500 in OpenAI's shape for
+    anything unexpected (see the module's docstring)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_hardened(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                message = {**message, "headers": [*message.get("headers", ()), *SECURITY_HEADERS]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_hardened)
+        except PASS_THROUGH:
+            raise
+        except BaseException as e:
+            if started:  # too late for an answer of its own: uvicorn logs it and closes the connection
+                raise
+            log.error("internal error on %s %s", scope["method"], scope["path"], exc_info=e)
+            error = APIError(
+                500, f"The server had an error while processing your request ({type(e).__name__}).", type="server_error"
+            )
+            await JSONResponse(error.body(), status_code=500)(scope, receive, send_hardened)
+
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+class HostCheck:
+    """ASGI middleware: answer only requests whose `Host` names this server (a 400 otherwise).
+
+    A web page can point a name of its own at 127.0.0.1 (DNS rebinding) and then read this server as
+    if it were same-origin; its requests carry that name in `Host`. Allowed: the loopback names and
+    `allowed` (`--host`, `--allowed-hosts`), any port; `*` allows any Host; an unspecified address
+    (`0.0.0.0`, `::`) allows every IP address, which no rebinding can use. Used without an API key.
+    """
+
+    def __init__(self, app, allowed: tuple[str, ...] = ()):
+        self.app = app
+        self.names = {name.lower().strip("[]") for name in (*LOOPBACK_NAMES, *allowed)}
+        self.any_ip = any(_is_ip(name) and ipaddress.ip_address(name).is_unspecified for name in self.names)
+
+    def allows(self, host: str) -> bool:
+        if "*" in self.names:
+            return True
+        name = host.lower()
+        name = name[1 : name.find("]")] if name.startswith("[") else name.rpartition(":")[0] if ":" in name else name
+        return name in self.names or (self.any_ip and _is_ip(name))
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            if not self.allows(host):
+                error = APIError(
+                    400,
+                    f"This server does not answer to the Host {host!r} without an API key (a guard "
+                    "against DNS rebinding): add the name with --allowed-hosts, or set --api-key.",
+                    code="invalid_host",
+                )
+                await JSONResponse(error.body(), status_code=400)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
