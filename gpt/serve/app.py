@@ -294,7 +294,7 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
         try:
             return schema.model_validate_json(body)
         except ValidationError as e:
-            raise validation_error(e) from None
+            raise validation_error(e, body) from None
 
     async def answer(request: HTTPRequest, req, sample: SampleConfig, prompts, completion, echoes):
         """Queue one engine request per prompt, then answer: the whole body, or a stream of chunks."""
