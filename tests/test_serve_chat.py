@@ -128,6 +128,11 @@ def test_errors_in_openais_shape(client, server, trained_run):
         client.chat.completions.create(model="other", messages=[{"role": "user", "content": "x"}])
     r = httpx.post(server + "/v1/chat/completions", json={"model": NAME, "messages": []})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    with pytest.raises(openai.BadRequestError) as e:  # (before the fix: a 500 and a traceback in the log)
+        client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Ein Schneemann: \u2603"}])
+    assert e.value.status_code == 400 and e.value.param == "messages" and e.value.code == "invalid_messages"
+    assert "not in the char vocabulary: '\u2603'" in e.value.message, e.value.message
+    assert client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": USER}], max_tokens=2)
     models = {m.id: m for m in client.models.list().data}
     assert models[NAME].model_extra["chat"] is True
     model, tok, meta = load_checkpoint(trained_run)  # a plain language model: one clear 4xx

@@ -265,7 +265,8 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
             raise APIError(400, f"Invalid messages: {e}.", param="messages", code="invalid_messages") from None
         req.max_tokens = req.max_completion_tokens or req.max_tokens or config.max_tokens
         sample, _ = check(req, texts=[])
-        ids = template.prompt(messages, tokenizer)
+        with encoding("messages"):
+            ids = template.prompt(messages, tokenizer)
         if len(ids) >= max_prompt:
             raise APIError(
                 400,
@@ -366,14 +367,12 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
         )
         prompts = []
         for text in texts:
-            try:
+            with encoding("prompt"):
                 ids = (
                     (tokenizer.encode(text) if isinstance(text, str) else list(text))
                     if seq2seq
                     else prompt_ids(model, tokenizer, text)
                 )
-            except UserError as e:
-                raise APIError(400, f"Invalid prompt: {e}.", param="prompt", code="invalid_prompt") from None
             if any(not 0 <= i < tokenizer.vocab_size for i in ids):
                 raise APIError(
                     400,
@@ -393,6 +392,16 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
         return sample, prompts
 
     return app
+
+
+@contextlib.contextmanager
+def encoding(param: str):
+    """Around the encoding of a request's text: a 400 naming `param` (the field the text came from) when the
+    text cannot be encoded, e.g. a character a char vocabulary lacks. The one path for prompts and chats."""
+    try:
+        yield
+    except UserError as e:
+        raise APIError(400, f"Invalid {param}: {e}.", param=param, code=f"invalid_{param}") from None
 
 
 async def read_body(request: HTTPRequest, limit: int, timeout: float) -> bytes:
