@@ -395,6 +395,47 @@ def read_answer(sock: socket.socket) -> bytes:
     return answer
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_does_not_read_its_answer_is_dropped(loaded, monkeypatch, stream):
+    from gpt.serve import app as serve_app
+
+    def small_buffers(host, port):  # the kernel's buffers small: the answer (~2 MB streamed, 12 KB whole) fills them
+        sock = listen(host, port)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # (inherited by the accepted sockets)
+        return sock
+
+    listen = serve_app.listen
+    monkeypatch.setattr(serve_app, "listen", small_buffers)
+    model, tok, meta = loaded
+    config = ServeConfig(model_name=NAME, max_connections=2, send_timeout=1.0, max_tokens=1000, max_batch=8)
+    with running(create_app(model, tok, meta, config)) as url:
+        host, port = url[len("http://") :].split(":")
+        body = {"model": NAME, "prompt": "A", "max_tokens": 1000, "n": 8, "stream": stream, "temperature": 0}
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+            sock.connect((host, int(port)))
+            sock.sendall(post("/v1/completions", body, f"{host}:{port}"))
+            start = time.monotonic()
+            assert httpx.get(url + "/health").status_code == 503  # it holds one of the two places
+            while httpx.get(url + "/health").status_code != 200:  # (before the fix: 503 while it stays)
+                assert time.monotonic() - start < 15, "the connection that reads nothing was kept"
+                time.sleep(0.2)
+            sock.settimeout(10)
+            received = b""
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := sock.recv(65536):  # what the kernel had taken before the drop
+                    received += chunk
+            assert received.startswith(b"HTTP/1.1 200 ")
+            assert not received.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n" if stream else b"}}")  # cut short
+
+
+def post(path: str, body: dict, host: str) -> bytes:
+    """A raw HTTP/1.1 POST of `body` as JSON."""
+    data = json.dumps(body).encode()
+    head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}"
+    return (head + "\r\n\r\n").encode() + data
+
+
 SECURITY_HEADERS = {
     "x-frame-options": "DENY",
     "content-security-policy": "frame-ancestors 'none'",

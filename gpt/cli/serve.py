@@ -77,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
         "answer ends; then it is closed (idle or half-sent requests hold no place under --max-connections)",
     )
     p.add_argument(
+        "--send-timeout",
+        type=float,
+        default=30.0,
+        help="seconds an answer may sit unread by its client (the send buffer full); then the connection is dropped",
+    )
+    p.add_argument(
         "--max-connections",
         type=int,
         default=None,
@@ -138,6 +144,7 @@ def run(args: argparse.Namespace) -> None:
         max_body_bytes=args.max_body_bytes,
         body_timeout=args.body_timeout,
         header_timeout=args.header_timeout,
+        send_timeout=args.send_timeout,
         max_connections=args.max_connections,
         allowed_hosts=(args.host, *(args.allowed_hosts or ())),
         docs=args.docs,

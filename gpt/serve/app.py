@@ -19,10 +19,11 @@ sends no CORS headers at all, so browsers refuse every cross-origin call and rea
 same-origin and unaffected.
 
 Limits. A connection that has not sent a whole request head `header_timeout` seconds after it opened
-or after its last response is closed (`guards.HeadDeadline`); a body is read up to `max_body_bytes`
-(413) within `body_timeout` seconds (408); uvicorn answers 503 past `max_connections` open
-connections; at shutdown (SIGTERM, Ctrl-C) every open completion ends at once with a 503 error (a
-stream's last event) before uvicorn closes the connections.
+or after its last response is closed, one that leaves an answer unread for `send_timeout` seconds is
+dropped (`guards.Deadlines`); a body is read up to `max_body_bytes` (413) within `body_timeout`
+seconds (408); uvicorn answers 503 past `max_connections` open connections; at shutdown (SIGTERM,
+Ctrl-C) every open completion ends at once with a 503 error (a stream's last event) before uvicorn
+closes the connections.
 
 How a request flows: the body is read up to `max_body_bytes`, validated (`api.CompletionRequest`),
 checked against the server's limits and the model, and encoded; each prompt becomes one engine
@@ -99,6 +100,7 @@ class ServeConfig:
     max_body_bytes: int = 1 << 20
     body_timeout: float = 30.0  # seconds a request body may take to arrive; then 408
     header_timeout: float = 5.0  # seconds a connection may wait before a whole request head; then it is closed
+    send_timeout: float = 30.0  # seconds an answer may sit unread (the send buffer full); then the connection drops
     max_connections: int | None = None  # uvicorn's limit_concurrency (503 beyond); None: 2 x (max_batch + max_queue)
     allowed_hosts: tuple[str, ...] = ()  # Host names answered without an API key besides the loopback ones; "*": any
     docs: bool = False  # serve /docs and /openapi.json (Swagger UI loads its script from a CDN)
@@ -113,7 +115,7 @@ class ServeConfig:
         for name in ("max_prompt_tokens", "max_connections"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(self, name)!r}")
-        for name in ("body_timeout", "header_timeout"):
+        for name in ("body_timeout", "header_timeout", "send_timeout"):
             if not getattr(self, name) > 0:
                 problems.append(
                     f"--{name.replace('_', '-')} must be a number of seconds > 0, got {getattr(self, name)!r}"
@@ -564,7 +566,7 @@ class Server(uvicorn.Server):
         super().__init__(
             uvicorn.Config(
                 app,
-                http=http_protocol(config.header_timeout),
+                http=http_protocol(config.header_timeout, config.send_timeout),
                 limit_concurrency=config.max_connections,
                 **settings,
             )

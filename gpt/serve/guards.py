@@ -1,15 +1,18 @@
 """What stands between the network and the routes: the connection's deadlines and the app's wrappers.
 
-    Server(app)                 # gpt.serve.app: uvicorn with `http_protocol(config.header_timeout)`
+    Server(app)                 # gpt.serve.app: uvicorn with `http_protocol(header_timeout, send_timeout)`
     app.add_middleware(HostCheck, allowed=("my.lan",))
 
-- `http_protocol(seconds)`: uvicorn's h11 connection with a deadline on every request head. uvicorn
+- `http_protocol(head_timeout, send_timeout)`: uvicorn's h11 connection with two deadlines. uvicorn
   starts its keep-alive timer only after a response and stops it at the first byte received, so a
   client that sends nothing, or half a head, holds its place under `--max-connections` for ever (192
-  such sockets answered every other client 503). Here a connection has `seconds` to send a whole head,
-  counted from the moment it opens and again from the end of each response; then it is closed. A body
-  has its own deadline (`--body-timeout`, in app.read_body); heads over 16 KiB are h11's 400. The h11
-  protocol is named, not uvicorn's `auto`, so installing httptools changes nothing here.
+  such sockets answered every other client 503). Here a connection has `head_timeout` seconds to send
+  a whole head, counted from the moment it opens and again from the end of each response; then it is
+  closed. The other way round, a client that stops reading (a stream it asked for, or the end of an
+  answer) held its place just as long: when the transport's buffer stays full, or an answer's last
+  bytes stay unsent, for `send_timeout` seconds, the connection is dropped. A body has its own
+  deadline (`--body-timeout`, in app.read_body); heads over 16 KiB are h11's 400. The h11 protocol is
+  named, not uvicorn's `auto`, so installing httptools changes nothing here.
 - `HostCheck`: without an API key, only a `Host` naming this server is answered (DNS rebinding).
 - `Hardened`, the outermost wrapper: every response carries `X-Frame-Options: DENY`,
   `Content-Security-Policy: frame-ancestors 'none'` (no page can frame the playground) and
@@ -39,55 +42,77 @@ SECURITY_HEADERS = [
 PASS_THROUGH = (KeyboardInterrupt, SystemExit, GeneratorExit, asyncio.CancelledError)  # not failures: re-raised
 
 
-class HeadDeadline(H11Protocol):
-    """uvicorn's h11 connection, closed when a request head has not arrived `head_timeout` seconds after
-    the connection opened or after the last response ended (see the module's docstring)."""
+class Deadlines(H11Protocol):
+    """uvicorn's h11 connection with two deadlines (see the module's docstring): closed when a request
+    head has not arrived `head_timeout` seconds after the connection opened or after the last response
+    ended; dropped when an answer has sat unread for `send_timeout` seconds."""
 
     head_timeout: float = 5.0
+    send_timeout: float = 30.0
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
-        self._deadline: asyncio.TimerHandle | None = None
+        self._head: asyncio.TimerHandle | None = None
+        self._send: asyncio.TimerHandle | None = None
         self._wait_for_head()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)  # a complete head starts a request: self.cycle is a new one
         if not self._idle():
-            self._stop()
+            self._head = _cancel(self._head)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # (may start the next, pipelined, request)
         if self._idle() and not self.transport.is_closing():
             self._wait_for_head()
         else:
-            self._stop()
+            self._head = _cancel(self._head)
+        if self.transport.get_write_buffer_size():  # the answer's end is not sent yet: the client must read it
+            self._wait_for_reader()
+
+    def pause_writing(self) -> None:  # the transport's buffer is full: the client does not read
+        super().pause_writing()
+        self._wait_for_reader()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._send = _cancel(self._send)
 
     def connection_lost(self, exc) -> None:
         super().connection_lost(exc)
-        self._stop()
+        self._head, self._send = _cancel(self._head), _cancel(self._send)
 
     def _idle(self) -> bool:
         """No request under way: before the first head, or after a response."""
         return self.cycle is None or self.cycle.response_complete
 
     def _wait_for_head(self) -> None:
-        self._stop()
-        self._deadline = self.loop.call_later(self.head_timeout, self._late)
+        _cancel(self._head)
+        self._head = self.loop.call_later(self.head_timeout, self._no_head)
 
-    def _stop(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-
-    def _late(self) -> None:
-        self._deadline = None
+    def _no_head(self) -> None:
+        self._head = None
         if self._idle() and not self.transport.is_closing():
-            self.transport.close()
+            self.transport.close()  # (with unsent bytes, it waits for them: the send deadline is on)
+
+    def _wait_for_reader(self) -> None:
+        _cancel(self._send)
+        self._send = self.loop.call_later(self.send_timeout, self._not_read)
+
+    def _not_read(self) -> None:
+        self._send = None
+        if self.transport.get_write_buffer_size():  # close() would wait for the client for ever
+            self.transport.abort()
 
 
-def http_protocol(head_timeout: float) -> type[HeadDeadline]:
-    """The connection class for uvicorn's `http` setting, with this deadline on request heads."""
-    return type("HeadDeadline", (HeadDeadline,), {"head_timeout": head_timeout})
+def _cancel(timer: asyncio.TimerHandle | None) -> None:
+    if timer is not None:
+        timer.cancel()
+
+
+def http_protocol(head_timeout: float, send_timeout: float) -> type[Deadlines]:
+    """The connection class for uvicorn's `http` setting, with these deadlines."""
+    return type("Deadlines", (Deadlines,), {"head_timeout": head_timeout, "send_timeout": send_timeout})
 
 
 class Hardened:
