@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-connections",
         type=int,
         default=None,
-        help="open connections at most (uvicorn's limit_concurrency); more are answered 503 "
+        help="open connections at most (uvicorn's limit_concurrency): at the limit, a new connection closes the one "
+        "that has waited longest for a request head; with every place busy, more are answered 503 "
         "(default: 2 x (max-batch + max-queue))",
     )
     p.add_argument(

@@ -21,7 +21,8 @@ same-origin and unaffected.
 Limits. A connection that has not sent a whole request head `header_timeout` seconds after it opened
 or after its last response is closed, one that leaves an answer unread for `send_timeout` seconds is
 dropped (`guards.Deadlines`); a body is read up to `max_body_bytes` (413) within `body_timeout`
-seconds (408); uvicorn answers 503 past `max_connections` open connections; at shutdown (SIGTERM,
+seconds (408); at `max_connections` open connections, a new one closes the one that has waited longest
+for a head, and uvicorn answers 503 when every place has a request under way; at shutdown (SIGTERM,
 Ctrl-C) every open completion ends at once with a 503 error (a stream's last event) before uvicorn
 closes the connections.
 

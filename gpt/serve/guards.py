@@ -13,6 +13,11 @@
   bytes stay unsent, for `send_timeout` seconds, the connection is dropped. A body has its own
   deadline (`--body-timeout`, in app.read_body); heads over 16 KiB are h11's 400. The h11 protocol is
   named, not uvicorn's `auto`, so installing httptools changes nothing here.
+  A deadline alone still lets a client that reconnects as fast as it is closed keep the places taken;
+  so a connection that opens at the limit makes room first: it closes the connection that has waited
+  longest for a head (never one with a request under way). Sockets that send no whole head can then
+  never shut out a client that does; only requests under way (themselves bounded by --max-batch and
+  --max-queue, 429 beyond) fill the places, and past them uvicorn answers 503.
 - `HostCheck`: without an API key, only a `Host` naming this server is answered (DNS rebinding).
 - `Hardened`, the outermost wrapper: every response carries `X-Frame-Options: DENY`,
   `Content-Security-Policy: frame-ancestors 'none'` (no page can frame the playground) and
@@ -45,7 +50,8 @@ PASS_THROUGH = (KeyboardInterrupt, SystemExit, GeneratorExit, asyncio.CancelledE
 class Deadlines(H11Protocol):
     """uvicorn's h11 connection with two deadlines (see the module's docstring): closed when a request
     head has not arrived `head_timeout` seconds after the connection opened or after the last response
-    ended; dropped when an answer has sat unread for `send_timeout` seconds."""
+    ended; dropped when an answer has sat unread for `send_timeout` seconds; closed to make room when
+    it waits for a head and a new connection finds the limit reached."""
 
     head_timeout: float = 5.0
     send_timeout: float = 30.0
@@ -54,7 +60,19 @@ class Deadlines(H11Protocol):
         super().connection_made(transport)
         self._head: asyncio.TimerHandle | None = None
         self._send: asyncio.TimerHandle | None = None
+        self._waiting_since = 0.0  # when it began to wait for a head (loop time)
         self._wait_for_head()
+        self._make_room()
+
+    def _make_room(self) -> None:
+        """Keep a place for this connection's request: past the limit (uvicorn counts this connection too),
+        close the connections that have waited longest for a head."""
+        if self.limit_concurrency is None:
+            return
+        others = [c for c in self.connections if c is not self and not _gone(c.transport)]
+        waiting = sorted((c for c in others if isinstance(c, Deadlines) and c._idle()), key=lambda c: c._waiting_since)
+        for c in waiting[: max(0, len(others) + 2 - self.limit_concurrency)]:
+            c._drop()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)  # a complete head starts a request: self.cycle is a new one
@@ -87,6 +105,7 @@ class Deadlines(H11Protocol):
         return self.cycle is None or self.cycle.response_complete
 
     def _wait_for_head(self) -> None:
+        self._waiting_since = self.loop.time()
         _cancel(self._head)
         self._head = self.loop.call_later(self.head_timeout, self._no_head)
 
@@ -101,8 +120,20 @@ class Deadlines(H11Protocol):
 
     def _not_read(self) -> None:
         self._send = None
-        if self.transport.get_write_buffer_size():  # close() would wait for the client for ever
+        if self.transport.get_write_buffer_size():
+            self._drop()
+
+    def _drop(self) -> None:
+        """Close the connection now: close() would wait for the client to read what is still unsent."""
+        if self.transport.get_write_buffer_size():
             self.transport.abort()
+        else:
+            self.transport.close()
+
+
+def _gone(transport) -> bool:
+    """Closed with nothing left to send: the connection leaves uvicorn's count at the loop's next turn."""
+    return transport.is_closing() and not transport.get_write_buffer_size()
 
 
 def _cancel(timer: asyncio.TimerHandle | None) -> None:
