@@ -10,14 +10,15 @@
   a whole head, counted from the moment it opens and again from the end of each response; then it is
   closed. The other way round, a client that stops reading (a stream it asked for, or the end of an
   answer) held its place just as long: when the transport's buffer stays full, or an answer's last
-  bytes stay unsent, for `send_timeout` seconds, the connection is dropped. A body has its own
-  deadline (`--body-timeout`, in app.read_body); heads over 16 KiB are h11's 400. The h11 protocol is
-  named, not uvicorn's `auto`, so installing httptools changes nothing here.
+  bytes stay unsent, for `send_timeout` seconds, the connection is dropped.
   A deadline alone still lets a client that reconnects as fast as it is closed keep the places taken;
   so a connection that opens at the limit makes room first: it closes the connection that has waited
   longest for a head (never one with a request under way). Sockets that send no whole head can then
   never shut out a client that does; only requests under way (themselves bounded by --max-batch and
   --max-queue, 429 beyond) fill the places, and past them uvicorn answers 503.
+  A body has its own deadline (`--body-timeout`, in app.read_body); h11 answers 400 to a head it
+  cannot finish within 16 KiB of buffer (one read of up to 256 KiB may pass whole). The h11 protocol
+  is named, not uvicorn's `auto`, so installing httptools changes nothing here.
 - `HostCheck`: without an API key, only a `Host` naming this server is answered (DNS rebinding).
 - `Hardened`, the outermost wrapper: every response carries `X-Frame-Options: DENY`,
   `Content-Security-Policy: frame-ancestors 'none'` (no page can frame the playground) and
