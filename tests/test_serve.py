@@ -296,7 +296,7 @@ def test_without_a_key_only_the_servers_own_host_names_are_answered(server, load
     ],
 )
 def test_host_check(allowed, host, ok):
-    from gpt.serve.app import HostCheck
+    from gpt.serve.guards import HostCheck
 
     assert HostCheck(None, allowed).allows(host) == ok
 
@@ -331,16 +331,209 @@ def test_a_slow_body_is_a_408_and_the_server_answers_others(loaded):
 def test_connections_past_the_limit_are_refused(loaded):
     assert ServeConfig(model_name=NAME, max_batch=8, max_queue=16).max_connections == 48
     model, tok, meta = loaded
-    with running(create_app(model, tok, meta, ServeConfig(model_name=NAME, max_connections=2))) as url:
-        host, port = url[len("http://") :].split(":")
+    config = ServeConfig(model_name=NAME, max_connections=2, max_tokens=100000)
+    with running(create_app(model, tok, meta, config)) as url:
         assert httpx.get(url + "/health").status_code == 200
-        with socket.create_connection((host, int(port))):  # an idle connection takes a place
-            time.sleep(0.2)
+        body = {"model": NAME, "prompt": "A", "max_tokens": 100000, "stream": True, "temperature": 0}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as busy:  # a request under way
+            lines = busy.iter_lines()  # (kept: a dropped iterator closes the connection)
+            next(lines)
             assert httpx.get(url + "/health").status_code == 503
         deadline = time.monotonic() + 10
         while httpx.get(url + "/health").status_code != 200:  # once the server has seen it close
             assert time.monotonic() < deadline
             time.sleep(0.05)
+
+
+def test_connections_that_send_no_whole_head_are_closed_in_time(loaded):
+    model, tok, meta = loaded
+    with running(create_app(model, tok, meta, ServeConfig(model_name=NAME, header_timeout=1.0))) as url:
+        host, port = url[len("http://") :].split(":")
+        idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(4)]
+        try:
+            for sock in idle[::2]:  # half of them send half a head, the others nothing at all
+                sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Ty".encode())
+            start = time.monotonic()
+            assert all(closed_by_server(sock) for sock in idle)  # (before the fix: never)
+            assert time.monotonic() - start < 1.0 + 2.0
+        finally:
+            for sock in idle:
+                sock.close()
+
+
+def test_sockets_that_send_no_whole_head_never_shut_others_out(loaded):
+    """More idle sockets than --max-connections, long before their deadline: a client that sends its request
+    is answered at once, the sockets that waited longest making room for it; a request under way stays."""
+    model, tok, meta = loaded
+    config = ServeConfig(model_name=NAME, max_connections=4, header_timeout=60.0, max_tokens=1000)
+    with running(create_app(model, tok, meta, config)) as url:
+        host, port = url[len("http://") :].split(":")
+        body = {"model": NAME, "prompt": "A", "max_tokens": 1000, "stream": True, "temperature": 0}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as busy:
+            lines = busy.iter_lines()
+            next(lines)
+            idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(10)]
+            try:
+                for sock in idle[::2]:
+                    sock.sendall(f"GET /health HTTP/1.1\r\nHost: {host}:{port}\r\n".encode())
+                for _ in range(3):  # (before the fix: 503 while they stay, here 60 s)
+                    assert httpx.get(url + "/health").status_code == 200
+                closed = [closed_by_server(sock) for sock in idle[:8]]  # the oldest made room
+                assert all(closed), closed
+            finally:
+                for sock in idle:
+                    sock.close()
+            rest = list(lines)
+        assert rest[-2] == "data: [DONE]" and json.loads(rest[-4][6:])["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_kept_alive_connection_must_send_its_next_head_in_time_even_byte_by_byte(loaded):
+    model, tok, meta = loaded
+    with running(create_app(model, tok, meta, ServeConfig(model_name=NAME, header_timeout=1.0))) as url:
+        host, port = url[len("http://") :].split(":")
+        head = f"GET /health HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall((head + "\r\n").encode())
+            assert read_answer(sock).startswith(b"HTTP/1.1 200 ")  # the connection stays open for the next request
+            start = time.monotonic()
+            for byte in (head + "X-Padding: " + "a" * 200).encode():  # one byte every 0.1 s: 24 s for the head
+                if select.select([sock], [], [], 0.1)[0]:  # (before the fix: each byte restarted the clock)
+                    break
+                sock.sendall(bytes([byte]))
+            assert sock.recv(1) == b"" and time.monotonic() - start < 1.0 + 2.0
+        with socket.create_connection((host, int(port)), timeout=10) as sock:  # nothing at all after a response
+            sock.sendall((head + "\r\n").encode())
+            read_answer(sock)
+            start = time.monotonic()
+            assert sock.recv(1) == b"" and time.monotonic() - start < 1.0 + 2.0
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """Whether the server has closed `sock` (a reset, if it had not read all the socket sent)."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def read_answer(sock: socket.socket) -> bytes:
+    """One HTTP answer with a Content-Length, read from a raw socket (and nothing after it)."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += sock.recv(1)
+    length = int(next(line for line in answer.lower().split(b"\r\n") if line.startswith(b"content-length:"))[15:])
+    while len(answer.partition(b"\r\n\r\n")[2]) < length:
+        answer += sock.recv(length)
+    return answer
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_does_not_read_its_answer_is_dropped(loaded, monkeypatch, stream):
+    from gpt.serve import app as serve_app
+
+    def small_buffers(host, port):  # the kernel's buffers small: the answer (~2 MB streamed, 12 KB whole) fills them
+        sock = listen(host, port)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # (inherited by the accepted sockets)
+        return sock
+
+    listen = serve_app.listen
+    monkeypatch.setattr(serve_app, "listen", small_buffers)
+    model, tok, meta = loaded
+    config = ServeConfig(model_name=NAME, max_connections=2, send_timeout=1.0, max_tokens=1000, max_batch=8)
+    with running(create_app(model, tok, meta, config)) as url:
+        host, port = url[len("http://") :].split(":")
+        body = {"model": NAME, "prompt": "A", "max_tokens": 1000, "n": 8, "stream": stream, "temperature": 0}
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+            sock.connect((host, int(port)))
+            sock.sendall(post("/v1/completions", body, f"{host}:{port}"))
+            start = time.monotonic()
+            assert httpx.get(url + "/health").status_code == 503  # it holds one of the two places
+            while httpx.get(url + "/health").status_code != 200:  # (before the fix: 503 while it stays)
+                assert time.monotonic() - start < 15, "the connection that reads nothing was kept"
+                time.sleep(0.2)
+            sock.settimeout(10)
+            received = b""
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := sock.recv(65536):  # what the kernel had taken before the drop
+                    received += chunk
+            assert received.startswith(b"HTTP/1.1 200 ")
+            assert not received.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n" if stream else b"}}")  # cut short
+
+
+def post(path: str, body: dict, host: str) -> bytes:
+    """A raw HTTP/1.1 POST of `body` as JSON."""
+    data = json.dumps(body).encode()
+    head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}"
+    return (head + "\r\n\r\n").encode() + data
+
+
+SECURITY_HEADERS = {
+    "x-frame-options": "DENY",
+    "content-security-policy": "frame-ancestors 'none'",
+    "x-content-type-options": "nosniff",
+}
+
+
+def test_every_answer_forbids_framing_and_sniffing_and_docs_are_off_unless_asked(server, loaded):
+    url = server[0]
+    answers = [
+        httpx.get(url + "/"),  # the playground
+        httpx.get(url + "/health"),
+        httpx.get(url + "/v1/models"),
+        httpx.get(url + "/nothing"),  # 404
+        httpx.get(url + "/health", headers={"Host": "evil.example"}),  # HostCheck's 400
+        httpx.post(url + "/v1/completions", json={"model": NAME, "prompt": "A", "max_tokens": 2}),
+    ]
+    body = {"model": NAME, "prompt": "A", "max_tokens": 2, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body) as streamed:
+        answers.append(streamed)
+    for r in answers:
+        assert {k: r.headers.get(k) for k in SECURITY_HEADERS} == SECURITY_HEADERS, (r.url, r.status_code)
+    for path in ("/docs", "/openapi.json", "/redoc"):  # (before: Swagger UI from a CDN, served by default)
+        assert httpx.get(url + path).status_code == 404, path
+    model, tok, meta = loaded
+    with running(create_app(model, tok, meta, ServeConfig(model_name=NAME, docs=True))) as docs_url:
+        assert "swagger" in httpx.get(docs_url + "/docs").text.lower()
+        assert "/v1/completions" in httpx.get(docs_url + "/openapi.json").json()["paths"]
+
+
+def tiny_bpe_model():
+    """A random 1-layer model over a byte-level BPE (tiktoken, GPT-2's split pattern): 256 ids and end-of-text."""
+    from gpt.data.tokenizer import bpe_tokenizer
+
+    tok = bpe_tokenizer({bytes([i]): i for i in range(256)})
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=1, n_embd=8)).eval()
+    return model, tok, {"model_config": model.config.to_dict(), "tokenizer": tok.spec}
+
+
+def test_anything_unexpected_is_a_500_in_openais_shape_even_a_base_exception(monkeypatch):
+    class Panic(BaseException):  # what a Rust panic in tiktoken raises (pyo3's PanicException)
+        pass
+
+    def panic(text):
+        raise Panic("called `Result::unwrap()` on an `Err` value")
+
+    model, tok, meta = tiny_bpe_model()
+    monkeypatch.setattr(tok, "encode", panic)
+    with running(create_app(model, tok, meta, ServeConfig(model_name="bpe"))) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        with pytest.raises(openai.InternalServerError) as e:  # (before: uvicorn's plain-text 500)
+            client.completions.create(model="bpe", prompt="hi", max_tokens=2)
+        assert e.value.status_code == 500 and e.value.type == "server_error" and "(Panic)" in e.value.message
+        assert e.value.response.headers["x-frame-options"] == "DENY"
+        assert client.completions.create(model="bpe", prompt=[1, 2], max_tokens=2).usage.completion_tokens == 2
+
+
+def test_a_prompt_of_a_million_spaces_is_answered_in_openais_shape():
+    """tiktoken panics on a run of more than ~1,000,390 whitespace characters (a stack overflow in its regex);
+    the tokenizer encodes long texts in pieces, so this prompt is simply longer than the context."""
+    model, tok, meta = tiny_bpe_model()
+    with running(create_app(model, tok, meta, ServeConfig(model_name="bpe", max_body_bytes=2 << 20))) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model="bpe", prompt=" " * 1_100_000, max_tokens=2)
+        assert e.value.code == "context_length_exceeded" and e.value.param == "prompt"
 
 
 def test_unknown_urls_and_methods_are_openai_errors(server):
@@ -464,6 +657,7 @@ def test_the_command_serves_on_a_free_port(trained_run, capsys):
     try:
         line = proc.stderr.readline()
         assert line.startswith("serving shakespeare-char at http://127.0.0.1:") and "int8" in line, line
+        assert "/docs" not in line, line  # only with --docs
         n_params = load_checkpoint(trained_run)[0].num_params()  # the float model's: int8 layers hold no Parameters
         assert f" {n_params / 1e6:.2f}M parameters" in line, line
         url = line.split(" at ")[1].split("/ ")[0]
@@ -542,6 +736,7 @@ def serve_main(*args):
             "error: --quantize int8 starts from float32 weights, not bfloat16",
         ),
         (["--device", "cuda:7"], "error: --device cuda:7: CUDA is not available on this machine"),
+        (["--header-timeout", 0], "error: invalid server settings: --header-timeout must be a number of seconds > 0"),
     ],
 )
 def test_command_mistakes_are_one_line(trained_run, capsys, args, message):

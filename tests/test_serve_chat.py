@@ -87,6 +87,33 @@ def test_n_seed_and_stop(client):
     assert cut.choices[0].message.content == text[: text.index(stop)] and cut.choices[0].finish_reason == "stop"
 
 
+@pytest.mark.parametrize(
+    "fields,param,words",
+    [
+        ({"messages": ["hi"]}, "messages[0]", "input should be an object"),  # (before: "must be a JSON object")
+        ({"messages": "hi"}, "messages", "valid array"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "valid string"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]},
+            "messages[0].content",
+            "valid string",
+        ),
+        ({"messages": [{"content": "hi"}]}, "messages[0].role", "Missing required parameter"),
+        ({"messages": [{"role": "user", "content": "hi", "tool": 1}]}, "messages[0].tool", "Unrecognized"),
+        ({"stream_options": 5}, "stream_options", "input should be an object"),
+        ({"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage", "valid boolean"),
+        ({"logit_bias": {"12": "a"}}, "logit_bias.12", "valid number"),
+        ({"stop": [1]}, "stop", "valid string"),
+    ],
+)
+def test_a_field_of_the_wrong_type_is_named(server, fields, param, words):
+    body = {"model": NAME, "messages": [{"role": "user", "content": USER}], **fields}
+    r = httpx.post(server + "/v1/chat/completions", json=body)
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == param and words in error["message"], error
+    assert f"'{param}'" in error["message"] or f": {param}" in error["message"], error
+
+
 def test_errors_in_openais_shape(client, server, trained_run):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=NAME, messages=[{"role": "assistant", "content": "hi"}])
@@ -101,6 +128,11 @@ def test_errors_in_openais_shape(client, server, trained_run):
         client.chat.completions.create(model="other", messages=[{"role": "user", "content": "x"}])
     r = httpx.post(server + "/v1/chat/completions", json={"model": NAME, "messages": []})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    with pytest.raises(openai.BadRequestError) as e:  # (before the fix: a 500 and a traceback in the log)
+        client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Ein Schneemann: \u2603"}])
+    assert e.value.status_code == 400 and e.value.param == "messages" and e.value.code == "invalid_messages"
+    assert "not in the char vocabulary: '\u2603'" in e.value.message, e.value.message
+    assert client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": USER}], max_tokens=2)
     models = {m.id: m for m in client.models.list().data}
     assert models[NAME].model_extra["chat"] is True
     model, tok, meta = load_checkpoint(trained_run)  # a plain language model: one clear 4xx

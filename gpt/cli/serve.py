@@ -70,11 +70,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a request body may take to arrive; a slower one is answered 408",
     )
     p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=5.0,
+        help="seconds a connection may take to send a whole request head, from when it opens or its last "
+        "answer ends; then it is closed (idle or half-sent requests hold no place under --max-connections)",
+    )
+    p.add_argument(
+        "--send-timeout",
+        type=float,
+        default=30.0,
+        help="seconds an answer may sit unread by its client (the send buffer full); then the connection is dropped",
+    )
+    p.add_argument(
         "--max-connections",
         type=int,
         default=None,
-        help="open connections at most (uvicorn's limit_concurrency); more are answered 503 "
+        help="open connections at most (uvicorn's limit_concurrency): at the limit, a new connection closes the one "
+        "that has waited longest for a request head; with every place busy, more are answered 503 "
         "(default: 2 x (max-batch + max-queue))",
+    )
+    p.add_argument(
+        "--docs",
+        action="store_true",
+        help="serve the OpenAPI docs at /docs (Swagger UI, whose script and style the browser loads from a CDN "
+        "into this server's origin) and /openapi.json",
     )
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 (CUDA only)")
@@ -124,8 +144,11 @@ def run(args: argparse.Namespace) -> None:
         max_prompt_tokens=args.max_prompt_tokens,
         max_body_bytes=args.max_body_bytes,
         body_timeout=args.body_timeout,
+        header_timeout=args.header_timeout,
+        send_timeout=args.send_timeout,
         max_connections=args.max_connections,
         allowed_hosts=(args.host, *(args.allowed_hosts or ())),
+        docs=args.docs,
     )  # checked before anything slow
     rt, model, tokenizer, meta, n_params = load_for_inference(
         args.ckpt, args.device, args.dtype, args.threads, args.quantize
@@ -137,7 +160,7 @@ def run(args: argparse.Namespace) -> None:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(
-        f"serving {name} at http://{shown}:{port}/ (playground; API at /v1, docs at /docs): "
+        f"serving {name} at http://{shown}:{port}/ (playground; API at /v1{', docs at /docs' if args.docs else ''}): "
         f"{n_params / 1e6:.2f}M parameters, {device}, {rt.precision()}"
         f"{', int8 Linear layers' if args.quantize == 'int8' else ''}, up to {config.max_batch} samples at once",
         file=sys.stderr,

@@ -8,7 +8,8 @@
     client.completions.create(model="shakespeare-char", prompt="ROMEO:", max_tokens=100, stream=True)
 
 The server room: `api` (the API's request and response shapes, OpenAI's error shape), `app` (the
-FastAPI routes over a `gpt.infer.batching` engine thread), `playground.html`; the command line is
+FastAPI routes over a `gpt.infer.batching` engine thread), `guards` (the deadline on request heads, the
+Host check, security headers and the last-resort 500), `playground.html`; the command line is
 gpt/cli/serve.py (`__main__` forwards to it). May import inference, checkpoints, model, data and the
 foundations; never training or the command line.
 FastAPI and uvicorn are the `serve` extra (`pip install -e ".[serve]"`); importing this package does

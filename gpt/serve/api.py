@@ -23,6 +23,7 @@ the role first, then the text.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
@@ -191,28 +192,52 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-def validation_error(e: ValidationError) -> APIError:
-    """A pydantic error as OpenAI's 400, naming the first offending field."""
+def validation_error(e: ValidationError, body: bytes = b"") -> APIError:
+    """A pydantic error as OpenAI's 400, naming the first offending field by its path in `body` (the JSON
+    that failed), e.g. `messages[0].content`."""
     err = e.errors()[0]
-    loc = [str(p) for p in err["loc"]]
-    param = loc[0] if loc else None
     if err["type"] == "json_invalid":
         return APIError(
             400,
             f"We could not parse the JSON body of your request: it is not valid JSON ({err['msg']}).",
             code="invalid_json",
         )
-    if err["type"] == "model_type":
+    if not err["loc"]:
         return APIError(400, "The request body must be a JSON object.", code="invalid_json")
+    param = field_path(err["loc"], body, missing=err["type"] == "missing")
     if err["type"] == "extra_forbidden":
-        return APIError(400, f"Unrecognized request argument supplied: {'.'.join(loc)}", param=param)
+        return APIError(400, f"Unrecognized request argument supplied: {param}", param=param)
     if err["type"] == "missing":
-        return APIError(400, f"Missing required parameter: '{'.'.join(loc)}'.", param=param)
+        return APIError(400, f"Missing required parameter: '{param}'.", param=param)
     value = err.get("input")
     shown = repr(value) if not isinstance(value, (dict, list)) or len(str(value)) < 80 else type(value).__name__
     return APIError(
         400, f"Invalid value for '{param}': {shown} ({err['msg'].lower()}).", param=param, code="invalid_value"
     )
+
+
+def field_path(loc: tuple, body: bytes, missing: bool = False) -> str:
+    """A pydantic error location as the path of the value in the request, `messages[0].content`.
+
+    pydantic puts the name of a union's member in the location (`('prompt', 'list[int]', 1)`); walking the
+    JSON itself tells such names from keys: a name is kept only where the value at that point has that key
+    (or, for a missing field, it is the last one)."""
+    unknown = object()  # no JSON to walk there: every name is kept
+    try:
+        node = json.loads(body)
+    except (ValueError, RecursionError):
+        node = unknown
+    path = ""
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            path += f"[{part}]"
+            node = node[part] if isinstance(node, list) and -len(node) <= part < len(node) else unknown
+        elif isinstance(node, dict) and part in node:
+            path += f".{part}" if path else part
+            node = node[part]
+        elif node is unknown or (missing and i == len(loc) - 1):
+            path += f".{part}" if path else part
+    return path
 
 
 FINISH = {"eot": "stop", "stop": "stop", "length": "length"}  # Piece.finish -> OpenAI's finish_reason

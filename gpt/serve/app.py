@@ -1,13 +1,15 @@
 """The HTTP server: FastAPI routes over a `gpt.infer.batching` engine running on its own thread.
 
     app = create_app(model, tokenizer, meta, ServeConfig(model_name="shakespeare-char"))
-    uvicorn.run(app, host="127.0.0.1", port=8000)     # what `python -m gpt.serve` does
+    Server(app).run(sockets=[listen("127.0.0.1", 8000)])  # what `python -m gpt.serve` does (uvicorn, guarded)
 
 Routes: `POST /v1/completions` (OpenAI's completions API, streamed as server-sent events with
 `"stream": true`), `POST /v1/chat/completions` (its chat API, for checkpoints fine-tuned on a chat
 dataset: the messages rendered by the checkpoint's chat template, the answer ending at its end of turn;
-a plain model answers a 400 `not_a_chat_model`), `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`, and the playground page
-at `/` (`playground.html`). With an API key, `/v1/*` needs `Authorization: Bearer KEY`.
+a plain model answers a 400 `not_a_chat_model`), `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`,
+the playground page at `/` (`playground.html`), and with `docs` the OpenAPI page at `/docs` (its Swagger
+UI script comes from a CDN, so it is off by default). With an API key, `/v1/*` needs `Authorization:
+Bearer KEY`. Every answer forbids framing and MIME sniffing (`guards.Hardened`).
 
 Browsers. Without an API key, every route answers only a `Host` this server goes by (`HostCheck`:
 the loopback names, `--host`, `--allowed-hosts`), so a web page cannot reach it through a name of its
@@ -16,9 +18,13 @@ cross-site page cannot send that without the browser asking first (a CORS prefli
 sends no CORS headers at all, so browsers refuse every cross-origin call and read. The playground is
 same-origin and unaffected.
 
-Limits. A body is read up to `max_body_bytes` (413) within `body_timeout` seconds (408); uvicorn
-answers 503 past `max_connections` open connections; at shutdown (SIGTERM, Ctrl-C) every open
-completion ends at once with a 503 error (a stream's last event) before uvicorn closes the connections.
+Limits. A connection that has not sent a whole request head `header_timeout` seconds after it opened
+or after its last response is closed, one that leaves an answer unread for `send_timeout` seconds is
+dropped (`guards.Deadlines`); a body is read up to `max_body_bytes` (413) within `body_timeout`
+seconds (408); at `max_connections` open connections, a new one closes the one that has waited longest
+for a head, and uvicorn answers 503 when every place has a request under way; at shutdown (SIGTERM,
+Ctrl-C) every open completion ends at once with a 503 error (a stream's last event) before uvicorn
+closes the connections.
 
 How a request flows: the body is read up to `max_body_bytes`, validated (`api.CompletionRequest`),
 checked against the server's limits and the model, and encoded; each prompt becomes one engine
@@ -29,7 +35,8 @@ Starlette; a plain request polls for the disconnect) the requests are cancelled 
 at the engine's next step.
 
 Every client mistake is a 4xx in OpenAI's error shape (`api.APIError`); anything else that goes
-wrong is a 500 in the same shape, logged with its traceback, and the server goes on.
+wrong is a 500 in the same shape (`guards.Hardened`, BaseExceptions such as a tokenizer's Rust panic
+included), logged with its traceback, and the server goes on.
 """
 
 from __future__ import annotations
@@ -39,7 +46,6 @@ import contextlib
 import dataclasses
 import hashlib
 import hmac
-import ipaddress
 import json
 import logging
 import socket
@@ -77,6 +83,7 @@ from gpt.serve.api import (
     model_card,
     validation_error,
 )
+from gpt.serve.guards import Hardened, HostCheck, http_protocol
 
 log = logging.getLogger("gpt.serve")
 
@@ -93,8 +100,11 @@ class ServeConfig:
     max_prompt_tokens: int | None = None  # None: the model's block_size
     max_body_bytes: int = 1 << 20
     body_timeout: float = 30.0  # seconds a request body may take to arrive; then 408
+    header_timeout: float = 5.0  # seconds a connection may wait before a whole request head; then it is closed
+    send_timeout: float = 30.0  # seconds an answer may sit unread (the send buffer full); then the connection drops
     max_connections: int | None = None  # uvicorn's limit_concurrency (503 beyond); None: 2 x (max_batch + max_queue)
     allowed_hosts: tuple[str, ...] = ()  # Host names answered without an API key besides the loopback ones; "*": any
+    docs: bool = False  # serve /docs and /openapi.json (Swagger UI loads its script from a CDN)
     fingerprint: str = ""  # system_fingerprint: what the backend runs (device, dtype, quantisation)
 
     def __post_init__(self):
@@ -106,8 +116,11 @@ class ServeConfig:
         for name in ("max_prompt_tokens", "max_connections"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(self, name)!r}")
-        if not self.body_timeout > 0:
-            problems.append(f"--body-timeout must be a number of seconds > 0, got {self.body_timeout!r}")
+        for name in ("body_timeout", "header_timeout", "send_timeout"):
+            if not getattr(self, name) > 0:
+                problems.append(
+                    f"--{name.replace('_', '-')} must be a number of seconds > 0, got {getattr(self, name)!r}"
+                )
         if not self.model_name:
             problems.append("--model-name must not be empty")
         if problems:
@@ -140,11 +153,13 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
         title="gpt.serve",
         description="OpenAI-compatible completions for a gpt checkpoint",
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url="/docs" if config.docs else None,
         redoc_url=None,
+        openapi_url="/openapi.json" if config.docs else None,
     )
     if config.api_key is None:
         app.add_middleware(HostCheck, allowed=config.allowed_hosts)
+    app.add_middleware(Hardened)  # added last: the outermost, so its headers are on every answer
     open_completions: weakref.WeakSet[asyncio.Queue] = weakref.WeakSet()  # the queues of the answers under way
     stopping = APIError(
         503, "The server is shutting down; try again later.", type="server_error", code="server_shutting_down"
@@ -172,14 +187,6 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
         }.get(e.status_code, e.detail)
         code = {404: "unknown_url", 405: "method_not_allowed"}.get(e.status_code)
         return JSONResponse(APIError(e.status_code, message, code=code).body(), status_code=e.status_code)
-
-    @app.exception_handler(Exception)
-    async def _bug(request, e: Exception):
-        log.exception("internal error on %s %s", request.method, request.url.path)
-        body = APIError(
-            500, f"The server had an error while processing your request ({type(e).__name__}).", type="server_error"
-        ).body()
-        return JSONResponse(body, status_code=500)
 
     def authorize(request: HTTPRequest) -> None:
         if config.api_key is None:
@@ -261,7 +268,8 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
             raise APIError(400, f"Invalid messages: {e}.", param="messages", code="invalid_messages") from None
         req.max_tokens = req.max_completion_tokens or req.max_tokens or config.max_tokens
         sample, _ = check(req, texts=[])
-        ids = template.prompt(messages, tokenizer)
+        with encoding("messages"):
+            ids = template.prompt(messages, tokenizer)
         if len(ids) >= max_prompt:
             raise APIError(
                 400,
@@ -290,7 +298,7 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
         try:
             return schema.model_validate_json(body)
         except ValidationError as e:
-            raise validation_error(e) from None
+            raise validation_error(e, body) from None
 
     async def answer(request: HTTPRequest, req, sample: SampleConfig, prompts, completion, echoes):
         """Queue one engine request per prompt, then answer: the whole body, or a stream of chunks."""
@@ -362,14 +370,12 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
         )
         prompts = []
         for text in texts:
-            try:
+            with encoding("prompt"):
                 ids = (
                     (tokenizer.encode(text) if isinstance(text, str) else list(text))
                     if seq2seq
                     else prompt_ids(model, tokenizer, text)
                 )
-            except UserError as e:
-                raise APIError(400, f"Invalid prompt: {e}.", param="prompt", code="invalid_prompt") from None
             if any(not 0 <= i < tokenizer.vocab_size for i in ids):
                 raise APIError(
                     400,
@@ -389,6 +395,16 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
         return sample, prompts
 
     return app
+
+
+@contextlib.contextmanager
+def encoding(param: str):
+    """Around the encoding of a request's text: a 400 naming `param` (the field the text came from) when the
+    text cannot be encoded, e.g. a character a char vocabulary lacks. The one path for prompts and chats."""
+    try:
+        yield
+    except UserError as e:
+        raise APIError(400, f"Invalid {param}: {e}.", param=param, code=f"invalid_{param}") from None
 
 
 async def read_body(request: HTTPRequest, limit: int, timeout: float) -> bytes:
@@ -414,53 +430,6 @@ async def read_body(request: HTTPRequest, limit: int, timeout: float) -> bytes:
         return await asyncio.wait_for(read(), timeout)
     except asyncio.TimeoutError:
         raise APIError(408, f"The request body did not arrive within {timeout:g} s.", code="request_timeout") from None
-
-
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-
-
-class HostCheck:
-    """ASGI middleware: answer only requests whose `Host` names this server (a 400 otherwise).
-
-    A web page can point a name of its own at 127.0.0.1 (DNS rebinding) and then read this server as
-    if it were same-origin; its requests carry that name in `Host`. Allowed: the loopback names and
-    `allowed` (`--host`, `--allowed-hosts`), any port; `*` allows any Host; an unspecified address
-    (`0.0.0.0`, `::`) allows every IP address, which no rebinding can use. Used without an API key.
-    """
-
-    def __init__(self, app, allowed: tuple[str, ...] = ()):
-        self.app = app
-        self.names = {name.lower().strip("[]") for name in (*LOOPBACK_NAMES, *allowed)}
-        self.any_ip = any(_is_ip(name) and ipaddress.ip_address(name).is_unspecified for name in self.names)
-
-    def allows(self, host: str) -> bool:
-        if "*" in self.names:
-            return True
-        name = host.lower()
-        name = name[1 : name.find("]")] if name.startswith("[") else name.rpartition(":")[0] if ":" in name else name
-        return name in self.names or (self.any_ip and _is_ip(name))
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
-            if not self.allows(host):
-                error = APIError(
-                    400,
-                    f"This server does not answer to the Host {host!r} without an API key (a guard "
-                    "against DNS rebinding): add the name with --allowed-hosts, or set --api-key.",
-                    code="invalid_host",
-                )
-                await JSONResponse(error.body(), status_code=400)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-def _is_ip(name: str) -> bool:
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
 
 
 def emit_to(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, first_index: int):
@@ -594,7 +563,15 @@ class Server(uvicorn.Server):
     last event is a 503 error) when it begins to shut down, before uvicorn waits for the connections."""
 
     def __init__(self, app: FastAPI, **settings):
-        super().__init__(uvicorn.Config(app, limit_concurrency=app.state.config.max_connections, **settings))
+        config = app.state.config
+        super().__init__(
+            uvicorn.Config(
+                app,
+                http=http_protocol(config.header_timeout, config.send_timeout),
+                limit_concurrency=config.max_connections,
+                **settings,
+            )
+        )
         self.app = app
 
     async def shutdown(self, sockets=None) -> None:
