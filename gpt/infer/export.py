@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from gpt.checkpoints.outputs import check_targets
 from gpt.errors import UserError
 
 FORMATS = {"onnx": "model.onnx", "pt2": "model.pt2"}
@@ -75,8 +76,19 @@ def quiet_exporter():
         registration.setLevel(level)
 
 
+def targets(out_dir: str | Path, fmt: str) -> list[Path]:
+    """The files `export` writes into `out_dir`."""
+    return [Path(out_dir) / FORMATS[fmt], Path(out_dir) / META_FILE]
+
+
 def export(
-    model, tokenizer, out_dir: str | Path, fmt: str, force: bool = False, chat_template: dict | None = None
+    model,
+    tokenizer,
+    out_dir: str | Path,
+    fmt: str,
+    force: bool = False,
+    chat_template: dict | None = None,
+    sources: tuple = (),
 ) -> Path:
     """Write the model (float32, CPU) as `fmt` ("onnx" or "pt2") to out_dir, with gpt_export.json (and a
     chat model's template in it); its path."""
@@ -86,8 +98,7 @@ def export(
         raise ExportError("this checkpoint is an encoder-decoder (seq2seq) model: export covers decoder-only models")
     out_dir = Path(out_dir)
     path = out_dir / FORMATS[fmt]
-    if path.exists() and not force:
-        raise ExportError(f"{path} exists already: choose another --out, or --force to replace it")
+    check_targets(targets(out_dir, fmt), force, sources)  # never over the checkpoint `sources` it exports
     out_dir.mkdir(parents=True, exist_ok=True)
     block = model.config.block_size
     graph = Logits(model.float().cpu()).eval()

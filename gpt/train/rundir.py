@@ -24,16 +24,8 @@ import stat
 from contextlib import contextmanager
 from pathlib import Path
 
+from gpt.checkpoints.outputs import RUN_FILES
 from gpt.errors import UserError, storage_error
-
-RUN_FILES = (
-    "last.pt",
-    "best.pt",
-    "log.jsonl",
-    "config.json",
-    "last.dcp",
-    "best.dcp",
-)  # .dcp: links (gpt/checkpoints/dcp.py)
 
 try:
     import fcntl

@@ -1,0 +1,68 @@
+"""Where a command may write a checkpoint or an export (`python -m gpt.lora merge`, `gpt.hf export`,
+`gpt.export`): checked before any work, one rule for all.
+
+    check_targets([out / "best.pt"], force=args.force, sources=[adapters, base])
+
+- A target that exists already is refused without `--force` (one line naming it).
+- A target that would replace what the command reads (`sources`: the checkpoint, a LoRA checkpoint's
+  base) is refused even with `--force`: the same file (a hard link included), a file inside a source
+  directory (a Hugging Face or DCP checkpoint), or a run file (`RUN_FILES`) of the run directory a source
+  lies in. Merging adapters into their base's run directory would otherwise replace the base, and the
+  adapters would no longer load.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from gpt.errors import UserError
+
+# What a run directory holds (train.py writes them; gpt/train/rundir.py removes them on --force).
+RUN_FILES = (
+    "last.pt",
+    "best.pt",
+    "log.jsonl",
+    "config.json",
+    "last.dcp",
+    "best.dcp",
+)  # .dcp: links (gpt/checkpoints/dcp.py)
+
+
+class OutputError(UserError, ValueError):
+    """An output path a command must not write (it exists, or it is what the command reads)."""
+
+
+def check_targets(
+    targets: Iterable[str | os.PathLike],
+    force: bool,
+    sources: Iterable[str | os.PathLike],
+    flag: str = "--out",
+) -> None:
+    """Refuse to write `targets` over a source (always) or over an existing file (without `force`)."""
+    targets = [Path(t) for t in targets]
+    for target in targets:
+        for source in sources:
+            if _replaces(target, Path(source)):
+                raise OutputError(
+                    f"{flag}: writing {target} would replace {source}, which this command reads; choose "
+                    f"another {flag} (--force does not change this)"
+                )
+    existing = [t for t in targets if os.path.lexists(t)]
+    if existing and not force:
+        raise OutputError(f"{existing[0]} exists already: choose another {flag}, or --force to replace it")
+
+
+def _replaces(target: Path, source: Path) -> bool:
+    """Whether writing `target` would change the checkpoint `source` (a file or a directory)."""
+    if not os.path.lexists(source):
+        return False
+    where = Path(os.path.realpath(target.parent)) / target.name  # (a link at `target` itself is replaced)
+    real = Path(os.path.realpath(source))
+    if os.path.lexists(where) and os.path.exists(real) and os.path.samestat(os.lstat(where), os.stat(real)):
+        return True  # the same file (a hard link to it included)
+    if real.is_dir() and where.is_relative_to(real):
+        return True
+    run = real.parent
+    return where.parent == run and where.name in RUN_FILES and any(os.path.lexists(run / n) for n in RUN_FILES)
