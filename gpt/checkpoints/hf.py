@@ -39,6 +39,7 @@ import torch
 
 from gpt.data.tokenizer import EOT_TEXT
 from gpt.errors import UserError, storage_error
+from gpt.fsutil import replacing, write_text
 
 # Suffixes of HF GPT-2 weights stored transposed (Conv1D).
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -334,9 +335,9 @@ def write_gpt2_tokenizer_files(tokenizer, out_dir: Path, model_max_length: int) 
 
     vocab = {text(t): i for i, t in enumerate(tokens)}
     vocab[EOT_TEXT] = tokenizer.eot_token
-    (out_dir / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    write_text(out_dir / "vocab.json", json.dumps(vocab, ensure_ascii=False))
     merges = "".join(f"{text(a)} {text(b)}\n" for a, b in bpe_merges(tokens))
-    (out_dir / "merges.txt").write_text("#version: 0.2\n" + merges, encoding="utf-8")
+    write_text(out_dir / "merges.txt", "#version: 0.2\n" + merges)
     tok_config = {
         "tokenizer_class": "GPT2Tokenizer",
         "model_max_length": model_max_length,
@@ -345,7 +346,7 @@ def write_gpt2_tokenizer_files(tokenizer, out_dir: Path, model_max_length: int) 
         "eos_token": EOT_TEXT,
         "unk_token": EOT_TEXT,
     }
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2), encoding="utf-8")
+    write_text(out_dir / "tokenizer_config.json", json.dumps(tok_config, indent=2))
 
 
 def export_hf(model, tokenizer, out_dir, chat_template: dict | None = None) -> Path:
@@ -364,11 +365,12 @@ def export_hf(model, tokenizer, out_dir, chat_template: dict | None = None) -> P
         raise HFError(f"tokenizer has {tokenizer.vocab_size} ids but the model only {model.config.vocab_size} rows")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        save_file(_hf_state_dict(model), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-        (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-        (out_dir / TOKENIZER_SPEC_FILE).write_text(json.dumps(tokenizer.spec) + "\n")
+        with replacing(out_dir / "model.safetensors") as tmp:  # (every file: a link there is replaced, not followed)
+            save_file(_hf_state_dict(model), str(tmp), metadata={"format": "pt"})
+        write_text(out_dir / "config.json", json.dumps(hf_config, indent=2) + "\n")
+        write_text(out_dir / TOKENIZER_SPEC_FILE, json.dumps(tokenizer.spec) + "\n")
         if chat_template is not None:
-            (out_dir / CHAT_TEMPLATE_FILE).write_text(json.dumps(chat_template) + "\n")
+            write_text(out_dir / CHAT_TEMPLATE_FILE, json.dumps(chat_template) + "\n")
         if tokenizer.spec.get("kind") == "gpt2":
             write_gpt2_tokenizer_files(tokenizer, out_dir, model.config.block_size)
     except OSError as e:

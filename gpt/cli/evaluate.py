@@ -10,6 +10,7 @@ from pathlib import Path
 from gpt.cli import ArgumentParser, run_main
 from gpt.data.pairs import read_lines
 from gpt.errors import storage_error
+from gpt.fsutil import write_text
 from gpt.infer.chat import chat_template
 from gpt.infer.evaluate import EvaluateError, evaluate, evaluate_chat
 from gpt.infer.translate import DEFAULT_LENGTH_PENALTY, TranslateConfig, check_vocab, one_line, seq2seq_ids
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace) -> str:
         )
     if args.output:
         try:
-            Path(args.output).write_text("".join(one_line(h) + "\n" for h in result["hypotheses"]), encoding="utf-8")
+            write_text(args.output, "".join(one_line(h) + "\n" for h in result["hypotheses"]))
         except OSError as e:
             raise storage_error(e, "write", args.output) from None
     return (

@@ -37,6 +37,7 @@ import torch.nn as nn
 
 from gpt.checkpoints.outputs import check_targets
 from gpt.errors import UserError
+from gpt.fsutil import replacing, write_text
 
 FORMATS = {"onnx": "model.onnx", "pt2": "model.pt2"}
 META_FILE = "gpt_export.json"
@@ -108,11 +109,11 @@ def export(
             import onnxscript  # noqa: F401  (torch.onnx's dynamo exporter needs it)
         except ImportError:
             raise ExportError('ONNX export needs onnx and onnxscript: pip install -e ".[export]"') from None
-        with quiet_exporter():
+        with quiet_exporter(), replacing(path) as tmp:  # (each file: a link there is replaced, not followed)
             torch.onnx.export(
                 graph,
                 (example,),
-                str(path),
+                str(tmp),
                 dynamo=True,
                 input_names=["idx"],
                 output_names=["logits"],
@@ -121,7 +122,8 @@ def export(
             )
     else:
         program = torch.export.export(graph, (example,), dynamic_shapes=dynamic_shapes(block))
-        torch.export.save(program, str(path))
+        with replacing(path) as tmp:
+            torch.export.save(program, str(tmp))
     meta = {
         "format": fmt,
         "file": path.name,
@@ -134,7 +136,7 @@ def export(
         "model_config": model.config.to_dict(),
         **({"chat_template": chat_template} if chat_template else {}),
     }
-    (out_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    write_text(out_dir / META_FILE, json.dumps(meta, indent=2) + "\n")
     return path
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from gpt.checkpoints.outputs import RUN_FILES
 from gpt.errors import UserError, storage_error
+from gpt.fsutil import remove_stale_temps, write_text
 
 try:
     import fcntl
@@ -61,6 +62,7 @@ class RunDir:
         self._make()
         self._acquire()
         try:
+            remove_stale_temps(self.path)  # what killed writers left (a checkpoint, the plot's PNG)
             if not resume and self.holds_run():
                 if not force:
                     raise RunDirError(
@@ -81,7 +83,7 @@ class RunDir:
     def write_config(self, config: dict) -> None:
         if self.master:
             try:
-                (self.path / "config.json").write_text(json.dumps(config, indent=2))
+                write_text(self.path / "config.json", json.dumps(config, indent=2))
             except OSError as e:
                 raise storage_error(e, "write", self.path / "config.json") from None
 
