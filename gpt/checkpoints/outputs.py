@@ -44,25 +44,28 @@ def check_targets(
     targets = [Path(t) for t in targets]
     for target in targets:
         for source in sources:
-            if _replaces(target, Path(source)):
+            clash = _clash(target, Path(source))
+            if clash:
                 raise OutputError(
-                    f"{flag}: writing {target} would replace {source}, which this command reads; choose "
-                    f"another {flag} (--force does not change this)"
+                    f"{flag}: writing {target} would replace {clash}; choose another {flag} (--force does not "
+                    f"change this)"
                 )
     existing = [t for t in targets if os.path.lexists(t)]
     if existing and not force:
         raise OutputError(f"{existing[0]} exists already: choose another {flag}, or --force to replace it")
 
 
-def _replaces(target: Path, source: Path) -> bool:
-    """Whether writing `target` would change the checkpoint `source` (a file or a directory)."""
+def _clash(target: Path, source: Path) -> str:
+    """What of `source` (a checkpoint file or directory) writing `target` would change; "" if nothing."""
     if not os.path.lexists(source):
-        return False
+        return ""
     where = Path(os.path.realpath(target.parent)) / target.name  # (a link at `target` itself is replaced)
     real = Path(os.path.realpath(source))
     if os.path.lexists(where) and os.path.exists(real) and os.path.samestat(os.lstat(where), os.stat(real)):
-        return True  # the same file (a hard link to it included)
+        return f"{source}, which this command reads"  # the same file (a hard link to it included)
     if real.is_dir() and where.is_relative_to(real):
-        return True
+        return f"a file of {source}, which this command reads"
     run = real.parent
-    return where.parent == run and where.name in RUN_FILES and any(os.path.lexists(run / n) for n in RUN_FILES)
+    if where.parent == run and where.name in RUN_FILES and any(os.path.lexists(run / n) for n in RUN_FILES):
+        return f"a file of the run {run}, which this command reads from"
+    return ""
