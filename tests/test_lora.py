@@ -342,3 +342,31 @@ def test_merge_never_replaces_the_adapters_or_their_base_and_an_existing_out_nee
     assert merged.read_bytes() == b"someone's file"
     assert cli_lora.main(["merge", "--ckpt", str(out), "--out", str(merged), "--force"]) == 0
     assert "lora" not in loader.read_meta(merged)
+
+
+def test_no_export_replaces_the_base_of_the_adapters_it_exports(base, tiny_char_data, tmp_path, capsys):
+    """The rule of `gpt.lora merge` holds for every command that loads adapters: gpt.hf export and gpt.export
+    never write over (or into) the base the adapters load, here a Hugging Face directory."""
+    from gpt.cli import export as cli_export
+    from gpt.cli import hf as cli_hf
+
+    hf_base = tmp_path / "hf-base"
+    assert cli_hf.main(["export", "--ckpt", str(base), "--out", str(hf_base)]) == 0
+    out = tmp_path / "lora"
+    train_run("--data", tiny_char_data, "--out-dir", out, "--init-from", hf_base, "--lora-rank", "2", *TRAIN,
+              "--max-iters", "2", "--eval-interval", "2")  # fmt: skip
+    weights = (hf_base / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    for main, argv in [
+        (cli_hf.main, ["export", "--ckpt", out, "--out", hf_base, "--force"]),
+        (cli_export.main, ["--ckpt", out, "--format", "pt2", "--out", hf_base, "--force", "--no-check"]),
+        (cli_lora.main, ["merge", "--ckpt", out, "--out", hf_base / "merged.pt", "--force"]),
+    ]:
+        err = one_line_error(capsys, main, *argv)
+        assert f"would replace a file of {hf_base}, which this command reads" in err, err
+    assert (hf_base / "model.safetensors").read_bytes() == weights and sorted(p.name for p in hf_base.iterdir()) == [
+        "config.json",
+        "gpt_tokenizer.json",
+        "model.safetensors",
+    ]
+    loader.load_checkpoint(out)

@@ -17,6 +17,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from gpt.checkpoints import adapters, hf, loader
 from gpt.errors import UserError
 
 # What a run directory holds (train.py writes them; gpt/train/rundir.py removes them on --force).
@@ -53,6 +54,26 @@ def check_targets(
     existing = [t for t in targets if os.path.lexists(t)]
     if existing and not force:
         raise OutputError(f"{existing[0]} exists already: choose another {flag}, or --force to replace it")
+
+
+def sources_of(ckpt: str | os.PathLike, base: str | os.PathLike | None = None) -> list[Path]:
+    """What loading `ckpt` reads: the checkpoint and, for LoRA adapters, their base (`base` if given), and its
+    base in turn. A checkpoint that cannot be read is the loader's to report: it is listed as given."""
+    found, path = [Path(ckpt)], Path(ckpt)
+    try:
+        while not hf.is_hf_dir(path) and len(found) < 16:  # (16: a cycle of bases is the loader's to report)
+            path = loader.resolve(path)
+            found[-1] = path
+            lora_meta = loader.read_meta(path).get("lora")
+            if lora_meta is None:
+                break
+            path = Path(base) if base and len(found) == 1 else adapters.find_base(lora_meta, path)
+            if any(os.path.realpath(path) == os.path.realpath(p) for p in found):
+                break
+            found.append(path)
+    except UserError:
+        pass
+    return found
 
 
 def _clash(target: Path, source: Path) -> str:

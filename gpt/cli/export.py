@@ -6,7 +6,7 @@ import argparse
 import time
 from collections.abc import Sequence
 
-from gpt.checkpoints.outputs import check_targets
+from gpt.checkpoints.outputs import check_targets, sources_of
 from gpt.cli import ArgumentParser, run_main
 from gpt.infer.export import FORMATS, export, parity, targets
 
@@ -38,10 +38,11 @@ def run(args: argparse.Namespace) -> str:
         load_checkpoint,  # torch: loaded once the flags are checked (--help and mistakes answer at once)
     )
 
-    check_targets(targets(args.out, args.format), args.force, [args.ckpt])  # before the checkpoint is loaded
+    sources = sources_of(args.ckpt)  # the checkpoint and, for LoRA adapters, their base
+    check_targets(targets(args.out, args.format), args.force, sources)  # before the checkpoint is loaded
     model, tokenizer, meta = load_checkpoint(args.ckpt, device="cpu")
     start = time.perf_counter()
-    path = export(model, tokenizer, args.out, args.format, args.force, meta.get("chat_template"), (args.ckpt,))
+    path = export(model, tokenizer, args.out, args.format, args.force, meta.get("chat_template"), tuple(sources))
     line = (
         f"exported {args.ckpt} ({model.num_params() / 1e6:.2f}M parameters) to {path} in "
         f"{time.perf_counter() - start:.1f} s: idx int64 (batch, seq <= {model.config.block_size}) -> logits "

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from gpt.checkpoints.hf import CHAT_TEMPLATE_FILE, TOKENIZER_SPEC_FILE, export_hf
 from gpt.checkpoints.loader import load_checkpoint
-from gpt.checkpoints.outputs import check_targets
+from gpt.checkpoints.outputs import check_targets, sources_of
 from gpt.cli import ArgumentParser, run_main
 
 # What `export_hf` may write into --out (the tokenizer files only for GPT-2's tokenizer).
@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     def export() -> str:
-        check_targets([Path(args.out) / name for name in EXPORT_FILES], args.force, [args.ckpt])
+        check_targets([Path(args.out) / name for name in EXPORT_FILES], args.force, sources_of(args.ckpt))
         model, tokenizer, meta = load_checkpoint(args.ckpt)
         out = export_hf(model, tokenizer, args.out, meta.get("chat_template"))
         return f"wrote {out} (load with transformers.GPT2LMHeadModel.from_pretrained({str(out)!r}))"

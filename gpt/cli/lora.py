@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpt.checkpoints import adapters, loader, native
-from gpt.checkpoints.outputs import check_targets
+from gpt.checkpoints import loader, native
+from gpt.checkpoints.outputs import check_targets, sources_of
 from gpt.cli import ArgumentParser, run_main
 
 
@@ -15,11 +15,7 @@ def merge_checkpoint(path, out, base=None, force: bool = False) -> Path:
     existing `out` is replaced only with `force`; the adapters' checkpoint and their base never are."""
     out = Path(out)
     target = out if out.suffix == ".pt" else out / "best.pt"
-    source = loader.resolve(path)
-    lora_meta = loader.read_meta(source).get("lora")
-    if lora_meta is not None:  # (not a LoRA checkpoint: load_adapted says so)
-        sources = [source, Path(base) if base else adapters.find_base(lora_meta, source)]
-        check_targets([target], force, sources)  # before the work: a refusal costs nothing
+    check_targets([target], force, sources_of(path, base))  # before the work: a refusal costs nothing
     model, meta_ = loader.load_adapted(path, merge_adapters=True, base=base)
     keep = {k: meta_[k] for k in ("step", "val_loss", "dataset", "chat_template") if k in meta_}
     new_meta = native.build_meta(model_config=model.config.to_dict(), tokenizer=meta_["tokenizer"], **keep)
