@@ -7,7 +7,7 @@
 - A target that would replace what the command reads (`sources`: the checkpoint, a LoRA checkpoint's
   base) is refused even with `--force`: the same file (a hard link included), a file inside a source
   directory (a Hugging Face or DCP checkpoint), or a run file (`RUN_FILES`) of the run directory a source
-  lies in. Merging adapters into their base's run directory would otherwise replace the base, and the
+  file lies in. Merging adapters into their base's run directory would otherwise replace the base, and the
   adapters would no longer load.
 """
 
@@ -86,7 +86,13 @@ def _clash(target: Path, source: Path) -> str:
         return f"{source}, which this command reads"  # the same file (a hard link to it included)
     if real.is_dir() and where.is_relative_to(real):
         return f"a file of {source}, which this command reads"
-    run = real.parent
-    if where.parent == run and where.name in RUN_FILES and any(os.path.lexists(run / n) for n in RUN_FILES):
+    run = real.parent  # a checkpoint file's run: its best.pt, last.pt, ... (a DCP directory's own run may get
+    # the single files it converts to: `gpt.dcp convert` refuses a newer one itself)
+    if (
+        real.is_file()
+        and where.parent == run
+        and where.name in RUN_FILES
+        and any(os.path.lexists(run / n) for n in RUN_FILES)
+    ):
         return f"a file of the run {run}, which this command reads from"
     return ""
