@@ -372,8 +372,8 @@ def test_full_disk_during_training_is_one_line(tiny_char_data, tmp_path, monkeyp
 
 
 def test_stale_temporary_files_of_dead_processes_are_removed(tmp_path):
-    """A save killed mid-write leaves `.last.pt.tmp-PID`; later saves remove it once that process is gone,
-    never while it lives."""
+    """A save killed mid-write leaves `.last.pt.tmp-PID-RANDOM`; later saves remove it once that process is
+    gone, never while it lives."""
     path = tmp_path / "last.pt"
     writer = textwrap.dedent(f"""
         import time, torch
@@ -387,12 +387,13 @@ def test_stale_temporary_files_of_dead_processes_are_removed(tmp_path):
     """)
     proc = subprocess.Popen([sys.executable, "-c", writer], cwd=ROOT)
     try:
-        temp = tmp_path / f".last.pt.tmp-{proc.pid}"
         for _ in range(600):  # the child imports torch first
-            if temp.exists() or proc.poll() is not None:
+            temps = list(tmp_path.glob(f".last.pt.tmp-{proc.pid}-*"))
+            if temps or proc.poll() is not None:
                 break
             time.sleep(0.1)
-        assert temp.exists(), "the writer never started its save"
+        assert temps, "the writer never started its save"
+        temp = temps[0]
         save_tiny(path)
         assert temp.exists()  # its process is alive: never touched
     finally:

@@ -293,6 +293,19 @@ def test_every_reader_takes_a_sharded_run_and_convert_writes_one_file(tmp_path, 
     assert_same(loader.read(tmp_path / "m.pt")["model"], model.state_dict())
     assert cli_dcp.main(["convert", "--ckpt", str(tmp_path / "last.dcp")]) == 2
     assert capsys.readouterr().err.startswith("error: --out: where to write")
+    before = (tmp_path / "m.pt").read_bytes()
+    for out in (tmp_path / "m.pt", tmp_path / "last.dcp" / "m.pt"):  # an existing file; the checkpoint converted
+        assert cli_dcp.main(["convert", "--ckpt", str(tmp_path / "last.dcp"), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert (
+            "exists already: choose another --out, or --force" in err
+            if out.name == "m.pt" and out.parent == tmp_path
+            else "--force does not change this" in err
+        ) and err.count("\n") == 1, err
+    assert (tmp_path / "m.pt").read_bytes() == before
+    assert (
+        cli_dcp.main(["convert", "--ckpt", str(tmp_path / "last.dcp"), "--out", str(tmp_path / "m.pt"), "--force"]) == 0
+    )
 
 
 def test_the_later_of_last_pt_and_last_dcp_is_resumed(tmp_path):

@@ -95,3 +95,12 @@ def test_seq2seq_checkpoints_are_refused_in_one_line(tmp_path, capsys):
     )
     code, _, err = export_cli(capsys, "--ckpt", tmp_path / "none", "--format", "pt2", "--out", tmp_path / "x")
     assert code == 2 and err == f"error: no checkpoint at {tmp_path / 'none'}\n"
+
+
+def test_any_file_of_an_earlier_export_needs_force(trained_run, tmp_path, capsys):
+    (tmp_path / "gpt_export.json").write_text("{}")  # an export whose model file is gone: still not replaced
+    code, _, err = export_cli(capsys, "--ckpt", trained_run, "--format", "pt2", "--out", tmp_path, "--no-check")
+    assert code == 2 and err == (
+        f"error: {tmp_path / 'gpt_export.json'} exists already: choose another --out, or --force to replace it\n"
+    )
+    assert (tmp_path / "gpt_export.json").read_text() == "{}" and not (tmp_path / "model.pt2").exists()

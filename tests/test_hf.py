@@ -288,3 +288,30 @@ def test_gpt2s_own_tokenizer_json_reads_back_as_gpt2(gpt2):
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     hf.add_special_tokens(["<|endoftext|>"])
     assert spec_from_tokenizer_json(json.loads(hf.to_str()), "tokenizer.json") == ({"kind": "gpt2"}, None)
+
+
+def test_export_cli_replaces_an_export_only_with_force_and_never_its_source(tmp_path, capsys):
+    from gpt.checkpoints import native
+
+    tok = CharTokenizer("abc \n")
+    cfg = GPTConfig(vocab_size=8, block_size=16, n_layer=1, n_head=2, n_embd=8)
+    native.save(
+        tmp_path / "run" / "best.pt",
+        {"model": GPT(cfg).state_dict()},
+        {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec},
+    )
+    hf = tmp_path / "hf"
+    assert hf_main(["export", "--ckpt", str(tmp_path / "run"), "--out", str(hf)]) == 0
+    before = (hf / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    assert hf_main(["export", "--ckpt", str(tmp_path / "run"), "--out", str(hf)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {hf / 'config.json'} exists already: choose another --out, or --force to replace it\n"
+    )
+    assert hf_main(["export", "--ckpt", str(tmp_path / "run"), "--out", str(hf), "--force"]) == 0
+    for ckpt, out in [(hf, hf), (tmp_path / "run", tmp_path / "run")]:  # an HF dir into itself; a run's config.json
+        capsys.readouterr()
+        assert hf_main(["export", "--ckpt", str(ckpt), "--out", str(out), "--force"]) == 2
+        err = capsys.readouterr().err
+        assert "which this command reads" in err and err.count("\n") == 1, err
+    assert (hf / "model.safetensors").read_bytes() == before and not (tmp_path / "run" / "config.json").exists()

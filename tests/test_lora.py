@@ -315,3 +315,56 @@ def test_the_hf_export_of_a_lora_run_is_base_plus_adapters_in_transformers(base,
         expected = adapters(x)[0]
         assert (expected - plain(x)[0]).abs().max() > 1e-3  # the trained adapters (wte's included) matter
         torch.testing.assert_close(theirs(x).logits[..., : expected.shape[-1]], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_merge_never_replaces_the_adapters_or_their_base_and_an_existing_out_needs_force(
+    base, tiny_char_data, tmp_path, capsys
+):
+    """`--out BASE_RUN` once replaced the base's best.pt: the base weights were lost and the adapters no longer
+    loaded. The base and the adapters are never a target (not even with --force); any other existing file only
+    with --force."""
+    out = tmp_path / "lora"
+    train_run("--data", tiny_char_data, "--out-dir", out, "--init-from", base, "--lora-rank", "2", *TRAIN,
+              "--max-iters", "2", "--eval-interval", "2")  # fmt: skip
+    base_bytes, adapter_bytes = (base / "best.pt").read_bytes(), (out / "best.pt").read_bytes()
+    for target in (base, base / "best.pt", base / "last.pt", out, out / "best.pt"):
+        for force in ([], ["--force"]):
+            err = one_line_error(capsys, cli_lora.main, "merge", "--ckpt", out, "--out", target, *force)
+            assert "which this command reads" in err and "--force does not change this" in err, err
+    assert (base / "best.pt").read_bytes() == base_bytes and (out / "best.pt").read_bytes() == adapter_bytes
+    assert not (base / "last.pt").exists()
+    loader.load_checkpoint(out)  # the adapters still load on their base
+
+    merged = tmp_path / "merged.pt"
+    merged.write_bytes(b"someone's file")
+    err = one_line_error(capsys, cli_lora.main, "merge", "--ckpt", out, "--out", merged)
+    assert err == f"error: {merged} exists already: choose another --out, or --force to replace it\n"
+    assert merged.read_bytes() == b"someone's file"
+    assert cli_lora.main(["merge", "--ckpt", str(out), "--out", str(merged), "--force"]) == 0
+    assert "lora" not in loader.read_meta(merged)
+
+
+def test_no_export_replaces_the_base_of_the_adapters_it_exports(base, tiny_char_data, tmp_path, capsys):
+    """The rule of `gpt.lora merge` holds for every command that loads adapters: gpt.hf export and gpt.export
+    never write over (or into) the base the adapters load, here a Hugging Face directory."""
+    from gpt.cli import export as cli_export
+    from gpt.cli import hf as cli_hf
+
+    hf_base = tmp_path / "hf-base"
+    assert cli_hf.main(["export", "--ckpt", str(base), "--out", str(hf_base)]) == 0
+    out = tmp_path / "lora"
+    train_run("--data", tiny_char_data, "--out-dir", out, "--init-from", hf_base, "--lora-rank", "2", *TRAIN,
+              "--max-iters", "2", "--eval-interval", "2")  # fmt: skip
+    weights = (hf_base / "model.safetensors").read_bytes()
+    names = sorted(p.name for p in hf_base.iterdir())
+    capsys.readouterr()
+    for main, argv in [
+        (cli_hf.main, ["export", "--ckpt", out, "--out", hf_base, "--force"]),
+        (cli_export.main, ["--ckpt", out, "--format", "pt2", "--out", hf_base, "--force", "--no-check"]),
+        (cli_lora.main, ["merge", "--ckpt", out, "--out", hf_base / "merged.pt", "--force"]),
+    ]:
+        err = one_line_error(capsys, main, *argv)
+        assert f"would replace a file of {hf_base}, which this command reads" in err, err
+    assert (hf_base / "model.safetensors").read_bytes() == weights
+    assert sorted(p.name for p in hf_base.iterdir()) == names
+    loader.load_checkpoint(out)

@@ -262,6 +262,17 @@ def test_a_lock_file_that_is_a_symlink_is_refused_and_its_target_kept(tmp_path):
     assert "\n" not in str(e.value) and precious.read_text() == "not a lock\n"
 
 
+def test_a_lock_file_that_is_a_hard_link_is_refused_and_the_other_name_kept(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "best.pt").write_bytes(b"weights")
+    os.link(out / "best.pt", out / ".lock")  # e.g. a run directory unpacked from someone's archive
+    with pytest.raises(RunDirError, match=r"\.lock is a hard link to another file; remove it"):
+        with RunDir(out).claim(resume=True, force=False):
+            pass
+    assert (out / "best.pt").read_bytes() == b"weights"
+
+
 def test_nonfinite_val_loss_never_replaces_the_last_checkpoint(char_data, tmp_path):
     out = tmp_path / "run"
     train_run("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "2", "--eval-interval", "2")

@@ -13,7 +13,7 @@ In the run directory of an FSDP run:
 
 - **Sharded**: every process writes its own shards; no process gathers the model. The run directory
   must be one every node sees (a shared file system) when the run spans machines.
-- **Atomic**: a save goes to `.step-000120.tmp-PID/` and is renamed to `step-000120/` only when every
+- **Atomic**: a save goes to `.step-000120.tmp-PID-RANDOM/` and is renamed to `step-000120/` only when every
   shard, `train.pt` and `meta.json` are written and fsynced; then the link `last.dcp` is switched in
   one rename. A failed or killed save never touches the checkpoint `last.dcp` points to; its
   temporary directory is removed (or, after a kill, by the next save). Directories no link points to
@@ -353,7 +353,7 @@ def _failure(e: BaseException) -> BaseException:
 def _free_name(run_dir: Path, step: int) -> str:
     name = f"step-{step:06d}"
     n = 0
-    while (run_dir / name).exists():  # the same step saved again (a resumed run): a new directory
+    while os.path.lexists(run_dir / name):  # the same step saved again (a resumed run), or a link: a new name
         n += 1
         name = f"step-{step:06d}.{n}"
     return name

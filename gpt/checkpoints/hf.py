@@ -70,6 +70,19 @@ WEIGHT_FILES = (
 TOKENIZER_SPEC_FILE = "gpt_tokenizer.json"
 CHAT_TEMPLATE_FILE = "gpt_chat_template.json"  # a chat model's template (role markers, end of turn)
 MODEL_FILE = "gpt_model.json"  # our model config and training facts: what config.json cannot say
+# Every file `export_hf` may write into its directory (gpt.cli.hf checks them before an export replaces any).
+EXPORT_FILES = (
+    "config.json",
+    "model.safetensors",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    TOKENIZER_SPEC_FILE,
+    MODEL_FILE,
+    CHAT_TEMPLATE_FILE,
+    "README.md",
+)
 SAME_SHAPE = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
 GPT2_VOCAB = 50257
 HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}  # theirs -> ours
@@ -478,6 +491,8 @@ def export_hf(model, tokenizer, out_dir, chat_template: dict | None = None, meta
         for name, data in files.items():
             _write(out_dir / name, hf_tokenizer.dumps(data))
         _write(out_dir / "README.md", card)
+        if template is None:  # a chat model's template left by an export this one replaces (--force)
+            (out_dir / CHAT_TEMPLATE_FILE).unlink(missing_ok=True)
     except OSError as e:
         raise storage_error(e, "write", out_dir) from None
     return out_dir

@@ -44,7 +44,7 @@ or by another tool) is a one-line CheckpointError naming the file when something
 
 Footguns
 - A crash or a full disk while writing must never destroy the previous good checkpoint: every write
-  goes to a temporary file `.NAME.tmp-PID` beside the target, is flushed and fsynced, then renamed
+  goes to a temporary file `.NAME.tmp-PID-RANDOM` beside the target, is flushed and fsynced, then renamed
   over it. A process killed mid-write leaves that file behind; the next save into the directory
   removes the ones whose process is gone. Pids are this machine's: don't let two machines save into
   one directory.
@@ -319,7 +319,7 @@ class _Recorder:
 
 
 def _torch_save(payload: dict, tmp: Path) -> None:
-    with open(tmp, "wb") as f:
+    with open(tmp, "wb") as f:  # (a new name nobody could plant a link at: fsutil.temp_name)
         out = _Recorder(f)
         try:
             torch.save(payload, out)

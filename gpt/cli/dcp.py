@@ -8,18 +8,20 @@ from pathlib import Path
 
 from gpt.checkpoints import loader, native
 from gpt.checkpoints.dcp import CheckpointError, read, read_meta
+from gpt.checkpoints.outputs import check_targets
 from gpt.cli import ArgumentParser, run_main
 
 
-def convert(ckpt: str | os.PathLike, out: str | os.PathLike | None = None) -> list[Path]:
+def convert(ckpt: str | os.PathLike, out: str | os.PathLike | None = None, force: bool = False) -> list[Path]:
     """Write DCP checkpoints as single files: with `out`, the one `ckpt` names (a checkpoint directory,
-    or a run directory's best, else last); without, a run directory's last.dcp and best.dcp become
-    last.pt and best.pt beside them. Returns the files written."""
+    or a run directory's best, else last), an existing `out` replaced only with `force`; without, a run
+    directory's last.dcp and best.dcp become last.pt and best.pt beside them. Returns the files written."""
     ckpt = Path(ckpt)
     if out is not None:
         source = loader.resolve(ckpt)
         if not native.is_sharded(source):
             raise CheckpointError(f"{source} is already a single-file checkpoint")
+        check_targets([out], force, [source])
         pairs = [(source, Path(out))]
     elif native.is_sharded(ckpt):
         raise CheckpointError(f"--out: where to write {ckpt} as one file, e.g. --out {ckpt.parent / 'model.pt'}")
@@ -60,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="the .pt file to write (default, for a run directory: last.pt and best.pt beside last.dcp and best.dcp)",
     )
+    conv.add_argument("--force", action="store_true", help="replace an existing --out (never the checkpoint converted)")
     args = parser.parse_args(argv)
-    return run_main(lambda: "\n".join(f"wrote {path}" for path in convert(args.ckpt, args.out)))
+    return run_main(lambda: "\n".join(f"wrote {path}" for path in convert(args.ckpt, args.out, args.force)))
 
 
 if __name__ == "__main__":

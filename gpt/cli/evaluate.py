@@ -20,7 +20,7 @@ from gpt.cli import ArgumentParser, run_main
 from gpt.data.pairs import read_lines
 from gpt.data.tokenizer import TokenizerError
 from gpt.errors import storage_error
-from gpt.fsutil import replacing
+from gpt.fsutil import replacing, write_text
 from gpt.infer.chat import chat_template
 from gpt.infer.evaluate import (
     ROUGE_TYPES,
@@ -271,7 +271,7 @@ def run(args: argparse.Namespace) -> str:
         )
     if args.output:
         try:
-            Path(args.output).write_text("".join(one_line(h) + "\n" for h in result["hypotheses"]), encoding="utf-8")
+            write_text(args.output, "".join(one_line(h) + "\n" for h in result["hypotheses"]))
         except OSError as e:
             raise storage_error(e, "write", args.output) from None
     if args.json:

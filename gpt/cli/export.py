@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpt.checkpoints.gguf import QUANTS as GGUF_QUANTS
+from gpt.checkpoints.outputs import check_targets, sources_of
 from gpt.cli import ArgumentParser, run_main
-from gpt.infer.export import FORMATS, ExportError, export, parity
+from gpt.infer.export import FORMATS, ExportError, export, parity, targets
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,11 +65,14 @@ def run(args: argparse.Namespace) -> str:
 
     if args.format != "gguf" and args.quant != "f32":
         raise ExportError(f"--quant is for --format gguf; {args.format} exports float32")
+    sources = sources_of(args.ckpt)  # the checkpoint and, for LoRA adapters, their base
+    out = [gguf_path(args.out)] if args.format == "gguf" else targets(args.out, args.format)
+    check_targets(out, args.force, sources)  # before the checkpoint is loaded
     model, tokenizer, meta = load_checkpoint(args.ckpt, device="cpu")
     if args.format == "gguf":
         return run_gguf(args, model, tokenizer, meta)
     start = time.perf_counter()
-    path = export(model, tokenizer, args.out, args.format, args.force, meta.get("chat_template"))
+    path = export(model, tokenizer, args.out, args.format, args.force, meta.get("chat_template"), tuple(sources))
     line = (
         f"exported {args.ckpt} ({model.num_params() / 1e6:.2f}M parameters) to {path} in "
         f"{time.perf_counter() - start:.1f} s: idx int64 (batch, seq <= {model.config.block_size}) -> logits "
@@ -79,15 +83,17 @@ def run(args: argparse.Namespace) -> str:
     return line
 
 
+def gguf_path(out: str) -> Path:
+    """--out for gguf: the file, or DIR/model.gguf for a directory."""
+    path = Path(out)
+    return path / "model.gguf" if path.is_dir() else path
+
+
 def run_gguf(args: argparse.Namespace, model, tokenizer, meta: dict) -> str:
     from gpt.checkpoints.gguf import write_gguf
     from gpt.infer import llamacpp
 
-    path = Path(args.out)
-    if path.is_dir():
-        path = path / "model.gguf"
-    if path.exists() and not args.force:
-        raise ExportError(f"{path} exists already: choose another --out, or --force to replace it")
+    path = gguf_path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     counts = write_gguf(model, tokenizer, path, args.quant, meta.get("chat_template"))

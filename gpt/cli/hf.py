@@ -9,8 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpt.checkpoints import native
-from gpt.checkpoints.hf import HFError, export_hf, is_hf_dir
+from gpt.checkpoints.hf import EXPORT_FILES, HFError, export_hf, is_hf_dir
 from gpt.checkpoints.loader import load_checkpoint
+from gpt.checkpoints.outputs import check_targets, sources_of
 from gpt.cli import ArgumentParser, run_main
 
 
@@ -19,13 +20,17 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("export", help="write a directory transformers' AutoModelForCausalLM and AutoTokenizer load")
     ex.add_argument("--ckpt", required=True, help="run directory, checkpoint file (LoRA: merged) or HF directory")
-    ex.add_argument("--out", required=True, help="output directory (created; existing files are replaced)")
+    ex.add_argument("--out", required=True, help="output directory (created)")
+    ex.add_argument(
+        "--force", action="store_true", help="replace an export already in --out (never the checkpoint exported)"
+    )
     im = sub.add_parser("import", help="turn a Hugging Face GPT-2 / GPT-NeoX directory into a gpt checkpoint")
     im.add_argument("--hf-dir", required=True, help="directory with config.json and model weights")
     im.add_argument("--out", required=True, help="run directory to create (the checkpoint is OUT/best.pt)")
     args = p.parse_args(argv)
 
     def export() -> str:
+        check_targets([Path(args.out) / name for name in EXPORT_FILES], args.force, sources_of(args.ckpt))
         model, tokenizer, meta = load_checkpoint(args.ckpt)
         out = export_hf(model, tokenizer, args.out, meta.get("chat_template"), meta)
         cls = "GPTNeoXForCausalLM" if model.config.pos_encoding == "rope" else "GPT2LMHeadModel"

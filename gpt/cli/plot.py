@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 from gpt.cli import ArgumentParser, run_main
 from gpt.train.plot import plot_runs
 
@@ -14,7 +16,15 @@ def main(argv=None) -> int:
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (or their log.jsonl files)")
     p.add_argument("--out", required=True, help="the PNG file to write")
     args = p.parse_args(argv)
-    return run_main(lambda: f"wrote {plot_runs(args.runs, args.out)}")
+    # SIGTERM and SIGHUP as Ctrl-C: the PNG being written is removed and the old one kept (train.py's figure
+    # process gets them with the trainer, e.g. from `timeout` or a closed terminal)
+    signals = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
+    before = [signal.signal(s, signal.default_int_handler) for s in signals]
+    try:
+        return run_main(lambda: f"wrote {plot_runs(args.runs, args.out)}", interrupted=f"{args.out} was left as it was")
+    finally:
+        for s, handler in zip(signals, before):
+            signal.signal(s, handler)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt.errors import StorageError, UserError, storage_error
-from gpt.fsutil import fsync_path, remove_stale_temps, temp_prefix
+from gpt.fsutil import fsync_path, remove_stale_temps, temp_prefix, write_text
 
 FORMAT_VERSION = 1
 VERSION_KEY = "format_version"
@@ -116,7 +116,7 @@ def store_ranks(directory: Path, spec: dict) -> dict:
         spec["base"] = store_ranks(directory, spec["base"])
     elif spec["kind"] == "bpe":
         file = Path(directory) / RANKS_FILE
-        file.write_text(spec.pop("ranks"), encoding="ascii")
+        write_text(file, spec.pop("ranks"), encoding="ascii")
         spec.update(ranks_file=RANKS_FILE, ranks_sha256=file_sha256(file))
     return spec
 
@@ -158,7 +158,7 @@ def new_meta(kind: str, vocab_size: int, spec: dict, **fields) -> dict:
 
 
 def write_meta(directory: Path, meta: dict) -> None:
-    (Path(directory) / META_FILE).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_text(Path(directory) / META_FILE, json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
 
 
 def _raw_meta(path: str | os.PathLike) -> dict | None:

@@ -85,6 +85,7 @@ from gpt.data.tokenizer import (
     get_tokenizer,
     gpt2_tokenizer,
 )
+from gpt.fsutil import open_new
 
 
 class PairsError(DataError):
@@ -165,8 +166,9 @@ def write_split(out_dir: Path, split: str, pairs: list, dtype: str) -> dict:
     tokens = np.fromiter(
         (i for s, t in pairs for i in (*s, *t)), dtype=np.dtype(dtype).newbyteorder("<"), count=int(offsets[-1])
     )
-    tokens.tofile(out_dir / f"{split}.bin")
-    offsets.tofile(out_dir / f"{split}.idx")
+    for array, name in ((tokens, f"{split}.bin"), (offsets, f"{split}.idx")):
+        with open_new(out_dir / name) as f:  # (in the fresh directory format.staged made)
+            array.tofile(f)
     src_len, tgt_len = lengths[0::2], lengths[1::2]
     return {
         "pairs": len(pairs),

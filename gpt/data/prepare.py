@@ -70,7 +70,7 @@ from gpt.data.tokenizer import (
     get_tokenizer,
     gpt2_tokenizer,
 )
-from gpt.fsutil import replacing
+from gpt.fsutil import open_new, replacing
 from gpt.progress import Progress
 
 DEFAULT_BPE_VOCAB = 8192
@@ -383,7 +383,7 @@ def _encoder(tok, replace_with: str | None = None) -> Callable[[str], np.ndarray
 
 class _SplitWriter:
     def __init__(self, path: Path, dtype: str, vocab_size: int):
-        self.f = open(path, "wb")
+        self.f = open_new(path)  # (in the fresh directory format.staged made)
         self.dtype = np.dtype(dtype).newbyteorder("<")
         self.vocab_size = vocab_size
         self.sha256 = hashlib.sha256()

@@ -41,6 +41,7 @@ from gpt.data.corpus import BadRowError, CorpusError, jsonl_rows, parquet_rows
 from gpt.data.format import SPLITS, DataError, dtype_for_vocab, new_meta, staged, store_ranks, write_meta
 from gpt.data.prepare import reused_spec, reused_tokenizer
 from gpt.data.tokenizer import TokenizerError, gpt2_tokenizer
+from gpt.fsutil import open_new
 from gpt.progress import Progress
 
 LONG_POLICIES = ("truncate", "skip")
@@ -143,8 +144,8 @@ class _Split:
 
     def __init__(self, tmp: Path, name: str, dtype: str):
         self.name, self.dtype = name, np.dtype(dtype).newbyteorder("<")
-        self.ids = open(tmp / f"{name}.bin", "wb")
-        self.mask = open(tmp / f"{name}.mask.bin", "wb")
+        self.ids = open_new(tmp / f"{name}.bin")  # (in the fresh directory format.staged made)
+        self.mask = open_new(tmp / f"{name}.mask.bin")
         self.starts = [0]
         self.targets = 0
         self.max_id = 0
@@ -162,7 +163,8 @@ class _Split:
     def close(self, tmp: Path) -> dict:
         self.ids.close()
         self.mask.close()
-        np.asarray(self.starts, dtype="<i8").tofile(tmp / f"{self.name}.idx")
+        with open_new(tmp / f"{self.name}.idx") as f:
+            np.asarray(self.starts, dtype="<i8").tofile(f)
         return {
             "file": f"{self.name}.bin",
             "mask": f"{self.name}.mask.bin",

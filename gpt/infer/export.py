@@ -35,7 +35,9 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from gpt.checkpoints.outputs import check_targets
 from gpt.errors import UserError
+from gpt.fsutil import replacing, write_text
 
 FORMATS = {"onnx": "model.onnx", "pt2": "model.pt2"}
 META_FILE = "gpt_export.json"
@@ -75,8 +77,19 @@ def quiet_exporter():
         registration.setLevel(level)
 
 
+def targets(out_dir: str | Path, fmt: str) -> list[Path]:
+    """The files `export` writes into `out_dir`."""
+    return [Path(out_dir) / FORMATS[fmt], Path(out_dir) / META_FILE]
+
+
 def export(
-    model, tokenizer, out_dir: str | Path, fmt: str, force: bool = False, chat_template: dict | None = None
+    model,
+    tokenizer,
+    out_dir: str | Path,
+    fmt: str,
+    force: bool = False,
+    chat_template: dict | None = None,
+    sources: tuple = (),
 ) -> Path:
     """Write the model (float32, CPU) as `fmt` ("onnx" or "pt2") to out_dir, with gpt_export.json (and a
     chat model's template in it); its path."""
@@ -86,8 +99,7 @@ def export(
         raise ExportError("this checkpoint is an encoder-decoder (seq2seq) model: export covers decoder-only models")
     out_dir = Path(out_dir)
     path = out_dir / FORMATS[fmt]
-    if path.exists() and not force:
-        raise ExportError(f"{path} exists already: choose another --out, or --force to replace it")
+    check_targets(targets(out_dir, fmt), force, sources)  # never over the checkpoint `sources` it exports
     out_dir.mkdir(parents=True, exist_ok=True)
     block = model.config.block_size
     graph = Logits(model.float().cpu()).eval()
@@ -97,11 +109,11 @@ def export(
             import onnxscript  # noqa: F401  (torch.onnx's dynamo exporter needs it)
         except ImportError:
             raise ExportError('ONNX export needs onnx and onnxscript: pip install -e ".[export]"') from None
-        with quiet_exporter():
+        with quiet_exporter(), replacing(path) as tmp:  # (each file: a link there is replaced, not followed)
             torch.onnx.export(
                 graph,
                 (example,),
-                str(path),
+                str(tmp),
                 dynamo=True,
                 input_names=["idx"],
                 output_names=["logits"],
@@ -110,7 +122,8 @@ def export(
             )
     else:
         program = torch.export.export(graph, (example,), dynamic_shapes=dynamic_shapes(block))
-        torch.export.save(program, str(path))
+        with replacing(path) as tmp:
+            torch.export.save(program, str(tmp))
     meta = {
         "format": fmt,
         "file": path.name,
@@ -123,7 +136,7 @@ def export(
         "model_config": model.config.to_dict(),
         **({"chat_template": chat_template} if chat_template else {}),
     }
-    (out_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    write_text(out_dir / META_FILE, json.dumps(meta, indent=2) + "\n")
     return path
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpt.errors import UserError, storage_error
-from gpt.fsutil import replacing
+from gpt.fsutil import remove_stale_temps, replacing
 
 FIGURE_NAME = "run.png"
 
@@ -258,6 +258,7 @@ class FigureWriter:
         """Warn (once, then stop drawing) if the last drawing failed."""
         if self.process is None or self.process.returncode in (0, None):
             return
+        remove_stale_temps(self.out_dir, FIGURE_NAME)  # the PNG a killed drawing was writing (it has exited)
         lines = (self.process.stderr.read() or "").strip().splitlines() or [f"exit status {self.process.returncode}"]
         self.enabled = False
         self.warn(

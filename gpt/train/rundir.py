@@ -8,7 +8,10 @@
   the run ends; a second trainer into the same directory is refused, naming the first. The kernel
   drops the lock when its process dies, so a killed run never leaves the directory locked. The file
   itself stays (the flock is the lock: removing the file would let two trainers lock two files of one
-  name), and is never opened through a symbolic link.
+  name), and is never opened through a symbolic link, nor truncated when it is a hard link to another file
+  (a run directory unpacked from someone's archive may hold `.lock` linked to its own `best.pt`).
+- Every file in it (config.json, log.jsonl, checkpoints, run.png, tensorboard/) is written through
+  gpt/fsutil.py: a link planted at any of those names is replaced, never followed.
 - Never overwritten by accident: a directory holding a run (a checkpoint or a log) is refused for a
   new run without `--force`; with `--force` that run's files are removed first, so two runs never mix.
 """
@@ -24,16 +27,9 @@ import stat
 from contextlib import contextmanager
 from pathlib import Path
 
+from gpt.checkpoints.outputs import RUN_FILES
 from gpt.errors import UserError, storage_error
-
-RUN_FILES = (
-    "last.pt",
-    "best.pt",
-    "log.jsonl",
-    "config.json",
-    "last.dcp",
-    "best.dcp",
-)  # .dcp: links (gpt/checkpoints/dcp.py)
+from gpt.fsutil import remove_stale_temps, write_text
 
 try:
     import fcntl
@@ -69,6 +65,7 @@ class RunDir:
         self._make()
         self._acquire()
         try:
+            remove_stale_temps(self.path)  # what killed writers left (a checkpoint, the plot's PNG)
             if not resume and self.holds_run():
                 if not force:
                     raise RunDirError(
@@ -89,7 +86,7 @@ class RunDir:
     def write_config(self, config: dict) -> None:
         if self.master:
             try:
-                (self.path / "config.json").write_text(json.dumps(config, indent=2))
+                write_text(self.path / "config.json", json.dumps(config, indent=2))
             except OSError as e:
                 raise storage_error(e, "write", self.path / "config.json") from None
 
@@ -118,9 +115,14 @@ class RunDir:
                     f"(a trainer never writes through it)"
                 ) from None
             raise storage_error(e, "write the lock file", path) from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:  # a hard link: truncating it changes the other names
             os.close(fd)
-            raise RunDirError(f"--out-dir {self.path}: {path} is not a regular file; remove it")
+            raise RunDirError(
+                f"--out-dir {self.path}: {path} is "
+                + ("a hard link to another file" if stat.S_ISREG(info.st_mode) else "not a regular file")
+                + "; remove it"
+            )
         if fcntl is not None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -12,11 +12,14 @@ import errno
 import json
 import os
 import re
+import secrets
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from gpt.fsutil import appending, own_dir
 
 # Dense bf16 peak FLOP/s of common accelerators (vendor datasheets), matched against the device name.
 GPU_PEAK_FLOPS = [
@@ -63,6 +66,7 @@ class WandbTracker:
     def __init__(self, project: str, name: str, config: dict, mode: str, out_dir: str):
         import wandb  # lazily: only when asked for
 
+        own_dir(Path(out_dir) / "wandb")  # wandb writes under OUT_DIR/wandb: never into a link planted there
         self.run = wandb.init(
             project=project,
             name=name,
@@ -87,7 +91,10 @@ class TensorBoardTracker:
             SummaryWriter,  # lazily: needs the `tensorboard` package
         )
 
-        self.writer = SummaryWriter(log_dir=str(Path(out_dir) / "tensorboard"))
+        # a link planted at tensorboard/ is replaced, and the event file's name gets a random part (it is
+        # opened by tensorboard, without O_NOFOLLOW): nothing there can be planted in advance
+        log_dir = own_dir(Path(out_dir) / "tensorboard")
+        self.writer = SummaryWriter(log_dir=str(log_dir), filename_suffix=f".{secrets.token_hex(6)}")
 
     def log(self, data: dict, step: int) -> None:
         for key, value in data.items():
@@ -126,7 +133,7 @@ class RunLogger:
         self.enabled = enabled
         self.tracker = tracker or NullTracker()
         self.path = Path(out_dir) / "log.jsonl"
-        self.file = open(self.path, "a", buffering=1) if enabled else None
+        self.file = appending(self.path) if enabled else None  # never through a link planted there
         self.console_closed = False
 
     @classmethod
