@@ -5,6 +5,7 @@ Several processes: tests/test_parallel.py."""
 import errno
 import os
 import pickle
+import shutil
 import struct
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from gpt.cli import dcp as cli_dcp
 from gpt.errors import StorageError
 from gpt.infer.sampling import complete
 from gpt.model.transformer import GPT, GPTConfig
-from gpt.train.rundir import RunDir
+from gpt.train.rundir import RunDir, RunDirError
 
 CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.1)
 TOKENIZER = {"kind": "char", "chars": "".join(chr(97 + i % 26) for i in range(26))}
@@ -496,6 +497,30 @@ def test_a_refused_name_imports_nothing(tmp_path):
         ".metadata",
         "[] False",
     ], res.stderr[-2000:]
+
+
+def test_a_new_run_keeps_a_sharded_checkpoint_no_link_points_to(tmp_path):
+    """A save killed after its directory's rename, before the link switch, or a checkpoint kept by hand: the
+    first save of a new --fsdp run would have deleted it."""
+    model, optimizer = trained()
+    save(tmp_path, model, optimizer, step=2)
+    (tmp_path / "last.dcp").unlink()
+    with pytest.raises(RunDirError) as e, RunDir(tmp_path).claim(resume=False, force=False):
+        pass
+    assert str(e.value) == (
+        f"--out-dir {tmp_path} holds the checkpoint step-000002/, which no last.dcp points to; move it elsewhere, "
+        f"or pass --force to start over there (it is removed)"
+    )
+    assert native.is_sharded(tmp_path / "step-000002")
+    (tmp_path / "step-000001").mkdir()  # not a checkpoint (no meta.json, no .metadata): no run
+    shutil.move(tmp_path / "step-000002", tmp_path.parent / f"{tmp_path.name}-kept")
+    with RunDir(tmp_path).claim(resume=False, force=False):
+        pass
+    save(tmp_path, model, optimizer, step=2)
+    (tmp_path / "last.dcp").unlink()
+    with RunDir(tmp_path).claim(resume=False, force=True):
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]
 
 
 @pytest.mark.parametrize(
