@@ -219,6 +219,22 @@ HOSTILE = {
     "a memo entry never stored": lambda m: b"h\x07",
     "DUP": lambda m: b"N2",
     "a lazily imported torch submodule": lambda m: _global("torch", "_dynamo"),
+    "a deeply nested tuple as a dict key (hash() would overflow the C stack)": lambda m: (
+        b"})" + b"\x85" * 500_000 + _u(str(m)) + b"s"
+    ),
+    "an index key whose offset is such a tuple": lambda m: (
+        b"}"
+        + _global(MOD, "MetadataIndex")
+        + b")\x81}"
+        + _u("fqn")
+        + _u("k")
+        + _u("offset")
+        + b")"
+        + b"\x85" * 500_000
+        + b"ub"
+        + _u(str(m))
+        + b"s"
+    ),
 }
 
 

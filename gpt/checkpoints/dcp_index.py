@@ -124,6 +124,7 @@ class _Unpickler:
         self.memo: dict[int, object] = {}
         self.names = _names()
         self.classes = {n.new for n in self.names.values() if isinstance(n, _Name) and n.new}
+        self.index = self.names[("torch.distributed.checkpoint.metadata", "MetadataIndex")].new
 
     def take(self, n: int) -> bytes:
         if n > len(self.data) - self.pos:
@@ -207,7 +208,12 @@ def _setitems(u: _Unpickler, items: list) -> None:
     if type(target) not in (dict, OrderedDict) or len(items) % 2:
         raise pickle.UnpicklingError(f"SETITEMS on a {type(target).__name__}")
     for i in range(0, len(items), 2):
-        target[items[i]] = items[i + 1]
+        key = items[i]  # a str or an index of DCP's, hashed safely (a deeply nested tuple would crash hash())
+        if type(key) is not str and not (
+            type(key) is u.index and type(key.fqn) is str and type(key.offset) in (torch.Size, type(None))
+        ):
+            raise pickle.UnpicklingError(f"a dict key of type {type(key).__name__} in a checkpoint's .metadata")
+        target[key] = items[i + 1]
 
 
 def _append(u: _Unpickler, items: list) -> None:
