@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 from conftest import ROOT, TRAIN, one_line_error, train_script
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
 
 from gpt.checkpoints import dcp, loader, native
 from gpt.cli import dcp as cli_dcp
@@ -560,3 +561,61 @@ def test_a_damaged_shard_is_one_line(tmp_path, damage, reason):
     with pytest.raises(native.CheckpointError) as e:
         dcp.load(tmp_path / "last.dcp", *trained(steps=0))
     assert str(e.value) == message
+
+
+BAD_TRAIN_STATE = {
+    "not a dict": lambda t: [1, 2],
+    "no rng": lambda t: {k: v for k, v in t.items() if k != "rng"},
+    "an alias of a parameter the shards lack": lambda t: dict(t, aliases={"lm_head.weight": "nope"}),
+    "groups naming other parameters": lambda t: dict(t, param_groups=[dict(t["param_groups"][0], params=["x"])]),
+}
+
+
+@pytest.mark.parametrize("change", BAD_TRAIN_STATE)
+def test_a_bad_train_state_is_one_line(tmp_path, change):
+    """train.pt is read with weights_only, but what it holds is the file's to say: checked before it is used."""
+    model, optimizer = trained()
+    save(tmp_path, model, optimizer, step=2)
+    path = tmp_path / "step-000002" / "train.pt"
+    torch.save(BAD_TRAIN_STATE[change](torch.load(path, weights_only=True)), path)
+    with pytest.raises(native.CheckpointError, match=f"^{tmp_path}/(last.dcp|step-000002)[^\n]*$"):
+        loader.load_model(tmp_path)
+    if "alias" in change:  # (--resume --fsdp ties the weights of the model it loads into, not train.pt's)
+        return
+    with pytest.raises(native.CheckpointError, match=f"^{tmp_path}/(last.dcp|step-000002)[^\n]*$"):
+        dcp.load(tmp_path / "last.dcp", *trained(steps=0))
+
+
+def _first_entry(metadata):
+    return metadata.state_dict_metadata["model.transformer.wte.weight"]
+
+
+INDEX_CHANGES = {  # each keeps DCP's own classes: the index is well formed, what it says is not
+    "a place outside the saved state": (
+        lambda m: m.planner_data.update({"model.transformer.wte.weight": ("os", "system")}),
+        "entry 'model.transformer.wte.weight' has no place in the saved state dict",
+    ),
+    "a tensor larger than the shards (an allocation bomb)": (
+        lambda m: setattr(_first_entry(m), "size", torch.Size([2**40, 16])),
+        "its tensors (70,368,",
+    ),
+    "a chunk outside its tensor": (
+        lambda m: setattr(_first_entry(m).chunks[0], "offsets", torch.Size([64, 0])),
+        "entry 'model.transformer.wte.weight' has a chunk outside the tensor",
+    ),
+    "a chunk stored nowhere": (
+        lambda m: _first_entry(m).chunks.append(ChunkStorageMetadata(torch.Size([32, 0]), torch.Size([32, 16]))),
+        "entry 'model.transformer.wte.weight' has a chunk stored nowhere",
+    ),
+}
+
+
+@pytest.mark.parametrize("change", INDEX_CHANGES)
+def test_an_index_that_says_the_wrong_thing_is_one_line(tmp_path, change):
+    model, optimizer = trained()
+    save(tmp_path, model, optimizer, step=2)
+    edit, reason = INDEX_CHANGES[change]
+    _rewrite_metadata(tmp_path / "step-000002", edit)
+    with pytest.raises(native.CheckpointError) as e:
+        loader.load_model(tmp_path)
+    assert str(e.value).startswith(f"{tmp_path / 'last.dcp'} is not a readable DCP checkpoint: {reason}")

@@ -148,7 +148,32 @@ def _load_side(path: Path, map_location="cpu") -> tuple[dict, dict]:
         raise storage_error(e, "read", path / TRAIN) from None
     except pickle.UnpicklingError:
         raise CheckpointError(f"{path / TRAIN} holds objects other than tensors and plain data; refused") from None
+    except Exception as e:  # not a torch file, a truncated one: data from disk
+        raise CheckpointError(f"{path / TRAIN} cannot be read ({type(e).__name__}: {str(e)[:120]})") from None
+    if not _is_train_state(train):
+        raise CheckpointError(
+            f"{path / TRAIN} is not a checkpoint's training state (param_groups, aliases, rng, scaler)"
+        )
     return meta, train
+
+
+def _is_train_state(train) -> bool:
+    """train.pt as `save` writes it: parameter groups naming parameters, tied names, rng and scaler."""
+
+    def strings(xs) -> bool:
+        return all(type(x) is str for x in xs)
+
+    return (
+        type(train) is dict
+        and {"param_groups", "aliases", "rng", "scaler"} <= set(train)
+        and type(train["param_groups"]) is list
+        and all(
+            type(g) is dict and type(g.get("params")) is list and strings(g["params"]) for g in train["param_groups"]
+        )
+        and type(train["aliases"]) is dict
+        and strings(train["aliases"])
+        and strings(train["aliases"].values())
+    )
 
 
 def read(path: str | os.PathLike, map_location="cpu") -> dict:
@@ -173,7 +198,9 @@ def read(path: str | os.PathLike, map_location="cpu") -> dict:
             nested[top].setdefault(name, {})[rest[0]] = tensor
         else:
             nested[top][name] = tensor
-    model = nested["model"]
+    model, grouped = nested["model"], {n for g in train["param_groups"] for n in g["params"]}
+    if not set(train["aliases"].values()) <= set(model) or not set(nested["optimizer"]) <= grouped:
+        raise CheckpointError(f"{path} is not a readable DCP checkpoint: {TRAIN} names parameters its shards lack")
     model.update({alias: model[name] for alias, name in train["aliases"].items()})
     optimizer = _by_index({"state": nested["optimizer"], "param_groups": train["param_groups"]})
     return {
@@ -217,6 +244,10 @@ def load(source: str | os.PathLike, model: torch.nn.Module, optimizer: torch.opt
     reader = _reader(source)
     reader.read_metadata()  # checked here, where a refusal is one line (inside DCP's load it is wrapped)
     model_state, optim_state = get_state_dict(model, optimizer)  # the shapes and shards to fill
+    if {n for g in train["param_groups"] for n in g["params"]} != {
+        n for g in optim_state["param_groups"] for n in g["params"]
+    }:
+        raise CheckpointError(f"{source / TRAIN}: its optimizer's parameter groups are not this model's")
     aliases = _aliases(model)
     state = {"model": {k: v for k, v in model_state.items() if k not in aliases}, "optimizer": optim_state["state"]}
     _load_shards(state, reader, source, distributed=_distributed())

@@ -335,7 +335,12 @@ def check(metadata, directory: Path) -> None:
     tensor_bytes = 0
     for key, md in entries.items():
         where = paths.get(key) if type(paths) is dict else None
-        if type(where) is not tuple or len(where) not in (2, 3) or not all(type(p) is str for p in where):
+        if (
+            type(where) is not tuple
+            or len(where) not in (2, 3)
+            or not all(type(p) is str for p in where)
+            or where[0] not in ("model", "optimizer")
+        ):
             raise ValueError(f"entry {key!r} has no place in the saved state dict")
         props, size, chunks = (getattr(md, f, None) for f in ("properties", "size", "chunks"))
         if type(props) is not TensorProperties or type(size) is not torch.Size or type(chunks) is not list:
