@@ -619,3 +619,27 @@ def test_an_index_that_says_the_wrong_thing_is_one_line(tmp_path, change):
     with pytest.raises(native.CheckpointError) as e:
         loader.load_model(tmp_path)
     assert str(e.value).startswith(f"{tmp_path / 'last.dcp'} is not a readable DCP checkpoint: {reason}")
+
+
+def test_point_and_the_plot_child_do_not_trust_pathlib(tmp_path, monkeypatch):
+    """Defence in depth, had anything rewritten pathlib after import: the links are read with os.path (no
+    checkpoint a link names is deleted), and the drawing child's import root was fixed at import."""
+    import pathlib
+
+    from gpt.train import plot
+
+    model, optimizer = trained()
+    save(tmp_path, model, optimizer, step=2)
+    dcp.mark_best(tmp_path)
+    with monkeypatch.context() as m:
+        m.setattr(pathlib.Path, "is_symlink", lambda self: False)
+        save(tmp_path, model, optimizer, step=4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.dcp", "last.dcp", "step-000002", "step-000004"]
+    started = []
+    with monkeypatch.context() as m:
+        m.setattr(pathlib.Path, "resolve", lambda self, strict=False: pathlib.Path("/elsewhere/gpt/train/plot.py"))
+        m.setattr(plot.subprocess, "Popen", lambda *args, **kw: started.append(kw["env"]["PYTHONPATH"]))
+        plot.FigureWriter(tmp_path, warn=print).update()
+    import gpt
+
+    assert started[0].split(os.pathsep)[0] == os.path.dirname(os.path.dirname(os.path.realpath(gpt.__file__)))

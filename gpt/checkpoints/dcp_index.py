@@ -1,6 +1,6 @@
 """DCP's index (a checkpoint directory's `.metadata`, a pickle) read without running anything the file says.
 
-    metadata = dcp_index.load(path / ".metadata")   # torch.distributed.checkpoint's Metadata, checked
+    metadata = dcp_index.load(step_dir)   # its .metadata: torch.distributed.checkpoint's Metadata, checked
 
 Python's unpickler cannot be made safe by restricting the names it looks up: its BUILD opcode sets
 attributes on whatever object is on the stack, so a file naming an allowed class or function could
@@ -35,8 +35,11 @@ from pathlib import Path
 
 import torch
 
-_OPNAMES = {getattr(pickle, n)[0]: n for n in dir(pickle) if n.isupper() and isinstance(getattr(pickle, n), bytes)}
-_OPNAMES.update({pickle.PROTO[0]: "PROTO", pickle.STOP[0]: "STOP"})
+_OPNAMES = {  # opcode -> its name in the pickle module, for messages
+    getattr(pickle, n)[0]: n
+    for n in dir(pickle)
+    if isinstance(getattr(pickle, n), bytes) and len(getattr(pickle, n)) == 1
+}
 
 
 class _Name:
