@@ -176,6 +176,11 @@ def _is_train_state(train) -> bool:
     )
 
 
+def _grouped(param_groups: list[dict]) -> set[str]:
+    """The parameter names an optimizer state's groups hold."""
+    return {name for g in param_groups for name in g["params"]}
+
+
 def read(path: str | os.PathLike, map_location="cpu") -> dict:
     """A whole DCP checkpoint, read by this one process, as gpt/checkpoints/native.py's file format holds it:
     `model` (state dict), `optimizer` (torch.optim's, by position), `scaler`, `rng`, `meta` (JSON text)."""
@@ -198,8 +203,10 @@ def read(path: str | os.PathLike, map_location="cpu") -> dict:
             nested[top].setdefault(name, {})[rest[0]] = tensor
         else:
             nested[top][name] = tensor
-    model, grouped = nested["model"], {n for g in train["param_groups"] for n in g["params"]}
-    if not set(train["aliases"].values()) <= set(model) or not set(nested["optimizer"]) <= grouped:
+    model = nested["model"]
+    if not set(train["aliases"].values()) <= set(model) or not set(nested["optimizer"]) <= _grouped(
+        train["param_groups"]
+    ):
         raise CheckpointError(f"{path} is not a readable DCP checkpoint: {TRAIN} names parameters its shards lack")
     model.update({alias: model[name] for alias, name in train["aliases"].items()})
     optimizer = _by_index({"state": nested["optimizer"], "param_groups": train["param_groups"]})
@@ -244,9 +251,7 @@ def load(source: str | os.PathLike, model: torch.nn.Module, optimizer: torch.opt
     reader = _reader(source)
     reader.read_metadata()  # checked here, where a refusal is one line (inside DCP's load it is wrapped)
     model_state, optim_state = get_state_dict(model, optimizer)  # the shapes and shards to fill
-    if {n for g in train["param_groups"] for n in g["params"]} != {
-        n for g in optim_state["param_groups"] for n in g["params"]
-    }:
+    if _grouped(train["param_groups"]) != _grouped(optim_state["param_groups"]):
         raise CheckpointError(f"{source / TRAIN}: its optimizer's parameter groups are not this model's")
     aliases = _aliases(model)
     state = {"model": {k: v for k, v in model_state.items() if k not in aliases}, "optimizer": optim_state["state"]}
