@@ -5,18 +5,23 @@ Several processes: tests/test_parallel.py."""
 import errno
 import os
 import pickle
+import shutil
+import struct
 import subprocess
 import sys
+from contextlib import contextmanager
 
 import pytest
 import torch
+from conftest import ROOT, TRAIN, one_line_error, train_script
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
 
 from gpt.checkpoints import dcp, loader, native
 from gpt.cli import dcp as cli_dcp
 from gpt.errors import StorageError
 from gpt.infer.sampling import complete
 from gpt.model.transformer import GPT, GPTConfig
-from gpt.train.rundir import RunDir
+from gpt.train.rundir import RunDir, RunDirError
 
 CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.1)
 TOKENIZER = {"kind": "char", "chars": "".join(chr(97 + i % 26) for i in range(26))}
@@ -199,6 +204,38 @@ HOSTILE = {
     "BUILD through TensorProperties.__setstate__": lambda m: (
         _global(MOD, "TensorProperties") + b")\x81(" + _u(str(m)) + b"tb"
     ),
+    "BUILD on a class": lambda m: (
+        _global(MOD, "Metadata") + b"N}" + _u("__init__") + _global("os", "mkdir") + b"s\x86b"
+    ),
+    "BUILD on an OrderedDict (torch's weights_only allows it)": lambda m: (
+        _global("collections", "OrderedDict") + b")R}" + _u("x") + _u(str(m)) + b"sb"
+    ),
+    "BUILD of a field that is not the dataclass's": lambda m: (
+        _global(MOD, "StorageMeta") + b")\x81}" + _u("__class__") + _u(str(m)) + b"sb"
+    ),
+    "NEWOBJ of an admitted class with arguments": lambda m: _global(MOD, "MetadataIndex") + _u(str(m)) + b"\x85\x81",
+    "REDUCE of a dtype": lambda m: _global("torch", "float32") + b")R",
+    "REDUCE of torch.Size with a path": lambda m: _global("torch", "Size") + _u(str(m)) + b"\x85R",
+    "SETITEM into a list": lambda m: b"]" + _u("k") + _u(str(m)) + b"s",
+    "a memo entry never stored": lambda m: b"h\x07",
+    "DUP": lambda m: b"N2",
+    "a lazily imported torch submodule": lambda m: _global("torch", "_dynamo"),
+    "a deeply nested tuple as a dict key (hash() would overflow the C stack)": lambda m: (
+        b"})" + b"\x85" * 500_000 + _u(str(m)) + b"s"
+    ),
+    "an index key whose offset is such a tuple": lambda m: (
+        b"}"
+        + _global(MOD, "MetadataIndex")
+        + b")\x81}"
+        + _u("fqn")
+        + _u("k")
+        + _u("offset")
+        + b")"
+        + b"\x85" * 500_000
+        + b"ub"
+        + _u(str(m))
+        + b"s"
+    ),
 }
 
 
@@ -345,3 +382,277 @@ def test_convert_mistakes_are_one_line(tmp_path, capsys):
     assert cli_dcp.main(["convert", "--ckpt", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith(f"error: {tmp_path / 'last.pt'} (step 5) is newer than ")
     assert (tmp_path / "last.pt").read_bytes() == before
+
+
+# ---- a .metadata that rewrites what it may name (BUILD's setattr on a class or a function) -----------------
+
+
+def _binunicode(text: str) -> bytes:
+    data = text.encode()
+    return b"X" + struct.pack("<I", len(data)) + data
+
+
+def _setattr_on(named: bytes, attribute: str, value: bytes) -> bytes:
+    """BUILD with the state (None, {attribute: value}) on the class or function `named`, then POP: Python's
+    unpickler runs setattr on whatever is on the stack, and the real index after it still loads."""
+    return named + b"N}" + _binunicode(attribute) + value + b"s\x86b0"
+
+
+REWRITES = {  # each takes a folder inside the checkpoint (the plot child's PYTHONPATH, had parents[1] been it)
+    "PosixPath.is_symlink": lambda folder: _setattr_on(
+        b"cpathlib\nPosixPath\n", "is_symlink", b"ccollections\nOrderedDict\n"
+    ),
+    "_get_layout.cache": lambda folder: _setattr_on(
+        b"ctorch.serialization\n_get_layout\n", "cache", b"}" + _binunicode("torch.strided") + b"ctorch\nfloat32\ns"
+    ),
+    "PosixPath.parents": lambda folder: _setattr_on(
+        b"cpathlib\nPosixPath\n", "parents", b"](" + _binunicode(str(folder)) * 2 + b"e"
+    ),
+}
+
+
+def _plant(step_dir, trick) -> None:
+    """The rewrite between the real index's PROTO and its body (outside any frame)."""
+    (step_dir / "evil" / "gpt").mkdir(parents=True)
+    (step_dir / "evil" / "gpt" / "__init__.py").write_text("raise SystemExit('evil gpt imported')\n")
+    data = (step_dir / ".metadata").read_bytes()
+    (step_dir / ".metadata").write_bytes(data[:2] + REWRITES[trick](step_dir / "evil") + data[2:])
+
+
+@contextmanager
+def untouched():
+    """Asserts that pathlib's path classes and torch's `_get_layout` end as they started (putting back whatever
+    changed first, so that a failure here cannot spoil the tests after it)."""
+    from pathlib import Path, PosixPath, PurePath, PurePosixPath
+
+    from torch.serialization import _get_layout
+
+    owners = (PurePath, PurePosixPath, Path, PosixPath, _get_layout)
+    before = [dict(vars(o)) for o in owners]
+    cache = dict(_get_layout.cache)
+    try:
+        yield
+    finally:
+        changed = []
+        for owner, was in zip(owners, before):
+            for key in [k for k in vars(owner) if k not in was or vars(owner)[k] is not was[k]]:
+                changed.append(f"{getattr(owner, '__name__', owner)}.{key}")
+                delattr(owner, key)
+            for key in [k for k in was if k not in vars(owner)]:
+                setattr(owner, key, was[key])
+        if _get_layout.cache != cache:
+            changed.append("_get_layout.cache's content")
+            _get_layout.cache.clear()
+            _get_layout.cache.update(cache)
+    assert not changed, changed
+    assert Path("/").is_symlink() is False and Path("/a/b/c").parents[1] == Path("/a")
+    assert _get_layout("torch.strided") is torch.strided
+
+
+@pytest.mark.parametrize("trick", REWRITES)
+def test_a_metadata_that_rewrites_a_class_or_function_is_one_line_and_changes_nothing(tmp_path, trick):
+    model, optimizer = trained()
+    save(tmp_path, model, optimizer, step=2)
+    _plant(tmp_path / "step-000002", trick)
+    with untouched():
+        with pytest.raises(native.CheckpointError) as e:
+            loader.load_model(tmp_path)  # sample.py, the server, --init-from, the HF export
+        assert str(e.value).startswith(f"{tmp_path / 'last.dcp'} is not a readable DCP checkpoint: BUILD on ")
+        assert "\n" not in str(e.value)
+        with pytest.raises(native.CheckpointError):
+            dcp.load(tmp_path / "last.dcp", *trained(steps=0))  # --resume --fsdp, in each process
+    assert (tmp_path / "step-000002").is_dir()
+
+
+@pytest.mark.parametrize("trick", REWRITES)
+def test_init_from_such_a_checkpoint_is_one_line(tiny_char_data, tmp_path, capsys, trick):
+    from gpt.data.tokens import open_dataset
+
+    model, optimizer = trained()
+    meta = native.build_meta(model_config=CFG.to_dict(), tokenizer=open_dataset(tiny_char_data).tokenizer_spec)
+    (tmp_path / "base").mkdir()
+    dcp.save(tmp_path / "base" / "last.dcp", model, optimizer, meta, scaler=None, rng=[])
+    _plant(tmp_path / "base" / "step-000000", trick)
+    argv = ["--data", tiny_char_data, "--out-dir", tmp_path / "out", "--init-from", tmp_path / "base", *TRAIN]
+    with untouched():
+        err = one_line_error(capsys, train_script.main, *argv, "--max-iters", "2")
+    assert err.startswith(f"error: {tmp_path / 'base' / 'last.dcp'} is not a readable DCP checkpoint: ")
+
+
+def test_resume_fsdp_from_such_a_checkpoint_is_one_line_and_keeps_the_run(char_data, tmp_path):
+    """Under torchrun (where, rewritten, `is_symlink` made the next save delete every step-* of the run)."""
+    from test_parallel import TINY, torchrun
+
+    run = tmp_path / "run"
+    torchrun(1, "--data", char_data, "--out-dir", run, *TINY, "--max-iters", "2", "--no-plot", "--fsdp")
+    _plant(run / "step-000002", "PosixPath.is_symlink")
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "train.py"]
+        + ["--resume", str(run), "--max-iters", "4"],
+        cwd=ROOT,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+    )
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
+    assert res.returncode != 0 and errors == [
+        f"error: {run / 'last.dcp'} is not a readable DCP checkpoint: BUILD on pathlib.PosixPath is not allowed "
+        f"in a checkpoint's .metadata"
+    ], res.stderr[-3000:]
+    ours = res.stderr.split("torch/distributed/elastic")[0]  # (then the launcher's own report, a traceback)
+    assert "Traceback" not in ours and "(exitcode: 2)" in res.stderr
+    assert os.readlink(run / "last.dcp") == "step-000002"
+    assert native.is_sharded(run / "step-000002")
+
+
+def test_a_refused_name_imports_nothing(tmp_path):
+    """A name is looked up in a table, never with getattr: `torch._dynamo` would import torch's compiler."""
+    model, optimizer = trained()
+    good, hostile = tmp_path / "good", tmp_path / "hostile"
+    for run in (good, hostile):
+        run.mkdir()
+        save(run, model, optimizer, step=2)
+    data = (hostile / "step-000002" / ".metadata").read_bytes()
+    (hostile / "step-000002" / ".metadata").write_bytes(data[:2] + b"ctorch\n_dynamo\n0" + data[2:])
+    code = (
+        "import sys; from gpt.checkpoints import loader, native; "
+        f"loader.load_model({str(good)!r}); before = set(sys.modules)\n"  # (the first load imports DCP's readers)
+        f"try: loader.load_model({str(hostile)!r})\n"
+        "except native.CheckpointError as e: print(e)\n"
+        "print(sorted(set(sys.modules) - before), 'torch._dynamo' in before)"
+    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.stdout.splitlines() == [
+        f"{hostile / 'last.dcp'} is not a readable DCP checkpoint: torch._dynamo is not allowed in a checkpoint's "
+        ".metadata",
+        "[] False",
+    ], res.stderr[-2000:]
+
+
+def test_a_new_run_keeps_a_sharded_checkpoint_no_link_points_to(tmp_path):
+    """A save killed after its directory's rename, before the link switch, or a checkpoint kept by hand: the
+    first save of a new --fsdp run would have deleted it."""
+    model, optimizer = trained()
+    save(tmp_path, model, optimizer, step=2)
+    (tmp_path / "last.dcp").unlink()
+    with pytest.raises(RunDirError) as e, RunDir(tmp_path).claim(resume=False, force=False):
+        pass
+    assert str(e.value) == (
+        f"--out-dir {tmp_path} holds the checkpoint step-000002/, which no last.dcp points to; move it elsewhere, "
+        f"or pass --force to start over there (it is removed)"
+    )
+    assert native.is_sharded(tmp_path / "step-000002")
+    (tmp_path / "step-000001").mkdir()  # not a checkpoint (no meta.json, no .metadata): no run
+    shutil.move(tmp_path / "step-000002", tmp_path.parent / f"{tmp_path.name}-kept")
+    with RunDir(tmp_path).claim(resume=False, force=False):
+        pass
+    save(tmp_path, model, optimizer, step=2)
+    (tmp_path / "last.dcp").unlink()
+    with RunDir(tmp_path).claim(resume=False, force=True):
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]
+
+
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        ("truncated", "storage '__0_0.distcp' is read past its end"),
+        ("zeroed", "a shard holds objects other than tensors, or is damaged"),
+    ],
+)
+def test_a_damaged_shard_is_one_line(tmp_path, damage, reason):
+    model, optimizer = trained()
+    save(tmp_path, model, optimizer, step=2)
+    shard = tmp_path / "step-000002" / "__0_0.distcp"
+    size = shard.stat().st_size
+    with open(shard, "r+b") as f:
+        f.truncate(size // 2) if damage == "truncated" else f.write(bytes(size))
+    message = f"{tmp_path / 'last.dcp'} is not a readable DCP checkpoint: {reason}"
+    with pytest.raises(native.CheckpointError) as e:
+        loader.load_model(tmp_path)
+    assert str(e.value) == message
+    with pytest.raises(native.CheckpointError) as e:
+        dcp.load(tmp_path / "last.dcp", *trained(steps=0))
+    assert str(e.value) == message
+
+
+BAD_TRAIN_STATE = {
+    "not a dict": lambda t: [1, 2],
+    "no rng": lambda t: {k: v for k, v in t.items() if k != "rng"},
+    "an alias of a parameter the shards lack": lambda t: dict(t, aliases={"lm_head.weight": "nope"}),
+    "groups naming other parameters": lambda t: dict(t, param_groups=[dict(t["param_groups"][0], params=["x"])]),
+}
+
+
+@pytest.mark.parametrize("change", BAD_TRAIN_STATE)
+def test_a_bad_train_state_is_one_line(tmp_path, change):
+    """train.pt is read with weights_only, but what it holds is the file's to say: checked before it is used."""
+    model, optimizer = trained()
+    save(tmp_path, model, optimizer, step=2)
+    path = tmp_path / "step-000002" / "train.pt"
+    torch.save(BAD_TRAIN_STATE[change](torch.load(path, weights_only=True)), path)
+    with pytest.raises(native.CheckpointError, match=f"^{tmp_path}/(last.dcp|step-000002)[^\n]*$"):
+        loader.load_model(tmp_path)
+    if "alias" in change:  # (--resume --fsdp ties the weights of the model it loads into, not train.pt's)
+        return
+    with pytest.raises(native.CheckpointError, match=f"^{tmp_path}/(last.dcp|step-000002)[^\n]*$"):
+        dcp.load(tmp_path / "last.dcp", *trained(steps=0))
+
+
+def _first_entry(metadata):
+    return metadata.state_dict_metadata["model.transformer.wte.weight"]
+
+
+INDEX_CHANGES = {  # each keeps DCP's own classes: the index is well formed, what it says is not
+    "a place outside the saved state": (
+        lambda m: m.planner_data.update({"model.transformer.wte.weight": ("os", "system")}),
+        "entry 'model.transformer.wte.weight' has no place in the saved state dict",
+    ),
+    "a tensor larger than the shards (an allocation bomb)": (
+        lambda m: setattr(_first_entry(m), "size", torch.Size([2**40, 16])),
+        "its tensors (70,368,",
+    ),
+    "a chunk outside its tensor": (
+        lambda m: setattr(_first_entry(m).chunks[0], "offsets", torch.Size([64, 0])),
+        "entry 'model.transformer.wte.weight' has a chunk outside the tensor",
+    ),
+    "a chunk stored nowhere": (
+        lambda m: _first_entry(m).chunks.append(ChunkStorageMetadata(torch.Size([32, 0]), torch.Size([32, 16]))),
+        "entry 'model.transformer.wte.weight' has a chunk stored nowhere",
+    ),
+}
+
+
+@pytest.mark.parametrize("change", INDEX_CHANGES)
+def test_an_index_that_says_the_wrong_thing_is_one_line(tmp_path, change):
+    model, optimizer = trained()
+    save(tmp_path, model, optimizer, step=2)
+    edit, reason = INDEX_CHANGES[change]
+    _rewrite_metadata(tmp_path / "step-000002", edit)
+    with pytest.raises(native.CheckpointError) as e:
+        loader.load_model(tmp_path)
+    assert str(e.value).startswith(f"{tmp_path / 'last.dcp'} is not a readable DCP checkpoint: {reason}")
+
+
+def test_point_and_the_plot_child_do_not_trust_pathlib(tmp_path, monkeypatch):
+    """Defence in depth, had anything rewritten pathlib after import: the links are read with os.path (no
+    checkpoint a link names is deleted), and the drawing child's import root was fixed at import."""
+    import pathlib
+
+    from gpt.train import plot
+
+    model, optimizer = trained()
+    save(tmp_path, model, optimizer, step=2)
+    dcp.mark_best(tmp_path)
+    with monkeypatch.context() as m:
+        m.setattr(pathlib.Path, "is_symlink", lambda self: False)
+        save(tmp_path, model, optimizer, step=4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.dcp", "last.dcp", "step-000002", "step-000004"]
+    started = []
+    with monkeypatch.context() as m:
+        m.setattr(pathlib.Path, "resolve", lambda self, strict=False: pathlib.Path("/elsewhere/gpt/train/plot.py"))
+        m.setattr(plot.subprocess, "Popen", lambda *args, **kw: started.append(kw["env"]["PYTHONPATH"]))
+        plot.FigureWriter(tmp_path, warn=print).update()
+    import gpt
+
+    assert started[0].split(os.pathsep)[0] == os.path.dirname(os.path.dirname(os.path.realpath(gpt.__file__)))

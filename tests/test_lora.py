@@ -368,3 +368,30 @@ def test_no_export_replaces_the_base_of_the_adapters_it_exports(base, tiny_char_
     assert (hf_base / "model.safetensors").read_bytes() == weights
     assert sorted(p.name for p in hf_base.iterdir()) == names
     loader.load_checkpoint(out)
+
+
+def test_a_lora_checkpoint_whose_bases_form_a_cycle_is_one_line(base, tiny_char_data, tmp_path, capsys):
+    """A checkpoint naming itself (or another that names it) as its base: one line naming the cycle, before
+    the recursion reads the same file again and again."""
+    out = tmp_path / "lora"
+    train_run(
+        "--data", tiny_char_data, "--out-dir", out, "--init-from", base, "--lora-rank", "2", *TRAIN, "--max-iters", "1"
+    )
+    raw = torch.load(out / "last.pt", weights_only=True)
+    capsys.readouterr()
+
+    def names_as_base(path, base_path):
+        meta = json.loads(raw["meta"])
+        meta["lora"]["base"] = str(base_path)
+        torch.save(dict(raw, meta=json.dumps(meta)), path)
+
+    a, b = tmp_path / "a.pt", tmp_path / "b.pt"
+    names_as_base(a, a)
+    err = one_line_error(capsys, sample_script.main, "--ckpt", a, "--prompt", "RO", "--max-new-tokens", "2")
+    assert err.startswith(f"error: {a}: its LoRA bases form a cycle ({a} -> {a}); adapters need a base that ")
+    names_as_base(a, b)
+    names_as_base(b, a)
+    with pytest.raises(lora.LoRAError, match=rf"^{a}: its LoRA bases form a cycle \({a} -> {b} -> {a}\)"):
+        loader.load_model(a)
+    with pytest.raises(lora.LoRAError, match=rf"cycle \({b} -> {a} -> {b}\)"):  # `merge --base` too
+        loader.load_adapted(b, base=a)

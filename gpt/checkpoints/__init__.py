@@ -1,7 +1,8 @@
 """The checkpoints room: every format a model is stored in, and the one loader that reads them all.
 
 - `native.py` the `.pt` format: its meta (`build_meta`, `check_meta`), atomic `save`, `load_file`.
-- `dcp.py` sharded checkpoints (`--fsdp`, torch.distributed.checkpoint) with a restricted unpickler.
+- `dcp.py` sharded checkpoints (`--fsdp`, torch.distributed.checkpoint); `dcp_index.py` reads their index
+  (a pickle) with a pickle machine of its own that runs nothing.
 - `hf.py` Hugging Face directories, import and export: GPT-2 (learned, sinusoidal positions) and, through
   `hf_neox.py`, GPT-NeoX (RoPE); `hf_tokenizer.py` writes tokenizer.json and the Jinja chat template
   (`vocabulary(tok)` also serves the GGUF writer); `hf_card.py` the model card.

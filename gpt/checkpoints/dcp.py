@@ -24,8 +24,9 @@ In the run directory of an FSDP run:
 - **One process reads it whole** (`read`): the same dict a `.pt` checkpoint holds, so
   `gpt.checkpoints.native.read` / `load_model` (sample.py, `--init-from`, the Hugging Face export, `--resume`
   without `--fsdp`) accept a DCP checkpoint as they are, and `convert` writes it as one file.
-- **Nothing executed on load**: DCP's `.metadata` is a pickle; it is read by an unpickler that admits
-  only DCP's own metadata classes, torch sizes and dtypes. Shards and `train.pt` are read with
+- **Nothing executed on load**: DCP's `.metadata` is a pickle; it is read by a pickle machine of our own
+  (gpt/checkpoints/dcp_index.py) that can only make instances of DCP's index dataclasses, torch sizes,
+  dtypes and layouts, and set only those instances' fields. Shards and `train.pt` are read with
   `weights_only`. Only tensors go into the shards (DCP would pickle anything else).
 """
 
@@ -42,7 +43,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from gpt.checkpoints import native
+from gpt.checkpoints import dcp_index, native
 from gpt.errors import StorageError, storage_error
 from gpt.fsutil import fsync_path, remove_stale_temps, replacing, temp_name
 
@@ -53,82 +54,14 @@ class CheckpointError(native.CheckpointError):
     """A DCP checkpoint that cannot be read or written as asked."""
 
 
-# ---- reading DCP's index without running code ----------------------------------------------------
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """DCP's `.metadata` pickle, admitting only the classes the index of a checkpoint of tensors holds (listed
-    from files torch 2.13 writes), each by its exact module and name. Not BytesStorageMetadata: DCP loads a
-    non-tensor entry with `torch.load(weights_only=False)`, which runs code; ours hold tensors only."""
-
-    NAMES = {
-        ("torch.distributed.checkpoint.metadata", name)
-        for name in (
-            "Metadata",
-            "TensorStorageMetadata",
-            "TensorProperties",
-            "ChunkStorageMetadata",
-            "MetadataIndex",
-            "StorageMeta",
-            "_MEM_FORMAT_ENCODING",
-        )
-    } | {
-        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-        ("torch", "Size"),
-        ("torch.serialization", "_get_layout"),
-        ("pathlib", "PosixPath"),
-        ("pathlib", "WindowsPath"),
-        ("collections", "OrderedDict"),
-    }
-
-    def __init__(self, file):
-        super().__init__(file, fix_imports=False)  # (no renaming of Python 2 modules behind the check)
-
-    def find_class(self, module: str, name: str):
-        # exact pairs only: pickle resolves a dotted name attribute by attribute (metadata.os.system)
-        if "." not in name and (
-            (module, name) in self.NAMES or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
-        ):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a checkpoint's .metadata")
-
-    def persistent_load(self, pid):
-        raise pickle.UnpicklingError("a persistent id is not allowed in a checkpoint's .metadata")
-
-
-def _check_metadata(metadata) -> None:
-    """The unpickled index holds what DCP writes for tensors: entries DCP would read as pickled objects,
-    or storage outside the checkpoint's own directory, are refused (ValueError)."""
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
-    from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
-
-    if type(metadata) is not Metadata:
-        raise ValueError(f"it holds a {type(metadata).__name__}, not DCP's Metadata")
-    entries = metadata.state_dict_metadata
-    if not isinstance(entries, dict) or not all(type(md) is TensorStorageMetadata for md in entries.values()):
-        raise ValueError("an entry other than a tensor")
-    storage = metadata.storage_data
-    for info in storage.values() if isinstance(storage, dict) else [None]:
-        name = getattr(info, "relative_path", None)
-        if (
-            type(info) is not _StorageInfo
-            or not isinstance(name, str)
-            or name in ("", ".", "..")
-            or ("/" in name or "\\" in name)
-        ):
-            raise ValueError(f"storage {name!r} is not a file in the checkpoint's directory")
-
-
 def _reader(path: Path):
     from torch.distributed.checkpoint import FileSystemReader
 
     class SafeReader(FileSystemReader):
         def read_metadata(self, *args, **kwargs):
             try:
-                with open(Path(self.path) / ".metadata", "rb") as f:
-                    metadata = _MetadataUnpickler(f).load()
-                _check_metadata(metadata)
-            except Exception as e:  # a refused class, a truncated or foreign file: data from disk, any error
+                metadata = dcp_index.load(Path(self.path))
+            except Exception as e:  # a refused name or opcode, a truncated or foreign file: data from disk, any error
                 reason = (str(e).splitlines() or [""])[0][:200]
                 raise CheckpointError(f"{path} is not a readable DCP checkpoint: {reason}") from None
             if getattr(metadata, "storage_meta", None) is not None:
@@ -136,6 +69,25 @@ def _reader(path: Path):
             return metadata
 
     return SafeReader(path)
+
+
+def _load_shards(state: dict, reader, path: Path, distributed: bool) -> None:
+    """DCP's load of `state` from the checkpoint `reader` reads, a damaged shard one line (on every process:
+    DCP gathers the failures)."""
+    import torch.distributed.checkpoint as tdcp
+
+    try:
+        with _one_process():
+            tdcp.load(state, storage_reader=reader, no_dist=not distributed)
+    except (Exception, tdcp.CheckpointException) as e:  # CheckpointException is a BaseException
+        cause = _failure(e)
+        if isinstance(cause, OSError):
+            raise storage_error(cause, "read", path) from None
+        if isinstance(cause, pickle.UnpicklingError):  # (torch.load's weights_only refusal: pages of advice)
+            reason = "a shard holds objects other than tensors, or is damaged"
+        else:
+            reason = f"{type(cause).__name__}: {(str(cause).splitlines() or [''])[0][:200]}"
+        raise CheckpointError(f"{path} is not a readable DCP checkpoint: {reason}") from None
 
 
 def _distributed() -> bool:
@@ -196,13 +148,42 @@ def _load_side(path: Path, map_location="cpu") -> tuple[dict, dict]:
         raise storage_error(e, "read", path / TRAIN) from None
     except pickle.UnpicklingError:
         raise CheckpointError(f"{path / TRAIN} holds objects other than tensors and plain data; refused") from None
+    except Exception as e:  # not a torch file, a truncated one: data from disk
+        raise CheckpointError(f"{path / TRAIN} cannot be read ({type(e).__name__}: {str(e)[:120]})") from None
+    if not _is_train_state(train):
+        raise CheckpointError(
+            f"{path / TRAIN} is not a checkpoint's training state (param_groups, aliases, rng, scaler)"
+        )
     return meta, train
+
+
+def _is_train_state(train) -> bool:
+    """train.pt as `save` writes it: parameter groups naming parameters, tied names, rng and scaler."""
+
+    def strings(xs) -> bool:
+        return all(type(x) is str for x in xs)
+
+    return (
+        type(train) is dict
+        and {"param_groups", "aliases", "rng", "scaler"} <= set(train)
+        and type(train["param_groups"]) is list
+        and all(
+            type(g) is dict and type(g.get("params")) is list and strings(g["params"]) for g in train["param_groups"]
+        )
+        and type(train["aliases"]) is dict
+        and strings(train["aliases"])
+        and strings(train["aliases"].values())
+    )
+
+
+def _grouped(param_groups: list[dict]) -> set[str]:
+    """The parameter names an optimizer state's groups hold."""
+    return {name for g in param_groups for name in g["params"]}
 
 
 def read(path: str | os.PathLike, map_location="cpu") -> dict:
     """A whole DCP checkpoint, read by this one process, as gpt/checkpoints/native.py's file format holds it:
     `model` (state dict), `optimizer` (torch.optim's, by position), `scaler`, `rng`, `meta` (JSON text)."""
-    import torch.distributed.checkpoint as tdcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     path = Path(path)
@@ -214,8 +195,7 @@ def read(path: str | os.PathLike, map_location="cpu") -> dict:
         for key, md in metadata.state_dict_metadata.items()
         if isinstance(md, TensorStorageMetadata)
     }
-    with _one_process():
-        tdcp.load(flat, storage_reader=reader, no_dist=True)
+    _load_shards(flat, reader, path, distributed=False)
     nested = {"model": {}, "optimizer": {}}
     for key, tensor in flat.items():  # planner_data: each flat key's path in the saved nested dict
         top, name, *rest = metadata.planner_data[key]
@@ -224,6 +204,10 @@ def read(path: str | os.PathLike, map_location="cpu") -> dict:
         else:
             nested[top][name] = tensor
     model = nested["model"]
+    if not set(train["aliases"].values()) <= set(model) or not set(nested["optimizer"]) <= _grouped(
+        train["param_groups"]
+    ):
+        raise CheckpointError(f"{path} is not a readable DCP checkpoint: {TRAIN} names parameters its shards lack")
     model.update({alias: model[name] for alias, name in train["aliases"].items()})
     optimizer = _by_index({"state": nested["optimizer"], "param_groups": train["param_groups"]})
     return {
@@ -262,16 +246,16 @@ def load(source: str | os.PathLike, model: torch.nn.Module, optimizer: torch.opt
             options=StateDictOptions(full_state_dict=True),
         )
         return ckpt
-    import torch.distributed.checkpoint as tdcp
 
     meta, train = _load_side(source)
     reader = _reader(source)
     reader.read_metadata()  # checked here, where a refusal is one line (inside DCP's load it is wrapped)
     model_state, optim_state = get_state_dict(model, optimizer)  # the shapes and shards to fill
+    if _grouped(train["param_groups"]) != _grouped(optim_state["param_groups"]):
+        raise CheckpointError(f"{source / TRAIN}: its optimizer's parameter groups are not this model's")
     aliases = _aliases(model)
     state = {"model": {k: v for k, v in model_state.items() if k not in aliases}, "optimizer": optim_state["state"]}
-    with _one_process():
-        tdcp.load(state, storage_reader=reader, no_dist=not _distributed())
+    _load_shards(state, reader, source, distributed=_distributed())
     state["model"].update({alias: state["model"][name] for alias, name in aliases.items()})
     set_state_dict(
         model,
@@ -378,9 +362,10 @@ def point(link: Path, target: str) -> None:
     with replacing(link) as tmp:
         os.symlink(target, tmp)  # relative: the run directory may move
     fsync_path(link.parent)
-    kept = {os.readlink(link.parent / name) for name in native.SHARDED.values() if (link.parent / name).is_symlink()}
+    links = [os.path.join(link.parent, name) for name in native.SHARDED.values()]
+    kept = {os.readlink(p) for p in links if os.path.islink(p)}  # (os.path: nothing a loaded file set decides it)
     for d in link.parent.glob("step-*"):
-        if d.is_dir() and d.name not in kept:
+        if d.name not in kept and os.path.isdir(d) and not os.path.islink(d):
             shutil.rmtree(d, ignore_errors=True)
 
 

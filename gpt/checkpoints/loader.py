@@ -8,7 +8,7 @@
 | kind                            | read by                                  |
 |---------------------------------|------------------------------------------|
 | `.pt` file (`last.pt`, `best.pt`)| `native.load_file` (torch.load weights_only) |
-| DCP directory (`last.dcp`)      | `dcp.read` (a restricted unpickler for its index) |
+| DCP directory (`last.dcp`)      | `dcp.read` (its index by `dcp_index`, no unpickler) |
 | Hugging Face GPT-2 / GPT-NeoX directory | `hf.read` (safetensors or weights_only)    |
 | LoRA adapters (`meta["lora"]`)  | their base, loaded here, + `adapters.attach`                   |
 
@@ -108,19 +108,31 @@ def _read_hf(path: str | os.PathLike) -> tuple[Fields, dict, Path]:
     return check_meta(meta, source), state, source
 
 
-def load_model(path: str | os.PathLike, device="cpu"):
+def load_model(path: str | os.PathLike, device="cpu", _chain: tuple[Path, ...] = ()):
     """(model, meta), model in eval mode, from a run directory, checkpoint file or Hugging Face GPT-2
-    directory (gpt/checkpoints/hf.py); a LoRA checkpoint gives its base with the adapters merged in."""
+    directory (gpt/checkpoints/hf.py); a LoRA checkpoint gives its base with the adapters merged in.
+    (`_chain`: the LoRA checkpoints whose bases led here, so that a cycle of bases is one line.)"""
     if hf.is_hf_dir(path):
         meta, state, source = _read_hf(path)
     else:
+        _check_chain(path, _chain)
         ckpt = read(path, map_location=device)
         if (
             "lora" in ckpt["meta"]
         ):  # adapters only: loaded onto the base they name, merged (gpt/checkpoints/adapters.py)
-            return _adapted(ckpt, device, merge_adapters=True)
+            return _adapted(ckpt, device, merge_adapters=True, chain=_chain)
         meta, state, source = ckpt["meta"], ckpt["model"], ckpt.source
     return build_model(meta, state, source).to(device).eval(), meta
+
+
+def _check_chain(path, chain: tuple[Path, ...]) -> None:
+    """A base that is one of the LoRA checkpoints leading to it is refused before it is read again."""
+    if chain and (here := resolve(path).resolve()) in chain:
+        cycle = " -> ".join(map(str, [*chain[chain.index(here) :], here]))
+        raise lora.LoRAError(
+            f"{chain[0]}: its LoRA bases form a cycle ({cycle}); adapters need a base that holds all the "
+            f"weights: give one with `python -m gpt.lora merge --ckpt {chain[0]} --base PATH --out merged.pt`"
+        )
 
 
 def load_checkpoint(path: str | os.PathLike, device="cpu"):
@@ -160,11 +172,11 @@ def load_for_inference(
     return Inference(rt, quantize_model(model.to(rt.dtype), quantize), tokenizer, meta, n_params)
 
 
-def _adapted(ckpt: Fields, device="cpu", merge_adapters: bool = True, base=None):
+def _adapted(ckpt: Fields, device="cpu", merge_adapters: bool = True, base=None, chain: tuple[Path, ...] = ()):
     """(model, meta) of a LoRA checkpoint already read: its base loaded, the adapters attached."""
     meta = ckpt["meta"]
     base = Path(base) if base else adapters.find_base(meta["lora"], ckpt.source)
-    base_model, _ = load_model(base, device=device)
+    base_model, _ = load_model(base, device=device, _chain=(*chain, Path(ckpt.source).resolve()))
     model = adapters.attach(base_model, meta["lora"], meta["model_config"], ckpt.source, base)
     lora.load_weights(model, ckpt["model"], ckpt.source)
     model.eval()

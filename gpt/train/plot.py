@@ -34,6 +34,10 @@ from pathlib import Path
 from gpt.errors import UserError, storage_error
 from gpt.fsutil import remove_stale_temps, replacing
 
+# The directory holding gpt/ (a checkout or site-packages), for the drawing child's PYTHONPATH: computed once,
+# with os.path, so nothing done to pathlib after import (e.g. by a file being loaded) can move it.
+_IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+
 FIGURE_NAME = "run.png"
 
 
@@ -239,8 +243,7 @@ class FigureWriter:
             f"import os, sys; os.nice(10); from gpt.cli.plot import main; "
             f"sys.exit(main([{str(self.out_dir)!r}, '--out', {str(self.out_dir / FIGURE_NAME)!r}]))"
         )
-        package_root = str(Path(__file__).resolve().parents[1])  # gpt/, installed or not
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_IMPORT_ROOT, os.environ.get("PYTHONPATH")])))
         self.process = subprocess.Popen(
             [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True
         )

@@ -12,8 +12,9 @@
   (a run directory unpacked from someone's archive may hold `.lock` linked to its own `best.pt`).
 - Every file in it (config.json, log.jsonl, checkpoints, run.png, tensorboard/) is written through
   gpt/fsutil.py: a link planted at any of those names is replaced, never followed.
-- Never overwritten by accident: a directory holding a run (a checkpoint or a log) is refused for a
-  new run without `--force`; with `--force` that run's files are removed first, so two runs never mix.
+- Never overwritten by accident: a directory holding a run (a checkpoint, a log, or a sharded checkpoint
+  `step-NNNNNN/` that no link points to) is refused for a new run without `--force`; with `--force` that
+  run's files are removed first, so two runs never mix.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import stat
 from contextlib import contextmanager
 from pathlib import Path
 
+from gpt.checkpoints.native import is_sharded
 from gpt.checkpoints.outputs import RUN_FILES
 from gpt.errors import UserError, storage_error
 from gpt.fsutil import remove_stale_temps, write_text
@@ -48,7 +50,18 @@ class RunDir:
         self._lock = None
 
     def holds_checkpoint(self) -> bool:
+        return self._resumable() or bool(self.unlinked())
+
+    def _resumable(self) -> bool:
         return any((self.path / name).exists() for name in ("last.pt", "best.pt", "last.dcp"))
+
+    def unlinked(self) -> list[str]:
+        """Sharded checkpoints (`step-NNNNNN/`) no link points to (a save killed before its link switch, or one
+        kept by hand): a new run's first save would delete them (gpt/checkpoints/dcp.py)."""
+        links = [os.path.join(self.path, name) for name in ("last.dcp", "best.dcp")]
+        linked = {os.readlink(p) for p in links if os.path.islink(p)}
+        steps = self.path.glob("step-*")
+        return sorted(d.name for d in steps if d.name not in linked and not d.is_symlink() and is_sharded(d))
 
     def holds_run(self) -> bool:
         """A checkpoint, or a log with something in it: a run that stopped before its first step (a bad
@@ -67,6 +80,12 @@ class RunDir:
         try:
             remove_stale_temps(self.path)  # what killed writers left (a checkpoint, the plot's PNG)
             if not resume and self.holds_run():
+                unlinked = [] if force or self._resumable() else self.unlinked()
+                if unlinked:
+                    raise RunDirError(
+                        f"--out-dir {self.path} holds the checkpoint {unlinked[0]}/, which no last.dcp points "
+                        f"to; move it elsewhere, or pass --force to start over there (it is removed)"
+                    )
                 if not force:
                     raise RunDirError(
                         f"--out-dir {self.path} already holds a run; continue it with `--resume {self.path}`, "

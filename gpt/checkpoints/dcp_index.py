@@ -1,0 +1,403 @@
+"""DCP's index (a checkpoint directory's `.metadata`, a pickle) read without running anything the file says.
+
+    metadata = dcp_index.load(step_dir)   # its .metadata: torch.distributed.checkpoint's Metadata, checked
+
+Python's unpickler cannot be made safe by restricting the names it looks up: its BUILD opcode sets
+attributes on whatever object is on the stack, so a file naming an allowed class or function could
+rewrite it for the whole process (`pathlib.PosixPath.is_symlink`, `torch.serialization._get_layout.cache`).
+torch's own `weights_only` unpickler cannot read the protocol-4 opcodes DCP writes. So this module is a
+small pickle machine of its own, which knows only what DCP's index of a checkpoint of tensors holds:
+
+- Opcodes: those `pickle.dump` writes for such an index (protocols 2 to 5); any other is refused, among
+  them INST, OBJ, NEWOBJ_EX, persistent ids and the extension registry (EXT1/2/4).
+- Names (GLOBAL, STACK_GLOBAL) are looked up in a fixed table of exact (module, name) pairs: nothing is
+  imported and no attribute is read. A dtype is a value; any other name gives an opaque `_Name` that
+  only NEWOBJ and REDUCE accept, so no class or function reaches any other opcode or the result.
+- NEWOBJ makes an empty instance of one of DCP's index dataclasses; BUILD fills such an instance (its exact
+  type) with that dataclass's fields only. Nothing is built on any other object.
+- REDUCE calls only value constructors with checked plain arguments: `torch.Size` (ints), the memory
+  format's enum (an int), a layout by name, a pure path (strings), an empty `OrderedDict`.
+- Not `BytesStorageMetadata`: DCP loads such an entry with `torch.load(weights_only=False)`, which runs
+  code; our checkpoints hold tensors only. `check` then refuses an index whose parts have the wrong
+  types, storage outside the checkpoint's directory, or tensors larger than its shards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pathlib
+import pickle
+import struct
+from collections import OrderedDict
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+_OPNAMES = {  # opcode -> its name in the pickle module, for messages
+    getattr(pickle, n)[0]: n
+    for n in dir(pickle)
+    if isinstance(getattr(pickle, n), bytes) and len(getattr(pickle, n)) == 1
+}
+
+
+class _Name:
+    """A class or function a pickle names: only NEWOBJ (`new`) or REDUCE (`call`) can use it."""
+
+    __slots__ = ("label", "new", "call")
+
+    def __init__(self, label: str, new=None, call=None):
+        self.label, self.new, self.call = label, new, call
+
+    def __repr__(self) -> str:
+        return self.label
+
+
+def _size(*args):
+    if len(args) == 1 and type(args[0]) is tuple and all(type(n) is int and n >= 0 for n in args[0]):
+        return torch.Size(args[0])
+    raise ValueError("torch.Size takes a tuple of sizes")
+
+
+def _strings(*args) -> tuple[str, ...]:
+    if all(type(a) is str for a in args):
+        return args
+    raise ValueError("a path is made of strings")
+
+
+def _ordered_dict(*args):
+    if args:
+        raise ValueError("an OrderedDict is filled by SETITEMS, not by arguments")
+    return OrderedDict()
+
+
+@lru_cache(maxsize=1)
+def _names() -> dict[tuple[str, str], object]:
+    """(module, name) -> what a pickle may name. Built on first use from modules already imported (dcp.py's
+    readers import DCP's); the dtypes and layouts come from torch's namespace as it is, read without
+    `getattr` (which would import a lazily loaded submodule)."""
+    from torch.distributed.checkpoint import filesystem
+    from torch.distributed.checkpoint import metadata as md
+
+    def enum(*args):
+        if len(args) == 1 and type(args[0]) is int:
+            return md._MEM_FORMAT_ENCODING(args[0])
+        raise ValueError("a memory format is an int")
+
+    layouts = {str(v): v for v in vars(torch).values() if isinstance(v, torch.layout)}
+
+    def layout(*args):
+        if len(args) == 1 and type(args[0]) is str and args[0] in layouts:
+            return layouts[args[0]]
+        raise ValueError(f"no layout {args!r}")
+
+    classes = [md.Metadata, md.TensorStorageMetadata, md.TensorProperties, md.ChunkStorageMetadata]
+    classes += [md.MetadataIndex, md.StorageMeta, filesystem._StorageInfo]
+    table = {(c.__module__, c.__name__): _Name(c.__name__, new=c) for c in classes}
+    calls = {
+        ("torch", "Size"): _size,
+        (md.__name__, "_MEM_FORMAT_ENCODING"): enum,
+        ("torch.serialization", "_get_layout"): layout,
+        ("collections", "OrderedDict"): _ordered_dict,
+    }
+    for module in ("pathlib", "pathlib._local"):  # (Python 3.13 moved the classes)
+        calls[(module, "PosixPath")] = calls[(module, "PurePosixPath")] = lambda *a: pathlib.PurePosixPath(
+            *_strings(*a)
+        )
+        calls[(module, "WindowsPath")] = calls[(module, "PureWindowsPath")] = lambda *a: pathlib.PureWindowsPath(
+            *_strings(*a)
+        )
+    table.update({key: _Name(".".join(key), call=f) for key, f in calls.items()})
+    table.update({("torch", n): v for n, v in vars(torch).items() if isinstance(v, torch.dtype)})
+    return table
+
+
+def _fields(cls) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+class _Unpickler:
+    """The pickle machine (see the module notes); `load` returns the object or raises UnpicklingError."""
+
+    def __init__(self, data: bytes):
+        self.data, self.pos = memoryview(data), 0
+        self.stack: list = []
+        self.marks: list[list] = []
+        self.memo: dict[int, object] = {}
+        self.names = _names()
+        self.classes = {n.new for n in self.names.values() if isinstance(n, _Name) and n.new}
+        self.index = self.names[("torch.distributed.checkpoint.metadata", "MetadataIndex")].new
+
+    def take(self, n: int) -> bytes:
+        if n > len(self.data) - self.pos:
+            raise pickle.UnpicklingError("the file ends in the middle of an opcode")
+        out = self.data[self.pos : self.pos + n].tobytes()
+        self.pos += n
+        return out
+
+    def line(self) -> str:
+        end = bytes(self.data[self.pos : self.pos + 512]).find(b"\n")
+        if end < 0:
+            raise pickle.UnpicklingError("a GLOBAL name without its end of line")
+        return self.take(end + 1)[:-1].decode("utf-8")
+
+    def number(self, fmt: str) -> int | float:
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+
+    def pop_mark(self) -> list:
+        items, self.stack = self.stack, self.marks.pop()
+        return items
+
+    def lookup(self, module: str, name: str):
+        found = self.names.get((module, name)) if type(module) is str and type(name) is str else None
+        if found is None:
+            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a checkpoint's .metadata")
+        return found
+
+    def build(self, state) -> None:
+        inst = self.stack[-1]
+        cls = type(inst)
+        if cls not in self.classes:
+            what = inst.label if isinstance(inst, _Name) else f"a {cls.__name__}"
+            raise pickle.UnpicklingError(f"BUILD on {what} is not allowed in a checkpoint's .metadata")
+        if cls.__name__ == "TensorProperties":  # its own __setstate__, from (dtype, layout, grad, format, pin)
+            if type(state) is not tuple or len(state) != 5:
+                raise pickle.UnpicklingError("TensorProperties' state is not its 5 fields")
+            inst.__setstate__(state)
+            if not (
+                isinstance(inst.dtype, torch.dtype)
+                and isinstance(inst.layout, torch.layout)
+                and type(inst.requires_grad) is bool
+                and type(inst.pin_memory) is bool
+            ):
+                raise pickle.UnpicklingError("TensorProperties with fields of the wrong types")
+            return
+        if type(state) is not dict or not set(state) <= _fields(cls) or not all(type(k) is str for k in state):
+            raise pickle.UnpicklingError(f"{cls.__name__}'s state is not a dict of its fields")
+        inst.__dict__.update(state)  # (the fields themselves: no __setattr__, as pickle does)
+
+    def load(self):
+        ops = _DISPATCH
+        while True:
+            if self.pos >= len(self.data):
+                raise pickle.UnpicklingError("the file ends before its STOP opcode")
+            code = self.data[self.pos]
+            self.pos += 1
+            op = ops.get(code)
+            if op is None:
+                name = _OPNAMES.get(code, f"0x{code:02x}")
+                raise pickle.UnpicklingError(f"pickle opcode {name} is not allowed in a checkpoint's .metadata")
+            if op(self):
+                return self.stack.pop()
+
+
+def _newobj(u: _Unpickler) -> None:
+    args, cls = u.stack.pop(), u.stack.pop()
+    if not isinstance(cls, _Name) or cls.new is None or args != ():
+        raise pickle.UnpicklingError(f"NEWOBJ of {cls!r} is not allowed in a checkpoint's .metadata")
+    u.stack.append(object.__new__(cls.new))
+
+
+def _reduce(u: _Unpickler) -> None:
+    args, func = u.stack.pop(), u.stack.pop()
+    if not isinstance(func, _Name) or func.call is None or type(args) is not tuple:
+        raise pickle.UnpicklingError(f"REDUCE of {func!r} is not allowed in a checkpoint's .metadata")
+    u.stack.append(func.call(*args))
+
+
+def _setitems(u: _Unpickler, items: list) -> None:
+    target = u.stack[-1]
+    if type(target) not in (dict, OrderedDict) or len(items) % 2:
+        raise pickle.UnpicklingError(f"SETITEMS on a {type(target).__name__}")
+    for i in range(0, len(items), 2):
+        key = items[i]  # a str or an index of DCP's, hashed safely (a deeply nested tuple would crash hash())
+        if type(key) is not str and not (
+            type(key) is u.index and type(key.fqn) is str and type(key.offset) in (torch.Size, type(None))
+        ):
+            raise pickle.UnpicklingError(f"a dict key of type {type(key).__name__} in a checkpoint's .metadata")
+        target[key] = items[i + 1]
+
+
+def _append(u: _Unpickler, items: list) -> None:
+    if type(u.stack[-1]) is not list:
+        raise pickle.UnpicklingError(f"APPEND to a {type(u.stack[-1]).__name__}")
+    u.stack[-1].extend(items)
+
+
+def _push(u: _Unpickler, value) -> None:
+    u.stack.append(value)  # (u.stack read after `value` is made: popping a mark replaces the stack)
+
+
+def _tuple(u: _Unpickler, n: int) -> None:
+    if len(u.stack) < n:
+        raise pickle.UnpicklingError("a tuple of more items than the stack holds")
+    items = tuple(u.stack[len(u.stack) - n :])
+    del u.stack[len(u.stack) - n :]
+    u.stack.append(items)
+
+
+def _mark(u: _Unpickler) -> None:
+    u.marks.append(u.stack)
+    u.stack = []
+
+
+def _memo_put(u: _Unpickler, index: int) -> None:
+    u.memo[index] = u.stack[-1]
+
+
+def _memo_get(u: _Unpickler, index: int) -> None:
+    if index not in u.memo:
+        raise pickle.UnpicklingError(f"memo entry {index} was never stored")
+    u.stack.append(u.memo[index])
+
+
+def _string(u: _Unpickler, fmt: str) -> None:
+    u.stack.append(u.take(u.number(fmt)).decode("utf-8", "surrogatepass"))
+
+
+def _stack_global(u: _Unpickler) -> None:
+    name, module = u.stack.pop(), u.stack.pop()
+    u.stack.append(u.lookup(module, name))
+
+
+def _stop(u: _Unpickler) -> bool:
+    if len(u.stack) != 1 or u.marks:
+        raise pickle.UnpicklingError("STOP with a stack of other than one object")
+    return True
+
+
+_DISPATCH = {
+    pickle.PROTO[0]: lambda u: u.take(1) and None,
+    pickle.FRAME[0]: lambda u: u.take(8) and None,  # (frames only help a streaming reader: the file is read whole)
+    pickle.STOP[0]: _stop,
+    pickle.MARK[0]: _mark,
+    pickle.NONE[0]: lambda u: u.stack.append(None),
+    pickle.NEWTRUE[0]: lambda u: u.stack.append(True),
+    pickle.NEWFALSE[0]: lambda u: u.stack.append(False),
+    pickle.BININT[0]: lambda u: u.stack.append(u.number("<i")),
+    pickle.BININT1[0]: lambda u: u.stack.append(u.number("<B")),
+    pickle.BININT2[0]: lambda u: u.stack.append(u.number("<H")),
+    pickle.LONG1[0]: lambda u: u.stack.append(int.from_bytes(u.take(u.number("<B")), "little", signed=True)),
+    pickle.BINFLOAT[0]: lambda u: u.stack.append(u.number(">d")),
+    pickle.SHORT_BINUNICODE[0]: lambda u: _string(u, "<B"),
+    pickle.BINUNICODE[0]: lambda u: _string(u, "<I"),
+    pickle.BINUNICODE8[0]: lambda u: _string(u, "<Q"),
+    pickle.EMPTY_TUPLE[0]: lambda u: u.stack.append(()),
+    pickle.TUPLE1[0]: lambda u: _tuple(u, 1),
+    pickle.TUPLE2[0]: lambda u: _tuple(u, 2),
+    pickle.TUPLE3[0]: lambda u: _tuple(u, 3),
+    pickle.TUPLE[0]: lambda u: _push(u, tuple(u.pop_mark())),
+    pickle.EMPTY_LIST[0]: lambda u: u.stack.append([]),
+    pickle.APPEND[0]: lambda u: _append(u, [u.stack.pop()]),
+    pickle.APPENDS[0]: lambda u: _append(u, u.pop_mark()),
+    pickle.EMPTY_DICT[0]: lambda u: u.stack.append({}),
+    pickle.SETITEM[0]: lambda u: _setitems(u, [u.stack.pop(-2), u.stack.pop()]),
+    pickle.SETITEMS[0]: lambda u: _setitems(u, u.pop_mark()),
+    pickle.MEMOIZE[0]: lambda u: _memo_put(u, len(u.memo)),
+    pickle.BINPUT[0]: lambda u: _memo_put(u, u.number("<B")),
+    pickle.LONG_BINPUT[0]: lambda u: _memo_put(u, u.number("<I")),
+    pickle.BINGET[0]: lambda u: _memo_get(u, u.number("<B")),
+    pickle.LONG_BINGET[0]: lambda u: _memo_get(u, u.number("<I")),
+    pickle.GLOBAL[0]: lambda u: u.stack.append(u.lookup(u.line(), u.line())),
+    pickle.STACK_GLOBAL[0]: _stack_global,
+    pickle.NEWOBJ[0]: _newobj,
+    pickle.REDUCE[0]: _reduce,
+    pickle.BUILD[0]: lambda u: u.build(u.stack.pop()),
+}
+
+
+def load(directory: Path):
+    """The checked index of the DCP checkpoint in `directory`; any problem raises (an OSError, an
+    UnpicklingError, a ValueError...): the caller makes it one line."""
+    metadata = _Unpickler(Path(directory, ".metadata").read_bytes()).load()
+    check(metadata, Path(directory))
+    return metadata
+
+
+def check(metadata, directory: Path) -> None:
+    """The index holds what gpt's DCP checkpoints hold, each part of its type (ValueError otherwise): tensor
+    entries only, each with a path in the saved state dict (`planner_data`), stored in files of the
+    checkpoint's own directory within their sizes, and no more tensor bytes than those files hold (an
+    index cannot make a reader allocate more memory than the checkpoint takes on disk)."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        StorageMeta,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+
+    if type(metadata) is not Metadata:
+        raise ValueError(f"it holds a {type(metadata).__name__}, not DCP's Metadata")
+    entries, paths = getattr(metadata, "state_dict_metadata", None), metadata.planner_data
+    if type(entries) is not dict or not all(type(md) is TensorStorageMetadata for md in entries.values()):
+        raise ValueError("an entry other than a tensor")
+    tensor_bytes = 0
+    for key, md in entries.items():
+        where = paths.get(key) if type(paths) is dict else None
+        if (
+            type(where) is not tuple
+            or len(where) not in (2, 3)
+            or not all(type(p) is str for p in where)
+            or where[0] not in ("model", "optimizer")
+        ):
+            raise ValueError(f"entry {key!r} has no place in the saved state dict")
+        props, size, chunks = (getattr(md, f, None) for f in ("properties", "size", "chunks"))
+        if type(props) is not TensorProperties or type(size) is not torch.Size or type(chunks) is not list:
+            raise ValueError(f"entry {key!r} is not a tensor's description")
+        for c in chunks:
+            offsets, sizes = getattr(c, "offsets", None), getattr(c, "sizes", None)
+            if (
+                type(c) is not ChunkStorageMetadata
+                or type(offsets) is not torch.Size
+                or type(sizes) is not torch.Size
+                or not len(offsets) == len(sizes) == len(size)
+                or any(o + s > n for o, s, n in zip(offsets, sizes, size))
+            ):
+                raise ValueError(f"entry {key!r} has a chunk outside the tensor")
+        tensor_bytes += math.prod(size) * props.dtype.itemsize
+    storage, files = metadata.storage_data, {}
+    if type(storage) is not dict:
+        raise ValueError("no storage table")
+    for index, info in storage.items():
+        name = getattr(info, "relative_path", None)
+        if (
+            type(index) is not MetadataIndex
+            or type(getattr(index, "fqn", None)) is not str
+            or type(getattr(index, "offset", None)) is not torch.Size
+            or type(info) is not _StorageInfo
+            or type(name) is not str
+            or name in ("", ".", "..")
+            or ("/" in name or "\\" in name)
+        ):
+            raise ValueError(f"storage {name!r} is not a file in the checkpoint's directory")
+        if name not in files:
+            try:
+                files[name] = (directory / name).stat().st_size
+            except OSError:
+                raise ValueError(f"storage {name!r} is missing") from None
+        start, length = getattr(info, "offset", None), getattr(info, "length", None)
+        if type(start) is not int or type(length) is not int or start < 0 or length < 0 or start + length > files[name]:
+            raise ValueError(f"storage {name!r} is read past its end")
+        if getattr(info, "transform_descriptors", None) not in (None, [], ()):
+            raise ValueError(f"storage {name!r} names transforms (gpt writes none)")
+    stored = {(index.fqn, tuple(index.offset)) for index in storage}
+    missing = [key for key, md in entries.items() for c in md.chunks if (key, tuple(c.offsets)) not in stored]
+    if missing:
+        raise ValueError(f"entry {missing[0]!r} has a chunk stored nowhere")
+    if tensor_bytes > sum(files.values()):
+        raise ValueError(f"its tensors ({tensor_bytes:,} bytes) are larger than its shards ({sum(files.values()):,})")
+    meta = metadata.storage_meta
+    if meta is not None and (
+        type(meta) is not StorageMeta
+        or not isinstance(meta.checkpoint_id, (str, pathlib.PurePath, type(None)))
+        or not all(isinstance(v, (str, type(None))) for v in (meta.save_id, meta.load_id))
+        or type(meta.modules) is not list
+        or not all(type(m) is str for m in meta.modules)
+    ):
+        raise ValueError("storage_meta of the wrong type")
+    if metadata.version is not None and type(metadata.version) is not str:
+        raise ValueError("version of the wrong type")
