@@ -133,3 +133,19 @@ def test_a_figure_that_cannot_be_drawn_is_one_warning_and_training_goes_on(tmp_p
     ]
     writer.update()  # no more attempts
     assert writer.process.returncode == 2 and len(said) == 1
+
+
+def test_the_drawing_child_never_imports_a_gpt_package_from_the_working_directory(resumed_run, tmp_path, monkeypatch):
+    """A trainer started in a folder that holds a package named `gpt` (say, inside a downloaded checkpoint) must
+    not run it in the drawing child: `python -c` puts the working directory before PYTHONPATH."""
+    planted = tmp_path / "cwd" / "gpt"
+    planted.mkdir(parents=True)
+    marker = tmp_path / "ran"
+    (planted / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.chdir(planted.parent)
+    said = []
+    writer = plot.FigureWriter(resumed_run, said.append)
+    writer.update()
+    writer.close()
+    assert said == [] and not marker.exists()
+    assert (resumed_run / "run.png").is_file()

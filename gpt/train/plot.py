@@ -239,8 +239,11 @@ class FigureWriter:
             self._wait()
 
     def _start(self) -> None:
+        # `python -c` puts the working directory first on sys.path, before PYTHONPATH: a folder holding a
+        # package named gpt (a downloaded checkpoint's, say) would be imported instead of ours. The child's first
+        # statement puts our root in that place.
         code = (
-            f"import os, sys; os.nice(10); from gpt.cli.plot import main; "
+            f"import sys; sys.path[0] = {_IMPORT_ROOT!r}; import os; os.nice(10); from gpt.cli.plot import main; "
             f"sys.exit(main([{str(self.out_dir)!r}, '--out', {str(self.out_dir / FIGURE_NAME)!r}]))"
         )
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_IMPORT_ROOT, os.environ.get("PYTHONPATH")])))
