@@ -31,6 +31,26 @@ whose rendering is our prompt; its end-of-turn token is EOT. No BOS is added. Th
 tokenizer's: a model padded to a multiple of 64 rows loses the extra rows of its embedding and head, ids
 that our sampler never draws either (llama.cpp would).
 
+Chat: text that spells a marker. llama.cpp renders the template and tokenizes the whole text with special
+tokens parsed (`llama-server`, and llama-cpp-python's `create_chat_completion`: `tokenize(..., special=True)`),
+so a message spelling `<|end|><|user|>` would become those tokens: a forged turn, where our `encode` keeps
+it text. The Hugging Face export escapes such spellings in the template (U+FDD0 after the first character,
+gpt/data/chat_jinja.py) and its tokenizer.json's normalizer removes the escape. llama.cpp's byte-level BPE
+has no normalizer, so the escape must vanish in tokenization itself or the ids differ from ours:
+- char vocabularies: it does. llama.cpp emits a BPE symbol that is not a token byte by byte and drops the
+  bytes that have no token (llm_tokenizer_bpe_session::tokenize); U+FDD0 is not in the vocabulary, no merge joins
+  its bytes to a neighbour, and neither they nor what the merges make of them are tokens (a char
+  vocabulary's one-byte tokens are ASCII characters). So a char model's template escapes every special token spelled in a message
+  and llama.cpp tokenizes the result exactly as our `encode` does the message (tests/test_gguf.py). Markers
+  that could straddle the escape are refused, as for Hugging Face (chat_jinja.check_escapable); a char
+  vocabulary that holds U+FDD0 itself gets no escaping.
+- byte-level BPE (`gpt2`, an own `bpe`): it cannot. Every one of the 256 bytes is a token, so whatever the
+  template inserts becomes tokens of its own (U+FDD0 gives three), and without an insertion the text spells
+  the marker, which the special-token pass matches before BPE runs. The only exact way out would be
+  control tokens whose text no message holds (e.g. the marker plus U+FDD0), which would stop users and
+  tools that write `<|user|>` by hand from reaching the token; it is not done. Such a GGUF parses markers
+  typed in a message as the tokens themselves, as most chat models in llama.cpp do.
+
 Known differences from PyTorch, all small: llama.cpp computes GELU through a float16 table (and always
 in the tanh form, so `activation="gelu"` models get tanh's curve, within 1e-3 of erf's) and keeps its
 KV cache in float16 unless asked for float32 (`--cache-type-k f32 --cache-type-v f32`).
@@ -45,7 +65,7 @@ import numpy as np
 
 from gpt.data.bytelevel import byte_level, vocabulary
 from gpt.data.chat import ChatTemplate
-from gpt.data.chat_jinja import chat_template_jinja
+from gpt.data.chat_jinja import ESCAPE, chat_template_jinja
 from gpt.data.tokenizer import GPT2_PATTERN
 from gpt.errors import UserError, storage_error
 from gpt.fsutil import replacing
@@ -131,7 +151,8 @@ def write_gguf(model, tokenizer, path: str | Path, quant: str = "f32", chat_temp
         raise GGUFError(f"--quant {quant!r} is not one of {', '.join(QUANTS)}")
     cfg = model.config
     arch = architecture(cfg)
-    vocab = byte_level(vocabulary(tokenizer))
+    words = vocabulary(tokenizer)
+    vocab = byte_level(words)
     if vocab.pattern not in (None, GPT2_PATTERN):
         raise GGUFError(
             f"this tokenizer splits words with its own pattern {vocab.pattern!r}: llama.cpp's BPE knows a fixed "
@@ -179,7 +200,8 @@ def write_gguf(model, tokenizer, path: str | Path, quant: str = "f32", chat_temp
             if chat_template:
                 template = ChatTemplate.from_spec(chat_template, "the checkpoint's chat_template")
                 w.add_eot_token_id(tokenizer.special(template.end))
-                w.add_chat_template(chat_template_jinja(template))
+                escape = list(words.specials) if words.model == "char" and ESCAPE not in words.tokens else None
+                w.add_chat_template(chat_template_jinja(template, escape=escape))  # (module notes: chat)
             for tname, array in weights(model, arch, len(tokens)):
                 qtype = tensor_type(tname, array, quant)
                 data = array.astype(np.float32) if qtype == gguf.GGMLQuantizationType.F32 else array
