@@ -119,6 +119,16 @@ def test_what_llama_cpp_cannot_compute_is_refused_in_one_line(tmp_path, capsys):
     assert code == 2 and capsys.readouterr().err == "error: --quant is for --format gguf; onnx exports float32\n"
 
 
+def test_a_special_token_spelled_like_an_ordinary_one_is_refused_in_one_line(tmp_path, capsys):
+    template = ChatTemplate(system="a", user="<|user|>", assistant="<|assistant|>", end="<|end|>")
+    spec = {"kind": "specials", "base": CharTokenizer("abc <|>").spec, "specials": template.specials}
+    save_model(tmp_path / "m.pt", spec, 16, chat=template.spec)  # llama.cpp could not tell text "a" from the marker
+    code = main(["--ckpt", str(tmp_path / "m.pt"), "--format", "gguf", "--out", str(tmp_path / "x.gguf")])
+    err = capsys.readouterr().err
+    assert code == 2 and err == "error: the special token 'a' is also an ordinary token of the vocabulary\n"
+    assert not (tmp_path / "x.gguf").exists()
+
+
 # ---- llama.cpp ---------------------------------------------------------------------------------------
 
 llamacpp = pytest.importorskip("gpt.infer.llamacpp")
