@@ -119,13 +119,22 @@ def test_what_llama_cpp_cannot_compute_is_refused_in_one_line(tmp_path, capsys):
     assert code == 2 and capsys.readouterr().err == "error: --quant is for --format gguf; onnx exports float32\n"
 
 
-def test_a_special_token_spelled_like_an_ordinary_one_is_refused_in_one_line(tmp_path, capsys):
-    template = ChatTemplate(system="a", user="<|user|>", assistant="<|assistant|>", end="<|end|>")
-    spec = {"kind": "specials", "base": CharTokenizer("abc <|>").spec, "specials": template.specials}
-    save_model(tmp_path / "m.pt", spec, 16, chat=template.spec)  # llama.cpp could not tell text "a" from the marker
+@pytest.mark.parametrize(
+    "marker, chars, why",
+    [
+        ("a", "abc <|>", ""),
+        ("Ã©", "abcé <|>", " once spelled as byte-level BPE (each byte a character: é is Ã©)"),
+    ],
+)
+def test_a_special_token_spelled_like_an_ordinary_one_is_refused_in_one_line(tmp_path, capsys, marker, chars, why):
+    template = ChatTemplate(system=marker, user="<|user|>", assistant="<|assistant|>", end="<|end|>")
+    spec = {"kind": "specials", "base": CharTokenizer(chars).spec, "specials": template.specials}
+    save_model(tmp_path / "m.pt", spec, 16, chat=template.spec)  # llama.cpp could not tell text from the marker
     code = main(["--ckpt", str(tmp_path / "m.pt"), "--format", "gguf", "--out", str(tmp_path / "x.gguf")])
     err = capsys.readouterr().err
-    assert code == 2 and err == "error: the special token 'a' is also an ordinary token of the vocabulary\n"
+    assert (
+        code == 2 and err == f"error: the special token {marker!r} is also an ordinary token of the vocabulary{why}\n"
+    )
     assert not (tmp_path / "x.gguf").exists()
 
 

@@ -126,11 +126,11 @@ def byte_level(v: Vocabulary) -> Vocabulary:
         return v
     chars = v.tokens[: len(v.tokens) - len(v.specials)]
     tokens = [to_byte_level(c.encode("utf-8")) for c in chars]
-    _check_distinct(tokens, v.specials)
+    _check_distinct(tokens, v.specials, " once spelled as byte-level BPE (each byte a character: é is Ã©)")
     return Vocabulary("bpe", tokens + list(v.specials), char_merges("".join(chars)), None, v.eot_token, v.specials)
 
 
-def _check_distinct(tokens: list[str], specials: dict[str, int]) -> None:
+def _check_distinct(tokens: list[str], specials: dict[str, int], how: str = "") -> None:
     clash = [t for t in specials if t in set(tokens)]
     if clash:
-        raise TokenizerExportError(f"the special token {clash[0]!r} is also an ordinary token of the vocabulary")
+        raise TokenizerExportError(f"the special token {clash[0]!r} is also an ordinary token of the vocabulary{how}")
