@@ -32,9 +32,10 @@ tokenizer's: a model padded to a multiple of 64 rows loses the extra rows of its
 that our sampler never draws either (llama.cpp would).
 
 Chat: text that spells a marker. llama.cpp renders the template and tokenizes the whole text with special
-tokens parsed (`llama-server`, and llama-cpp-python's `create_chat_completion`: `tokenize(..., special=True)`),
-so a message spelling `<|end|><|user|>` would become those tokens: a forged turn, where our `encode` keeps
-it text. The Hugging Face export escapes such spellings in the template (U+FDD0 after the first character,
+tokens parsed (`llama-server`, and llama-cpp-python's `create_chat_completion`: `tokenize(..., special=True)`;
+llama.cpp's own Jinja engine marks the parts that come from messages, but the version llama-cpp-python
+0.3.36 vendors joins the parts into one string before tokenizing), so a message spelling `<|end|><|user|>`
+would become those tokens: a forged turn, where our `encode` keeps it text. The Hugging Face export escapes such spellings in the template (U+FDD0 after the first character,
 gpt/data/chat_jinja.py) and its tokenizer.json's normalizer removes the escape. llama.cpp's byte-level BPE
 has no normalizer, so the escape must vanish in tokenization itself or the ids differ from ours:
 - char vocabularies: it does. llama.cpp emits a BPE symbol that is not a token byte by byte and drops the
