@@ -138,6 +138,16 @@ def test_a_special_token_spelled_like_an_ordinary_one_is_refused_in_one_line(tmp
     assert not (tmp_path / "x.gguf").exists()
 
 
+def test_a_char_models_markers_that_could_straddle_the_escape_are_refused_in_one_line(tmp_path, capsys):
+    template = ChatTemplate(system="<s>", user="s>", assistant="<a>", end="<e>")
+    spec = {"kind": "specials", "base": CharTokenizer("as <>").spec, "specials": template.specials}
+    save_model(tmp_path / "m.pt", spec, 16, chat=template.spec)
+    code = main(["--ckpt", str(tmp_path / "m.pt"), "--format", "gguf", "--out", str(tmp_path / "x.gguf")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: cannot export the chat template: its special tokens 's>' and '<s>'")
+    assert err.count("\n") == 1 and not (tmp_path / "x.gguf").exists()
+
+
 # ---- llama.cpp ---------------------------------------------------------------------------------------
 
 llamacpp = pytest.importorskip("gpt.infer.llamacpp")

@@ -163,6 +163,11 @@ def write_gguf(model, tokenizer, path: str | Path, quant: str = "f32", chat_temp
         raise GGUFError(f"the tokenizer has {len(vocab.tokens)} ids but the model only {cfg.vocab_size} rows")
     tokens = vocab.tokens
     control = set(vocab.specials.values())
+    chat = None  # (end-of-turn id, Jinja template), made before the file so that a refusal leaves nothing
+    if chat_template:
+        template = ChatTemplate.from_spec(chat_template, "the checkpoint's chat_template")
+        escape = list(words.specials) if words.model == "char" and ESCAPE not in words.tokens else None
+        chat = (tokenizer.special(template.end), chat_template_jinja(template, escape=escape))  # (module notes)
     types = [gguf.TokenType.CONTROL if i in control else gguf.TokenType.NORMAL for i in range(len(tokens))]
 
     counts: dict[str, int] = {}
@@ -198,11 +203,9 @@ def write_gguf(model, tokenizer, path: str | Path, quant: str = "f32", chat_temp
             w.add_eos_token_id(tokenizer.eot_token)
             w.add_add_bos_token(False)
             w.add_add_eos_token(False)
-            if chat_template:
-                template = ChatTemplate.from_spec(chat_template, "the checkpoint's chat_template")
-                w.add_eot_token_id(tokenizer.special(template.end))
-                escape = list(words.specials) if words.model == "char" and ESCAPE not in words.tokens else None
-                w.add_chat_template(chat_template_jinja(template, escape=escape))  # (module notes: chat)
+            if chat is not None:
+                w.add_eot_token_id(chat[0])
+                w.add_chat_template(chat[1])
             for tname, array in weights(model, arch, len(tokens)):
                 qtype = tensor_type(tname, array, quant)
                 data = array.astype(np.float32) if qtype == gguf.GGMLQuantizationType.F32 else array
