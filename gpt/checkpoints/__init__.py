@@ -4,9 +4,11 @@
 - `dcp.py` sharded checkpoints (`--fsdp`, torch.distributed.checkpoint); `dcp_index.py` reads their index
   (a pickle) with a pickle machine of its own that runs nothing.
 - `hf.py` Hugging Face directories, import and export: GPT-2 (learned, sinusoidal positions) and, through
-  `hf_neox.py`, GPT-NeoX (RoPE); `hf_tokenizer.py` writes tokenizer.json and the Jinja chat template
-  (`vocabulary(tok)` also serves the GGUF writer); `hf_card.py` the model card.
+  `hf_neox.py`, GPT-NeoX (RoPE); `hf_tokenizer.py` writes tokenizer.json and tokenizer_config.json; `hf_card.py` the
+  model card.
 - `gguf.py` GGUF files for llama.cpp (export only: `python -m gpt.export --format gguf`).
+- Both exports take the tokenizer's vocabulary from gpt/data/bytelevel.py and the Jinja chat template from
+  gpt/data/chat_jinja.py.
 - `adapters.py` LoRA checkpoints: adapters only, naming their base.
 - `loader.py` `load_model` / `load_checkpoint` / `load_for_inference`: dispatches to the formats above;
   none of them imports it back.

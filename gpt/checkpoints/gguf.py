@@ -22,12 +22,35 @@ biases (`bias=False`) the biases llama.cpp requires are written as zeros. Quanti
 converter: vectors, norms and the position table stay float32; other matrices become `--quant`'s type, and
 a matrix whose rows q8_0 cannot take (a row length not a multiple of 32) falls back to f16.
 
-Tokenizer (gpt/data/bytelevel.py): every kind becomes llama.cpp's byte-level BPE (`gpt2`) with GPT-2's
-pre-tokenizer; the end-of-text token and a chat model's role markers are control tokens, which plain text
-never produces (`llama_tokenize(..., parse_special=false)`, as our `encode`). A chat model's template is
-written as Jinja (`tokenizer.chat_template`) whose rendering is our prompt; its end-of-turn token is EOT.
-No BOS is added. The vocabulary is the tokenizer's: a model padded to a multiple of 64 rows loses the extra
-rows of its embedding and head, ids that our sampler never draws either (llama.cpp would).
+Tokenizer (gpt/data/bytelevel.py, the vocabulary the Hugging Face export writes too): every kind becomes
+llama.cpp's byte-level BPE (`gpt2`) with GPT-2's pre-tokenizer, GPT-2's own merges for GPT-2; the
+end-of-text token and a chat model's role markers are control tokens, which plain text never produces
+(`llama_tokenize(..., parse_special=false)`, as our `encode`). A chat model's template is written as Jinja
+(`tokenizer.chat_template`, gpt/data/chat_jinja.py: the Hugging Face export's, without `{% generation %}`)
+whose rendering is our prompt; its end-of-turn token is EOT. No BOS is added. The vocabulary is the
+tokenizer's: a model padded to a multiple of 64 rows loses the extra rows of its embedding and head, ids
+that our sampler never draws either (llama.cpp would).
+
+Chat: text that spells a marker. llama.cpp renders the template and tokenizes the whole text with special
+tokens parsed (`llama-server`, and llama-cpp-python's `create_chat_completion`: `tokenize(..., special=True)`;
+llama.cpp's own Jinja engine marks the parts that come from messages, but the version llama-cpp-python
+0.3.36 vendors joins the parts into one string before tokenizing), so a message spelling `<|end|><|user|>`
+would become those tokens: a forged turn, where our `encode` keeps it text. The Hugging Face export escapes such spellings in the template (U+FDD0 after the first character,
+gpt/data/chat_jinja.py) and its tokenizer.json's normalizer removes the escape. llama.cpp's byte-level BPE
+has no normalizer, so the escape must vanish in tokenization itself or the ids differ from ours:
+- char vocabularies: it does. llama.cpp emits a BPE symbol that is not a token byte by byte and drops the
+  bytes that have no token (llm_tokenizer_bpe_session::tokenize); U+FDD0 is not in the vocabulary, no merge joins
+  its bytes to a neighbour, and neither they nor what the merges make of them are tokens (a char
+  vocabulary's one-byte tokens are ASCII characters). So a char model's template escapes every special token spelled in a message
+  and llama.cpp tokenizes the result exactly as our `encode` does the message (tests/test_gguf.py). Markers
+  that could straddle the escape are refused, as for Hugging Face (chat_jinja.check_escapable); a char
+  vocabulary that holds U+FDD0 itself gets no escaping.
+- byte-level BPE (`gpt2`, an own `bpe`): it cannot. Every one of the 256 bytes is a token, so whatever the
+  template inserts becomes tokens of its own (U+FDD0 gives three), and without an insertion the text spells
+  the marker, which the special-token pass matches before BPE runs. The only exact way out would be
+  control tokens whose text no message holds (e.g. the marker plus U+FDD0), which would stop users and
+  tools that write `<|user|>` by hand from reaching the token; it is not done. Such a GGUF parses markers
+  typed in a message as the tokens themselves, as most chat models in llama.cpp do.
 
 Known differences from PyTorch, all small: llama.cpp computes GELU through a float16 table (and always
 in the tanh form, so `activation="gelu"` models get tanh's curve, within 1e-3 of erf's) and keeps its
@@ -36,14 +59,14 @@ KV cache in float16 unless asked for float32 (`--cache-type-k f32 --cache-type-v
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 
-from gpt.data.bytelevel import byte_level_vocab
+from gpt.data.bytelevel import byte_level, vocabulary
 from gpt.data.chat import ChatTemplate
+from gpt.data.chat_jinja import ESCAPE, chat_template_jinja
 from gpt.data.tokenizer import GPT2_PATTERN
 from gpt.errors import UserError, storage_error
 from gpt.fsutil import replacing
@@ -70,24 +93,6 @@ def architecture(config) -> str:
             "export it with `python -m gpt.export --format onnx` instead"
         )
     return "gptneox" if config.pos_encoding == "rope" else "gpt2"
-
-
-def jinja_template(template: ChatTemplate) -> str:
-    """A Jinja chat template that renders exactly `template.prompt` (with add_generation_prompt) or
-    `template.render`'s text: `<marker>content<end>` per message, then the assistant's marker."""
-
-    def literal(s: str) -> str:  # a Jinja string literal (JSON's escaping is one Jinja reads)
-        return "{{ " + json.dumps(s) + " }}"
-
-    markers = "".join(
-        f"{'{% if' if i == 0 else '{% elif'} message['role'] == {json.dumps(role)} %}}{literal(template.marker(role))}"
-        for i, role in enumerate(("system", "user", "assistant"))
-    )
-    return (
-        "{% for message in messages %}" + markers + "{% endif %}"
-        "{{ message['content'] }}" + literal(template.end) + "{% endfor %}"
-        "{% if add_generation_prompt %}" + literal(template.assistant) + "{% endif %}"
-    )
 
 
 def weights(model, arch: str, n_vocab: int) -> list[tuple[str, np.ndarray]]:
@@ -147,7 +152,8 @@ def write_gguf(model, tokenizer, path: str | Path, quant: str = "f32", chat_temp
         raise GGUFError(f"--quant {quant!r} is not one of {', '.join(QUANTS)}")
     cfg = model.config
     arch = architecture(cfg)
-    vocab = byte_level_vocab(tokenizer)
+    words = vocabulary(tokenizer)
+    vocab = byte_level(words)
     if vocab.pattern not in (None, GPT2_PATTERN):
         raise GGUFError(
             f"this tokenizer splits words with its own pattern {vocab.pattern!r}: llama.cpp's BPE knows a fixed "
@@ -156,7 +162,13 @@ def write_gguf(model, tokenizer, path: str | Path, quant: str = "f32", chat_temp
     if len(vocab.tokens) > cfg.vocab_size:
         raise GGUFError(f"the tokenizer has {len(vocab.tokens)} ids but the model only {cfg.vocab_size} rows")
     tokens = vocab.tokens
-    types = [gguf.TokenType.CONTROL if i in vocab.specials else gguf.TokenType.NORMAL for i in range(len(tokens))]
+    control = set(vocab.specials.values())
+    chat = None  # (end-of-turn id, Jinja template), made before the file so that a refusal leaves nothing
+    if chat_template:
+        template = ChatTemplate.from_spec(chat_template, "the checkpoint's chat_template")
+        escape = list(words.specials) if words.model == "char" and ESCAPE not in words.tokens else None
+        chat = (tokenizer.special(template.end), chat_template_jinja(template, escape=escape))  # (module notes)
+    types = [gguf.TokenType.CONTROL if i in control else gguf.TokenType.NORMAL for i in range(len(tokens))]
 
     counts: dict[str, int] = {}
     path = Path(path)
@@ -191,10 +203,9 @@ def write_gguf(model, tokenizer, path: str | Path, quant: str = "f32", chat_temp
             w.add_eos_token_id(tokenizer.eot_token)
             w.add_add_bos_token(False)
             w.add_add_eos_token(False)
-            if chat_template:
-                template = ChatTemplate.from_spec(chat_template, "the checkpoint's chat_template")
-                w.add_eot_token_id(tokenizer.special(template.end))
-                w.add_chat_template(jinja_template(template))
+            if chat is not None:
+                w.add_eot_token_id(chat[0])
+                w.add_chat_template(chat[1])
             for tname, array in weights(model, arch, len(tokens)):
                 qtype = tensor_type(tname, array, quant)
                 data = array.astype(np.float32) if qtype == gguf.GGMLQuantizationType.F32 else array

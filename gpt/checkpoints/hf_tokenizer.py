@@ -1,18 +1,19 @@
 """Our tokenizers and chat templates as Hugging Face files: `tokenizer.json` (the `tokenizers` library's
 format), `tokenizer_config.json` with a Jinja `chat_template`, `special_tokens_map.json`.
 
-    v = vocabulary(tok)              # tokens in id order, merges, pre-tokenizer pattern, special ids (GGUF reuses it)
-    data = tokenizer_json(tok)       # a dict: json.dump it as tokenizer.json
-    text = chat_template_jinja(ChatTemplate())   # renders exactly ChatTemplate.render / prompt
+    data = tokenizer_json(tok, template)             # a dict: json.dump it as tokenizer.json
+    config = tokenizer_config(tok, 1024, template)   # its chat_template renders exactly ChatTemplate.render / prompt
+
+The vocabulary (tokens in id order, merges, pre-tokenizer regex, specials) comes from
+gpt/data/bytelevel.py and the Jinja template from gpt/data/chat_jinja.py, the homes the GGUF writer uses too.
 
 Design notes
-- Byte-level BPE (`gpt2`, an own `bpe`): tiktoken's ids are its ranks, so token i is the bytes of rank i,
-  spelled with GPT-2's byte-to-unicode table (gpt.data.bpe.byte_level_alphabet, inverted). Each token's
-  merge is recovered from the ranks (`bpe_merges`). The pre-tokenizer is the tokenizer's own regex
-  (`Split`, isolated) then `ByteLevel` without its own regex: the pipeline `gpt.data.bpe.train_hf_bpe`
-  trains with. `ignore_merges` stays off (tiktoken takes a pre-token that is a whole token as is, but the
-  recovered merges reach every token from its own bytes anyway, and tokenizers 0.19 gives tokens found
-  that way empty offsets, which breaks transformers' assistant mask).
+- Byte-level BPE (`gpt2`, an own `bpe`): one merge per token, recovered from tiktoken's ranks (bytelevel).
+  The pre-tokenizer is the tokenizer's own regex (`Split`, isolated) then `ByteLevel` without its own
+  regex: the pipeline `gpt.data.bpe.train_hf_bpe` trains with. `ignore_merges` stays off (tiktoken takes a
+  pre-token that is a whole token as is, but the recovered merges reach every token from its own bytes
+  anyway, and tokenizers 0.19 gives tokens found that way empty offsets, which breaks transformers'
+  assistant mask).
 - `char`: a `WordLevel` model over the characters, a pre-tokenizer that splits every character, a `Fuse`
   decoder (no spaces between tokens). Our encoder refuses a character outside the vocabulary; the
   `unk_token` names a token that is not in the vocabulary, so `tokenizers` raises too ("Missing [UNK]
@@ -21,100 +22,29 @@ Design notes
 - Text that spells a special token. Our `encode` never produces special ids. `tokenizer(text)` on the
   Hugging Face side matches them, as every HF tokenizer does by default; `split_special_tokens=True`
   gives ours. Inside `apply_chat_template` the exported template does better: it escapes any special
-  token spelled in a message's content by inserting U+FDD0 (a Unicode noncharacter, reserved for
-  internal use) after its first character, and the tokenizer's normalizer takes that character out
-  again before the model sees the text. So a message cannot forge a turn and its text encodes as ours.
-  The one exception: content that itself holds such an escaped spelling ("<" U+FDD0 "|end|>") encodes as
-  the unescaped text.
+  token spelled in a message's content (U+FDD0 after its first character, gpt/data/chat_jinja.py), and
+  the tokenizer's normalizer takes that character out again before the model sees the text. So a message
+  cannot forge a turn and its text encodes as ours. The one exception: content that itself holds such an
+  escaped spelling ("<" U+FDD0 "|end|>") encodes as the unescaped text.
 """
 
 from __future__ import annotations
 
 import json
-from typing import NamedTuple
 
 from gpt.data.bpe import byte_level_alphabet
+from gpt.data.bytelevel import (
+    TokenizerExportError,
+    bpe_merges,  # noqa: F401  (tests import it from here)
+    special_tokens,
+    vocabulary,
+)
 from gpt.data.chat import ChatTemplate
-from gpt.data.tokenizer import EOT_TEXT, GPT2_PATTERN, CharTokenizer, SpecialsTokenizer, TiktokenTokenizer
-from gpt.errors import UserError
+from gpt.data.chat_jinja import chat_template_jinja, check_escapable, escaped
+from gpt.data.tokenizer import EOT_TEXT, GPT2_PATTERN
 
-ESCAPE = "\ufdd0"  # a noncharacter: inserted into special tokens spelled in chat content, removed by the normalizer
 UNKNOWN_CHAR = "<unknown character: not in this char vocabulary>"  # a WordLevel unk_token absent from the vocabulary
 CHAR_SPLIT = r"[\s\S]"  # every single character (Oniguruma: `.` skips newlines)
-
-
-class TokenizerExportError(UserError, ValueError):
-    """A tokenizer or chat template the Hugging Face side cannot reproduce; the message says why."""
-
-
-class Vocabulary(NamedTuple):
-    """A tokenizer's vocabulary as the Hugging Face and GGUF formats want it."""
-
-    model: str  # "bpe" (byte-level) or "char"
-    tokens: list[str]  # every id's token (byte-level BPE: in GPT-2's printable spelling), specials included
-    merges: list[tuple[str, str]]  # byte-level BPE merges in priority order; [] for char
-    pattern: str | None  # the pre-tokenizer's regex (BPE); None for char (each character is a token)
-    eot_token: int
-    specials: dict[str, int]  # every special token (end of text, chat markers) -> its id
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's table spelling each byte as a printable character (the inverse of bpe.byte_level_alphabet)."""
-    return {b: c for c, b in byte_level_alphabet().items()}
-
-
-def bpe_merges(tokens: list[bytes]) -> list[tuple[bytes, bytes]]:
-    """The merge that made each multi-byte token, tokens given in rank order (rank = index): byte-level BPE
-    on the token's bytes allowing only merges ranked below it, which ends in exactly two parts."""
-    ranks = {t: r for r, t in enumerate(tokens)}
-    merges = []
-    for rank, token in enumerate(tokens):
-        if len(token) == 1:
-            continue
-        parts = [bytes([b]) for b in token]
-        while True:
-            best = None
-            for i in range(len(parts) - 1):
-                r = ranks.get(parts[i] + parts[i + 1])
-                if r is not None and r < rank and (best is None or r < best[0]):
-                    best = (r, i)
-            if best is None:
-                break
-            i = best[1]
-            parts[i : i + 2] = [parts[i] + parts[i + 1]]
-        if len(parts) != 2:
-            raise ValueError(f"token {token!r} (rank {rank}) is not one merge of two lower-ranked tokens")
-        merges.append((parts[0], parts[1]))
-    return merges
-
-
-def vocabulary(tok) -> Vocabulary:
-    """The vocabulary of any of our tokenizers (gpt2, bpe, char, and either with chat specials)."""
-    base, extra = (tok.base, tok.specials) if isinstance(tok, SpecialsTokenizer) else (tok, [])
-    if isinstance(base, TiktokenTokenizer):
-        raw = [base.enc.decode_single_token_bytes(i) for i in range(base.eot_token)]
-        spell = bytes_to_unicode()
-
-        def text(b: bytes) -> str:
-            return "".join(spell[x] for x in b)
-
-        merges = [(text(a), text(b)) for a, b in bpe_merges(raw)]
-        model, tokens, pattern = "bpe", [text(t) for t in raw], base.spec.get("pattern", GPT2_PATTERN)
-    elif isinstance(base, CharTokenizer):
-        model, tokens, merges, pattern = "char", list(base.chars), [], None
-    else:
-        raise TokenizerExportError(f"cannot export a {base.spec.get('kind')!r} tokenizer to Hugging Face")
-    specials = special_tokens(tok)
-    clash = [t for t in specials if t in tokens]
-    if clash:
-        raise TokenizerExportError(f"the special token {clash[0]!r} is also an ordinary token of the vocabulary")
-    return Vocabulary(model, tokens + list(specials), merges, pattern, base.eot_token, specials)
-
-
-def special_tokens(tok) -> dict[str, int]:
-    """Every special token of `tok` (end of text, then a chat template's markers) -> its id."""
-    base, extra = (tok.base, tok.specials) if isinstance(tok, SpecialsTokenizer) else (tok, [])
-    return {EOT_TEXT: base.eot_token, **{t: base.vocab_size + i for i, t in enumerate(extra)}}
 
 
 def _added_token(content: str, i: int) -> dict:
@@ -172,64 +102,6 @@ def tokenizer_json(tok, chat_template: ChatTemplate | None = None) -> dict:
     }
 
 
-def escaped(token: str) -> str:
-    """How the chat template writes special token `token` when a message's content spells it."""
-    return token[0] + ESCAPE + token[1:]
-
-
-def check_escapable(tokens: list[str]) -> None:
-    """The escaping works when no special token holds the escape, each has two characters or more, none
-    contains another and no token's end is another's (or its own) beginning: then no match can straddle
-    an escape or the edge of a message. TokenizerExportError otherwise."""
-    for t in tokens:
-        if len(t) < 2 or ESCAPE in t:
-            raise TokenizerExportError(
-                f"cannot export the chat template: its special token {t!r} must have two characters or more "
-                f"and no U+FDD0, so that content spelling it can be told apart; use markers like <|user|>"
-            )
-    for a in tokens:
-        for b in tokens:
-            overlap = any(a[-k:] == b[:k] for k in range(1, min(len(a), len(b))))
-            if (a != b and a in b) or overlap:
-                raise TokenizerExportError(
-                    f"cannot export the chat template: its special tokens {a!r} and {b!r} overlap, so content "
-                    f"next to a marker could spell one; use markers like <|user|> that do not"
-                )
-
-
-def _jinja_str(s: str) -> str:
-    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def chat_template_jinja(template: ChatTemplate, specials: list[str]) -> str:
-    """A Jinja chat template (transformers' dialect) rendering exactly `template.render` (and, with
-    `add_generation_prompt`, `template.prompt`): each message as marker, content, end; the assistant's
-    content and end inside `{% generation %}`, which is our loss mask. Content spelling any of `specials`
-    is escaped (module docs)."""
-    check_escapable(specials)
-    content = "message['content']" + "".join(
-        f" | replace({_jinja_str(t)}, {_jinja_str(escaped(t))})" for t in sorted(specials)
-    )
-    markers = "{" + ", ".join(f"{_jinja_str(r)}: {_jinja_str(template.marker(r))}" for r in ("system", "user")) + "}"
-    end, assistant = _jinja_str(template.end), _jinja_str(template.assistant)
-    return (
-        "{%- for message in messages -%}"
-        "{%- if message['role'] == 'system' and not loop.first -%}"
-        "{{ raise_exception('only the first message may be a system message') }}"
-        "{%- endif -%}"
-        f"{{%- set content = {content} -%}}"
-        "{%- if message['role'] == 'assistant' -%}"
-        f"{{{{ {assistant} }}}}{{% generation %}}{{{{ content }}}}{{{{ {end} }}}}{{% endgeneration %}}"
-        f"{{%- elif message['role'] in {markers} -%}}"
-        f"{{{{ {markers}[message['role']] }}}}{{{{ content }}}}{{{{ {end} }}}}"
-        "{%- else -%}"
-        "{{ raise_exception('unknown role ' + message['role'] + ': expected system, user or assistant') }}"
-        "{%- endif -%}"
-        "{%- endfor -%}"
-        f"{{%- if add_generation_prompt -%}}{{{{ {assistant} }}}}{{%- endif -%}}"
-    )
-
-
 def tokenizer_config(tok, model_max_length: int, chat_template: ChatTemplate | None = None) -> dict:
     """tokenizer_config.json: the fast tokenizer class, the special tokens, the chat template."""
     eos = chat_template.end if chat_template is not None else EOT_TEXT
@@ -243,7 +115,7 @@ def tokenizer_config(tok, model_max_length: int, chat_template: ChatTemplate | N
         "clean_up_tokenization_spaces": False,
     }
     if chat_template is not None:
-        config["chat_template"] = chat_template_jinja(chat_template, list(special_tokens(tok)))
+        config["chat_template"] = chat_template_jinja(chat_template, list(special_tokens(tok)), generation=True)
     return config
 
 

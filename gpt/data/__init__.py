@@ -5,7 +5,9 @@
   pairs and batches them by length.
 - `tokenizer.py` (gpt2, char, own BPE through tiktoken), `bpe.py` (training a BPE), `vocab.py`
   (reusing a dataset's vocabulary, the unknown-character policy), `bytelevel.py` (any of them as
-  byte-level BPE tokens and merges, for llama.cpp's GGUF).
+  the tokens, merges, pre-tokenizer and specials that Hugging Face's tokenizer.json and llama.cpp's GGUF
+  take); `chat.py` (conversations and the chat template), `chat_jinja.py` (the template as Jinja, for
+  both exports).
 - `format.py` owns the on-disk format: meta.json's schema, dtypes, checksums, atomic publishing.
 - `tokens.py` opens a token dataset memory-mapped and draws training / evaluation batches.
 
