@@ -357,7 +357,7 @@ def _encoder(tok, replace_with: str | None = None) -> Callable[[str], np.ndarray
     """text -> ids as a numpy array, fast paths first (both release the GIL for most of the work); a char
     vocabulary's unknown characters become `replace_with`'s id (else they are an error)."""
     if isinstance(tok, TiktokenTokenizer):
-        return lambda text: tok.enc.encode_to_numpy(text, disallowed_special=())
+        return tok.encode_to_numpy
     if isinstance(tok, CharTokenizer):
         codepoints = np.array([ord(c) for c in tok.chars], dtype=np.uint32)  # sorted, as the vocabulary
 
