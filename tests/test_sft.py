@@ -152,6 +152,8 @@ def test_prepare_shows_reading_and_rendering_and_an_error_starts_its_own_line(ba
 
 def test_cli_mistakes_are_one_line(base_data, tmp_path):
     src = write_jsonl(tmp_path / "c.jsonl", chat_rows(5))
+    deep_json = tmp_path / "d.json"
+    deep_json.write_text("[" * 100_000 + "]" * 100_000)
     for args, message in [
         (["--chat", src, "--max-len", "3"], "--max-len is for --pairs datasets, not --chat"),
         (["--chat", src, "--tokenizer", "bpe"], "--tokenizer bpe: a chat dataset is encoded with the base model's"),
@@ -173,8 +175,12 @@ def test_cli_mistakes_are_one_line(base_data, tmp_path):
         (["--pairs", src, src, "--max-row-bytes", "9"], "--max-row-bytes is for INPUT text and --chat datasets"),
         (["--chat", src, "--max-row-bytes", "0"], "--max-row-bytes must be at least 1, got 0"),
         (
+            ["--chat", deep_json, "--tokenizer-from", base_data],
+            "d.json is not JSON this reader takes (nested too deeply)",
+        ),
+        (
             ["--chat", src, "--tokenizer", "gpt2", "--tokenizer-from", base_data],
-            f"--tokenizer gpt2 and --tokenizer-from {base_data} (a 'char' tokenizer): the tokenizer comes from",
+            f"--tokenizer gpt2 and --tokenizer-from {base_data} (a 'char' tokenizer): give one or the other",
         ),
         (["x.txt", "--tokenizer-from", base_data, "--vocab-size", "300"], "--vocab-size 300 and --tokenizer-from"),
     ]:

@@ -437,7 +437,10 @@ def _open_parquet(path: Path):
     try:
         pf = pq.ParquetFile(path)
         strings = [c.path for c in pf.schema if c.physical_type == "BYTE_ARRAY"]
-        return pa, pq.ParquetFile(path, metadata=pf.metadata, read_dictionary=strings) if strings else pf
+        if not strings:
+            return pa, pf
+        pf.close()  # opened again, the footer read once: its string columns as dictionaries
+        return pa, pq.ParquetFile(path, metadata=pf.metadata, read_dictionary=strings)
     except (OSError, pa.ArrowException) as e:
         raise CorpusError(f"cannot read {path} as Parquet: {e}") from None
 

@@ -313,9 +313,7 @@ def reused_spec(source, kind: str | None, vocab_size, tokenizer_file) -> dict | 
     if kind is not None or vocab_size is not None:
         given = f"--tokenizer {kind}" if kind is not None else f"--vocab-size {vocab_size}"
         has = f" (a {reused.spec.get('kind')!r} tokenizer)" if reused else ""
-        raise DataError(
-            f"{given} and --tokenizer-from {where}{has}: the tokenizer comes from {where}; give one or the other"
-        )
+        raise DataError(f"{given} and --tokenizer-from {where}{has}: give one or the other")
     reused = reused or vocab.dataset_spec(source)
     if reused is None:
         raise DataError(
