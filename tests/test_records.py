@@ -187,13 +187,13 @@ def test_a_parquet_dictionary_bomb_is_never_decoded_whole(tmp_path):
 
 
 def test_rows_longer_than_a_chunk_are_encoded_in_pieces_with_the_ids_of_the_whole(tmp_path):
-    src = parquet_bomb(tmp_path / "long.parquet", 3 << 20, 8)  # each row three chunks long
+    src = parquet_bomb(tmp_path / "long.parquet", 5 << 19, 4)  # each row two and a half chunks long
     code, out, err, mb = prepare_rss(src, "--out", tmp_path / "o", "--block-size", "64", "--val-fraction", "0.5")
-    assert code == 0 and "8 documents" in out, err
+    assert code == 0 and "4 documents" in out, err
     assert mb < RSS_BOUND_MB
     tok = gpt2_tokenizer()
-    row = tok.encode(lorem(3 << 20)) + [tok.eot_token]
-    assert split_ids(tmp_path / "o") == {"train": row * 4, "val": row * 4}
+    row = tok.encode(lorem(5 << 19)) + [tok.eot_token]
+    assert split_ids(tmp_path / "o") == {"train": row * 2, "val": row * 2}
 
 
 def test_a_gzip_stream_damaged_in_the_middle_is_one_line_naming_how_far_it_was_read(tmp_path):
