@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from gpt.cli import ArgumentParser, fail, run_main
 from gpt.cli.pairs import add_pairs_options, run_cli
 from gpt.data.chat import FORMATS
-from gpt.data.corpus import DEFAULT_MAX_ROW_BYTES
 from gpt.data.pairs import DEFAULT_VAL_FRACTION
 from gpt.data.prepare import TOKENIZERS, prepare
+from gpt.data.records import DEFAULT_MAX_ROW_BYTES
 from gpt.data.sft import DEFAULT_VAL_FRACTION as DEFAULT_CHAT_VAL_FRACTION
 from gpt.data.sft import LONG_POLICIES, prepare_chat
 from gpt.data.vocab import UNKNOWN_POLICIES

@@ -43,14 +43,12 @@ import numpy as np
 from gpt.data import vocab
 from gpt.data.bpe import train_bpe
 from gpt.data.corpus import (
-    DEFAULT_MAX_ROW_BYTES,
     CorpusError,
     ReadStats,
     Segment,
     find_documents,
     plan_split,
     read_chunks,
-    record_texts,
     text_pieces,
     val_row,
 )
@@ -64,6 +62,7 @@ from gpt.data.format import (
     store_ranks,
     write_meta,
 )
+from gpt.data.records import DEFAULT_MAX_ROW_BYTES, record_texts
 from gpt.data.tokenizer import (
     CharTokenizer,
     TiktokenTokenizer,

@@ -36,17 +36,10 @@ import numpy as np
 
 from gpt.data import vocab
 from gpt.data.chat import ChatError, ChatTemplate, conversation
-from gpt.data.corpus import (
-    DEFAULT_MAX_ROW_BYTES,
-    BadJSONError,
-    BadRowError,
-    CorpusError,
-    jsonl_rows,
-    parquet_rows,
-    parse_json_line,
-)
+from gpt.data.corpus import BadRowError, CorpusError
 from gpt.data.format import SPLITS, DataError, dtype_for_vocab, new_meta, staged, store_ranks, write_meta
 from gpt.data.prepare import reused_spec, reused_tokenizer
+from gpt.data.records import DEFAULT_MAX_ROW_BYTES, BadJSONError, jsonl_rows, parquet_rows, parse_json_line
 from gpt.data.tokenizer import CharTokenizer, TokenizerError, gpt2_tokenizer
 from gpt.progress import Progress
 
