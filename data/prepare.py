@@ -28,6 +28,7 @@ from gpt.cli.pairs import add_pairs_options, run_cli
 from gpt.data.chat import FORMATS
 from gpt.data.pairs import DEFAULT_VAL_FRACTION
 from gpt.data.prepare import TOKENIZERS, prepare
+from gpt.data.records import DEFAULT_MAX_ROW_BYTES
 from gpt.data.sft import DEFAULT_VAL_FRACTION as DEFAULT_CHAT_VAL_FRACTION
 from gpt.data.sft import LONG_POLICIES, prepare_chat
 from gpt.data.vocab import UNKNOWN_POLICIES
@@ -43,6 +44,8 @@ ONLY_FOR = {
     "unknown": ("--unknown", {"text"}),
     "replacement": ("--replacement", {"text"}),
     "skip_bad_rows": ("--skip-bad-rows", {"text", "chat"}),
+    "max_row_bytes": ("--max-row-bytes", {"text", "chat"}),
+    "vocab_size": ("--vocab-size", {"text", "pairs"}),
     "text_field": ("--text-field", {"text"}),
     "val_pairs": ("--val-pairs", {"pairs"}),
     "max_len": ("--max-len", {"pairs"}),
@@ -134,6 +137,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="rows of a record file (JSONL, Parquet, a --chat file) that are malformed, lack the field or are "
         "not text / not a conversation are skipped and counted, instead of stopping at the first",
     )
+    text.add_argument(
+        "--max-row-bytes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a row of a record file (a --chat file too) longer than this (JSONL: its line; Parquet: its decoded "
+        f"strings) is a bad row: an error, or skipped with --skip-bad-rows (default: {DEFAULT_MAX_ROW_BYTES:,})",
+    )
     add_pairs_options(p.add_argument_group("pairs datasets (--pairs SRC TGT)"))
     chat = p.add_argument_group("chat datasets (--chat FILE ...; also --block-size, --tokenizer-from, --seed)")
     chat.add_argument(
@@ -190,6 +201,15 @@ def mode_error(args: argparse.Namespace) -> str | None:
         )
     if args.replacement is not None and args.unknown != "replace":
         return "--replacement: only with --unknown replace (the default refuses unknown characters)"
+    held_out = args.val_chat or args.val_pairs
+    ignored = [
+        flag for flag, value in (("--val-fraction", args.val_fraction), ("--seed", args.seed)) if value is not None
+    ]
+    if held_out and ignored:
+        given = "--val-chat" if args.val_chat else "--val-pairs"
+        return f"{', '.join(ignored)}: only without {given} (they choose the share held out for val; {given} is it)"
+    if args.max_row_bytes is not None and args.max_row_bytes < 1:
+        return f"--max-row-bytes must be at least 1, got {args.max_row_bytes}"
     return None
 
 
@@ -230,6 +250,7 @@ def main(argv=None) -> int:
                 val_fraction=DEFAULT_CHAT_VAL_FRACTION if args.val_fraction is None else args.val_fraction,
                 seed=args.seed or 0,
                 skip_bad_rows=args.skip_bad_rows,
+                max_row_bytes=args.max_row_bytes or DEFAULT_MAX_ROW_BYTES,
                 force=args.force,
                 progress=False if args.quiet else None,
             ).line(),
@@ -250,6 +271,7 @@ def main(argv=None) -> int:
             strict_utf8=args.strict_utf8,
             text_field=args.text_field or "text",
             skip_bad_rows=args.skip_bad_rows,
+            max_row_bytes=args.max_row_bytes or DEFAULT_MAX_ROW_BYTES,
             workers=args.workers,
             force=args.force,
             progress=False if args.quiet else None,

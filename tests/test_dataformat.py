@@ -236,7 +236,7 @@ def test_preparing_data_never_imports_torch(tmp_path):
             sys.executable,
             "-c",
             "import sys, gpt.data.format, gpt.data.prepare, gpt.data.pairs, gpt.data.tokenizer, "
-            "gpt.data.bpe, gpt.data.corpus; print('torch' in sys.modules)",
+            "gpt.data.bpe, gpt.data.corpus, gpt.data.records; print('torch' in sys.modules)",
         ],
         capture_output=True,
         text=True,

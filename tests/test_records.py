@@ -115,3 +115,117 @@ def test_parquet_mistakes_are_one_line(tmp_path):
     broken.write_bytes(b"PAR1 not really")
     code, _, err = prepare_cli(broken, "--out", tmp_path / "p")
     assert code == 2 and err.startswith(f"error: cannot read {broken} as Parquet") and err.count("\n") == 1
+
+
+# ---- record-file bombs: a few KB that decode to GBs; bad rows of every kind ---------------------------------
+
+RSS_BOUND_MB = 400  # these runs peak at 140-190 MB (the imports take ~130); before the fix they took GBs
+LOREM = "lorem ipsum dolor sit amet "
+
+
+def prepare_rss(*args, timeout=120):
+    """(exit code, stdout, stderr, peak RSS in MB) of `data/prepare.py ARGS --quiet` in a child process, its
+    peak read by a driver process of its own (RUSAGE_CHILDREN), not polluted by this test process."""
+    driver = (
+        "import json, resource, subprocess, sys\n"
+        f"r = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout={timeout})\n"
+        "print(json.dumps([r.returncode, r.stdout, r.stderr, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss]))"
+    )
+    cmd = [sys.executable, "-c", driver, sys.executable, "data/prepare.py", *map(str, args), "--quiet"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
+    code, out, err, kb = json.loads(r.stdout)
+    return code, out, err, kb // 1024
+
+
+def lorem(nbytes):
+    return (LOREM * (nbytes // len(LOREM) + 1))[:nbytes]
+
+
+def parquet_bomb(path, row_bytes, rows):
+    """One string of `row_bytes` in every row, dictionary-encoded: a few KB on disk, rows x row_bytes decoded."""
+    column = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array([lorem(row_bytes)]))
+    pq.write_table(pa.table({"text": column}), path, compression="zstd")
+    return path
+
+
+def gzip_bomb(path, row_mb, good=()):
+    """A .jsonl.gz whose first row is a text of `row_mb` MiB (each MiB one gzip member: built at once), then `good`."""
+    member = gzip.compress(b"a" * (1 << 20), compresslevel=9)
+    with open(path, "wb") as f:
+        f.write(gzip.compress(b'{"text": "'))
+        f.write(member * row_mb)
+        f.write(gzip.compress(b'"}\n' + "".join(json.dumps({"text": t}) + "\n" for t in good).encode()))
+    return path
+
+
+def test_a_gzip_bomb_row_is_one_line_or_skipped_in_bounded_memory(tmp_path):
+    src = gzip_bomb(tmp_path / "bomb.jsonl.gz", 200, good=rows()[:300])
+    assert src.stat().st_size < 1_000_000
+    code, _, err, mb = prepare_rss(src, "--out", tmp_path / "o", "--block-size", "64")
+    expected = f"error: {src}, row 1: {200 * 2**20 + 12:,} bytes, more than --max-row-bytes 67,108,864"
+    assert code == 2 and err.startswith(expected) and err.count("\n") == 1, err
+    assert mb < RSS_BOUND_MB
+    code, out, err, mb = prepare_rss(src, "--out", tmp_path / "o", "--block-size", "64", "--skip-bad-rows")
+    assert code == 0 and "300 documents" in out and "1 bad rows skipped" in out, err
+    assert mb < RSS_BOUND_MB
+
+
+def test_a_parquet_dictionary_bomb_is_never_decoded_whole(tmp_path):
+    src = parquet_bomb(tmp_path / "bomb.parquet", 1 << 20, 4096)  # 4 GiB of text decoded
+    assert src.stat().st_size < 100_000
+    args = ("--block-size", "64", "--max-row-bytes", "1000000", "--out", tmp_path / "o")
+    code, _, err, mb = prepare_rss(src, *args)
+    assert (code, err) == (
+        2,
+        f"error: {src}, row 1: 1,048,576 bytes, more than --max-row-bytes 1,000,000 (raise it to read the row)\n",
+    )
+    assert mb < RSS_BOUND_MB
+    good = write(tmp_path / "good.parquet", rows()[:300])
+    code, out, err, mb = prepare_rss(src, good, *args, "--skip-bad-rows")
+    assert code == 0 and "300 documents" in out and "4,096 bad rows skipped" in out, err
+    assert mb < RSS_BOUND_MB
+
+
+def test_rows_longer_than_a_chunk_are_encoded_in_pieces_with_the_ids_of_the_whole(tmp_path):
+    src = parquet_bomb(tmp_path / "long.parquet", 5 << 19, 4)  # each row two and a half chunks long
+    code, out, err, mb = prepare_rss(src, "--out", tmp_path / "o", "--block-size", "64", "--val-fraction", "0.5")
+    assert code == 0 and "4 documents" in out, err
+    assert mb < RSS_BOUND_MB
+    tok = gpt2_tokenizer()
+    row = tok.encode(lorem(5 << 19)) + [tok.eot_token]
+    assert split_ids(tmp_path / "o") == {"train": row * 2, "val": row * 2}
+
+
+def test_a_gzip_stream_damaged_in_the_middle_is_one_line_naming_how_far_it_was_read(tmp_path):
+    data = gzip.compress("".join(json.dumps({"text": t}) + "\n" for t in rows() * 2).encode())
+    src = tmp_path / "damaged.jsonl.gz"  # a second gzip member whose deflate stream starts with an invalid block
+    src.write_bytes(data + data[:10] + b"\xff" * 8 + data[18:])
+    for extra in ([], ["--skip-bad-rows"], ["--force"]):
+        code, out, err = prepare_cli(src, "--out", tmp_path / "o", "--block-size", "16", *extra)
+        assert code == 2 and err.startswith(f"error: cannot read {src} (damaged after line "), err
+        assert "bytes of the file read)" in err and err.count("\n") == 1
+
+
+def test_every_way_a_json_line_can_fail_is_a_bad_row(tmp_path):
+    src = tmp_path / "c.jsonl"
+    deep, digits = "[" * 100_000 + "]" * 100_000, '{"text": ' + "1" * 5000 + "}"
+    src.write_text("\n".join([deep, digits, *(json.dumps({"text": t}) for t in rows()[:200])]) + "\n")
+    code, _, err = prepare_cli(src, "--out", tmp_path / "o", "--block-size", "16")
+    assert (code, err) == (2, f"error: {src}, row 1: not JSON this reader takes (nested too deeply)\n")
+    code, out, err = prepare_cli(src, "--out", tmp_path / "o", "--block-size", "16", "--skip-bad-rows")
+    assert code == 0 and "200 documents" in out and "2 bad rows skipped" in out, err
+    assert f"skipped {src}, row 2: not JSON this reader takes (Exceeds the limit" in err
+
+
+def test_a_text_with_a_whitespace_run_tiktoken_cannot_take_whole_prepares(tmp_path):
+    text = "\n".join(rows()[:300])
+    src = tmp_path / "spaces.txt"
+    src.write_text(text + " " * 1_100_000 + text)
+    jsonl = tmp_path / "spaces.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": t}) + "\n" for t in [text + " " * 1_100_000 + "x"] + rows()[:30]))
+    for source in (src, jsonl):
+        code, out, err = prepare_cli(source, "--out", tmp_path / source.suffix[1:], "--block-size", "16")
+        assert code == 0 and "prepared" in out, err
+    tok = gpt2_tokenizer()
+    ids = split_ids(tmp_path / "jsonl")
+    assert tok.decode(ids["train"][: ids["train"].index(tok.eot_token)]) == text + " " * 1_100_000 + "x"

@@ -152,6 +152,8 @@ def test_prepare_shows_reading_and_rendering_and_an_error_starts_its_own_line(ba
 
 def test_cli_mistakes_are_one_line(base_data, tmp_path):
     src = write_jsonl(tmp_path / "c.jsonl", chat_rows(5))
+    deep_json = tmp_path / "d.json"
+    deep_json.write_text("[" * 100_000 + "]" * 100_000)
     for args, message in [
         (["--chat", src, "--max-len", "3"], "--max-len is for --pairs datasets, not --chat"),
         (["--chat", src, "--tokenizer", "bpe"], "--tokenizer bpe: a chat dataset is encoded with the base model's"),
@@ -166,9 +168,25 @@ def test_cli_mistakes_are_one_line(base_data, tmp_path):
             ["--chat", write_jsonl(tmp_path / "b.jsonl", ["x"]), "--tokenizer-from", base_data, "--skip-bad-rows"],
             "no conversation (all 1 rows were bad)",
         ),
+        (["--chat", src, "--vocab-size", "512"], "--vocab-size is for INPUT text and --pairs datasets, not --chat"),
+        (["--chat", src, "--val-chat", src, "--val-fraction", "0.2"], "--val-fraction: only without --val-chat"),
+        (["--chat", src, "--val-chat", src, "--seed", "3"], "--seed: only without --val-chat"),
+        (["--pairs", src, src, "--val-pairs", src, src, "--seed", "3"], "--seed: only without --val-pairs"),
+        (["--pairs", src, src, "--max-row-bytes", "9"], "--max-row-bytes is for INPUT text and --chat datasets"),
+        (["--chat", src, "--max-row-bytes", "0"], "--max-row-bytes must be at least 1, got 0"),
+        (
+            ["--chat", deep_json, "--tokenizer-from", base_data],
+            "d.json is not JSON this reader takes (nested too deeply)",
+        ),
+        (
+            ["--chat", src, "--tokenizer", "gpt2", "--tokenizer-from", base_data],
+            f"--tokenizer gpt2 and --tokenizer-from {base_data} (a 'char' tokenizer): give one or the other",
+        ),
+        (["x.txt", "--tokenizer-from", base_data, "--vocab-size", "300"], "--vocab-size 300 and --tokenizer-from"),
     ]:
         code, out, err = prepare_cli(*args, "--out", tmp_path / "o")
         assert code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1, err
+        assert len(err) < 400, err  # never a tokenizer spec's dump (a bpe's holds its ranks)
 
 
 def test_packing_trains_on_each_conversation_once_per_epoch(chat_data):
@@ -322,3 +340,29 @@ def test_lora_sft_trains_the_new_tokens_loads_resumes_and_merges(base_run, chat_
     grown.grow_vocab(merged.config.vocab_size, range(n - 4, n))
     rows = slice(n - 4, n)
     assert not torch.equal(merged.transformer.wte.weight[rows], grown.transformer.wte.weight[rows])  # they learned
+
+
+def test_bad_chat_rows_of_every_kind_name_file_and_row_or_are_skipped(base_data, tmp_path):
+    good = chat_rows(40)
+    unknown = {"prompt": "Translate: Grüße ✓", "completion": "greetings"}  # '✓' is not in the char vocabulary
+    deep = "[" * 100_000 + "]" * 100_000
+    src = write_jsonl(tmp_path / "c.jsonl", [*good[:10], unknown, deep, *good[10:]])
+    code, _, err = prepare_cli("--chat", src, "--tokenizer-from", base_data, "--out", tmp_path / "o")
+    assert (code, err) == (2, f"error: {src}, row 11: message 0 holds '✓', not in the char vocabulary\n")
+    code, out, err = prepare_cli(
+        "--chat", src, "--tokenizer-from", base_data, "--out", tmp_path / "o", "--skip-bad-rows"
+    )
+    assert code == 0 and "40 conversations" in out and "2 bad rows skipped" in out, err
+    assert f"skipped {src}, row 12: not JSON this reader takes (nested too deeply)" in err
+    val = write_jsonl(tmp_path / "v.jsonl", ["x", "y"])  # every val row bad: its count is its own, not train's too
+    args = ("--chat", src, "--val-chat", val, "--tokenizer-from", base_data, "--out", tmp_path / "p", "--skip-bad-rows")
+    code, _, err = prepare_cli(*args)
+    assert code == 2 and err.endswith(f"error: --val-chat {val}: no conversation (all 2 rows were bad)\n"), err
+
+
+def test_a_chat_row_with_a_whitespace_run_tiktoken_cannot_take_whole_prepares(tmp_path):
+    rows = [*chat_rows(30), {"prompt": "spaces", "completion": "ok" + " " * 1_100_000 + "end"}]
+    src = write_jsonl(tmp_path / "c.jsonl", rows)
+    for extra in ([], ["--skip-bad-rows"]):
+        code, out, err = prepare_cli("--chat", src, "--tokenizer", "gpt2", "--out", tmp_path / "o", "--force", *extra)
+        assert code == 0 and "31 conversations" in out and "1 longer than the block truncated" in out, err

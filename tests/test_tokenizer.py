@@ -1,8 +1,18 @@
 import json
+import re
 
 import pytest
 
-from gpt.data.tokenizer import CharTokenizer, StreamDecoder, TokenizerError, get_tokenizer
+from gpt.data.tokenizer import (
+    MAX_WHITESPACE_RUN,
+    CharTokenizer,
+    SpecialsTokenizer,
+    StreamDecoder,
+    TokenizerError,
+    bpe_tokenizer,
+    get_tokenizer,
+    safe_pieces,
+)
 
 SAMPLES = ["Hello, world!", "Crème brûlée à la française", "東京は日本の首都です", "emoji 🙂🚀👩‍👩‍👧", ""]
 
@@ -143,3 +153,57 @@ def test_a_file_that_is_not_a_ranks_file_names_the_file_and_where_it_came_from(m
 def test_unknown_kind():
     with pytest.raises(ValueError, match="unknown tokenizer kind"):
         get_tokenizer({"kind": "sentencepiece"})
+
+
+# ---- any text encodes: tiktoken's limit on a whitespace run ------------------------------------------------
+
+LIMIT = MAX_WHITESPACE_RUN
+
+
+@pytest.fixture(scope="module")
+def kinds(gpt2):
+    """Every tokenizer kind, each able to encode whitespace and 'x' (own BPE: GPT-2's ranks, rebuilt as a bpe)."""
+    bpe = bpe_tokenizer(dict(gpt2.enc._mergeable_ranks))
+    char = CharTokenizer.from_text(" \n\t\u3000xyz.")
+    return {"gpt2": gpt2, "bpe": bpe, "char": char, "specials": SpecialsTokenizer(gpt2, ["<|user|>", "<|end|>"])}
+
+
+def test_tiktoken_still_panics_just_past_the_run_limit(gpt2):
+    """The constant is tiktoken's real limit: one more whitespace character and tiktoken itself panics."""
+    assert len(gpt2.enc.encode_ordinary("x" + " " * LIMIT + "x")) > 0
+    with pytest.raises(BaseException) as caught:
+        gpt2.enc.encode_ordinary("x" + " " * (LIMIT + 1) + "x")
+    assert type(caught.value).__name__ == "PanicException"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        " " * LIMIT + "word",  # the longest run tiktoken encodes, then a word the last space joins
+        "a\n" + "\n" * (LIMIT - 1) + "b" + "\u3000" * LIMIT,  # just under, at the start, middle and end
+        ("Hello, wörld!  \t\n" * 40_000) + " \t\n" * (LIMIT // 3 - 2) + "東京 🙂 x" * 1000,  # mixed text around a run
+        "\x1c" * (LIMIT + 5) + " x",  # not White_Space to tiktoken (Python's \s says it is): never cut
+    ],
+)
+def test_text_tiktoken_encodes_whole_gets_exactly_its_ids(gpt2, text):
+    assert safe_pieces(text) == [text]
+    assert gpt2.encode(text) == gpt2.enc.encode_ordinary(text)
+    assert gpt2.encode_to_numpy(text).tolist() == gpt2.enc.encode_ordinary(text)
+
+
+def test_safe_pieces_cut_only_inside_runs_longer_than_the_limit():
+    text = "abc " + " " * (2 * LIMIT + 10) + "def\n" + "\n" * 50 + "\t" * (LIMIT + 1)
+    pieces = safe_pieces(text)
+    assert "".join(pieces) == text
+    assert len(pieces) == 4
+    assert pieces[0] == "abc " + " " * (LIMIT - 1) and pieces[-1] == "\t" * 52  # the run from "def\n" on
+    assert all(len(max(re.findall(r"[ \t\n]+", p), key=len)) <= LIMIT for p in pieces)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "bpe", "char", "specials"])
+def test_any_text_encodes_whatever_its_whitespace_runs(kinds, kind):
+    tok = kinds[kind]
+    text = "x" + " " * 1_100_000 + "y" + "\n\t\u3000" * 400_000 + "z."
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    assert tok.encode_batch(["x", text]) == [tok.encode("x"), ids]

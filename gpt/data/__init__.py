@@ -1,6 +1,6 @@
 """The data room: text in, token ids on disk, batches out. Imports torch only where batches are made.
 
-- `corpus.py` reads text files and directories into documents; `prepare.py` tokenizes them into a
+- `corpus.py` reads text files and directories into documents, `records.py` the rows of JSONL / Parquet files; `prepare.py` tokenizes them into a
   dataset directory (`train.bin`, `val.bin`, `meta.json`); `pairs.py` does the same for translation
   pairs and batches them by length.
 - `tokenizer.py` (gpt2, char, own BPE through tiktoken), `bpe.py` (training a BPE), `vocab.py`

@@ -16,6 +16,8 @@ Conversion to tiktoken's ranks
   replays the merges in the order they were learned. A merge whose bytes are already a token (the
   same string reached by another pair) is skipped so the ranks stay dense: 0 .. len(ranks)-1.
 - The end-of-text token is `len(ranks)`, so `vocab_size = len(ranks) + 1`.
+- A long whitespace run is cut into runs of MAX_TRAINING_RUN characters for training only (HF's trainer
+  is quadratic in a word's length). A long word that is not whitespace still costs that; see the README.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 
-from gpt.data.tokenizer import GPT2_PATTERN, TiktokenTokenizer, bpe_tokenizer
+from gpt.data.tokenizer import GPT2_PATTERN, TiktokenTokenizer, bpe_tokenizer, safe_pieces
 
 MIN_VOCAB_SIZE = 257  # the 256 single bytes and the end-of-text token
+# HF's trainer takes time quadratic in a word's length (80,000 spaces: 5 s; a million: ~13 min): a whitespace
+# run is cut into words of at most this many characters for training (what it learns of whitespace is the same).
+MAX_TRAINING_RUN = 1024
 
 
 def byte_level_alphabet() -> dict[str, int]:
@@ -99,4 +104,4 @@ def train_hf_bpe(texts: Iterable[str], vocab_size: int, pattern: str = GPT2_PATT
 
 
 def _nonempty(texts: Iterable[str]) -> Iterator[str]:
-    return (t for t in texts if t)
+    return (piece for t in texts if t for piece in safe_pieces(t, MAX_TRAINING_RUN))

@@ -1,6 +1,5 @@
 """A text corpus on disk: which files are documents, how they split into train/val, and reading them
-as bounded text chunks cut where a BPE pre-tokenizer would cut anyway; record files (JSONL, Parquet)
-read row by row, each row a document.
+as bounded text chunks cut where a BPE pre-tokenizer would cut anyway.
 
     docs = find_documents(["books/", "notes.txt"])
     segments, split_by = plan_split(docs, val_fraction=0.1)
@@ -19,19 +18,13 @@ Policies
   GPT-2's pre-tokenizer always cuts, so encoding chunk by chunk gives the same ids as encoding the
   whole text. A chunk with no such newline is cut before a space that follows a non-space, and a
   single huge "word" at a character boundary (the only case where ids can differ, never the text).
-- Record files, as pretraining corpora ship (FineWeb, The Pile, SlimPajama): `.jsonl` / `.jsonl.gz`
-  (one JSON object per line) and `.parquet`, a named field / column (default `text`) holding one
-  document per row. Parquet is read a batch at a time within row groups (pyarrow), so memory stays
-  bounded for shards larger than RAM. Their rows are split like documents: every 1/val_fraction-th
-  row of each file goes to val. A row that is not JSON, not an object, lacks the field or holds no
-  string is one BadRowError naming file, row and field, or is skipped and counted (`skip_bad`).
+- Record files (JSONL, Parquet; each row a document) are read by gpt/data/records.py; their rows are
+  split by row (`val_row`) and a long row cut like text (`text_pieces`).
 """
 
 from __future__ import annotations
 
 import codecs
-import gzip
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -270,118 +263,13 @@ def read_chunks(
         stats.files_with_replacements.append((segment.doc.path, replaced_here))
 
 
-# ---- record files: one JSON value per line -----------------------------------------------------------
-
-
-def jsonl_rows(path: str | Path, progress=None) -> Iterator[tuple[int, object, str | None]]:
-    """(row, value, problem) for each non-blank line of a `.jsonl` (or gzip-compressed `.jsonl.gz`) file:
-    `row` counts lines from 1, `value` is the parsed JSON (None when `problem` says why it could not be).
-    The caller decides whether a bad row stops it (`BadRowError(path, row, problem)`) or is skipped.
-    `progress(n)`, if given, is told the file bytes read since it was last told (compressed ones for .gz)."""
-    path = Path(path)
-    try:
-        raw = open(path, "rb")
-        with raw, gzip.GzipFile(fileobj=raw) if path.name.endswith(".gz") else raw as f:
-            told = 0
-            for row, line in enumerate(f, 1):
-                if progress:
-                    at = raw.tell()
-                    progress(at - told)
-                    told = at
-                if not line.strip():
-                    continue
-                try:
-                    yield row, json.loads(line), None
-                except UnicodeDecodeError:
-                    yield row, None, "not UTF-8"
-                except ValueError as e:
-                    yield row, None, f"not JSON ({e.msg} at column {e.colno})"
-    except (OSError, EOFError) as e:  # unreadable, or a damaged / truncated gzip stream
-        raise CorpusError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
-
-
-def record_texts(doc: Document, field: str, stats: ReadStats, skip_bad: bool = False, progress=None):
-    """(row index from 0, text) of each good row of a record file; a bad row raises BadRowError, or with
-    `skip_bad` is added to `stats.bad_rows` and left out (rows are numbered from 1 in messages, as lines
-    are). `progress(n)` is told the file bytes read."""
-    rows = (
-        _parquet_rows(doc, field, progress)
-        if doc.path.name.endswith(".parquet")
-        else _jsonl_texts(doc, field, progress)
-    )
-    index = 0
-    for row, text, problem in rows:
-        if problem is not None:
-            error = BadRowError(doc.path, row, problem)
-            if not skip_bad:
-                raise error
-            stats.bad_rows.append(error)
-            continue
-        yield index, text
-        index += 1
-
-
-def _jsonl_texts(doc: Document, field: str, progress):
-    for row, value, problem in jsonl_rows(doc.path, progress):
-        if problem is None:
-            if not isinstance(value, dict):
-                problem = f"a JSON {type(value).__name__}, not an object with a {field!r} field"
-            elif field not in value:
-                keys = ", ".join(sorted(map(str, value))[:8]) or "none"
-                problem = f"no field {field!r} (its fields: {keys}); name the field with --text-field"
-            elif not isinstance(value[field], str):
-                problem = f"field {field!r} is {type(value[field]).__name__}, not a string"
-        yield row, value[field] if problem is None else None, problem
-
-
-def _parquet_rows(doc: Document, field: str, progress):
-    pa, pf = _open_parquet(doc.path)
-    names = pf.schema_arrow.names
-    if field not in names:
-        raise CorpusError(
-            f"{doc.path}: no column {field!r} (its columns: {', '.join(names[:8])}); name the column with --text-field"
-        )
-    kind = pf.schema_arrow.field(field).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
-        raise CorpusError(f"{doc.path}: column {field!r} holds {kind}, not strings")
-    for row, value, _ in _batched_rows(doc.path, pa, pf, progress, [field]):
-        text = value[field]
-        yield row, text, None if text is not None else f"column {field!r} is null"
-
-
-def _open_parquet(path: Path):
-    """(the pyarrow module, the open ParquetFile); a CorpusError when pyarrow or the file is missing."""
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise CorpusError(f"{path}: reading Parquet needs pyarrow: pip install pyarrow") from None
-    try:
-        return pa, pq.ParquetFile(path)
-    except (OSError, pa.ArrowException) as e:
-        raise CorpusError(f"cannot read {path} as Parquet: {e}") from None
-
-
-def parquet_rows(path: str | Path, progress=None, columns: list[str] | None = None):
-    """(row, value, None) for each row of a Parquet file, `value` a dict of its columns (all, or `columns`),
-    read a batch of rows at a time within the row groups (bounded memory for a shard larger than RAM).
-    Rows count from 1, as jsonl_rows' lines; `progress(n)` is told the file bytes read (in proportion to
-    the rows)."""
-    path = Path(path)
-    yield from _batched_rows(path, *_open_parquet(path), progress, columns)
-
-
-def _batched_rows(path: Path, pa, pf, progress, columns, batch_rows: int = 1024):
-    """parquet_rows of an open file (the text reader opens it first to check its column)."""
-    size, n, row, told = path.stat().st_size, max(1, pf.metadata.num_rows), 0, 0
-    try:
-        for batch in pf.iter_batches(batch_size=batch_rows, columns=columns):
-            for value in batch.to_pylist():
-                row += 1
-                yield row, value, None
-            if progress:
-                at = size * row // n
-                progress(at - told)
-                told = at
-    except (OSError, pa.ArrowException) as e:
-        raise CorpusError(f"cannot read {path} (row {row + 1}): {e}") from None
+def text_pieces(text: str, size: int) -> Iterator[str]:
+    """`text` in pieces of at most about `size` characters, cut where read_chunks cuts a file's text (where
+    GPT-2's pre-tokenizer cuts anyway), so a long row is encoded piece by piece with the same ids."""
+    start = 0
+    while len(text) - start > size:
+        piece = text[start : start + size]
+        cut = _safe_cut(piece) or len(piece)
+        yield piece[:cut]
+        start += cut
+    yield text[start:] if start else text

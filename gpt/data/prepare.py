@@ -50,7 +50,7 @@ from gpt.data.corpus import (
     find_documents,
     plan_split,
     read_chunks,
-    record_texts,
+    text_pieces,
     val_row,
 )
 from gpt.data.format import (
@@ -63,6 +63,7 @@ from gpt.data.format import (
     store_ranks,
     write_meta,
 )
+from gpt.data.records import DEFAULT_MAX_ROW_BYTES, record_texts
 from gpt.data.tokenizer import (
     CharTokenizer,
     TiktokenTokenizer,
@@ -127,13 +128,15 @@ def prepare(
     strict_utf8: bool = False,
     text_field: str = "text",
     skip_bad_rows: bool = False,
+    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
     workers: int | None = None,
     chunk_bytes: int = 1 << 20,
     progress: bool | None = None,
     log: Callable[[str], None] = _stderr,
 ) -> PrepareSummary:
     """Tokenize the text files, record files (`.jsonl`, `.jsonl.gz`, `.parquet`: `text_field` of each row,
-    bad rows an error or, with `skip_bad_rows`, skipped and counted) and directories in `inputs` into the
+    bad rows (rows longer than `max_row_bytes` too) an error or, with `skip_bad_rows`, skipped and counted)
+    and directories in `inputs` into the
     dataset directory `out`, with a new
     tokenizer of kind `tokenizer` (default gpt2), or the one of `tokenizer_from` (a dataset, or the `vocab.Reused` of a run or
     checkpoint from `gpt.checkpoints.loader.tokenizer_source`: see gpt/data/vocab.py for it and the `unknown` / `replacement` policy).
@@ -166,7 +169,7 @@ def prepare(
         except CorpusError as e:
             raise DataError(str(e)) from None
         missing, replace_with = None, None
-        reading = Reading(chunk_bytes, strict_utf8, text_field, skip_bad_rows, val_fraction)
+        reading = Reading(chunk_bytes, strict_utf8, text_field, skip_bad_rows, val_fraction, max_row_bytes)
         if spec is None:
             tok = _build_tokenizer(tokenizer, segments, vocab_size, tokenizer_file, reading, progress)
         else:
@@ -268,27 +271,33 @@ def check_tokenizer_options(kind: str, vocab_size: int | None, tokenizer_file: s
 @dataclass(frozen=True)
 class Reading:
     """How the corpus is read: chunk size and UTF-8 strictness for text files; for record files the
-    field of each row, whether bad rows are skipped, and the share of rows that goes to val."""
+    field of each row, whether bad rows are skipped, the share of rows that goes to val, the longest row."""
 
     chunk_bytes: int = 1 << 20
     strict: bool = False
     field: str = "text"
     skip_bad: bool = False
     val_fraction: float = 0.1
+    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
+
+    def rows(self, doc, stats: ReadStats, progress=None):
+        """(row, text) of each good row of the record file `doc` (record_texts with these settings)."""
+        return record_texts(doc, self.field, stats, self.skip_bad, progress, self.max_row_bytes)
 
     def split_of(self, row: int) -> str:
         return "val" if val_row(row, self.val_fraction) else "train"
 
 
 def _texts(segments: list[Segment], reading: Reading, bar: Progress | None = None, split: str | None = None):
-    """The corpus's text in pieces (text-file chunks, record rows); only `split`'s rows of record files."""
+    """The corpus's text in pieces (text-file chunks, record rows cut as chunks are); only `split`'s rows of
+    record files."""
     stats = ReadStats()
     for seg in segments:
         if seg.doc.records:
             update = bar.update if bar else None
-            for row, text in record_texts(seg.doc, reading.field, stats, reading.skip_bad, update):
+            for row, text in reading.rows(seg.doc, stats, update):
                 if split is None or reading.split_of(row) == split:
-                    yield text
+                    yield from text_pieces(text, reading.chunk_bytes)
             continue
         for text, nbytes in read_chunks(seg, reading.chunk_bytes, stats, reading.strict):
             yield text
@@ -300,10 +309,13 @@ def reused_spec(source, kind: str | None, vocab_size, tokenizer_file) -> dict | 
     """The spec of `--tokenizer-from` (None without it), checked against the options that go with it."""
     if source is None:
         return None
+    reused = source if isinstance(source, vocab.Reused) else None
+    where = reused.source if reused else source  # a path, never the spec (a bpe's holds its ranks)
     if kind is not None or vocab_size is not None:
-        given = "--tokenizer" if kind is not None else "--vocab-size"
-        raise DataError(f"{given} and --tokenizer-from: the tokenizer comes from {source}; give one or the other")
-    reused = source if isinstance(source, vocab.Reused) else vocab.dataset_spec(source)
+        given = f"--tokenizer {kind}" if kind is not None else f"--vocab-size {vocab_size}"
+        has = f" (a {reused.spec.get('kind')!r} tokenizer)" if reused else ""
+        raise DataError(f"{given} and --tokenizer-from {where}{has}: give one or the other")
+    reused = reused or vocab.dataset_spec(source)
     if reused is None:
         raise DataError(
             f"--tokenizer-from {source}: not a prepared dataset; a run, checkpoint or Hugging Face "
@@ -311,7 +323,7 @@ def reused_spec(source, kind: str | None, vocab_size, tokenizer_file) -> dict | 
         )
     spec = reused.spec
     if tokenizer_file is not None and spec.get("kind") != "gpt2":
-        raise DataError(f"--tokenizer-file is GPT-2's ranks file; {source} has a {spec.get('kind')!r} tokenizer")
+        raise DataError(f"--tokenizer-file is GPT-2's ranks file; {where} has a {spec.get('kind')!r} tokenizer")
     return spec
 
 
@@ -359,7 +371,7 @@ def _encoder(tok, replace_with: str | None = None) -> Callable[[str], np.ndarray
     """text -> ids as a numpy array, fast paths first (both release the GIL for most of the work); a char
     vocabulary's unknown characters become `replace_with`'s id (else they are an error)."""
     if isinstance(tok, TiktokenTokenizer):
-        return lambda text: tok.enc.encode_to_numpy(text, disallowed_special=())
+        return tok.encode_to_numpy
     if isinstance(tok, CharTokenizer):
         codepoints = np.array([ord(c) for c in tok.chars], dtype=np.uint32)  # sorted, as the vocabulary
 
@@ -407,8 +419,10 @@ class _SplitWriter:
 
 
 def _row_batches(seg: Segment, reading: Reading, stats: ReadStats):
-    """(split, rows, file bytes read) of a record file, in batches of about `chunk_bytes` of text or of file
-    (split None and no rows: bytes of skipped rows only)."""
+    """(split, texts, ends, file bytes read) of a record file: rows in batches of about `chunk_bytes` of text
+    or of file, a longer row alone in pieces of about `chunk_bytes` (`ends[i]`: texts[i] ends its row, an
+    end-of-text follows), so no row's ids are ever held whole; split None and no texts: bytes of skipped
+    rows only."""
     rows, size, read = {"train": [], "val": []}, 0, [0]
 
     def progress(n: int) -> None:
@@ -417,13 +431,23 @@ def _row_batches(seg: Segment, reading: Reading, stats: ReadStats):
     def take():
         for split in ("train", "val"):
             if rows[split]:
-                yield split, rows[split], read[0]
+                yield split, rows[split], [True] * len(rows[split]), read[0]
                 rows[split], read[0] = [], 0
         if read[0]:  # only skipped rows since the last batch: their bytes, for the progress bar
-            yield None, [], read[0]
+            yield None, [], [], read[0]
             read[0] = 0
 
-    for row, text in record_texts(seg.doc, reading.field, stats, reading.skip_bad, progress):
+    for row, text in reading.rows(seg.doc, stats, progress):
+        if len(text) > reading.chunk_bytes:
+            yield from take()
+            size, pieces = 0, text_pieces(text, reading.chunk_bytes)
+            piece = next(pieces)
+            for after in pieces:
+                yield reading.split_of(row), [piece], [False], 0
+                piece = after
+            yield reading.split_of(row), [piece], [True], read[0]
+            read[0] = 0
+            continue
         rows[reading.split_of(row)].append(text)
         size += len(text)
         if size >= reading.chunk_bytes or read[0] >= reading.chunk_bytes:
@@ -437,8 +461,9 @@ def _encode(segments, tok, writers, stats, workers, reading: Reading, progress, 
     encode = _encoder(tok, replace_with)
     eot = np.array([tok.eot_token], dtype=np.int64)
 
-    def encode_rows(texts: list[str]) -> np.ndarray:  # each row a document: its ids, then end-of-text
-        return np.concatenate([ids for text in texts for ids in (encode(text).astype(np.int64, copy=False), eot)])
+    def encode_rows(texts: list[str], ends: list[bool]) -> np.ndarray:  # rows' ids, each row's then end-of-text
+        parts = [encode(text).astype(np.int64, copy=False) for text in texts]
+        return np.concatenate([ids for part, end in zip(parts, ends) for ids in ((part, eot) if end else (part,))])
 
     in_flight: deque = deque()
 
@@ -453,14 +478,14 @@ def _encode(segments, tok, writers, stats, workers, reading: Reading, progress, 
         try:
             for seg in segments:
                 if seg.doc.records:
-                    for split, texts, nbytes in _row_batches(seg, reading, stats):
+                    for split, texts, ends, nbytes in _row_batches(seg, reading, stats):
                         if not texts:
                             bar.update(nbytes)
                             continue
-                        in_flight.append((pool.submit(encode_rows, texts), split, nbytes))
-                        writers[split].text_bytes += sum(len(t.encode("utf-8")) for t in texts)
-                        writers[split].documents += len(texts)
-                        stats.rows += len(texts)
+                        in_flight.append((pool.submit(encode_rows, texts, ends), split, nbytes))
+                        writers[split].text_bytes += sum(len(t.encode("utf-8")) for t in texts)  # (pieces of rows)
+                        writers[split].documents += sum(ends)
+                        stats.rows += sum(ends)
                         drain(2 * workers)
                     continue
                 for text, nbytes in read_chunks(seg, reading.chunk_bytes, stats, reading.strict):

@@ -14,8 +14,8 @@ int64, one more entry than conversations). Training packs them into windows (gpt
 Policies
 - The tokenizer is the base model's (`tokenizer_from`), or GPT-2's, plus the template's special tokens:
   ids after the base vocabulary, so the base model's ids keep their meaning.
-- A bad row (not JSON, not a conversation) is one error naming file and row, or skipped and counted
-  with `skip_bad_rows`.
+- A bad row (not JSON, not a conversation, longer than `max_row_bytes`, a character a char vocabulary
+  lacks) is one error naming file and row, or skipped and counted with `skip_bad_rows`.
 - A conversation longer than a window (`block_size + 1` tokens) is cut to the window (`long="truncate"`)
   or left out (`long="skip"`); both are counted. One whose cut leaves no assistant token is left out.
 - Without `val_inputs`, `val_fraction` of the conversations (at least one) is held out, chosen by `seed`.
@@ -25,7 +25,6 @@ Policies
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 import time
@@ -37,10 +36,11 @@ import numpy as np
 
 from gpt.data import vocab
 from gpt.data.chat import ChatError, ChatTemplate, conversation
-from gpt.data.corpus import BadRowError, CorpusError, jsonl_rows, parquet_rows
+from gpt.data.corpus import BadRowError, CorpusError
 from gpt.data.format import SPLITS, DataError, dtype_for_vocab, new_meta, staged, store_ranks, write_meta
 from gpt.data.prepare import reused_spec, reused_tokenizer
-from gpt.data.tokenizer import TokenizerError, gpt2_tokenizer
+from gpt.data.records import DEFAULT_MAX_ROW_BYTES, BadJSONError, jsonl_rows, parquet_rows, parse_json_line
+from gpt.data.tokenizer import CharTokenizer, TokenizerError, gpt2_tokenizer
 from gpt.fsutil import open_new
 from gpt.progress import Progress
 
@@ -89,15 +89,21 @@ def read_conversations(
     skip_bad_rows: bool = False,
     on_skip=None,
     progress: Callable[[int], None] | None = None,
+    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
+    check: Callable[[list[dict]], None] | None = None,
 ) -> Iterator[list[dict]]:
-    """The conversations of the chat files in order; a bad row raises BadRowError (file and row), or is
-    passed to `on_skip(error)` and left out with `skip_bad_rows`. `progress(n)` is told the bytes read."""
+    """The conversations of the chat files in order; a bad row (one longer than `max_row_bytes`, or one that
+    `check(messages)` refuses with a ChatError, included) raises BadRowError (file and row), or is passed to
+    `on_skip(error)` and left out with `skip_bad_rows`. `progress(n)` is told the bytes read."""
     for path in paths:
-        for row, value, problem in _rows(Path(path), progress):
+        for row, value, problem in _rows(Path(path), progress, max_row_bytes):
             try:
                 if problem is not None:
                     raise ChatError(problem)
-                yield conversation(value, fmt)
+                messages = conversation(value, fmt)
+                if check:
+                    check(messages)
+                yield messages
             except ChatError as e:
                 error = BadRowError(path, row, str(e))
                 if not skip_bad_rows:
@@ -106,22 +112,24 @@ def read_conversations(
                     on_skip(error)
 
 
-def _rows(path: Path, progress=None) -> Iterator[tuple[int, object, str | None]]:
+def _rows(path: Path, progress=None, max_row_bytes=DEFAULT_MAX_ROW_BYTES) -> Iterator[tuple[int, object, str | None]]:
     if not path.is_file():
         raise CorpusError(f"chat file not found: {path}" if not path.exists() else f"{path} is not a file")
     if path.suffix == ".parquet":
-        yield from parquet_rows(path, progress)
+        yield from parquet_rows(path, progress, max_row_bytes=max_row_bytes)
         return
     if path.suffix != ".json":
-        yield from jsonl_rows(path, progress)
+        yield from jsonl_rows(path, progress, max_row_bytes)
         return
     try:
         data = path.read_bytes()
         if progress:
             progress(len(data))
-        rows = json.loads(data)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise CorpusError(f"{path} is not a JSON file ({e}); a JSON Lines file ends in .jsonl") from None
+        rows = parse_json_line(data)
+    except OSError as e:
+        raise CorpusError(f"cannot read {path}: {e.strerror or e}") from None
+    except BadJSONError as e:
+        raise CorpusError(f"{path} is {e}; a JSON Lines file ends in .jsonl") from None
     if not isinstance(rows, list):
         raise CorpusError(f"{path} holds a JSON {type(rows).__name__}; a .json chat file holds a list of rows")
     for row, value in enumerate(rows, 1):
@@ -192,6 +200,7 @@ def prepare_chat(
     val_fraction: float = DEFAULT_VAL_FRACTION,
     seed: int = 0,
     skip_bad_rows: bool = False,
+    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
     force: bool = False,
     progress: bool | None = None,
     log: Callable[[str], None] = _stderr,
@@ -211,25 +220,29 @@ def prepare_chat(
         )
     template = template or ChatTemplate()
     tok = template.tokenizer(_base_tokenizer(tokenizer_from, tokenizer, tokenizer_file))
+    check = _encodable(tok)
     with staged(out, force, log) as tmp:
-        bad = []
+        bad, bad_val = [], []
         files = [Path(p) for p in [*inputs, *(val_inputs or [])]]
         try:
             with Progress("read", sum(p.stat().st_size for p in files if p.is_file()), enabled=progress) as bar:
-                train = list(read_conversations(inputs, fmt, skip_bad_rows, bad.append, bar.update))
+                read = (fmt, skip_bad_rows)
+                train = list(read_conversations(inputs, *read, bad.append, bar.update, max_row_bytes, check))
                 val = (
-                    list(read_conversations(val_inputs, fmt, skip_bad_rows, bad.append, bar.update))
+                    list(read_conversations(val_inputs, *read, bad_val.append, bar.update, max_row_bytes, check))
                     if val_inputs
                     else None
                 )
         except CorpusError as e:
             raise DataError(str(e)) from None
-        for name, conversations in (("--chat", train), ("--val-chat", val)):
+        for name, conversations, its_bad in (("--chat", train, bad), ("--val-chat", val, bad_val)):
             if conversations is not None and not conversations:
                 files = ", ".join(map(str, inputs if name == "--chat" else val_inputs))
                 raise DataError(
-                    f"{name} {files}: no conversation" + (f" (all {len(bad)} rows were bad)" if bad else " (empty)")
+                    f"{name} {files}: no conversation"
+                    + (f" (all {len(its_bad)} rows were bad)" if its_bad else " (empty)")
                 )
+        bad += bad_val
         for error in bad[:3]:
             log(f"skipped {error}")
         if len(bad) > 3:
@@ -294,6 +307,25 @@ def _write_splits(tmp: Path, conversations, template, tok, block_size: int, long
         if not splits[name]["conversations"]:
             raise DataError(f"no {name} conversation left to write (all were skipped): see --long, --block-size")
     return splits, counts
+
+
+def _encodable(tok) -> Callable[[list[dict]], None] | None:
+    """For a char vocabulary, a check that a conversation's messages hold only its characters (a ChatError
+    naming the first it lacks, which read_conversations turns into a bad row naming file and row); None
+    for a byte-level BPE, which encodes any text."""
+    base = getattr(tok, "base", tok)
+    if not isinstance(base, CharTokenizer):
+        return None
+    chars = frozenset(base.chars)
+
+    def check(messages: list[dict]) -> None:
+        for n, m in enumerate(messages):
+            missing = set(m["content"]) - chars
+            if missing:
+                shown = ", ".join(repr(c) for c in sorted(missing)[:5]) + (" ..." if len(missing) > 5 else "")
+                raise ChatError(f"message {n} holds {shown}, not in the char vocabulary")
+
+    return check
 
 
 def _base_tokenizer(tokenizer_from, tokenizer, tokenizer_file):
