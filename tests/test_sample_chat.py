@@ -57,7 +57,7 @@ def test_chat_through_a_pipe_answers_one_json_line_per_conversation(chat_run, re
     assert r.returncode == 2 and len(answers) == 7, r.stderr.decode()
     assert answers[0] == answers[6] == {"role": "assistant", "content": reference(first, "Be brief.")}
     assert answers[1]["error"].startswith("line 3: not JSON")
-    assert answers[2] == {"error": "line 4: not JSON this program reads: nested too deeply"}
+    assert answers[2] == {"error": "line 4: not JSON this reader takes (nested too deeply)"}
     assert answers[3] == {"role": "assistant", "content": reference(second["messages"], "Be brief.")}
     assert answers[4] == {"error": "line 6: the last message is the assistant's; a prompt ends with the user's"}
     assert answers[5] == {"error": "line 7: not UTF-8 text"}

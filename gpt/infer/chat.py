@@ -21,12 +21,12 @@ Policies
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterator
 
 import torch
 
 from gpt.data.chat import ChatError, ChatTemplate, check_conversation, openai_messages
+from gpt.data.records import BadJSONError, parse_json_line
 from gpt.infer.sampling import Decoder, Piece, SampleConfig, generate
 
 DEFAULT_CHAT = SampleConfig(max_new_tokens=256, temperature=0.7, top_k=50)
@@ -117,11 +117,9 @@ class Chat:
 def conversation_line(line: str) -> list[dict]:
     """One line of `sample.py --chat`'s input: a JSON list of messages, or an object with "messages"."""
     try:
-        value = json.loads(line)
-    except ValueError as e:
-        raise ChatError(f"not JSON ({e})") from None
-    except RecursionError:  # json's parser recurses once per level of nesting
-        raise ChatError("not JSON this program reads: nested too deeply") from None
+        value = parse_json_line(line)
+    except BadJSONError as e:
+        raise ChatError(str(e)) from None
     if isinstance(value, dict) and "messages" in value:
         value = value["messages"]
     if not isinstance(value, list):
