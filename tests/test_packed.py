@@ -84,3 +84,15 @@ def test_load_for_inference_packs_on_the_cpu_unless_int8(trained_run):
     _, int8, _, _, _ = load_for_inference(trained_run, "cpu", "float32", quantize="int8")
     assert "quantized" in type(int8.lm_head).__module__  # int8, not re-laid out
 
+
+def test_a_bf16_model_on_the_cpu_attends_over_a_float32_cache_and_decodes_as_it_recomputes():
+    model = tiny().to(torch.bfloat16)
+    assert model.new_caches(1)[0].k.dtype == torch.float32  # the CPU's bf16 attention kernel is the slow one
+    assert tiny().new_caches(1)[0].k.dtype == torch.float32
+    idx = torch.randint(0, 50, (1, 4))
+    tokens, logits = greedy(model, idx, 10)
+    with torch.no_grad():  # the cached steps against a full recompute in bf16 (attention over bf16 keys)
+        full = model.lm_head(model.hidden(tokens))[:, -1].float()
+        steps = model.lm_head(model.hidden(tokens[:, :-1])).float().argmax(-1)[0, 3:]
+    assert torch.equal(steps, tokens[0, 4:])
+    torch.testing.assert_close(logits, full, atol=3e-2, rtol=3e-2)
