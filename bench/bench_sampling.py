@@ -29,6 +29,11 @@ top-k 200, after a short warm-up:
 - `dtype`: `cached` in float32 and in bf16 weights (what `sample.py --dtype bfloat16` runs), alternated
   `--repeats` times in one process so both see the same load on a shared CPU; medians and the
   bf16 / float32 ratio of each pair (what `--dtype auto` for inference on CPU is chosen from).
+- `layout` (`--models gpt2-124m,char-cpu`): batch-1 greedy decode of a 22-token prompt, `--layout-tokens`
+  new tokens, before and after gpt/model/packed.py: the Linear layers as nn.Linear (and for bf16 a bf16
+  KV cache, as before `GPT.cache_dtype`) against packed (what load_for_inference does on the CPU), in
+  float32, in bf16 where oneDNN computes it natively, and int8 for reference; the variants alternated `--repeats` times in one process, prefill (time to the
+  first logits) and decode tokens/s separately, medians and the median of the after / before ratios.
 - `val-loss`: the same shapes trained briefly on tiny-shakespeare (bench/models.py, cached in
   out/bench-models/; trained on first use, about 12 minutes), mean loss over up to `--val-windows`
   evenly spaced block_size windows of the validation split, float32 and int8 on the same windows.
@@ -66,6 +71,7 @@ MODELS = {
     "char-cpu": dict(tokenizer="char", n_layer=4, n_head=4, n_embd=128, block_size=64),
     "char-gpu": dict(tokenizer="char", n_layer=6, n_head=6, n_embd=384, block_size=256),
     "bpe-6x384": dict(tokenizer="gpt2", n_layer=6, n_head=6, n_embd=384, block_size=256),
+    "gpt2-124m": dict(tokenizer="gpt2", n_layer=12, n_head=12, n_embd=768, block_size=1024),  # the layout run
 }
 SAMPLES, NEW_TOKENS, SHORT_PROMPT, TOP_K = 5, 500, 16, 200
 # run -> its prompt length (None: a full block_size prompt)
@@ -76,6 +82,7 @@ RUNS = {
     "hf": SHORT_PROMPT,
     "int8": None,
     "dtype": None,
+    "layout": 22,
     "val-loss": None,
     "scripts": None,
 }
@@ -176,6 +183,58 @@ def run_dtypes(model, tok, prompt, repeats: int) -> dict:
         "repeats": repeats,
         **{f"all_{name}": [round(x, 1) for x in values] for name, values in speed.items()},
     }
+
+
+@torch.no_grad()
+def decode_speed(model, prompt: list[int], new_tokens: int) -> tuple[float, float]:
+    """(prefill seconds, decode tokens/s) of batch-1 greedy decoding through `Decoder`."""
+    from gpt.infer.sampling import Decoder
+
+    idx = torch.tensor([prompt])
+    t0 = time.perf_counter()
+    dec = Decoder(model, idx)
+    prefill = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(new_tokens):
+        dec.advance(dec.logits.argmax(-1))
+    return prefill, new_tokens / (time.perf_counter() - t0)
+
+
+def run_layouts(model, prompt: list[int], new_tokens: int, repeats: int) -> dict:
+    """`decode_speed` of nn.Linear against packed layers (float32; bf16 where native) and int8, alternated."""
+    import statistics
+
+    from gpt.model.packed import can_pack, pack
+    from gpt.model.quantize import quantize
+
+    variants = {"float32": model, "float32-packed": pack(copy.deepcopy(model))}
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    if can_pack(bf16):
+        bf16.cache_dtype = lambda: torch.bfloat16  # before: bf16 KV caches (GPT.cache_dtype)
+        variants |= {"bf16": bf16, "bf16-packed": pack(copy.deepcopy(model).to(torch.bfloat16))}
+    variants["int8"] = quantize(copy.deepcopy(model), "int8")
+    for m in variants.values():
+        decode_speed(m, prompt[:8], 4)  # warm-up
+    speed = {name: [] for name in variants}
+    prefill = {name: [] for name in variants}
+    for i in range(repeats):
+        for name in variants if i % 2 == 0 else reversed(variants):
+            seconds, tps = decode_speed(variants[name], prompt, new_tokens)
+            speed[name].append(tps)
+            prefill[name].append(seconds)
+    out = {
+        "new_tokens": new_tokens,
+        "repeats": repeats,
+        "decode_tokens_per_s": {k: statistics.median(v) for k, v in speed.items()},
+        "prefill_ms": {k: 1000 * statistics.median(v) for k, v in prefill.items()},
+        "all_decode_tokens_per_s": {k: [round(x, 1) for x in v] for k, v in speed.items()},
+    }
+    out["packed_vs_linear"] = {
+        dt: statistics.median(a / b for a, b in zip(speed[f"{dt}-packed"], speed[dt]))
+        for dt in ("float32", "bf16")
+        if dt in speed
+    }
+    return out
 
 
 @torch.no_grad()
@@ -291,6 +350,19 @@ def child(args) -> None:
                     threads=torch.get_num_threads(),
                     n_params=model.num_params(),
                     **run_dtypes(model, tok, text_ids[:block], args.repeats),
+                )
+            )
+        )
+        return
+    if job["run"] == "layout":
+        model = build(job["model"], tok)
+        print(
+            json.dumps(
+                dict(
+                    job,
+                    threads=torch.get_num_threads(),
+                    n_params=model.num_params(),
+                    **run_layouts(model, text_ids[: RUNS["layout"]], args.layout_tokens, args.repeats),
                 )
             )
         )
@@ -448,7 +520,7 @@ def table(results: list[dict]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for r in results:
-        if r["run"] in ("val-loss", "dtype"):
+        if r["run"] in ("val-loss", "dtype", "layout"):
             continue
         new = r["tokens"] // SAMPLES
         rows.append(
@@ -470,6 +542,7 @@ def main() -> None:
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
     p.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)}")
     p.add_argument("--repeats", type=int, default=7, help="float32/bf16 pairs of the dtype run (default: 7)")
+    p.add_argument("--layout-tokens", type=int, default=256, help="new tokens of each layout run (default: 256)")
     p.add_argument("--val-windows", type=int, default=64, help="block_size windows of the val split for val-loss")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "sampling"), help="results path, without suffix")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -486,7 +559,7 @@ def main() -> None:
         for name in args.models.split(","):
             tok, _ = tokenizer_and_text(name)
             block = spec(name)["block_size"]
-            hf_dir = export_hf(build(name, tok), tok, Path(tmp) / name)
+            hf_dir = export_hf(build(name, tok), tok, Path(tmp) / name) if "hf" in args.runs.split(",") else ""
             for run in args.runs.split(","):
                 if run == "scripts":
                     if name in SCRIPT_TOKENS:
@@ -511,6 +584,8 @@ def main() -> None:
                     str(args.val_windows),
                     "--repeats",
                     str(args.repeats),
+                    "--layout-tokens",
+                    str(args.layout_tokens),
                 ]
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
                 result = json.loads(out.strip().splitlines()[-1])
@@ -523,6 +598,10 @@ def main() -> None:
                         f"{result['tokens_per_s_bfloat16']:6.0f} tokens/s  bf16/float32 {result['bf16_vs_float32']:.2f}",
                         flush=True,
                     )
+                    continue
+                if run == "layout":
+                    speeds = " ".join(f"{k} {v:.1f}" for k, v in result["decode_tokens_per_s"].items())
+                    print(f"{name:10s} {run:18s} decode tokens/s: {speeds}", flush=True)
                     continue
                 if run == "val-loss":
                     print(
@@ -571,7 +650,7 @@ def main() -> None:
     def cell(v: dict, key: str, fmt: str, unit: str = "") -> str:
         return format(v[key], fmt) + unit if key in v else "-"
 
-    if any(r["run"] not in ("val-loss", "dtype") for r in results):
+    if any(r["run"] not in ("val-loss", "dtype", "layout") for r in results):
         md += [
             "",
             table(results),
@@ -601,6 +680,25 @@ def main() -> None:
             f"{r['tokens_per_s_bfloat16']:.0f} | {r['bf16_vs_float32']:.2f} |"
             for r in dtypes
         ]
+    layouts = [r for r in results if r["run"] == "layout"]
+    if layouts:
+        md += [
+            "",
+            "Batch-1 greedy decode, before (nn.Linear; bf16: a bf16 KV cache) against after (gpt/model/packed.py; "
+            f"bf16: a float32 KV cache): a {RUNS['layout']}-token prompt, {args.layout_tokens} new tokens, {args.threads} thread(s), {args.repeats} interleaved rounds in "
+            f"one process, medians; load average {load_before[0]:.1f} before, {env['load_avg_after'][0]:.1f} after "
+            "(a shared CPU: read the ratios):",
+            "",
+            "| model | variant | prefill | decode tokens/s | after / before |",
+            "|---|---|---|---|---|",
+        ]
+        for r in layouts:
+            for k, v in r["decode_tokens_per_s"].items():
+                ratio = r["packed_vs_linear"].get(k.removesuffix("-packed")) if k.endswith("-packed") else None
+                md.append(
+                    f"| {r['model']} | {k} | {r['prefill_ms'][k]:.0f} ms | {v:.1f} | "
+                    f"{'-' if ratio is None else f'{ratio:.2f}x'} |"
+                )
     losses = [r for r in results if r["run"] == "val-loss"]
     if losses:
         md += ["", "| model | val loss float32 | val loss int8 | difference | val tokens |", "|---|---|---|---|---|"]

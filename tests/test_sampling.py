@@ -290,6 +290,9 @@ class Scripted(torch.nn.Module):
         self.lm_head = torch.nn.Identity()
         self.prefills = []
 
+    def cache_dtype(self):
+        return torch.float32
+
     def new_caches(self, batch):
         return [KVCache(batch, 1, self.config.block_size, 1, "cpu", torch.float32)]
 

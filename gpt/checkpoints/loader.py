@@ -43,6 +43,7 @@ from gpt.data.format import is_dataset
 from gpt.data.tokenizer import get_tokenizer
 from gpt.data.vocab import Reused, dataset_spec
 from gpt.model import lora
+from gpt.model.packed import pack
 from gpt.model.quantize import dtype_flag
 from gpt.model.quantize import quantize as quantize_model
 from gpt.model.transformer import GPT
@@ -158,7 +159,8 @@ def load_for_inference(
     single_stream: bool = False,
 ) -> Inference:
     """What sample.py, translation, evaluation and the server share: the runtime for --device / --dtype /
-    --threads, the checkpoint in that precision, its Linear layers in int8 with --quantize int8.
+    --threads, the checkpoint in that precision, its Linear layers in int8 with --quantize int8, else on
+    the CPU laid out for decoding (`gpt.model.packed`).
     `single_stream` (one sequence decoded at a time, sample.py): on CPU without --threads, the thread
     count `decode_threads` picks for the model's size."""
     dtype = dtype_flag(dtype, quantize)
@@ -169,7 +171,8 @@ def load_for_inference(
         rt.dtype, rt.reason = resolve_dtype(dtype, rt.device, inference_params=n_params)
     if single_stream and rt.device.type == "cpu" and not threads:
         torch.set_num_threads(decode_threads(n_params))
-    return Inference(rt, quantize_model(model.to(rt.dtype), quantize), tokenizer, meta, n_params)
+    model = quantize_model(model.to(rt.dtype), quantize)
+    return Inference(rt, pack(model) if quantize == "none" else model, tokenizer, meta, n_params)
 
 
 def _adapted(ckpt: Fields, device="cpu", merge_adapters: bool = True, base=None, chain: tuple[Path, ...] = ()):

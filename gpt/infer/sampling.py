@@ -470,7 +470,7 @@ def batch_rows(model: GPT, budget: int | None = None) -> int:
     every layer over the whole context) and the float32 logits within `budget` bytes (default
     BATCH_BYTES), at least 1."""
     c = model.config
-    itemsize = next(model.parameters()).element_size()
+    itemsize = model.cache_dtype().itemsize
     per_row = 2 * c.n_layer * c.block_size * c.n_embd * itemsize + 2 * c.vocab_size * 4
     return max(1, (budget or BATCH_BYTES) // per_row)
 
