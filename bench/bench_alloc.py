@@ -101,8 +101,8 @@ def serve_load(requests: int, clients: int, max_tokens: int):
     return during
 
 
-def prepare(work: Path) -> dict:
-    """The three datasets, as a user prepares them."""
+def prepare(work: Path, only=None) -> dict:
+    """The datasets (`only`: those these jobs need), as a user prepares them."""
     py, tiny = sys.executable, SHARED_DATA / "tinyshakespeare.txt"
     data = {"char": work / "char", "bpe": work / "bpe", "pairs": work / "de-en"}
     steps = [
@@ -110,7 +110,10 @@ def prepare(work: Path) -> dict:
         [py, "data/prepare.py", tiny, "--out", data["bpe"], "--tokenizer", "bpe", "--vocab-size", "4096", "--quiet"],
         [py, "data/multi30k/prepare.py", "--input", SHARED_DATA / "multi30k", "--out", data["pairs"]],
     ]
-    for cmd in steps:
+    need = {"BPE job": "bpe", "translation job": "pairs"}
+    for name, cmd in zip(data, steps):
+        if only and name != "char" and name not in {need.get(job) for job in only}:
+            continue
         subprocess.run([str(c) for c in cmd], cwd=ROOT, check=True, capture_output=True)
     return data
 
@@ -151,7 +154,10 @@ def jobs(data: dict, work: Path, short: bool) -> dict:
             None,
         ),
         "server": (
-            lambda out: [py, "-m", "gpt.serve", "--ckpt", main_ckpt, "--port", 0, "--log-level", "warning"],
+            lambda out: (
+                [py, "-m", "gpt.serve", "--ckpt", main_ckpt, "--model-name", "bench", "--port", 0]
+                + ["--log-level", "warning"]
+            ),
             serve_load(n(32, 8), 4, 200),
         ),
     }
@@ -196,7 +202,7 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_alloc_") as tmp:
         work = Path(tmp)
-        data = prepare(work)
+        data = prepare(work, args.only)
         todo = jobs(data, work, args.short)
         if {"sampling", "server"} & set(args.only or todo):  # a checkpoint to sample from and serve
             run(todo["main job"][0](work / "main-ckpt"), {})

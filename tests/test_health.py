@@ -184,7 +184,7 @@ def test_the_memory_estimate_of_pairs_is_that_of_max_tokens_and_on_cpu_adds_the_
     assert estimated(1000)["activations"] == preflight.gib(1000 * one)  # not 4 x 16 tokens
     assert estimated(2000)["activations"] == preflight.gib(2000 * one)
     runtime = float(estimated(1000)["runtime"].split()[0]) * (2**30 if "GiB" in estimated(1000)["runtime"] else 2**20)
-    assert 0.5 * preflight.resident_bytes() < runtime < preflight.resident_bytes()  # torch is loaded here
+    assert 0.5 < runtime / preflight.resident_bytes() < 1.5  # torch is loaded here (the line rounds to 10 MiB)
     gpu = SimpleNamespace(world_size=1, dtype=torch.float32, device=torch.device("cuda"))
     assert "runtime" not in estimated(1000, gpu)  # GPU memory: the process's host memory is no part of it
 
