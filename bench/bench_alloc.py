@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -172,13 +173,13 @@ def table(rows: list[dict]) -> str:
         for setting in SETTINGS:
             rs = [r for r in rows if r["job"] == job and r["setting"] == setting]
             med[setting] = {
-                k: sorted(r[k] for r in rs)[len(rs) // 2] for k in ("wall_s", "user_s", "sys_s", "peak_rss_mib")
+                k: statistics.median(r[k] for r in rs) for k in ("wall_s", "user_s", "sys_s", "peak_rss_mib")
             }
             spread = " / ".join(f"{r['wall_s']:.1f}" for r in rs)
             m = med[setting]
             out.append(
                 f"| {job} | {setting} | {len(rs)} | {m['wall_s']:.1f} ({spread}) | {m['user_s']:.1f} | "
-                f"{m['sys_s']:.1f} | {m['peak_rss_mib']} |"
+                f"{m['sys_s']:.1f} | {m['peak_rss_mib']:.0f} |"
             )
         t, d = med["tuned"], med["glibc default"]
         ratio = [f"{t[k] / d[k]:.2f}" if d[k] else "-" for k in ("wall_s", "user_s", "sys_s", "peak_rss_mib")]
