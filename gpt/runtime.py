@@ -16,12 +16,29 @@ Precision policy (`dtype="auto"`)
   $GPT_CPU_BF16=0|1 overrides the CPU check (tests and developers run the other CPU class's path).
 - Other devices (mps): float32.
 `Runtime.reason` says why, for the run header.
+
+The allocator (`tune_allocator`, which `setup` calls first, so every command gets it)
+- glibc's malloc hands blocks over 128 KiB to mmap (a threshold that rises with each such block freed,
+  to at most 32 MiB) and gives the heap's free top back to the system once 128 KiB lie there. A training
+  or decode step frees and reallocates tens of MiB of activations and gradients, so every step the kernel
+  unmaps them and faults zeroed pages back in: 18-21% of a CPU run's time was system time (2-core EPYC,
+  the main job, a BPE job and Multi30k). The fast path asks glibc (mallopt) for what
+  `MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=2147483647 MALLOC_TOP_PAD_=536870912` would
+  set: blocks under 32 MiB come from the heap from the start, freed memory stays with the process
+  (trimmed only past 2 GiB free) and the heap grows in 512 MiB steps (address space: pages count in the
+  RSS once touched). Measured: the main job's system time 4.6 -> 0.4 s, wall 12.8 -> 9.8 s, same loss and
+  peak RSS. The cost: memory freed after a peak is kept until the process exits.
+- `GPT_MALLOC=default` keeps glibc's own settings; a MALLOC_*_ variable or a GLIBC_TUNABLES
+  glibc.malloc.* entry the user set for one of the three is left as the user set it. Other C libraries
+  (musl, macOS, Windows) are left alone.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
+import sys
 import warnings
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -44,6 +61,10 @@ INFERENCE_BF16_MIN_PARAMS = 7_000_000
 
 class DeviceError(UserError, ValueError):
     """A device or precision this machine cannot provide (the message says what it can)."""
+
+
+class AllocatorError(UserError, ValueError):
+    """A $GPT_MALLOC value that is not one of fast, default."""
 
 
 class SlowPrecisionWarning(UserWarning):
@@ -177,6 +198,56 @@ def decode_threads(n_params: int) -> int:
     return 1 if n_params < 20_000_000 or busy else torch.get_num_threads()
 
 
+MALLOC_SWITCH = "GPT_MALLOC"  # fast (unset: the default) | default: glibc's own settings
+# glibc's mallopt parameters (malloc.h), each with the environment variable and tunable that set it at
+# start-up, and the fast path's value (mallopt takes an int: 2 GiB - 1 is its largest trim threshold)
+FAST_MALLOC = {
+    "mmap_threshold": (-3, 32 << 20),  # M_MMAP_THRESHOLD (setting it also ends glibc's dynamic threshold)
+    "trim_threshold": (-1, 2**31 - 1),  # M_TRIM_THRESHOLD
+    "top_pad": (-2, 512 << 20),  # M_TOP_PAD
+}
+
+
+def glibc() -> ctypes.CDLL | None:
+    """This process's C library where it is glibc (mallopt is glibc's), else None (musl, macOS, Windows)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        if not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"):  # unknown to musl: ValueError
+            return None
+        return ctypes.CDLL(None)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def user_malloc_settings(environ=os.environ) -> set[str]:
+    """Which of FAST_MALLOC's parameters the user set (MALLOC_MMAP_THRESHOLD_=..., GLIBC_TUNABLES=
+    glibc.malloc.mmap_threshold=...): those stay as the user set them."""
+    tunables = environ.get("GLIBC_TUNABLES", "")
+    return {name for name in FAST_MALLOC if f"MALLOC_{name.upper()}_" in environ or f"glibc.malloc.{name}=" in tunables}
+
+
+def tune_allocator(environ=os.environ, libc: ctypes.CDLL | None = None) -> str:
+    """Apply the fast allocator settings (see the module notes) unless $GPT_MALLOC=default; a no-op where
+    the C library is not glibc. Returns what it did, e.g. `glibc malloc tuned (mmap_threshold, ...)`."""
+    switch = environ.get(MALLOC_SWITCH, "").strip() or "fast"
+    if switch not in ("fast", "default"):
+        raise AllocatorError(
+            f"{MALLOC_SWITCH}={switch!r}: use fast (keep freed memory for the next step; the default) or "
+            f"default (glibc's own allocator settings)"
+        )
+    if switch == "default":
+        return f"allocator unchanged ({MALLOC_SWITCH}=default)"
+    libc = libc or glibc()
+    if libc is None:
+        return "allocator unchanged (not glibc)"
+    mine = user_malloc_settings(environ)
+    tuned = [name for name, (param, value) in FAST_MALLOC.items() if name not in mine and libc.mallopt(param, value)]
+    return f"glibc malloc tuned ({', '.join(tuned) or 'nothing'})" + (
+        f"; {', '.join(sorted(mine))} as set" if mine else ""
+    )
+
+
 @dataclass
 class Runtime:
     """Where and how this process computes."""
@@ -234,8 +305,9 @@ def setup(
     deterministic: bool = False,
     distributed: bool | None = None,
 ) -> Runtime:
-    """Resolve and apply device, precision and threads; join the torchrun process group if launched by it
-    (`distributed=None`: whenever torchrun's WORLD_SIZE is set)."""
+    """Resolve and apply the allocator, device, precision and threads; join the torchrun process group if
+    launched by it (`distributed=None`: whenever torchrun's WORLD_SIZE is set)."""
+    tune_allocator()
     if threads < 0:
         raise DeviceError(f"--threads must be >= 0 (0: the default), got {threads}")
     ddp = "WORLD_SIZE" in os.environ if distributed is None else distributed

@@ -2,6 +2,7 @@
 report, and `--batch-size auto` (its search on CPU with the probe injected; for real on CUDA)."""
 
 import json
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -149,7 +150,7 @@ def test_memory_estimate_counts_what_trains():
 
 
 def test_preflight_counts_a_seq2seq_step_in_tokens_of_pairs():
-    rt = SimpleNamespace(world_size=2, dtype=torch.float32)
+    rt = SimpleNamespace(world_size=2, dtype=torch.float32, device=torch.device("cpu"))
     cfg = SimpleNamespace(
         batch_size=4, model=SimpleNamespace(block_size=16), max_tokens=48, max_iters=10, optimizer="adamw"
     )
@@ -163,6 +164,29 @@ def test_preflight_counts_a_seq2seq_step_in_tokens_of_pairs():
     )
     cfg.max_tokens = 0  # 0: batch_size * block_size tokens
     assert preflight.report(seq2seq, cfg, rt, 1)[1].startswith("preflight: up to 128 tokens per step (<= 64 tokens")
+
+
+def test_the_memory_estimate_of_pairs_is_that_of_max_tokens_and_on_cpu_adds_the_process():
+    """A batch of pairs holds up to --max-tokens a side, whatever --batch-size says (Multi30k's estimate was
+    0.31 GiB against a 1.6 GiB peak RSS when it counted batch_size x block_size tokens); on a CPU the estimate
+    is comparable with the RSS: it adds what the process held before (torch's libraries, the data)."""
+    model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, n_encoder_layer=1))
+    cpu = SimpleNamespace(world_size=1, dtype=torch.float32, device=torch.device("cpu"))
+
+    def estimated(max_tokens, rt=cpu):
+        cfg = SimpleNamespace(
+            batch_size=4, model=SimpleNamespace(block_size=16), max_tokens=max_tokens, max_iters=1, optimizer="adamw"
+        )
+        line = preflight.report(model, cfg, rt, 1)[2]
+        return dict(re.findall(r"(\w+) ([\d.]+ [MG]iB)", line.split("process ", 1)[1]))
+
+    one = preflight.memory_estimate(model, 1, 1, autocast=False)["activations"]
+    assert estimated(1000)["activations"] == preflight.gib(1000 * one)  # not 4 x 16 tokens
+    assert estimated(2000)["activations"] == preflight.gib(2000 * one)
+    runtime = float(estimated(1000)["runtime"].split()[0]) * (2**30 if "GiB" in estimated(1000)["runtime"] else 2**20)
+    assert 0.5 < runtime / preflight.resident_bytes() < 1.5  # torch is loaded here (the line rounds to 10 MiB)
+    gpu = SimpleNamespace(world_size=1, dtype=torch.float32, device=torch.device("cuda"))
+    assert "runtime" not in estimated(1000, gpu)  # GPU memory: the process's host memory is no part of it
 
 
 def test_find_batch_size_is_the_largest_that_fits():
