@@ -247,7 +247,7 @@ def run_recompute(model, prompt, new_tokens, budget):
 
     def step(idx):
         cond = idx if idx.size(1) <= block else idx[:, -block:]
-        logits = model.lm_head(model.hidden(cond)[:, -1])
+        logits = model.head(model.hidden(cond)[:, -1])
         return torch.cat([idx, next_token(logits, temperature=1.0, top_k=TOP_K, generator=g)[:, None]], 1)
 
     step(torch.tensor([prompt[:8]] * SAMPLES))  # warm-up

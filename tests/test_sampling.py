@@ -288,6 +288,7 @@ class Scripted(torch.nn.Module):
         self.script, self.eot = list(script), eot
         self.weight = torch.nn.Parameter(torch.zeros(1))  # device and dtype
         self.lm_head = torch.nn.Identity()
+        self.head = self.lm_head  # GPT.head: the logits of hidden states
         self.prefills = []
 
     def cache_dtype(self):

@@ -170,7 +170,7 @@ class ScriptedModel:
                 out[r, 0, i] = v
         return out
 
-    def lm_head(self, h):
+    def head(self, h):
         return h  # decode already returns log-probabilities
 
 

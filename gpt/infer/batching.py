@@ -274,7 +274,7 @@ class BatchEngine(_Engine):
         caches = self.pool.caches(start, start + len(contexts), length, torch.tensor(pos, device=self.device))
         h = self.model.hidden(idx, caches)  # (B, T, C)
         last = torch.tensor([len(c) - 1 for c in contexts], device=self.device)
-        return self.model.lm_head(h[torch.arange(len(contexts), device=self.device), last]).float()  # (B, V)
+        return self.model.head(h[torch.arange(len(contexts), device=self.device), last]).float()  # (B, V)
 
     def _decode_step(self) -> torch.Tensor:
         """The newest token of every active row, appended at the row's own position."""

@@ -111,7 +111,7 @@ def score_text(
                 with autocast() if autocast else nullcontext():
                     h = model.hidden(x)  # (B, W, C)
                     for i, (_, k) in enumerate(batch):
-                        logits = model.lm_head(h[i, w - k :])[:, :vocab].float()  # (k, V): the scored targets only
+                        logits = model.head(h[i, w - k :])[:, :vocab].float()  # (k, V): the scored targets only
                         nll += F.cross_entropy(logits, y[i, w - k :], reduction="sum").double()
                 bar.update(len(batch))
     finally:

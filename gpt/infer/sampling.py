@@ -29,7 +29,7 @@ Design notes
   cache, which equals a full forward with a banded causal mask (tested). It is not nanoGPT's crop:
   the cached keys of the window's first tokens still carry what they saw before the window.
   `keep` does not apply to them.
-- Only the last position goes through `lm_head` (`model.hidden` then `lm_head(h[:, -1])`); the
+- Only the last position goes through the head (`model.hidden` then `model.head(h[:, -1])`); the
   model's `forward` keeps returning full logits.
 - Logits are processed in float32 whatever the model's dtype.
 - A padded vocabulary (e.g. 50304 rows for GPT-2's 50257 ids) never yields a padded id: logits
@@ -254,7 +254,7 @@ class Decoder:
     @torch.no_grad()
     def _forward(self, idx: torch.Tensor) -> torch.Tensor:
         h = self.model.hidden(idx.contiguous(), self.caches)  # (B, T, C)
-        return self.model.lm_head(h[:, -1]).float()  # (B, V): the last position only
+        return self.model.head(h[:, -1]).float()  # (B, V): the last position only
 
     def _prefill(self) -> torch.Tensor:
         for cache in self.caches:

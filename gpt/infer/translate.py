@@ -224,7 +224,7 @@ def generate(
             h = model.decode(kv, mask, tokens[:, -1:], caches=caches)
         else:
             h = model.decode(memory, mask, tokens)
-        logits = model.lm_head(h[:, -1])  # (B, V)
+        logits = model.head(h[:, -1])  # (B, V)
         nxt = next_token(
             logits, temperature=temperature, top_k=top_k, top_p=top_p, vocab_size=vocab_size, generator=generator
         )
@@ -268,7 +268,7 @@ def beam_search(
     rows = torch.arange(B, device=dev)[:, None] * K
     for t in range(n):
         h = model.decode(kv, mask, tokens[:, -1:], caches=caches)
-        logp = F.log_softmax(model.lm_head(h[:, -1])[:, :V].float(), dim=-1)  # (B*K, V)
+        logp = F.log_softmax(model.head(h[:, -1])[:, :V].float(), dim=-1)  # (B*K, V)
         cand = (scores.view(-1, 1) + logp).view(B, K * V)
         top, idx = cand.topk(2 * K, dim=1)  # (B, 2K), best first
         beam, tok = idx // V, idx % V

@@ -17,8 +17,9 @@ from gpt.errors import ConfigError
 
 POS_ENCODINGS = ("learned", "sinusoidal", "rope")
 # GELU of the MLP: "gelu_tanh" is GPT-2's tanh approximation (gelu_new); "gelu" the exact erf form, the
-# same curve to 1e-3 and about 2.5x cheaper forward + backward on CPUs (where it is ~15% of a step).
-ACTIVATIONS = ("gelu_tanh", "gelu")
+# same curve to 1e-3 and about 2.5x cheaper forward + backward on CPUs (where it is ~15% of a step);
+# "relu2" is ReLU squared, relu(x)^2 (So et al. 2021, "Primer"; the speedruns' and nanochat's MLP).
+ACTIVATIONS = ("gelu_tanh", "gelu", "relu2")
 LORA_TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "wte")  # what LoRA can adapt
 LORA_DEFAULT_TARGETS = LORA_TARGETS[:4]  # each block's four projections (wte: the tied embedding and head)
 
@@ -41,6 +42,11 @@ class GPTConfig:
     norm: str = "pre"  # "pre" (GPT-2) or "post" (the paper: LayerNorm(x + Sublayer(x)))
     label_smoothing: float = 0.0
     activation: str = "gelu_tanh"  # one of ACTIVATIONS
+    # The speedrun recipe's options (issue 35), each off by default (gpt/model/transformer.py's docstring):
+    qk_norm: bool = False  # RMSNorm (no weights) on each head's queries and keys, then a fixed scale
+    zero_init_proj: bool = False  # attention's and the MLP's output projections start at zero
+    logit_softcap: float = 0.0  # > 0: logits = c * tanh(logits / c); 0 = off
+    untied_head: bool = False  # lm_head a matrix of its own, not the token embedding
 
     def __post_init__(self):
         found = problems(dataclasses.asdict(self))
@@ -80,6 +86,12 @@ def problems(values: dict) -> list[tuple[str, str]]:
         out.append(("norm", f"must be 'pre' or 'post', got {c.norm!r}"))
     if c.activation not in ACTIVATIONS:
         out.append(("activation", f"must be one of {', '.join(map(repr, ACTIVATIONS))}, got {c.activation!r}"))
+    for name in ("qk_norm", "zero_init_proj", "untied_head"):
+        if not isinstance(getattr(c, name), bool):
+            out.append((name, f"must be true or false, got {getattr(c, name)!r}"))
+    softcap = c.logit_softcap
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not 0.0 <= softcap < float("inf"):
+        out.append(("logit_softcap", f"must be a number >= 0 (0 = off; nanochat uses 15), got {softcap!r}"))
     if not isinstance(c.label_smoothing, (int, float)) or not 0.0 <= c.label_smoothing < 1.0:
         out.append(("label_smoothing", f"must be in [0, 1), got {c.label_smoothing!r}"))
     return out

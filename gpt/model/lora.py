@@ -139,6 +139,11 @@ def apply(model: nn.Module, config: LoRAConfig) -> int:
     """Freeze `model` and put adapters on its targeted layers, in place; returns the trainable parameters."""
     if getattr(model.config, "n_encoder_layer", 0):
         raise ConfigError("--lora-rank: LoRA adapts decoder-only models here, not seq2seq (--n-encoder-layer)")
+    if "wte" in config.targets and getattr(model.config, "untied_head", False):
+        raise ConfigError(
+            "--lora-targets wte: adapts the embedding tied to the head, but this model has untied_head; "
+            "adapt the blocks' projections only"
+        )
     layers = list(_targets(model, config.targets))
     if "wte" in config.targets:  # the tied embedding: adapt the head, let the embedding read its adapters
         layers.append((model, "lm_head", model.lm_head))

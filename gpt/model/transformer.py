@@ -8,7 +8,7 @@
     model = GPT(GPTConfig(..., n_encoder_layer=6, norm="post", pos_encoding="sinusoidal"))
     logits, loss = model(tgt_in, tgt_out, src=src, src_mask=src_mask)   # teacher forcing
     memory = model.encode(src, src_mask)        # once per source
-    h = model.decode(memory, src_mask, tgt_in)  # (B, T, C); logits = model.lm_head(h)
+    h = model.decode(memory, src_mask, tgt_in)  # (B, T, C); logits = model.head(h)
 
 Design notes
 - Parameter names follow GPT-2 (`transformer.wte`, `transformer.h.0.attn.c_attn`, ...), so GPT-2
@@ -30,6 +30,12 @@ Design notes
   positions only and there is no position table. Cross-attention is not rotated (its queries and
   keys come from different sequences). Angles are computed in float64, so positions past
   block_size (a sliding KV cache, gpt/infer/sampling.py) stay exact; the base is ROPE_THETA.
+- The speedrun recipe's options (GPTConfig, each off by default): `activation="relu2"` (relu(x)^2);
+  `qk_norm` (each head's queries and keys at unit RMS, no weights, times QK_NORM_SCALE, before RoPE,
+  which preserves the RMS, so the order does not matter; cached keys are stored normalised);
+  `zero_init_proj` (see `_init_weights`); `logit_softcap` (in `head`, which every logits path
+  calls instead of `lm_head`); `untied_head` (lm_head its own matrix; `lm_head.weight` is in the state
+  dict either way, so checkpoint keys do not change).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from gpt.model.cache import KVCache
 from gpt.model.config import GPTConfig
 
 ROPE_THETA = 10000.0
+QK_NORM_SCALE = 1.2  # qk_norm: each unit-RMS query and key times this (scores x 1.44; nanochat's value)
 
 
 def positions(start: int | torch.Tensor, T: int, device) -> torch.Tensor:
@@ -113,18 +120,23 @@ class Attention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
+        self.qk_norm = config.qk_norm
         self.weights: list[torch.Tensor] | None = None  # a list while GPT.attention_maps records, else None
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         B, T, C = t.shape
         return t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
 
+    def _normed(self, t: torch.Tensor) -> torch.Tensor:
+        """qk_norm: each head's vector at unit RMS (no learned weight), times QK_NORM_SCALE."""
+        return F.rms_norm(t, (t.size(-1),)) * QK_NORM_SCALE if self.qk_norm else t
+
     def project_kv(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values for cross-attention over `kv` (computed once per source in generation)."""
         C = self.n_embd
         b = self.c_attn.bias[C:] if self.c_attn.bias is not None else None
         k, v = F.linear(kv, self.c_attn.weight[C:], b).split(C, dim=2)
-        return self._heads(k), self._heads(v)
+        return self._normed(self._heads(k)), self._heads(v)
 
     def forward(
         self,
@@ -138,7 +150,7 @@ class Attention(nn.Module):
         B, T, C = x.shape
         if kv is None:  # self-attention
             q, k, v = self.c_attn(x).split(C, dim=2)
-            q, k, v = self._heads(q), self._heads(k), self._heads(v)
+            q, k, v = self._normed(self._heads(q)), self._normed(self._heads(k)), self._heads(v)
             if rope is not None:  # (cos, sin) of these T positions; keys are cached rotated
                 q, k = apply_rope(q, *rope), apply_rope(k, *rope)
             past = 0
@@ -148,7 +160,7 @@ class Attention(nn.Module):
                 q, (k, v) = q.to(dtype), cache.append(k.to(dtype), v.to(dtype))
         else:  # cross-attention: kv is the memory (B, S, C) or its precomputed (k, v) heads
             b = self.c_attn.bias[:C] if self.c_attn.bias is not None else None
-            q = self._heads(F.linear(x, self.c_attn.weight[:C], b))
+            q = self._normed(self._heads(F.linear(x, self.c_attn.weight[:C], b)))
             k, v = kv if isinstance(kv, tuple) else self.project_kv(kv)
             past, causal = 0, False
         if isinstance(past, torch.Tensor):  # a static cache: GPT.hidden's mask is already causal, per row
@@ -172,13 +184,23 @@ class Attention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
 
+class ReLU2(nn.Module):
+    """relu(x)^2: the "relu2" activation."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x).square()
+
+
 class MLP(nn.Module):
-    """Position-wise feed-forward network, width 4 * n_embd, GELU."""
+    """Position-wise feed-forward network, width 4 * n_embd, GELU (or ReLU squared)."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU(approximate="tanh" if config.activation == "gelu_tanh" else "none")
+        if config.activation == "relu2":
+            self.gelu = ReLU2()  # the attribute keeps its name: the activation has no weights either way
+        else:
+            self.gelu = nn.GELU(approximate="tanh" if config.activation == "gelu_tanh" else "none")
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
@@ -265,7 +287,8 @@ class GPT(nn.Module):
                 )
             )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight  # weight tying: one matrix, two uses
+        if not config.untied_head:
+            self.lm_head.weight = self.transformer.wte.weight  # weight tying: one matrix, two uses
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -277,6 +300,8 @@ class GPT(nn.Module):
         | residual projections (attn/mlp `c_proj`)   | normal(0, 0.02 / sqrt(2 * n_layer))   |
         | biases                                     | zero                                  |
         | LayerNorm                                  | weight 1, bias 0 (PyTorch's default)  |
+        | with zero_init_proj: the `c_proj` above    | zero (each block starts as identity)  |
+        | with untied_head: lm_head                  | normal(0, 0.02), as any Linear        |
         """
         if isinstance(module, nn.Linear):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -287,6 +312,8 @@ class GPT(nn.Module):
         elif isinstance(module, (Attention, MLP)):  # residual projection, after its own Linear init
             n_residual = 2 * (self.config.n_layer + self.config.n_encoder_layer)
             torch.nn.init.normal_(module.c_proj.weight, mean=0.0, std=0.02 / math.sqrt(n_residual))
+            if self.config.zero_init_proj:
+                torch.nn.init.zeros_(module.c_proj.weight)
 
     # ---- forward paths -------------------------------------------------------------------------
 
@@ -403,13 +430,20 @@ class GPT(nn.Module):
         `block.cross_attn.project_kv(memory)` (generation computes these once per source).
         `src_mask` (B, S) masks padded source positions in cross-attention. Self-attention is
         causal; `tgt_mask` (a (B, T) padding mask or anything broadcastable to (B, nh, T, T))
-        restricts it further, though right-padded targets need none. Logits: `lm_head(hidden)`.
+        restricts it further, though right-padded targets need none. Logits: `head(hidden)`.
         """
         if self.config.n_encoder_layer == 0:
             raise ValueError("decode() needs an encoder: this model has n_encoder_layer=0 (decoder-only)")
         return self.hidden(
             tgt, caches, memory=memory, memory_mask=self.key_mask(src_mask), mask=self.key_mask(tgt_mask)
         )
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits (..., vocab_size) of hidden states `h` (..., C): `lm_head`, then with logit_softcap c > 0
+        c * tanh(logits / c), computed in float32 (every caller of the head goes through here)."""
+        logits = self.lm_head(h)
+        c = self.config.logit_softcap
+        return c * torch.tanh(logits.float() / c) if c else logits
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(
@@ -439,9 +473,9 @@ class GPT(nn.Module):
                 raise ValueError(
                     f"this model has an encoder (n_encoder_layer={self.config.n_encoder_layer}): pass src="
                 )
-            logits = self.lm_head(self.hidden(idx, doc=doc))
+            logits = self.head(self.hidden(idx, doc=doc))
         else:
-            logits = self.lm_head(self.decode(self.encode(src, src_mask), src_mask, idx))
+            logits = self.head(self.decode(self.encode(src, src_mask), src_mask, idx))
         loss = self.loss(logits, targets) if targets is not None else None
         return logits, loss
 
@@ -550,21 +584,15 @@ class GPT(nn.Module):
         starts as an average token, neither dominating the softmax nor unreachable; the noise is drawn
         from a generator of its own, so growing the same base twice gives the same rows (a LoRA run's
         base is grown again when it is loaded). Padding rows beyond get normal(0, 0.02) the same way. The rows of the old tokens, hence their logits, stay as they are."""
-        old = self.transformer.wte.weight
-        n = max(vocab_size, old.size(0))
+        n = max(vocab_size, self.transformer.wte.weight.size(0))
         if fresh.start < 1 or fresh.stop > n:
             raise ValueError(f"fresh rows {fresh} must lie within 1..{n} after at least one base row")
-        weight = torch.empty(n, old.size(1), dtype=old.dtype, device=old.device)
-        weight[: old.size(0)] = old
-        padding = torch.randn(n - old.size(0), old.size(1), generator=torch.Generator().manual_seed(n))
-        weight[old.size(0) :] = (0.02 * padding).to(weight)
-        noise = torch.randn(len(fresh), old.size(1), generator=torch.Generator().manual_seed(fresh.start))
-        weight[fresh.start : fresh.stop] = (old[: fresh.start].float().mean(0) + 0.02 * noise.to(old.device)).to(
-            old.dtype
-        )
-        self.transformer.wte.weight = nn.Parameter(weight, requires_grad=old.requires_grad)
+        self.transformer.wte.weight = _grown(self.transformer.wte.weight, n, fresh)
         self.transformer.wte.num_embeddings = n
-        self.lm_head.weight = self.transformer.wte.weight
+        # tied: the head shares the grown matrix; untied_head: its own rows grow the same way
+        self.lm_head.weight = (
+            self.transformer.wte.weight if not self.config.untied_head else _grown(self.lm_head.weight, n, fresh)
+        )
         self.lm_head.out_features = n
         self.config.vocab_size = n
 
@@ -577,3 +605,15 @@ class GPT(nn.Module):
             self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
         elif self.config.pos_encoding == "sinusoidal":
             self.pe = self.pe[:block_size]
+
+
+def _grown(old: nn.Parameter, n: int, fresh: range) -> nn.Parameter:
+    """`old` (rows, C) grown to n rows for `GPT.grow_vocab`: the old rows kept, the `fresh` ones the mean of
+    the rows before them plus noise, the rest normal(0, 0.02); the noise from seeded generators of its own."""
+    weight = torch.empty(n, old.size(1), dtype=old.dtype, device=old.device)
+    weight[: old.size(0)] = old
+    padding = torch.randn(n - old.size(0), old.size(1), generator=torch.Generator().manual_seed(n))
+    weight[old.size(0) :] = (0.02 * padding).to(weight)
+    noise = torch.randn(len(fresh), old.size(1), generator=torch.Generator().manual_seed(fresh.start))
+    weight[fresh.start : fresh.stop] = (old[: fresh.start].float().mean(0) + 0.02 * noise.to(old.device)).to(old.dtype)
+    return nn.Parameter(weight, requires_grad=old.requires_grad)

@@ -42,7 +42,11 @@ MODEL_HELP = {  # the flags of the model's fields (GPTConfig, gpt/model/config.p
     "pos_encoding": "position encoding: learned | sinusoidal | rope (rotary)",
     "norm": "residual norm placement: pre | post",
     "label_smoothing": "label smoothing of the cross-entropy",
-    "activation": "MLP activation: gelu_tanh (GPT-2) | gelu (exact erf, faster on CPU)",
+    "activation": "MLP activation: gelu_tanh (GPT-2) | gelu (exact erf, faster on CPU) | relu2 (ReLU squared)",
+    "qk_norm": "RMSNorm on each head's queries and keys (nanochat's QK norm)",
+    "zero_init_proj": "start attention's and the MLP's output projections at zero",
+    "logit_softcap": "cap the logits smoothly at +-c: c * tanh(logits / c); 0 = off",
+    "untied_head": "an output head of its own instead of the token embedding's matrix",
 }
 
 

@@ -42,6 +42,10 @@ ARCHITECTURE = (
     "n_encoder_layer",
     "pos_encoding",
     "norm",
+    "activation",
+    "qk_norm",
+    "logit_softcap",
+    "untied_head",
 )  # what a resumed run cannot change (dropout and label smoothing it can)
 
 

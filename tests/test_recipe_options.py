@@ -1,0 +1,206 @@
+"""The speedrun recipe's model options (issue 35): activation="relu2", qk_norm, zero_init_proj, logit_softcap,
+untied_head. Each: what it computes, a KV-cached decode equal to the full forward, causality, the checkpoint
+round trip, flags, resume exactness and LoRA."""
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import train_run
+
+from gpt import GPT, GPTConfig
+from gpt.checkpoints import loader, native
+from gpt.data.tokenizer import CharTokenizer
+from gpt.errors import ConfigError
+from gpt.infer.sampling import Decoder
+from gpt.model import lora
+from gpt.model.transformer import QK_NORM_SCALE
+from gpt.train.config import build_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
+
+OPTIONS = {
+    "relu2": dict(activation="relu2"),
+    "qk_norm": dict(qk_norm=True),
+    "qk_norm_rope": dict(qk_norm=True, pos_encoding="rope"),
+    "zero_init_proj": dict(zero_init_proj=True),
+    "logit_softcap": dict(logit_softcap=2.0),
+    "untied_head": dict(untied_head=True),
+    "all": dict(activation="relu2", qk_norm=True, zero_init_proj=True, logit_softcap=2.0, untied_head=True),
+}
+
+
+def model_with(seed=0, **options) -> GPT:
+    """A small model with the options, its weights spread (std 0.5: zero-initialised projections too) so the
+    options change the logits visibly."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=2, n_head=4, n_embd=32, bias=False, **options))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.5)
+    return model.eval()
+
+
+def test_every_option_is_off_by_default():
+    c = GPTConfig()
+    assert (c.activation, c.qk_norm, c.zero_init_proj, c.logit_softcap, c.untied_head) == (
+        "gelu_tanh",
+        False,
+        False,
+        0.0,
+        False,
+    )
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("activation", "relu3"), ("qk_norm", "yes"), ("zero_init_proj", 1), ("logit_softcap", -1.0), ("untied_head", 0)],
+)
+def test_invalid_values_name_the_field(field, value):
+    with pytest.raises(ConfigError, match=rf"{field}: must"):
+        GPTConfig(**{field: value})
+
+
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_shapes_and_a_cached_decode_equal_the_full_forward(name):
+    model = model_with(**OPTIONS[name])
+    idx = torch.randint(0, 40, (2, 5))
+    dec = Decoder(model, idx)
+    for _ in range(8):
+        with torch.no_grad():
+            full, _ = model(dec.tokens)
+        assert full.shape == (2, dec.tokens.size(1), 40)
+        torch.testing.assert_close(dec.logits, full[:, -1].float(), atol=1e-5, rtol=1e-5)
+        dec.advance(dec.logits.argmax(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_causal(name):
+    model = model_with(**OPTIONS[name])
+    idx = torch.randint(0, 40, (1, 10))
+    changed = idx.clone()
+    changed[0, 6:] = (idx[0, 6:] + 1) % 40
+    with torch.no_grad():
+        a, b = model(idx)[0], model(changed)[0]
+    torch.testing.assert_close(a[0, :6], b[0, :6])
+    assert not torch.allclose(a[0, 6:], b[0, 6:])
+
+
+def test_relu2_is_relu_squared():
+    model = model_with(activation="relu2")
+    mlp = model.transformer.h[0].mlp
+    x = torch.randn(3, 32)
+    want = F.linear(F.relu(F.linear(x, mlp.c_fc.weight)) ** 2, mlp.c_proj.weight)
+    torch.testing.assert_close(mlp(x), want)
+
+
+def test_qk_norm_scores_are_of_unit_rms_queries_and_keys():
+    model = model_with(qk_norm=True)
+    attn = model.transformer.h[0].attn
+    x = torch.randn(1, 6, 32)
+    q, k, v = (t.view(1, 6, 4, 8).transpose(1, 2) for t in F.linear(x, attn.c_attn.weight).split(32, dim=2))
+    rms = lambda t: t / t.pow(2).mean(-1, keepdim=True).add(torch.finfo(t.dtype).eps).sqrt()  # noqa: E731
+    y = F.scaled_dot_product_attention(rms(q) * QK_NORM_SCALE, rms(k) * QK_NORM_SCALE, v, is_causal=True)
+    torch.testing.assert_close(attn(x, causal=True), F.linear(y.transpose(1, 2).reshape(1, 6, 32), attn.c_proj.weight))
+    assert not torch.allclose(attn(x, causal=True), model_with().transformer.h[0].attn(x, causal=True))
+
+
+def test_zero_init_projections_start_at_zero_and_the_rest_as_before():
+    torch.manual_seed(0)
+    zero = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=2, n_head=4, n_embd=32, zero_init_proj=True))
+    torch.manual_seed(0)
+    plain = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=2, n_head=4, n_embd=32))
+    for (name, p), q in zip(zero.named_parameters(), plain.parameters()):
+        if name.endswith("c_proj.weight"):
+            assert not p.any() and q.any()
+        else:
+            assert torch.equal(p, q), name
+
+
+def test_softcap_bounds_the_logits_and_is_tanh():
+    capped, plain = model_with(logit_softcap=2.0), model_with()
+    idx = torch.randint(0, 40, (2, 8))
+    with torch.no_grad():
+        a, b = capped(idx)[0], plain(idx)[0]
+    assert a.abs().max() < 2.0 < b.abs().max()
+    torch.testing.assert_close(a, 2.0 * torch.tanh(b / 2.0))
+
+
+def test_untied_head_is_its_own_matrix():
+    model = model_with(untied_head=True)
+    assert model.lm_head.weight is not model.transformer.wte.weight
+    tied = model_with()
+    assert tied.lm_head.weight is tied.transformer.wte.weight
+    assert tied.num_params() + 40 * 32 == model.num_params()
+    model.grow_vocab(64, range(40, 42))  # a chat template's tokens: both matrices grow
+    assert model.lm_head.weight.shape == model.transformer.wte.weight.shape == (64, 32)
+    assert model.lm_head.weight is not model.transformer.wte.weight
+
+
+def test_checkpoint_round_trip(tmp_path):
+    model = model_with(**OPTIONS["all"])
+    tok = CharTokenizer("".join(chr(97 + i) for i in range(26)) + " .,:;!?\n'-ABC")
+    run = tmp_path / "run"
+    native.save(run / "best.pt", {"model": model.state_dict()}, native.build_meta(model.config.to_dict(), tok.spec))
+    back, _ = loader.load_model(run)
+    assert back.config == model.config
+    idx = torch.randint(0, 40, (1, 7))
+    with torch.no_grad():
+        torch.testing.assert_close(back(idx)[0], model(idx)[0])
+    assert back.lm_head.weight is not back.transformer.wte.weight
+
+
+def test_flags_set_the_options():
+    m = build_config(
+        ["--activation", "relu2", "--qk-norm", "--zero-init-proj", "--logit-softcap", "15", "--untied-head"]
+    ).model
+    assert (m.activation, m.qk_norm, m.zero_init_proj, m.logit_softcap, m.untied_head) == (
+        "relu2",
+        True,
+        True,
+        15.0,
+        True,
+    )
+    with pytest.raises(ConfigError, match="--logit-softcap: must be a number >= 0"):
+        build_config(["--logit-softcap", "-3"])
+
+
+def test_lora_adapts_an_optioned_model_and_refuses_wte_with_an_untied_head():
+    model = model_with(**OPTIONS["all"])
+    idx = torch.randint(0, 40, (1, 6))
+    with torch.no_grad():
+        before = model(idx)[0]
+    lora.apply(model, lora.LoRAConfig(rank=2))
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx)[0], before)  # B starts at zero: the base model
+    with pytest.raises(ConfigError, match="untied_head"):
+        lora.apply(model_with(untied_head=True), lora.LoRAConfig(rank=2, targets=["attn.c_attn", "wte"]))
+
+
+@pytest.mark.precision
+def test_exact_resume_with_every_option_on(char_data, tmp_path):
+    common = [
+        "--data",
+        char_data,
+        *"--n-layer 2 --n-head 2 --n-embd 32 --block-size 32 --batch-size 4 --eval-iters 2".split(),
+        *"--log-interval 1 --warmup-iters 2 --device cpu --lr-decay-iters 8 --eval-interval 4".split(),
+        *"--activation relu2 --qk-norm --zero-init-proj --logit-softcap 15 --untied-head".split(),
+    ]
+    train_run(*common, "--out-dir", tmp_path / "full", "--max-iters", "8")
+    train_run(*common, "--out-dir", tmp_path / "split", "--max-iters", "4")
+    train_run("--resume", tmp_path / "split", "--max-iters", "8")
+    full, split = (
+        [(r["step"], r["loss"]) for r in records(tmp_path / run) if r["kind"] == "train"] for run in ("full", "split")
+    )
+    assert [s for s, _ in split] == list(range(1, 9)) and split == full
+    model, _ = loader.load_model(tmp_path / "split")
+    assert (model.config.activation, model.config.qk_norm, model.config.logit_softcap) == ("relu2", True, 15.0)
+    assert model.config.untied_head and model.lm_head.weight is not model.transformer.wte.weight
+    assert math.isfinite(full[-1][1])
+
+
+def records(out_dir):
+    return [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
