@@ -1,6 +1,6 @@
 """The speedrun recipe's model options (issue 35): activation="relu2", qk_norm, zero_init_proj, logit_softcap,
 untied_head. Each: what it computes, a KV-cached decode equal to the full forward, causality, the checkpoint
-round trip, flags, resume exactness and LoRA."""
+round trip, flags, resume exactness, LoRA, and the export paths' refusals."""
 
 import json
 import math
@@ -141,10 +141,7 @@ def test_untied_head_is_its_own_matrix():
 
 
 def test_checkpoint_round_trip(tmp_path):
-    model = model_with(**OPTIONS["all"])
-    tok = CharTokenizer("".join(chr(97 + i) for i in range(26)) + " .,:;!?\n'-ABC")
-    run = tmp_path / "run"
-    native.save(run / "best.pt", {"model": model.state_dict()}, native.build_meta(model.config.to_dict(), tok.spec))
+    model, _, run = save_run(tmp_path, **OPTIONS["all"])
     back, _ = loader.load_model(run)
     assert back.config == model.config
     idx = torch.randint(0, 40, (1, 7))
@@ -204,3 +201,105 @@ def test_exact_resume_with_every_option_on(char_data, tmp_path):
 
 def records(out_dir):
     return [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
+
+
+# ---- export: what each target can express, the rest refused in one line naming the option ---------------
+
+
+def save_run(tmp_path, name="run", **options) -> tuple:
+    """A checkpoint (best.pt in tmp_path/name) of `model_with(**options)`, a char vocabulary of its 40 ids."""
+    model = model_with(**options)
+    tok = CharTokenizer("".join(chr(97 + i) for i in range(26)) + " .,:;!?\n'-ABC")
+    path = tmp_path / name / "best.pt"
+    native.save(path, {"model": model.state_dict()}, native.build_meta(model.config.to_dict(), tok.spec))
+    return model, tok, path.parent
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope"])  # GPT-2 (both), GPT-NeoX
+def test_hugging_face_export_carries_relu2_and_an_untied_head(tmp_path, pos):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("safetensors")
+    from gpt.checkpoints.hf import export_hf
+
+    model, tok, _ = save_run(tmp_path, activation="relu2", untied_head=True, zero_init_proj=True, pos_encoding=pos)
+    out = export_hf(model, tok, tmp_path / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    idx = torch.randint(0, 40, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(idx).logits, model(idx)[0], atol=2e-5, rtol=1e-5)
+    again, _, _ = loader.load_checkpoint(out)  # import: the same model
+    assert again.config == model.config and again.lm_head.weight is not again.transformer.wte.weight
+    with torch.no_grad():
+        torch.testing.assert_close(again(idx)[0], model(idx)[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (dict(qk_norm=True), "qk_norm (GPT-2 and GPT-NeoX have no norm on queries and keys"),
+        (dict(logit_softcap=15.0), "logit_softcap=15 (GPT-2 and GPT-NeoX have no cap on the logits"),
+    ],
+)
+def test_hugging_face_export_refuses_in_one_line(tmp_path, capsys, option, message):
+    from gpt.cli.hf import main as hf_main
+
+    _, _, run = save_run(tmp_path, **option)
+    assert hf_main(["export", "--ckpt", str(run), "--out", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot export to Hugging Face: " + message) and err.count("\n") == 1
+    assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (dict(activation="relu2"), "activation='relu2' (their MLP is GELU)"),
+        (dict(qk_norm=True), "qk_norm (no norm on queries and keys)"),
+        (dict(logit_softcap=15.0), "logit_softcap=15 (no cap on the logits)"),
+    ],
+)
+def test_gguf_export_refuses_in_one_line(tmp_path, capsys, option, message):
+    pytest.importorskip("gguf")
+    from gpt.cli.export import main as export_main
+
+    _, _, run = save_run(tmp_path, **option)
+    code = export_main(["--ckpt", str(run), "--format", "gguf", "--out", str(tmp_path / "x.gguf")])
+    err = capsys.readouterr().err
+    assert code == 2 and err == (
+        f"error: llama.cpp's gpt2 and gptneox graphs cannot compute {message}: "
+        "export it with `python -m gpt.export --format onnx` instead\n"
+    )
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_gguf_export_of_an_untied_head_computes_our_logits_in_llama_cpp(tmp_path):
+    pytest.importorskip("gguf")
+    pytest.importorskip("llama_cpp")
+    from gpt.cli.export import main as export_main
+    from gpt.infer import llamacpp
+
+    model, tok, run = save_run(tmp_path, untied_head=True)
+    out = tmp_path / "m.gguf"
+    assert export_main(["--ckpt", str(run), "--format", "gguf", "--out", str(out), "--no-check"]) == 0
+    ids = torch.randint(0, 40, (12,)).tolist()
+    with torch.no_grad():
+        ours = model(torch.tensor([ids]))[0][0].numpy()
+    theirs = llamacpp.logits(llamacpp.open_gguf(out, n_ctx=16), ids)
+    assert abs(theirs - ours).max() < 1.5e-2
+
+
+def test_onnx_and_pt2_exports_take_every_option(tmp_path, capsys):
+    from gpt.cli.export import main as export_main
+
+    model, _, run = save_run(tmp_path, **OPTIONS["all"])
+    assert export_main(["--ckpt", str(run), "--format", "pt2", "--out", str(tmp_path / "pt2")]) == 0
+    program = torch.export.load(str(tmp_path / "pt2" / "model.pt2")).module()
+    idx = torch.randint(0, 40, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(program(idx), model(idx)[0], atol=1e-5, rtol=1e-5)
+    ort = pytest.importorskip("onnxruntime")
+    assert export_main(["--ckpt", str(run), "--format", "onnx", "--out", str(tmp_path / "onnx")]) == 0
+    session = ort.InferenceSession(str(tmp_path / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+    got = session.run(["logits"], {"idx": idx.numpy()})[0]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(got), model(idx)[0], atol=1e-4, rtol=0)

@@ -13,7 +13,9 @@ Written with `gguf`, the llama.cpp project's own writer (`pip install -e ".[gguf
 |                                             | (`output`, tied to wte here) is written on its own         |
 | RoPE                                        | `gptneox`, sequential residual, rotary over whole heads,   |
 |                                             | NeoX's half-split rotation (ours), theta ROPE_THETA        |
-| post-norm, encoder-decoder                  | refused: no llama.cpp architecture computes them           |
+| untied_head                                 | the head written as `output`                               |
+| post-norm, encoder-decoder, relu2, qk_norm, | refused: no llama.cpp architecture computes them           |
+| logit_softcap                               | (zero_init_proj is training only: exported as any model)   |
 
 Layout: our `c_attn` is already what llama.cpp's graphs slice (all queries, then all keys, then all values;
 Hugging Face's GPT-NeoX interleaves them per head, which llama.cpp's converter undoes) and nn.Linear's
@@ -92,6 +94,20 @@ def architecture(config) -> str:
             "this checkpoint is post-norm (norm='post'): llama.cpp's gpt2 and gptneox graphs are pre-norm; "
             "export it with `python -m gpt.export --format onnx` instead"
         )
+    unsupported = [
+        what
+        for what, on in (
+            ("activation='relu2' (their MLP is GELU)", config.activation == "relu2"),
+            ("qk_norm (no norm on queries and keys)", config.qk_norm),
+            (f"logit_softcap={config.logit_softcap:g} (no cap on the logits)", config.logit_softcap),
+        )
+        if on
+    ]
+    if unsupported:
+        raise GGUFError(
+            f"llama.cpp's gpt2 and gptneox graphs cannot compute {', '.join(unsupported)}: "
+            "export it with `python -m gpt.export --format onnx` instead"
+        )
     return "gptneox" if config.pos_encoding == "rope" else "gpt2"
 
 
@@ -116,7 +132,7 @@ def weights(model, arch: str, n_vocab: int) -> list[tuple[str, np.ndarray]]:
     elif cfg.pos_encoding == "learned":
         out.append(("position_embd.weight", sd["transformer.wpe.weight"]))
     out += both("transformer.ln_f", "output_norm")
-    if arch == "gptneox" or cfg.pos_encoding == "sinusoidal":  # (gpt2 reuses token_embd when there is none)
+    if arch == "gptneox" or cfg.pos_encoding == "sinusoidal" or cfg.untied_head:  # (gpt2 reuses token_embd without)
         out.append(("output.weight", sd["lm_head.weight"]))
     for i in range(cfg.n_layer):
         h = f"transformer.h.{i}"

@@ -12,7 +12,10 @@
 | learned positions          | GPT2LMHeadModel                                                             |
 | sinusoidal positions       | GPT2LMHeadModel, `wpe` = our table; wte scaled by sqrt(n_embd), ln_f by 1/that |
 | rope                       | GPTNeoXForCausalLM, sequential residual, full rotary (gpt/checkpoints/hf_neox.py) |
-| encoder-decoder, post-norm | refused in one line                                                         |
+| activation relu2           | transformers' `relu2` (activation_function / hidden_act)                    |
+| untied_head                | `tie_word_embeddings: false`, the head's own matrix (sinusoidal: ln_f unscaled) |
+| encoder-decoder, post-norm,| refused in one line (zero_init_proj is training only: exported as any model) |
+| qk_norm, logit_softcap     |                                                                             |
 
 Files: config.json, generation_config.json, model.safetensors, tokenizer.json + tokenizer_config.json
 (+ the Jinja chat template) + special_tokens_map.json (gpt/checkpoints/hf_tokenizer.py), README.md
@@ -85,7 +88,13 @@ EXPORT_FILES = (
 )
 SAME_SHAPE = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
 GPT2_VOCAB = 50257
-HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}  # theirs -> ours
+HF_ACTIVATIONS = {
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu": "gelu",
+    "relu2": "relu2",
+}  # theirs -> ours
+TO_HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu2": "relu2"}  # ours -> transformers' ACT2FN
 SIZES = ("vocab_size", "n_embd", "n_layer", "n_head")  # and n_positions (or n_ctx)
 
 
@@ -173,7 +182,7 @@ def config_from_hf(hf: dict, source="config.json") -> dict:
     problems = []
     activation = HF_ACTIVATIONS.get(get("activation_function", "gelu_new"))
     if activation is None:
-        problems.append(f"activation_function {get('activation_function')!r} (only GELU: 'gelu_new' or 'gelu')")
+        problems.append(f"activation_function {get('activation_function')!r} (only 'gelu_new', 'gelu' or 'relu2')")
     if get("n_inner") is not None and (not isinstance(n_embd, int) or get("n_inner") != 4 * n_embd):
         problems.append(f"n_inner {get('n_inner')!r} (only 4 * n_embd)")
     if not isinstance(eps, (int, float)) or abs(eps - 1e-5) > 1e-12:
@@ -182,8 +191,6 @@ def config_from_hf(hf: dict, source="config.json") -> dict:
         problems.append("attention scaling other than 1/sqrt(head_dim)")
     if get("add_cross_attention", False):
         problems.append("add_cross_attention")
-    if not get("tie_word_embeddings", True):
-        problems.append("tie_word_embeddings false (this model ties lm_head to wte)")
     if problems:
         raise HFError(f"{source}: unsupported GPT-2 config: " + "; ".join(problems))
     return dict(
@@ -195,6 +202,7 @@ def config_from_hf(hf: dict, source="config.json") -> dict:
         dropout=0.0,
         bias=True,
         activation=activation,
+        untied_head=not get("tie_word_embeddings", True),
     )
 
 
@@ -263,22 +271,24 @@ def read(path) -> tuple[dict, dict[str, torch.Tensor], dict]:
     config = read_config(path)
     sd = _state_dict(path, config)
     head, wte = sd.get("lm_head.weight"), sd.get("transformer.wte.weight")
-    if head is not None and wte is not None and head is not wte and not torch.equal(head, wte):
-        raise HFError(f"{path}: lm_head differs from wte, but this model ties them")
+    tied = not config.get("untied_head")
+    if tied and head is not None and wte is not None and head is not wte and not torch.equal(head, wte):
+        raise HFError(f"{path}: lm_head differs from wte, but config.json ties them (tie_word_embeddings)")
     recorded = _read_json(path / MODEL_FILE) if (path / MODEL_FILE).is_file() else {}
     ours = recorded.get("model_config") if isinstance(recorded, dict) else None
     facts = recorded.get("training", {}) if isinstance(recorded, dict) else {}
     if isinstance(ours, dict) and all(ours.get(k) == config[k] for k in (*SAME_SHAPE, "activation")):
         config["dropout"] = ours.get("dropout", 0.0)
         config["label_smoothing"] = ours.get("label_smoothing", 0.0)
+        config["zero_init_proj"] = ours.get("zero_init_proj", False)
         biases = [k for k in sd if k.endswith(".bias")]
         if ours.get("bias") is False and not any(sd[k].any() for k in biases):
             sd = {k: v for k, v in sd.items() if k not in biases}
             config["bias"] = False
         if ours.get("pos_encoding") == "sinusoidal" and _is_table(sd.get("transformer.wpe.weight"), config):
-            sd = _from_sinusoidal(sd, config["n_embd"])
+            sd = _from_sinusoidal(sd, config["n_embd"], tied)
             config["pos_encoding"] = "sinusoidal"
-    if "transformer.wte.weight" in sd:
+    if tied and "transformer.wte.weight" in sd:
         sd["lm_head.weight"] = sd["transformer.wte.weight"]
     return config, sd, facts if isinstance(facts, dict) else {}
 
@@ -352,22 +362,24 @@ def _is_table(wpe, config: dict) -> bool:
 
 
 def _to_sinusoidal(sd: dict, model) -> dict:
-    """Our sinusoidal model's weights in GPT-2's form: wte * s, wpe = the table, ln_f / s (s = sqrt(C))."""
+    """Our sinusoidal model's weights in GPT-2's form: wte * s, wpe = the table, ln_f / s (s = sqrt(C)); an
+    untied head is not wte, so ln_f stays as it is."""
     s = math.sqrt(model.config.n_embd)
     wte = sd["transformer.wte.weight"]
     table = sinusoidal_positions(model.config.block_size, model.config.n_embd).to(wte.dtype)
     out = {**sd, "transformer.wte.weight": _scaled(wte, s), "transformer.wpe.weight": table}
-    for k in ("transformer.ln_f.weight", "transformer.ln_f.bias"):
-        out[k] = _scaled(sd[k], 1 / s)
+    if not model.config.untied_head:
+        for k in ("transformer.ln_f.weight", "transformer.ln_f.bias"):
+            out[k] = _scaled(sd[k], 1 / s)
     return out
 
 
-def _from_sinusoidal(sd: dict, n_embd: int) -> dict:
+def _from_sinusoidal(sd: dict, n_embd: int, tied: bool = True) -> dict:
     s = math.sqrt(n_embd)
     out = {k: v for k, v in sd.items() if k != "transformer.wpe.weight"}
     out["transformer.wte.weight"] = _unscaled(sd["transformer.wte.weight"], s)
     for k in ("transformer.ln_f.weight", "transformer.ln_f.bias"):
-        if k in sd:
+        if k in sd and tied:
             out[k] = _unscaled(sd[k], 1 / s)
     return out
 
@@ -377,8 +389,9 @@ def _from_sinusoidal(sd: dict, n_embd: int) -> dict:
 
 def check_exportable(cfg) -> None:
     """HFError, in one line, for what neither GPT-2 nor GPT-NeoX can express. Every other GPTConfig field
-    maps: bias=False as zero biases, either GELU, the tied head; dropout and label_smoothing (training
-    only) are recorded in gpt_model.json."""
+    maps: bias=False as zero biases, either GELU or ReLU squared (transformers' "relu2"), the tied head or
+    an untied one (tie_word_embeddings false); dropout, label_smoothing and zero_init_proj (training only)
+    are recorded in gpt_model.json."""
     problems = []
     if cfg.n_encoder_layer:
         problems.append(
@@ -389,6 +402,16 @@ def check_exportable(cfg) -> None:
         problems.append(
             f"norm={cfg.norm!r} (GPT-2 and GPT-NeoX are pre-norm: LayerNorm before each sublayer; train with "
             f"--norm pre to export, or keep it as a gpt checkpoint)"
+        )
+    if cfg.qk_norm:
+        problems.append(
+            "qk_norm (GPT-2 and GPT-NeoX have no norm on queries and keys; export it with "
+            "`python -m gpt.export --format onnx`, or keep it as a gpt checkpoint)"
+        )
+    if cfg.logit_softcap:
+        problems.append(
+            f"logit_softcap={cfg.logit_softcap:g} (GPT-2 and GPT-NeoX have no cap on the logits; export it with "
+            f"`python -m gpt.export --format onnx`, or keep it as a gpt checkpoint)"
         )
     if problems:
         raise HFError("cannot export to Hugging Face: " + "; ".join(problems))
@@ -409,7 +432,7 @@ def config_to_hf(cfg, eot_token: int, dtype: torch.dtype = torch.float32) -> dic
         "n_layer": cfg.n_layer,
         "n_head": cfg.n_head,
         "n_inner": None,
-        "activation_function": "gelu_new" if cfg.activation == "gelu_tanh" else "gelu",
+        "activation_function": TO_HF_ACTIVATION[cfg.activation],
         "resid_pdrop": cfg.dropout,
         "embd_pdrop": cfg.dropout,
         "attn_pdrop": cfg.dropout,
@@ -419,15 +442,16 @@ def config_to_hf(cfg, eot_token: int, dtype: torch.dtype = torch.float32) -> dic
         "use_cache": True,
         "bos_token_id": eot_token,
         "eos_token_id": eot_token,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": not cfg.untied_head,
         "torch_dtype": str(dtype).replace("torch.", ""),
     }
 
 
 def _hf_state_dict(model) -> dict[str, torch.Tensor]:
-    """Our weights under the target's names and layouts, zero biases where ours have none, GPT-2's tied
-    head left out (transformers re-ties it, and safetensors refuses shared tensors)."""
-    sd = {k: v.detach().cpu() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    """Our weights under the target's names and layouts, zero biases where ours have none, a tied head left
+    out (transformers re-ties it, and safetensors refuses shared tensors)."""
+    tied = not model.config.untied_head
+    sd = {k: v.detach().cpu() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
     for name, module in model.named_modules():
         if isinstance(module, (torch.nn.Linear, torch.nn.LayerNorm)) and name != "lm_head":
             if module.bias is None:

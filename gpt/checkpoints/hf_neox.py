@@ -26,7 +26,13 @@ import torch
 from gpt.errors import UserError
 from gpt.model.transformer import ROPE_THETA
 
-NEOX_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "gelu_fast": None}
+NEOX_ACTIVATIONS = {
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu": "gelu",
+    "relu2": "relu2",
+    "gelu_fast": None,
+}
 NEOX_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
 # our parameter name (after transformer.h.{i}.) -> GPT-NeoX's (after gpt_neox.layers.{i}.)
 LAYER_NAMES = {
@@ -54,14 +60,14 @@ def config_to_neox(cfg, eot_token: int, dtype: torch.dtype) -> dict:
         "num_hidden_layers": cfg.n_layer,
         "num_attention_heads": cfg.n_head,
         "intermediate_size": 4 * cfg.n_embd,
-        "hidden_act": "gelu_new" if cfg.activation == "gelu_tanh" else "gelu",
+        "hidden_act": {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu2": "relu2"}[cfg.activation],
         "rotary_pct": 1.0,
         "rotary_emb_base": ROPE_THETA,
         "max_position_embeddings": cfg.block_size,
         "layer_norm_eps": 1e-5,
         "use_parallel_residual": False,
         "attention_bias": True,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": not cfg.untied_head,
         "hidden_dropout": cfg.dropout,
         "attention_dropout": cfg.dropout,
         "initializer_range": 0.02,
@@ -95,7 +101,7 @@ def config_from_neox(hf: dict, source) -> dict:
         problems.append(f"rope scaling {rope.get('rope_type', rope.get('type'))!r} (only plain RoPE)")
     activation = NEOX_ACTIVATIONS.get(get("hidden_act", "gelu"))
     if activation is None:
-        problems.append(f"hidden_act {get('hidden_act')!r} (only GELU: 'gelu_new' or 'gelu')")
+        problems.append(f"hidden_act {get('hidden_act')!r} (only 'gelu_new', 'gelu' or 'relu2')")
     if get("intermediate_size", 4 * n_embd) != 4 * n_embd:
         problems.append(f"intermediate_size {get('intermediate_size')!r} (only 4 * hidden_size)")
     if abs(get("layer_norm_eps", 1e-5) - 1e-5) > 1e-12:
@@ -112,6 +118,8 @@ def config_from_neox(hf: dict, source) -> dict:
         bias=True,
         pos_encoding="rope",
         activation=activation,
+        # transformers' GPTNeoXConfig leaves the head untied unless told otherwise
+        untied_head=not get("tie_word_embeddings", False),
     )
 
 
@@ -133,7 +141,9 @@ def state_dict_to_neox(sd: dict[str, torch.Tensor], n_head: int) -> dict[str, to
     for k, v in sd.items():
         if k == "transformer.wte.weight":
             out["gpt_neox.embed_in.weight"] = v
-            out["embed_out.weight"] = v.clone()
+            out.setdefault("embed_out.weight", v.clone())  # tied: the head is the embedding
+        elif k == "lm_head.weight":  # an untied head (a tied one is left out of `sd`)
+            out["embed_out.weight"] = v
         elif k.startswith("transformer.ln_f."):
             out["gpt_neox.final_layer_norm." + k.rsplit(".", 1)[1]] = v
         elif k.startswith("transformer.h."):
@@ -142,7 +152,7 @@ def state_dict_to_neox(sd: dict[str, torch.Tensor], n_head: int) -> dict[str, to
             out[f"gpt_neox.layers.{i}.{LAYER_NAMES[module]}.{param}"] = (
                 _per_head(v, n_head) if module == "attn.c_attn" else v
             )
-        elif k != "lm_head.weight":
+        else:
             raise AssertionError(f"no GPT-NeoX name for {k}")
     return out
 
