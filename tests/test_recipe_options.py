@@ -64,11 +64,12 @@ def test_invalid_values_name_the_field(field, value):
         GPTConfig(**{field: value})
 
 
+@pytest.mark.parametrize("graph", [False, True])  # the dynamic cache; the static one (CUDA-graph steps)
 @pytest.mark.parametrize("name", list(OPTIONS))
-def test_shapes_and_a_cached_decode_equal_the_full_forward(name):
+def test_shapes_and_a_cached_decode_equal_the_full_forward(name, graph):
     model = model_with(**OPTIONS[name])
     idx = torch.randint(0, 40, (2, 5))
-    dec = Decoder(model, idx)
+    dec = Decoder(model, idx, graph=graph)
     for _ in range(8):
         with torch.no_grad():
             full, _ = model(dec.tokens)
@@ -206,12 +207,18 @@ def records(out_dir):
 # ---- export: what each target can express, the rest refused in one line naming the option ---------------
 
 
-def save_run(tmp_path, name="run", **options) -> tuple:
-    """A checkpoint (best.pt in tmp_path/name) of `model_with(**options)`, a char vocabulary of its 40 ids."""
+def save_run_model(**options) -> tuple:
+    """`model_with(**options)`, a char tokenizer of its 40 ids, and the model's checkpoint meta."""
     model = model_with(**options)
     tok = CharTokenizer("".join(chr(97 + i) for i in range(26)) + " .,:;!?\n'-ABC")
+    return model, tok, native.build_meta(model.config.to_dict(), tok.spec)
+
+
+def save_run(tmp_path, name="run", **options) -> tuple:
+    """A checkpoint (best.pt in tmp_path/name) of `save_run_model(**options)`: (model, tokenizer, run dir)."""
+    model, tok, meta = save_run_model(**options)
     path = tmp_path / name / "best.pt"
-    native.save(path, {"model": model.state_dict()}, native.build_meta(model.config.to_dict(), tok.spec))
+    native.save(path, {"model": model.state_dict()}, meta)
     return model, tok, path.parent
 
 
@@ -303,3 +310,26 @@ def test_onnx_and_pt2_exports_take_every_option(tmp_path, capsys):
     got = session.run(["logits"], {"idx": idx.numpy()})[0]
     with torch.no_grad():
         torch.testing.assert_close(torch.from_numpy(got), model(idx)[0], atol=1e-4, rtol=0)
+
+
+@torch.no_grad()
+def test_the_servers_batch_engine_computes_the_full_forwards_logits_with_every_option():
+    from gpt.infer.batching import BatchEngine, Request
+    from gpt.infer.sampling import SampleConfig
+
+    model, tok, _ = save_run_model(**OPTIONS["all"])
+    prompt = tok.encode("the cat")
+    got = []
+    engine = BatchEngine(model, tok, max_rows=2)
+    seen, forward = [], engine._forward  # the engine's logits at each step (the head's: capped)
+    engine._forward = lambda *args: seen.append(forward(*args)) or seen[-1]
+    engine.submit(Request(prompt, SampleConfig(max_new_tokens=8, temperature=0, stop_at_eot=False), got.append))
+    while engine.busy:
+        engine.step()
+    ids = torch.tensor([prompt])
+    for _ in range(8):  # 7 + 8 tokens: within block_size
+        ids = torch.cat([ids, model(ids)[0][:, -1, : tok.vocab_size].argmax(-1, keepdim=True)], 1)
+    assert [i for piece in got for i in piece.ids] == ids[0, len(prompt) :].tolist()
+    assert len(seen) == 8
+    for k, logits in enumerate(seen):
+        torch.testing.assert_close(logits[0], model(ids[:, : len(prompt) + k])[0][0, -1], atol=1e-5, rtol=1e-5)
