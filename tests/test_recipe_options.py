@@ -2,6 +2,7 @@
 untied_head. Each: what it computes, a KV-cached decode equal to the full forward, causality, the checkpoint
 round trip, flags, resume exactness, LoRA, and the export paths' refusals."""
 
+import dataclasses
 import json
 import math
 
@@ -166,16 +167,52 @@ def test_flags_set_the_options():
         build_config(["--logit-softcap", "-3"])
 
 
-def test_lora_adapts_an_optioned_model_and_refuses_wte_with_an_untied_head():
+@pytest.mark.parametrize("targets", [lora.LORA_DEFAULT_TARGETS, [*lora.LORA_DEFAULT_TARGETS, "wte"]])
+def test_lora_adapts_an_optioned_model_and_merges_to_the_same_logits(targets):
     model = model_with(**OPTIONS["all"])
     idx = torch.randint(0, 40, (1, 6))
     with torch.no_grad():
         before = model(idx)[0]
-    lora.apply(model, lora.LoRAConfig(rank=2))
+    lora.apply(model, lora.LoRAConfig(rank=2, targets=list(targets)))
     with torch.no_grad():
         torch.testing.assert_close(model(idx)[0], before)  # B starts at zero: the base model
-    with pytest.raises(ConfigError, match="untied_head"):
-        lora.apply(model_with(untied_head=True), lora.LoRAConfig(rank=2, targets=["attn.c_attn", "wte"]))
+        for name, p in model.named_parameters():
+            if name.endswith("lora_B"):
+                p.normal_(0, 0.5)  # as if trained
+        adapted = model(idx)[0]
+    assert not torch.allclose(adapted, before)
+    if "wte" in targets:  # untied: the embedding's adapters are its own, not the head's
+        assert model.transformer.wte.lora_B is not model.lm_head.lora_B
+        assert model.transformer.wte.lora_B.shape == model.lm_head.lora_B.shape == (40, 2)
+    lora.merge(model)
+    assert not lora.is_adapted(model) and type(model.transformer.wte) is torch.nn.Embedding
+    assert model.lm_head.weight is not model.transformer.wte.weight
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx)[0], adapted, atol=1e-5, rtol=1e-5)
+
+
+def test_a_lora_run_from_an_untied_base_adapting_wte_trains_saves_and_loads(tiny_char_data, tmp_path):
+    from conftest import BASE_CFG, TRAIN
+
+    from gpt.data.tokens import open_dataset
+
+    cfg = dataclasses.replace(BASE_CFG, untied_head=True, activation="relu2", qk_norm=True, logit_softcap=15.0)
+    meta = native.build_meta(model_config=cfg.to_dict(), tokenizer=open_dataset(tiny_char_data).tokenizer_spec)
+    native.save(tmp_path / "base" / "best.pt", {"model": GPT(cfg).state_dict()}, meta)
+    out = tmp_path / "lora"
+    train_run(
+        *("--data", tiny_char_data, "--out-dir", out, "--init-from", tmp_path / "base", "--lora-rank", "2"),
+        *("--lora-targets", "attn.c_attn,wte", *TRAIN, "--max-iters", "3", "--eval-interval", "3"),
+    )
+    saved = loader.read(out / "last.pt")["model"]
+    assert {"transformer.wte.lora_A", "transformer.wte.lora_B", "lm_head.lora_A", "lm_head.lora_B"} <= set(saved)
+    assert not torch.equal(saved["transformer.wte.lora_B"], saved["lm_head.lora_B"])  # two updates, both trained
+    adapted, _ = loader.load_adapted(out)
+    merged, _ = loader.load_model(out)
+    assert merged.config == cfg and merged.lm_head.weight is not merged.transformer.wte.weight
+    x = torch.randint(0, 64, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(merged(x)[0], adapted(x)[0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.precision

@@ -19,7 +19,8 @@ The target `wte` adapts the token embedding, which is tied to the output head: o
 h (E + (alpha/r) B A)^T coming out (the head is a LoRALinear over the shared matrix, the embedding a
 `TiedLoRAEmbedding` reading its adapters). Merging updates the shared matrix once, so the tie holds.
 It is what lets adapters move token frequencies, which dominate a change of domain (see the README's
-fine-tuning benchmark).
+fine-tuning benchmark). With `untied_head` the two matrices are separate, and so are their updates: the
+head a LoRALinear, the embedding a `LoRAEmbedding` with adapters of its own (rows E[i] + (alpha/r) B[i] A).
 
 A LoRA checkpoint holds only the adapters (`...attn.c_attn.lora_A`, `...lora_B`) and names its base in
 `meta["lora"]` (gpt/checkpoints/native.py): `base` (absolute path), `base_relative` (from the checkpoint's
@@ -126,6 +127,33 @@ class TiedLoRAEmbedding(nn.Module):
         return out
 
 
+class LoRAEmbedding(nn.Module):
+    """A frozen nn.Embedding (not tied to the head: untied_head) plus a trained low-rank update of its rows,
+    E[i] + scale * B[i] A; B starts at zero, so step 0 looks up the base rows."""
+
+    def __init__(self, base: nn.Embedding, rank: int, alpha: float):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = base.num_embeddings, base.embedding_dim
+        self.weight = base.weight.requires_grad_(False)
+        kw = dict(device=base.weight.device, dtype=base.weight.dtype)
+        self.lora_A = nn.Parameter(torch.empty(rank, self.embedding_dim, **kw))
+        self.lora_B = nn.Parameter(torch.zeros(self.num_embeddings, rank, **kw))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        self.scale = alpha / rank
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return F.embedding(idx, self.weight) + (F.embedding(idx, self.lora_B) * self.scale) @ self.lora_A
+
+    def merged(self) -> nn.Embedding:
+        """A plain nn.Embedding of the same rows: E becomes E + scale * B A in place."""
+        out = nn.Embedding(self.num_embeddings, self.embedding_dim, device="meta")
+        with torch.no_grad():
+            delta = (self.lora_B.float() @ self.lora_A.float()) * self.scale
+            self.weight.copy_((self.weight.float() + delta).to(self.weight.dtype))
+        out.weight = self.weight
+        return out
+
+
 def _targets(model: nn.Module, targets: list[str]):
     """(parent module, attribute name, Linear) for every targeted Linear of the decoder blocks."""
     for name, module in list(model.named_modules()):
@@ -139,13 +167,9 @@ def apply(model: nn.Module, config: LoRAConfig) -> int:
     """Freeze `model` and put adapters on its targeted layers, in place; returns the trainable parameters."""
     if getattr(model.config, "n_encoder_layer", 0):
         raise ConfigError("--lora-rank: LoRA adapts decoder-only models here, not seq2seq (--n-encoder-layer)")
-    if "wte" in config.targets and getattr(model.config, "untied_head", False):
-        raise ConfigError(
-            "--lora-targets wte: adapts the embedding tied to the head, but this model has untied_head; "
-            "adapt the blocks' projections only"
-        )
     layers = list(_targets(model, config.targets))
-    if "wte" in config.targets:  # the tied embedding: adapt the head, let the embedding read its adapters
+    untied = getattr(model.config, "untied_head", False)
+    if "wte" in config.targets:  # adapt the head; a tied embedding reads its adapters, an untied one has its own
         layers.append((model, "lm_head", model.lm_head))
     smallest = min(min(m.in_features, m.out_features) for _, _, m in layers)
     if config.rank > smallest:
@@ -156,7 +180,9 @@ def apply(model: nn.Module, config: LoRAConfig) -> int:
     model.requires_grad_(False)
     for parent, attr, linear in layers:
         setattr(parent, attr, LoRALinear(linear, config.rank, config.alpha, config.dropout))
-    if "wte" in config.targets:
+    if "wte" in config.targets and untied:
+        model.transformer.wte = LoRAEmbedding(model.transformer.wte, config.rank, config.alpha)
+    elif "wte" in config.targets:
         model.transformer.wte = TiedLoRAEmbedding(model.transformer.wte, model.lm_head)
     return trainable_params(model)
 
@@ -172,7 +198,7 @@ def is_adapted(model: nn.Module) -> bool:
 def merge(model: nn.Module) -> nn.Module:
     """Fold every adapter into its layer, in place; the model computes the same logits with plain modules
     (the heads first: a tied embedding's merge only unwraps the matrix its head's merge updated)."""
-    for kind in (LoRALinear, TiedLoRAEmbedding):
+    for kind in (LoRALinear, TiedLoRAEmbedding, LoRAEmbedding):
         for name, module in list(model.named_modules()):
             if type(module) is kind:
                 parent, _, attr = name.rpartition(".")
