@@ -118,6 +118,7 @@ def test_prompt_scoring_is_one_batched_prefill_over_the_real_vocabulary():
     "kwargs,param,words",
     [
         (dict(max_tokens=0, echo=False, logprobs=1), "max_tokens", "needs 'echo': true"),
+        (dict(max_tokens=0, echo=True, stream=True), "max_tokens", "is not streamed"),
         (dict(max_tokens=1, echo=True, logprobs=21), "logprobs", "less than or equal to 20"),
         (dict(prompt="x" * 65, echo=True, logprobs=1), "prompt", "more than this server's limit of 64"),
         (dict(prompt=[0, 66], echo=True, logprobs=1), "prompt", "ids must be in [0, 66)"),
@@ -142,3 +143,10 @@ def test_tokenizer_routes_as_lm_eval_reads_them(server, loaded):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
     bad = httpx.post(server + "/tokenize", json={"prompt": "naïve €"})
     assert bad.status_code == 400 and "not in the char vocabulary" in bad.json()["error"]["message"]
+
+
+def test_echo_with_max_tokens_0_and_no_logprobs_returns_the_prompt(client):
+    r = client.completions.create(model=NAME, prompt=["ROMEO:", "KING"], max_tokens=0, echo=True, n=2)
+    assert [c.text for c in r.choices] == ["ROMEO:", "ROMEO:", "KING", "KING"]
+    assert all(c.logprobs is None and c.finish_reason == "length" for c in r.choices)
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (10, 0)

@@ -244,10 +244,11 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
     )
     async def completions(request: HTTPRequest):
         req = await parse(request, CompletionRequest)
-        if req.max_tokens == 0 and not req.echo:
+        if req.max_tokens == 0 and (req.stream or not req.echo):
             raise APIError(
                 400,
-                "max_tokens is 0: that only scores the prompt, which needs 'echo': true (and 'logprobs').",
+                "max_tokens is 0: that only scores the prompt, which needs 'echo': true (and 'logprobs'), "
+                "and is not streamed.",
                 param="max_tokens",
                 code="invalid_value",
             )
