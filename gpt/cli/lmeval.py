@@ -100,7 +100,10 @@ def run_lm_eval(args: argparse.Namespace, write_json, check_output) -> str:
             ) from None
     block_size = model.config.block_size
     name = "gpt"
-    app = create_app(model, tok, meta, ServeConfig(model_name=name, max_batch=max(batch, 1), max_queue=64))
+    # lm-eval's remote tokenizer posts a rolling task's whole document to /tokenize in one request
+    body = max(1 << 20, 2 * Path(metadata["text_file"]).stat().st_size + 4096) if metadata else 1 << 20
+    config = ServeConfig(model_name=name, max_batch=batch, max_queue=64, max_body_bytes=body, body_timeout=300.0)
+    app = create_app(model, tok, meta, config)
     with running(app) as url:
         model_args = {
             "model": name,
