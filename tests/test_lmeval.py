@@ -10,7 +10,6 @@ lm-eval block_size - 1 (each window's first target with one token of context): w
 """
 
 import json
-import os
 
 import pytest
 
@@ -32,10 +31,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 LIMIT = 12
 
 
-@pytest.fixture(autouse=True)
-def offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+@pytest.fixture(scope="module", autouse=True)
+def offline():
+    """Nothing here may download: lm-eval, datasets and transformers are told so (before the module's fixtures)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setenv("HF_DATASETS_OFFLINE", "1")
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +58,6 @@ def hf_export(trained_run, tmp_path_factory):
 
 
 def evaluate(model: str, model_args: dict, text_file) -> dict:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata={"text_file": str(text_file)})
     out = lm_eval.simple_evaluate(
         model=model, model_args=model_args, tasks=list(TASKS), task_manager=manager, limit=LIMIT, random_seed=0
