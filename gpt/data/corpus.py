@@ -352,8 +352,8 @@ def _parquet_rows(doc: Document, field: str, progress):
 def _open_parquet(path: Path):
     """(the pyarrow module, the open ParquetFile); a CorpusError when pyarrow or the file is missing."""
     try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        import pyarrow as pa  # optional: parquet
+        import pyarrow.parquet as pq  # optional: parquet
     except ImportError:
         raise CorpusError(f"{path}: reading Parquet needs pyarrow: pip install pyarrow") from None
     try:
