@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 from conftest import ROOT
+from conftest import TINY as TRAIN_TINY
 
 from gpt.checkpoints import loader, native
 from gpt.cli import dcp as cli_dcp
@@ -19,31 +20,10 @@ from gpt.model.transformer import GPT, GPTConfig
 from gpt.runtime import Runtime
 from gpt.train import parallel
 from gpt.train.config import TrainConfig
-from gpt.train.start import config_from_argv
+from gpt.train.start import resolve_run
 from gpt.train.trainer import train
 
-TINY = [
-    "--n-layer",
-    "2",
-    "--n-head",
-    "2",
-    "--n-embd",
-    "32",
-    "--block-size",
-    "32",
-    "--batch-size",
-    "4",
-    "--eval-iters",
-    "4",
-    "--log-interval",
-    "1",
-    "--warmup-iters",
-    "2",
-    "--device",
-    "cpu",
-    "--threads",
-    "1",
-]
+TINY = [*TRAIN_TINY, "--threads", "1"]  # one thread per process
 
 
 def losses(out_dir, key="loss"):
@@ -219,7 +199,7 @@ def test_fsdp_matches_one_process_and_resumes_in_any_number_of_processes(char_da
 
     ref = twin(run, tmp_path / "ref-2to1")
     torchrun(1, "--resume", run, "--max-iters", "6")  # 2 -> 1 (still --fsdp: the run's own config)
-    train(*config_from_argv(["--resume", str(ref), "--max-iters", "6", "--no-fsdp"]))  # one process, one file
+    train(resolve_run(["--resume", str(ref), "--max-iters", "6", "--no-fsdp"]))  # one process, one file
     assert losses(run)[3:] == losses(ref)[3:] and len(losses(run)) == 6
     assert_same_state(run, ref)
 
@@ -229,10 +209,10 @@ def test_fsdp_matches_one_process_and_resumes_in_any_number_of_processes(char_da
     assert losses(run)[6:] == losses(ref)[6:] and len(losses(run)) == 9
     assert_same_state(run, ref)
 
-    train(*config_from_argv(["--resume", str(run), "--max-iters", "12", "--no-fsdp"]))  # the shards read whole
+    train(resolve_run(["--resume", str(run), "--max-iters", "12", "--no-fsdp"]))  # the shards read whole
     assert loader.resolve(run, native.LATEST).name == "last.pt"
     assert loader.read_meta(run / "last.dcp")["world_size"] == 2
-    train(*config_from_argv([*map(str, common), "--max-iters", "12", "--out-dir", str(tmp_path / "one")]))
+    train(resolve_run([*map(str, common), "--max-iters", "12", "--out-dir", str(tmp_path / "one")]))
     assert [s for s, _ in losses(run)] == list(range(1, 13))
     for key in ("loss", "grad_norm"):
         assert [x for _, x in losses(run, key)] == pytest.approx(

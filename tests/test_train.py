@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, prepare, train_run
+from conftest import ROOT, TINY, prepare, train_run
 
 from gpt.checkpoints import loader
 from gpt.errors import ConfigError
@@ -18,28 +18,6 @@ from gpt.runtime import Runtime
 from gpt.train.rundir import RunDir, RunDirError
 from gpt.train.stopping import StopSignal, TimeLimit
 from gpt.train.trainer import TrainingError, train_step
-
-# CPU float32 wherever the tests run (bit-identical results); tests/test_cuda.py covers CUDA
-TINY = [
-    "--n-layer",
-    "2",
-    "--n-head",
-    "2",
-    "--n-embd",
-    "32",
-    "--block-size",
-    "32",
-    "--batch-size",
-    "4",
-    "--eval-iters",
-    "4",
-    "--log-interval",
-    "1",
-    "--warmup-iters",
-    "2",
-    "--device",
-    "cpu",
-]
 
 
 def records(out_dir, kind):
