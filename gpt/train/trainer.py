@@ -315,8 +315,8 @@ class Run:
         stopped on non-finite values), how to continue from it exactly: "" otherwise."""
         try:
             last = loader.read_meta(self.out_dir, names=native.LATEST)
-            best_path = loader.resolve(self.out_dir, names=("best.pt",))
-            best = loader.read_meta(best_path)
+            found = loader.trained(self.out_dir, names=("best.pt",))
+            best_path, best = found.path, found.meta
         except native.CheckpointError:
             return ""
         last_val, best_val = last.get("val_loss"), best.get("val_loss")
