@@ -80,6 +80,49 @@ def train_run(*argv) -> dict:
     return train(resolve_run([str(a) for a in argv]))
 
 
+def torchrun(n: int, *argv):
+    """`torchrun --standalone --nproc-per-node n train.py ...` (a free port each time), one thread each."""
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(n),
+            "train.py",
+            *map(str, argv),
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+    )
+    if res.returncode != 0 and TEARDOWN_ABORT in res.stderr and finished(argv):
+        return res  # see TEARDOWN_ABORT
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res
+
+
+# About once in 60 torchrun runs (more often inside the full suite), a rank dies with SIGABRT and this message (a C++
+# std::thread destroyed while joinable) after the run has finished: last step, final evaluation and checkpoint all
+# written, the other rank still writing its summary. The cause is in torch's teardown and is not found (see
+# issue 24's closing note); the run's work, which these tests check, is complete, so such a run counts as done.
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def finished(argv) -> bool:
+    """Whether the run of these train.py arguments saved its checkpoint of the last step."""
+    args = [str(a) for a in argv]
+    out = args[args.index("--out-dir" if "--out-dir" in args else "--resume") + 1]
+    from gpt.checkpoints import loader, native  # lazy: the checkpoint code only once a run ended
+
+    try:
+        return loader.read_meta(out, names=native.LATEST)["step"] == int(args[args.index("--max-iters") + 1])
+    except Exception:
+        return False
+
+
 # ---- datasets and checkpoints, made by the code a user runs ------------------------------------------
 
 
