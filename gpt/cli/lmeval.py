@@ -69,13 +69,13 @@ def run_lm_eval(args: argparse.Namespace, write_json, check_output) -> str:
     metadata = {"text_file": str(text_file(args))} if "gpt_wikitext2" in names else {}
     try:
         # lm-eval, the server and torch: imported once the flags are checked (--help and mistakes answer at once)
-        import lm_eval
-        from lm_eval.tasks import TaskManager
-        from lm_eval.utils import make_table
+        import lm_eval  # optional: the eval extra
+        from lm_eval.tasks import TaskManager  # optional: the eval extra
+        from lm_eval.utils import make_table  # optional: the eval extra
     except ImportError:
         raise LmEvalError("--lm-eval needs lm-evaluation-harness: pip install -e '.[eval]'") from None
-    from gpt.checkpoints.loader import load_for_inference
-    from gpt.serve.app import ServeConfig, create_app, running
+    from gpt.checkpoints.loader import load_for_inference  # torch: after the flags are checked
+    from gpt.serve.app import ServeConfig, create_app, running  # fastapi and torch: after the flags
 
     # lm-eval's own thousands of task files take seconds to index: only when a task is not one of ours
     ours = all(n in TASKS for n in names)
@@ -90,7 +90,7 @@ def run_lm_eval(args: argparse.Namespace, write_json, check_output) -> str:
     if model.config.n_encoder_layer:
         raise LmEvalError(f"{args.ckpt} is a translation (encoder-decoder) model: lm-eval scores language models")
     if metadata:  # the whole text must be in the checkpoint's vocabulary (a char model's characters)
-        from gpt.data.tokenizer import TokenizerError
+        from gpt.data.tokenizer import TokenizerError  # only for a text file
 
         try:
             tok.encode(Path(metadata["text_file"]).read_bytes().decode("utf-8"))
