@@ -13,7 +13,7 @@ import sys
 
 from gpt.cli import run_main
 from gpt.train.config import help_text
-from gpt.train.start import config_from_argv
+from gpt.train.start import resolve_run
 from gpt.train.trainer import train
 
 
@@ -23,8 +23,7 @@ def main(argv: list[str]) -> int:
         return 0
 
     def body():
-        cfg, explicit = config_from_argv(argv)
-        train(cfg, explicit)
+        train(resolve_run(argv))
 
     return run_main(body)
 

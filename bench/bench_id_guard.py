@@ -59,13 +59,13 @@ def main_job_step_seconds(steps: int) -> float:
 
     from gpt.model.transformer import GPT
     from gpt.runtime import setup
-    from gpt.train.start import config_from_argv
+    from gpt.train.start import resolve_run
     from gpt.train.trainer import make_optimizer, train_step
 
-    cfg, _ = config_from_argv(["--config", "shakespeare_char_cpu", "--device", "cpu", "--dtype", "float32"])
+    cfg = resolve_run(["--config", "shakespeare_char_cpu", "--device", "cpu", "--dtype", "float32"]).cfg
     rt = setup("cpu", "float32", 0, False)
     model = GPT(replace(cfg.model, vocab_size=128))
-    optimizer = make_optimizer(model, cfg, rt.device)
+    optimizer = make_optimizer(model, cfg.optimizer_config(), rt.device)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     g = torch.Generator().manual_seed(0)
 

@@ -73,7 +73,7 @@ def worker(mode: str, steps: int) -> None:
     start_rss = peak_rss()
     model = GPT(cfg.model).to(rt.device)
     train_model = parallel.wrap(model, cfg, rt)
-    optimizer = make_optimizer(model, cfg, rt.device)
+    optimizer = make_optimizer(model, cfg.optimizer_config(), rt.device)
     scaler = torch.amp.GradScaler(rt.device.type, enabled=False)
     gen = torch.Generator().manual_seed(rt.rank)
 

@@ -229,7 +229,7 @@ def throughput(steps: int = 60) -> dict:
 
     def ours(dtype, compiled=False):
         model = GPT(mcfg)
-        opt = make_optimizer(model, cfg, torch.device("cpu"))
+        opt = make_optimizer(model, cfg.optimizer_config(), torch.device("cpu"))
         rt = Runtime(torch.device("cpu"), dtype, compiled=compiled)
         step_model = torch.compile(model, options=compile_options(rt.device)) if compiled else model
         scaler = torch.amp.GradScaler("cpu", enabled=False)
@@ -272,10 +272,10 @@ def precision(steps: int = 30, repeats: int = 5) -> dict:
 
     from gpt.model.transformer import GPT
     from gpt.runtime import BF16_OVERRIDE, Runtime
-    from gpt.train.start import config_from_argv
+    from gpt.train.start import resolve_run
     from gpt.train.trainer import make_optimizer, train_step
 
-    cfg, _ = config_from_argv(["--config", "shakespeare_char_cpu", "--data", "unused"])
+    cfg = resolve_run(["--config", "shakespeare_char_cpu", "--data", "unused"]).cfg
     mcfg = replace(cfg.model, vocab_size=128)  # 65 chars padded
     g = torch.Generator().manual_seed(0)
     xs = torch.randint(0, 65, (steps + 3, cfg.batch_size, cfg.model.block_size), generator=g)
@@ -285,7 +285,7 @@ def precision(steps: int = 30, repeats: int = 5) -> dict:
         os.environ[BF16_OVERRIDE] = "1" if dtype == torch.bfloat16 else "0"  # Muon's Newton-Schulz follows it
         torch.manual_seed(0)
         model = GPT(mcfg)
-        opt = make_optimizer(model, cfg, torch.device("cpu"))
+        opt = make_optimizer(model, cfg.optimizer_config(), torch.device("cpu"))
         rt = Runtime(torch.device("cpu"), dtype)
         scaler = torch.amp.GradScaler("cpu", enabled=False)
         for step in range(steps + 3):
@@ -385,7 +385,7 @@ def step_times(base: Path, data: Path, steps: int = 20, repeats: int = 3) -> dic
         model, _ = loader.load_model(base)
         if adapt:
             lora.apply(model, lora.LoRAConfig(int(LORA[1]), float(LORA[3]), targets=adapt))
-        built[name] = (model.train(), make_optimizer(model, cfg, rt.device))
+        built[name] = (model.train(), make_optimizer(model, cfg.optimizer_config(), rt.device))
     best = {name: float("inf") for name in variants}
     for _ in range(repeats):
         for name, (model, opt) in built.items():

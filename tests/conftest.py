@@ -74,11 +74,53 @@ def one_line_error(capsys, main, *argv) -> str:
 
 def train_run(*argv) -> dict:
     """train.py's config and training in this process: the summary `train()` returns."""
-    from gpt.train.start import config_from_argv
+    from gpt.train.start import resolve_run
     from gpt.train.trainer import train
 
-    cfg, explicit = config_from_argv([str(a) for a in argv])
-    return train(cfg, explicit)
+    return train(resolve_run([str(a) for a in argv]))
+
+
+def torchrun(n: int, *argv):
+    """`torchrun --standalone --nproc-per-node n train.py ...` (a free port each time), one thread each."""
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(n),
+            "train.py",
+            *map(str, argv),
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+    )
+    if res.returncode != 0 and TEARDOWN_ABORT in res.stderr and finished(argv):
+        return res  # see TEARDOWN_ABORT
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res
+
+
+# About once in 60 torchrun runs (more often inside the full suite), a rank dies with SIGABRT and this message (a C++
+# std::thread destroyed while joinable) after the run has finished: last step, final evaluation and checkpoint all
+# written, the other rank still writing its summary. The cause is in torch's teardown and is not found (see
+# issue 24's closing note); the run's work, which these tests check, is complete, so such a run counts as done.
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def finished(argv) -> bool:
+    """Whether the run of these train.py arguments saved its checkpoint of the last step."""
+    args = [str(a) for a in argv]
+    out = args[args.index("--out-dir" if "--out-dir" in args else "--resume") + 1]
+    from gpt.checkpoints import loader, native  # lazy: the checkpoint code only once a run ended
+
+    try:
+        return loader.read_meta(out, names=native.LATEST)["step"] == int(args[args.index("--max-iters") + 1])
+    except Exception:
+        return False
 
 
 # ---- datasets and checkpoints, made by the code a user runs ------------------------------------------
@@ -100,6 +142,29 @@ def tiny_char_data(tmp_path_factory):
     (d / "text.txt").write_text(SHAKESPEARE.read_text(encoding="utf-8")[:20_000], encoding="utf-8")
     return prepare(d / "text.txt", d / "char", "--tokenizer", "char", "--block-size", "16")
 
+
+# CPU float32 wherever the tests run (bit-identical results); tests/test_cuda.py covers CUDA
+# (the tiny char model of tests/test_train.py and tests/test_parallel.py)
+TINY = [
+    "--n-layer",
+    "2",
+    "--n-head",
+    "2",
+    "--n-embd",
+    "32",
+    "--block-size",
+    "32",
+    "--batch-size",
+    "4",
+    "--eval-iters",
+    "4",
+    "--log-interval",
+    "1",
+    "--warmup-iters",
+    "2",
+    "--device",
+    "cpu",
+]
 
 BASE_CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16)
 TRAIN = [
@@ -133,6 +198,19 @@ def base(tiny_char_data, tmp_path):
     path = tmp_path / "base" / "best.pt"
     native.save(path, {"model": GPT(BASE_CFG).state_dict()}, meta)
     return path.parent
+
+
+def save_random_lm(path: Path, chars: str) -> Path:
+    """A run directory holding best.pt: a 1-layer char model over `chars` with random weights, for the entry
+    points that need a checkpoint to load rather than a trained one."""
+    from gpt.checkpoints import native
+    from gpt.data.tokenizer import CharTokenizer
+    from gpt.model.transformer import GPT
+
+    tok = CharTokenizer(chars)
+    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16)
+    native.save(path / "best.pt", {"model": GPT(cfg).state_dict()}, native.build_meta(cfg.to_dict(), tok.spec))
+    return path
 
 
 @pytest.fixture(scope="session")

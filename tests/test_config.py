@@ -1,8 +1,8 @@
 import pytest
 
 from gpt.errors import ConfigError
-from gpt.model.config import GPTConfig
-from gpt.train.config import TrainConfig, build_config, help_text
+from gpt.model.config import GPTConfig, LoRAConfig
+from gpt.train.config import OptimizerConfig, TrainConfig, build_config, help_text
 
 
 def test_defaults_file_cli_precedence(tmp_path):
@@ -116,3 +116,15 @@ def test_help_lists_every_option_with_default():
         if name not in ("model", "vocab_size"):  # the model's fields are flags of their own; vocab from the data
             assert "--" + name.replace("_", "-") in text
     assert "(default: 2000)" in text
+
+
+def test_the_training_config_builds_each_components_own_config():
+    """The optimizer and LoRA take small configs of their own, which the training config builds from its flags
+    (gpt/model/lora.py reads no training field names)."""
+    cfg = build_config(
+        ["--init-from", "out/base", "--lora-rank", "4", "--lora-alpha", "8", "--lora-targets", "attn.c_attn,wte"]
+        + ["--optimizer", "muon", "--learning-rate", "3e-3", "--beta2", "0.95", "--weight-decay", "0"]
+    )
+    assert cfg.lora_config() == LoRAConfig(4, 8.0, 0.0, ["attn.c_attn", "wte"])
+    assert cfg.optimizer_config() == OptimizerConfig("muon", 3e-3, (0.9, 0.95), 0.0)
+    assert TrainConfig().lora_config() is None  # LoRA off

@@ -355,6 +355,32 @@ def test_the_later_of_last_pt_and_last_dcp_is_resumed(tmp_path):
     assert loader.resolve(tmp_path, native.LATEST) == tmp_path / "last.dcp"
 
 
+def test_locate_decides_a_paths_kind_once_reading_each_meta_once(tmp_path, monkeypatch):
+    """One function says what a path is (gpt/checkpoints/loader.py `locate`): a run directory resolves to its
+    checkpoint, the later of last.pt and last.dcp, each candidate's meta read once; then the kind's reader."""
+    from gpt.checkpoints.hf import export_hf
+    from gpt.data.tokenizer import get_tokenizer
+
+    model, optimizer = trained()
+    save(tmp_path, model, optimizer, step=7)
+    meta = native.build_meta(model_config=CFG.to_dict(), tokenizer=TOKENIZER, step=5)
+    native.save(tmp_path / "last.pt", {"model": model.state_dict()}, meta)
+    native.save(tmp_path / "lora.pt", {"model": {}}, dict(meta, lora={"base": str(tmp_path / "last.pt")}))
+    hf_dir = export_hf(model, get_tokenizer(TOKENIZER), tmp_path / "hf")
+    reads, read_meta, load_file = [], dcp.read_meta, loader.load_file
+    monkeypatch.setattr(dcp, "read_meta", lambda p: (reads.append(p.name), read_meta(p))[1])
+    monkeypatch.setattr(loader, "load_file", lambda p, **kw: (reads.append(p.name), load_file(p, **kw))[1])
+
+    run = loader.locate(tmp_path, native.LATEST)
+    assert (run.kind, run.path, run.meta["step"], run.sharded) == ("dcp", tmp_path / "last.dcp", 7, True)
+    assert sorted(reads) == ["last.dcp", "last.pt"]  # both twins, once each
+    assert [loader.locate(p).kind for p in (tmp_path / "last.pt", tmp_path / "lora.pt", hf_dir)] == ["pt", "lora", "hf"]
+    assert loader.locate(hf_dir).meta is None  # its meta comes with its weights
+    assert_same(loader.load_model(run)[0].state_dict(), loader.load_model(tmp_path / "last.pt")[0].state_dict())
+    with pytest.raises(native.CheckpointError, match="Hugging Face model directory"):
+        loader.read_meta(hf_dir)  # no training state: what --resume needs
+
+
 def test_force_removes_a_sharded_run(tmp_path):
     model, optimizer = trained()
     save(tmp_path, model, optimizer, step=2)

@@ -1,8 +1,10 @@
 """LoRA (gpt/model/lora.py): frozen base, trained adapters, small checkpoints that name their base, merging,
 exact resume, and validation in one line."""
 
+import collections
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,7 +36,7 @@ def test_only_adapters_train_and_the_base_stays_bitwise_equal():
     model = adapted()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     cfg = TrainConfig(weight_decay=0.5, learning_rate=1e-2)  # decay would move any frozen weight it reached
-    opt = make_optimizer(model, cfg, torch.device("cpu"))
+    opt = make_optimizer(model, cfg.optimizer_config(), torch.device("cpu"))
     optimized = {id(p) for g in opt.param_groups for p in g["params"]}
     names = {n for n, p in model.named_parameters() if id(p) in optimized}
     assert names and all(n.endswith(("lora_A", "lora_B")) for n in names)
@@ -161,6 +163,22 @@ def test_exact_resume_of_a_lora_run(base, tiny_char_data, tmp_path):
 
     assert [s for s, *_ in losses(tmp_path / "split")] == list(range(1, 9))
     assert losses(tmp_path / "split") == losses(tmp_path / "full")  # bit for bit
+
+
+def test_a_resume_reads_each_checkpoints_meta_once(base, tiny_char_data, tmp_path, monkeypatch):
+    """The command line is resolved once (gpt/train/start.py `resolve_run`): the resumed run's last.pt and its
+    LoRA base are each located with their meta read once, and the trainer reads neither meta again."""
+    common = ["--data", tiny_char_data, "--init-from", base, "--lora-rank", "2", *TRAIN, "--eval-interval", "2"]
+    train_run(*common, "--out-dir", tmp_path / "run", "--max-iters", "2")
+    reads, load_file = collections.Counter(), loader.load_file
+
+    def counted(path, *args, mmap=False, **kwargs):  # the meta alone is read memory-mapped
+        reads[Path(path).resolve()] += mmap
+        return load_file(path, *args, mmap=mmap, **kwargs)
+
+    monkeypatch.setattr(loader, "load_file", counted)
+    assert train_run("--resume", tmp_path / "run", "--max-iters", "3")["step"] == 3
+    assert reads == {(tmp_path / "run" / "last.pt").resolve(): 1, (base / "best.pt").resolve(): 1}
 
 
 def test_resume_keeps_the_adapters_shape_and_the_base(base, tiny_char_data, tmp_path, capsys):

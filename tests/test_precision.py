@@ -4,14 +4,13 @@ what runs under it tiny). Every entry point says what it picked and why."""
 
 import pytest
 import torch
+from conftest import save_random_lm
 from test_sample_seq2seq import save_seq2seq
 
 from gpt import GPT, GPTConfig, runtime
-from gpt.checkpoints import native
 from gpt.cli import evaluate, sample
-from gpt.data.tokenizer import CharTokenizer
 from gpt.runtime import INFERENCE_BF16_MIN_PARAMS, DeviceError, resolve_dtype
-from gpt.train.start import config_from_argv
+from gpt.train.start import resolve_run
 from gpt.train.trainer import train
 
 pytestmark = [pytest.mark.precision, pytest.mark.usefixtures("one_thread")]  # see conftest.py
@@ -82,15 +81,7 @@ def test_training_on_a_cpu_with_native_bf16_picks_bf16_at_any_size(monkeypatch):
 
 @pytest.fixture(scope="module")
 def lm_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("lm")
-    tok = CharTokenizer("\n abcdefgh")
-    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16)
-    native.save(
-        path / "best.pt",
-        {"model": GPT(cfg).state_dict()},
-        {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec},
-    )
-    return path
+    return save_random_lm(tmp_path_factory.mktemp("lm"), "\n abcdefgh")
 
 
 @pytest.fixture
@@ -105,7 +96,7 @@ def said(dtype: torch.dtype, override: str) -> str:
 
 
 def test_train_py(override, char_data, tmp_path, capsys):
-    cfg, explicit = config_from_argv(
+    plan = resolve_run(
         [
             "--data",
             str(char_data),
@@ -129,7 +120,7 @@ def test_train_py(override, char_data, tmp_path, capsys):
             "cpu",
         ]
     )
-    train(cfg, explicit)
+    train(plan)
     assert said(BF16[override], override).replace("cpu, ", "cpu ") + ")" in capsys.readouterr().out
 
 

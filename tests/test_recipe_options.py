@@ -369,4 +369,5 @@ def test_the_servers_batch_engine_computes_the_full_forwards_logits_with_every_o
     assert [i for piece in got for i in piece.ids] == ids[0, len(prompt) :].tolist()
     assert len(seen) == 8
     for k, logits in enumerate(seen):
+        logits = logits[0] if isinstance(logits, tuple) else logits  # (logits, hidden) where prompts are scored
         torch.testing.assert_close(logits[0], model(ids[:, : len(prompt) + k])[0][0, -1], atol=1e-5, rtol=1e-5)

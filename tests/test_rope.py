@@ -169,11 +169,11 @@ def test_a_rope_model_is_exported_as_gpt_neox():
 
 def test_the_shipped_rope_config_trains_and_samples_past_its_context(char_data, tmp_path, monkeypatch):
     from gpt.checkpoints.loader import load_checkpoint
-    from gpt.train.start import config_from_argv
+    from gpt.train.start import resolve_run
     from gpt.train.trainer import train
 
     out = tmp_path / "rope"
-    cfg, explicit = config_from_argv(
+    plan = resolve_run(
         [
             "--config",
             "shakespeare_char_rope_cpu",
@@ -201,8 +201,8 @@ def test_the_shipped_rope_config_trains_and_samples_past_its_context(char_data, 
             "cpu",
         ]
     )
-    assert cfg.model.pos_encoding == "rope"
-    summary = train(cfg, explicit)
+    assert plan.cfg.model.pos_encoding == "rope"
+    summary = train(plan)
     assert summary["val_loss"] < 2.9  # from about ln(vocab size) = 4.2 at the start
     model, tok, meta = load_checkpoint(out)
     assert meta["model_config"]["pos_encoding"] == "rope" and "wpe" not in model.transformer

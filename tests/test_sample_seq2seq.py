@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import save_random_lm
 
 from gpt import GPT, GPTConfig
 from gpt.checkpoints import loader, native
@@ -53,15 +54,7 @@ def loaded(run_dir):
 
 @pytest.fixture(scope="module")
 def lm_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("lm")
-    tok = CharTokenizer(CHARS)
-    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16)
-    native.save(
-        path / "best.pt",
-        {"model": GPT(cfg).state_dict()},
-        {"step": 0, "model_config": cfg.to_dict(), "tokenizer": tok.spec},
-    )
-    return path
+    return save_random_lm(tmp_path_factory.mktemp("lm"), CHARS)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, prepare, train_run
+from conftest import ROOT, TINY, prepare, torchrun, train_run
 
 from gpt.checkpoints import loader
 from gpt.errors import ConfigError
@@ -18,28 +18,6 @@ from gpt.runtime import Runtime
 from gpt.train.rundir import RunDir, RunDirError
 from gpt.train.stopping import StopSignal, TimeLimit
 from gpt.train.trainer import TrainingError, train_step
-
-# CPU float32 wherever the tests run (bit-identical results); tests/test_cuda.py covers CUDA
-TINY = [
-    "--n-layer",
-    "2",
-    "--n-head",
-    "2",
-    "--n-embd",
-    "32",
-    "--block-size",
-    "32",
-    "--batch-size",
-    "4",
-    "--eval-iters",
-    "4",
-    "--log-interval",
-    "1",
-    "--warmup-iters",
-    "2",
-    "--device",
-    "cpu",
-]
 
 
 def records(out_dir, kind):
@@ -628,28 +606,7 @@ def test_ddp_two_processes_match_one_and_resume_in_one(char_data, tmp_path, opti
         "--optimizer",
         optimizer,
     ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "train.py",
-            *common,
-            "--max-iters",
-            "3",
-            "--out-dir",
-            str(tmp_path / "ddp"),
-        ],  # a free port
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert res.returncode == 0, res.stderr[-2000:]
+    torchrun(2, *common, "--max-iters", "3", "--out-dir", tmp_path / "ddp")  # a free port, one thread each
     train_run(*common, "--max-iters", "6", "--out-dir", tmp_path / "single")
     single = [r["loss"] for r in records(tmp_path / "single", "train")]
     ddp = [r["loss"] for r in records(tmp_path / "ddp", "train")]

@@ -10,8 +10,9 @@
 - Both exports take the tokenizer's vocabulary from gpt/data/bytelevel.py and the Jinja chat template from
   gpt/data/chat_jinja.py.
 - `adapters.py` LoRA checkpoints: adapters only, naming their base.
-- `loader.py` `load_model` / `load_checkpoint` / `load_for_inference`: dispatches to the formats above;
-  none of them imports it back.
+- `loader.py` `locate` decides what a path is once (pt, dcp, hf, lora; a run directory resolves to its
+  checkpoint); `load_model` / `load_checkpoint` / `load_for_inference` hand it to that kind's reader;
+  none of the formats imports it back.
 
 May import: model, data, the foundations. Never training, inference or the command line.
 """

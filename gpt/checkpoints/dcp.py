@@ -55,7 +55,7 @@ class CheckpointError(native.CheckpointError):
 
 
 def _reader(path: Path):
-    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint import FileSystemReader  # lazy: DCP only
 
     class SafeReader(FileSystemReader):
         def read_metadata(self, *args, **kwargs):
@@ -74,7 +74,7 @@ def _reader(path: Path):
 def _load_shards(state: dict, reader, path: Path, distributed: bool) -> None:
     """DCP's load of `state` from the checkpoint `reader` reads, a damaged shard one line (on every process:
     DCP gathers the failures)."""
-    import torch.distributed.checkpoint as tdcp
+    import torch.distributed.checkpoint as tdcp  # lazy: DCP only
 
     try:
         with _one_process():
@@ -184,7 +184,7 @@ def _grouped(param_groups: list[dict]) -> set[str]:
 def read(path: str | os.PathLike, map_location="cpu") -> dict:
     """A whole DCP checkpoint, read by this one process, as gpt/checkpoints/native.py's file format holds it:
     `model` (state dict), `optimizer` (torch.optim's, by position), `scaler`, `rng`, `meta` (JSON text)."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata  # lazy: DCP only
 
     path = Path(path)
     meta, train = _load_side(path, map_location)
@@ -227,7 +227,7 @@ def load(source: str | os.PathLike, model: torch.nn.Module, optimizer: torch.opt
     directory, each process reading only what its shards need, or a `.pt` file, which each process
     reads whole and keeps its part of. Returns the checkpoint's `meta`, `rng` and `scaler`. Every
     process calls this."""
-    from torch.distributed.checkpoint.state_dict import (
+    from torch.distributed.checkpoint.state_dict import (  # lazy: DCP only
         StateDictOptions,
         get_state_dict,
         set_state_dict,
@@ -278,9 +278,9 @@ def save(
     (run_dir/last.dcp), then point `link` at it (see the module notes). Every process calls this;
     `meta` (gpt.checkpoints.native.build_meta), `scaler` and `rng` (every process's) are written by rank 0. A
     failure on any process is one StorageError on all of them, the previous checkpoint intact."""
-    import torch.distributed.checkpoint as tdcp
-    from torch.distributed.checkpoint import FileSystemWriter
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    import torch.distributed.checkpoint as tdcp  # lazy: DCP only
+    from torch.distributed.checkpoint import FileSystemWriter  # lazy: DCP only
+    from torch.distributed.checkpoint.state_dict import get_state_dict  # lazy: DCP only
 
     link = Path(link)
     run_dir, distributed = link.parent, _distributed()

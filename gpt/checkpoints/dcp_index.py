@@ -77,8 +77,8 @@ def _names() -> dict[tuple[str, str], object]:
     """(module, name) -> what a pickle may name. Built on first use from modules already imported (dcp.py's
     readers import DCP's); the dtypes and layouts come from torch's namespace as it is, read without
     `getattr` (which would import a lazily loaded submodule)."""
-    from torch.distributed.checkpoint import filesystem
-    from torch.distributed.checkpoint import metadata as md
+    from torch.distributed.checkpoint import filesystem  # lazy: DCP only
+    from torch.distributed.checkpoint import metadata as md  # lazy: DCP only
 
     def enum(*args):
         if len(args) == 1 and type(args[0]) is int:
@@ -320,8 +320,8 @@ def check(metadata, directory: Path) -> None:
     entries only, each with a path in the saved state dict (`planner_data`), stored in files of the
     checkpoint's own directory within their sizes, and no more tensor bytes than those files hold (an
     index cannot make a reader allocate more memory than the checkpoint takes on disk)."""
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
-    from torch.distributed.checkpoint.metadata import (
+    from torch.distributed.checkpoint.filesystem import _StorageInfo  # lazy: DCP only
+    from torch.distributed.checkpoint.metadata import (  # lazy: DCP only
         ChunkStorageMetadata,
         Metadata,
         MetadataIndex,

@@ -161,7 +161,7 @@ def write_gguf(model, tokenizer, path: str | Path, quant: str = "f32", chat_temp
     """Write `model` (a decoder-only GPT) with its tokenizer (and chat template) as a GGUF file at `path`,
     atomically; returns {GGML type name: number of tensors}."""
     try:
-        import gguf
+        import gguf  # optional extra
     except ImportError:
         raise GGUFError('GGUF export needs the gguf package: pip install -e ".[gguf]"') from None
     if quant not in QUANTS:

@@ -208,7 +208,7 @@ def config_from_hf(hf: dict, source="config.json") -> dict:
 
 def _load_weights(path: Path) -> dict[str, torch.Tensor]:
     """Weights of an HF directory: safetensors preferred, then pytorch_model.bin (weights_only)."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # optional: HF only
 
     def load_one(f: Path):
         if f.suffix == ".safetensors":

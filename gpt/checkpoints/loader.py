@@ -1,19 +1,21 @@
-"""Loading any checkpoint kind: one entry point that dispatches to the format that wrote it.
+"""Loading any checkpoint kind: `locate` decides what a path is, once, and hands it to that kind's reader.
 
     model, tok, meta = load_checkpoint("out/NAME")    # a run dir (best.pt, else last.pt), a .pt file, a DCP
                                                       # directory or a Hugging Face GPT-2 directory
     model, meta = load_model(path)                    # without the tokenizer
     inf = load_for_inference(path, device, dtype)     # + runtime, precision, int8: sample.py, evaluate, serve
+    found = locate(path)                              # Located(kind, path, meta): read nothing twice after it
 
-| kind                            | read by                                  |
+| kind (`Located.kind`)           | read by                                  |
 |---------------------------------|------------------------------------------|
-| `.pt` file (`last.pt`, `best.pt`)| `native.load_file` (torch.load weights_only) |
-| DCP directory (`last.dcp`)      | `dcp.read` (its index by `dcp_index`, no unpickler) |
-| Hugging Face GPT-2 / GPT-NeoX directory | `hf.read` (safetensors or weights_only)    |
-| LoRA adapters (`meta["lora"]`)  | their base, loaded here, + `adapters.attach`                   |
+| `pt`: a `.pt` file (`last.pt`, `best.pt`) | `native.read_file` (torch.load weights_only) |
+| `dcp`: a DCP directory (`last.dcp`)       | `dcp.read` (its index by `dcp_index`, no unpickler) |
+| `hf`: a Hugging Face GPT-2 / GPT-NeoX directory | `hf.read` (safetensors or weights_only)    |
+| `lora`: adapters (`meta["lora"]`, in a .pt or DCP) | their base, located and loaded here, + `adapters.attach` |
 
-Every kind ends as the same checked meta (`native.check_meta`) and `native.build_model`. The formats
-never import this module back: it is the one place that knows them all.
+A run directory is not a kind of its own: `locate` resolves it to its checkpoint (best.pt, else last.pt, or
+the DCP twin with the later step). Every kind ends as the same checked meta (`native.check_meta`) and
+`native.build_model`. The formats never import this module back: it is the one place that knows them all.
 """
 
 from __future__ import annotations
@@ -50,19 +52,52 @@ from gpt.model.transformer import GPT
 from gpt.runtime import Runtime, decode_threads, resolve_dtype, setup
 
 
-def resolve(path: str | os.PathLike, names: tuple[str, ...] = BEST_FIRST) -> Path:
-    """A checkpoint (a file, or a DCP directory) from its path or a run directory (the first of `names`
-    there, or its DCP twin: the later step of the two)."""
+class Located(NamedTuple):
+    """A checkpoint path as `locate` decided it, once: its kind, what to read, and (but for "hf") its meta."""
+
+    kind: str  # "pt" (a .pt file), "dcp" (a DCP directory), "hf" (a Hugging Face directory), "lora" (adapters)
+    path: Path  # the file or directory to read: a run directory's checkpoint, or the path itself
+    meta: Fields | None  # checked (`check_meta`); None for "hf", whose meta comes with its weights
+    sharded: bool = False  # the weights are a DCP directory ("dcp", or "lora" adapters saved sharded)
+
+
+def locate(path: str | os.PathLike, names: tuple[str, ...] = BEST_FIRST) -> Located:
+    """What `path` is, decided here once: a Hugging Face directory, or a checkpoint (a .pt file, a DCP
+    directory, LoRA adapters in either) named directly or through a run directory (the first of `names`
+    there, or its DCP twin: the later step of the two). Each candidate's meta is read once."""
     path = Path(path)
-    if path.is_dir() and not is_sharded(path):
+    if hf.is_hf_dir(path):
+        return Located("hf", path, None)
+    sharded = is_sharded(path)
+    if path.is_dir() and not sharded:  # a run directory
         for name in names:
-            found = [p for p in (path / name, path / SHARDED.get(name, name)) if p.is_file() or is_sharded(p)]
+            twins = [(path / name, False)] + [(path / SHARDED[name], True)] * (name in SHARDED)  # .pt, DCP twin
+            found = [_checkpoint(p, dcp) for p, dcp in twins if (is_sharded(p) if dcp else p.is_file())]
             if found:
-                return max(found, key=lambda p: read_meta(p).get("step", 0))
+                return max(found, key=lambda c: c.meta.get("step", 0))
         raise CheckpointError(_not_a_run(path, names))
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}")
-    return path
+    return _checkpoint(path, sharded)
+
+
+def _checkpoint(path: Path, sharded: bool) -> Located:
+    meta = dcp.read_meta(path) if sharded else check_meta(load_file(path, mmap=True)["meta"], path)
+    kind = "lora" if "lora" in meta else "dcp" if sharded else "pt"
+    return Located(kind, path, meta, sharded)
+
+
+def trained(path: str | os.PathLike, names: tuple[str, ...] = BEST_FIRST) -> Located:
+    """`locate`, for what needs a checkpoint train.py wrote (a Hugging Face directory has no meta of ours)."""
+    found = locate(path, names)
+    if found.kind == "hf":
+        raise CheckpointError(_not_a_run(found.path, names))
+    return found
+
+
+def resolve(path: str | os.PathLike, names: tuple[str, ...] = BEST_FIRST) -> Path:
+    """A checkpoint (a file, or a DCP directory) from its path or a run directory (see `locate`)."""
+    return trained(path, names).path
 
 
 def _not_a_run(path: Path, names: tuple[str, ...]) -> str:
@@ -80,23 +115,22 @@ def _not_a_run(path: Path, names: tuple[str, ...]) -> str:
     return f"no {' or '.join(names)} in {path}: train one with `python train.py --out-dir {path}`"
 
 
-def read(path: str | os.PathLike, map_location="cpu", names: tuple[str, ...] = BEST_FIRST) -> Fields:
+def read(path: str | os.PathLike | Located, map_location="cpu", names: tuple[str, ...] = BEST_FIRST) -> Fields:
     """The checkpoint dict with `meta` checked and parsed (`check_meta`); never unpickles arbitrary objects."""
-    path = resolve(path, names)
-    return checked(dcp.read(path, map_location), path) if is_sharded(path) else read_file(path, map_location)
+    found = path if isinstance(path, Located) else trained(path, names)
+    if found.sharded:
+        return checked(dcp.read(found.path, map_location), found.path)
+    return read_file(found.path, map_location)
 
 
 def read_meta(path: str | os.PathLike, names: tuple[str, ...] = BEST_FIRST) -> Fields:
     """Only the checked metadata (the tensors are memory-mapped, not read)."""
-    path = resolve(path, names)
-    if is_sharded(path):
-        return dcp.read_meta(path)
-    return check_meta(load_file(path, mmap=True)["meta"], path)
+    return trained(path, names).meta
 
 
-def _read_hf(path: str | os.PathLike) -> tuple[Fields, dict, Path]:
+def _read_hf(path: Path) -> tuple[Fields, dict, Path]:
     """(meta, state dict, source) of a Hugging Face GPT-2 or GPT-NeoX directory."""
-    source = Path(path) / "config.json"
+    source = path / "config.json"
     config, state, facts = hf.read(path)
     config = model_config(config, source)
     meta = build_meta(
@@ -109,31 +143,25 @@ def _read_hf(path: str | os.PathLike) -> tuple[Fields, dict, Path]:
     return check_meta(meta, source), state, source
 
 
-def load_model(path: str | os.PathLike, device="cpu", _chain: tuple[Path, ...] = ()):
-    """(model, meta), model in eval mode, from a run directory, checkpoint file or Hugging Face GPT-2
-    directory (gpt/checkpoints/hf.py); a LoRA checkpoint gives its base with the adapters merged in.
-    (`_chain`: the LoRA checkpoints whose bases led here, so that a cycle of bases is one line.)"""
-    if hf.is_hf_dir(path):
-        meta, state, source = _read_hf(path)
-    else:
-        _check_chain(path, _chain)
-        ckpt = read(path, map_location=device)
-        if (
-            "lora" in ckpt["meta"]
-        ):  # adapters only: loaded onto the base they name, merged (gpt/checkpoints/adapters.py)
-            return _adapted(ckpt, device, merge_adapters=True, chain=_chain)
-        meta, state, source = ckpt["meta"], ckpt["model"], ckpt.source
-    return build_model(meta, state, source).to(device).eval(), meta
-
-
-def _check_chain(path, chain: tuple[Path, ...]) -> None:
-    """A base that is one of the LoRA checkpoints leading to it is refused before it is read again."""
-    if chain and (here := resolve(path).resolve()) in chain:
-        cycle = " -> ".join(map(str, [*chain[chain.index(here) :], here]))
+def load_model(path: str | os.PathLike | Located, device="cpu", _chain: tuple[Path, ...] = ()):
+    """(model, meta), model in eval mode, from a run directory, checkpoint file or DCP directory, a Hugging
+    Face GPT-2 / GPT-NeoX directory (gpt/checkpoints/hf.py), or a `locate`d one; a LoRA checkpoint gives its
+    base with the adapters merged in. (`_chain`: the LoRA checkpoints whose bases led here, so that a cycle
+    of bases is one line.)"""
+    found = path if isinstance(path, Located) else locate(path)
+    if found.kind == "hf":
+        meta, state, source = _read_hf(found.path)
+        return build_model(meta, state, source).to(device).eval(), meta
+    if _chain and (here := found.path.resolve()) in _chain:  # refused before it is read again
+        cycle = " -> ".join(map(str, [*_chain[_chain.index(here) :], here]))
         raise lora.LoRAError(
-            f"{chain[0]}: its LoRA bases form a cycle ({cycle}); adapters need a base that holds all the "
-            f"weights: give one with `python -m gpt.lora merge --ckpt {chain[0]} --base PATH --out merged.pt`"
+            f"{_chain[0]}: its LoRA bases form a cycle ({cycle}); adapters need a base that holds all the "
+            f"weights: give one with `python -m gpt.lora merge --ckpt {_chain[0]} --base PATH --out merged.pt`"
         )
+    ckpt = read(found, map_location=device)
+    if found.kind == "lora":  # adapters only: loaded onto the base they name, merged (gpt/checkpoints/adapters.py)
+        return _adapted(ckpt, device, merge_adapters=True, chain=_chain)
+    return build_model(ckpt["meta"], ckpt["model"], ckpt.source).to(device).eval(), ckpt["meta"]
 
 
 def load_checkpoint(path: str | os.PathLike, device="cpu"):
@@ -165,7 +193,8 @@ def load_for_inference(
     count `decode_threads` picks for the model's size."""
     dtype = dtype_flag(dtype, quantize)
     rt = setup(device, dtype, threads, distributed=False)
-    model, tokenizer, meta = load_checkpoint(path, device=rt.device)
+    model, meta = load_model(path, device=rt.device)
+    tokenizer = get_tokenizer(meta["tokenizer"])
     n_params = model.num_params()
     if dtype == "auto":  # inference's rule, which depends on the model's size
         rt.dtype, rt.reason = resolve_dtype(dtype, rt.device, inference_params=n_params)
@@ -195,9 +224,9 @@ def load_adapted(path, device="cpu", merge_adapters: bool = False, base=None):
     return _adapted(ckpt, device, merge_adapters, base)
 
 
-def base_path(init_from) -> Path:
+def base_path(init_from: str | os.PathLike | Located) -> Path:
     """The file (or Hugging Face directory) `--init-from` names, as a LoRA checkpoint records it."""
-    return Path(init_from).resolve() if hf.is_hf_dir(init_from) else resolve(init_from).resolve()
+    return (init_from if isinstance(init_from, Located) else locate(init_from)).path.resolve()
 
 
 def tokenizer_source(path: str | os.PathLike) -> Reused:
@@ -206,9 +235,10 @@ def tokenizer_source(path: str | os.PathLike) -> Reused:
     found = dataset_spec(path)
     if found is not None:
         return found
-    if hf.is_hf_dir(path):
-        return Reused(hf.tokenizer_spec(path, hf.read_config(path)["vocab_size"]), str(path))
     try:
-        return Reused(dict(read_meta(path)["tokenizer"]), str(path))
+        found = locate(path)
     except CheckpointError as e:
         raise CheckpointError(f"--tokenizer-from: {e}") from None
+    if found.kind == "hf":
+        return Reused(hf.tokenizer_spec(path, hf.read_config(path)["vocab_size"]), str(path))
+    return Reused(dict(found.meta["tokenizer"]), str(path))

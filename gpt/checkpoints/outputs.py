@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from gpt.checkpoints import adapters, hf, loader
+from gpt.checkpoints import adapters, loader
 from gpt.errors import UserError
 
 # What a run directory holds (train.py writes them; gpt/train/rundir.py removes them on --force).
@@ -61,12 +61,14 @@ def sources_of(ckpt: str | os.PathLike, base: str | os.PathLike | None = None) -
     base in turn. A checkpoint that cannot be read is the loader's to report: it is listed as given."""
     found, path = [Path(ckpt)], Path(ckpt)
     try:
-        while not hf.is_hf_dir(path) and len(found) < 16:  # (16: a cycle of bases is the loader's to report)
-            path = loader.resolve(path)
-            found[-1] = path
-            lora_meta = loader.read_meta(path).get("lora")
-            if lora_meta is None:
+        while len(found) < 16:  # (16: a cycle of bases is the loader's to report)
+            here = loader.locate(path)  # what it is, its meta read once
+            if here.kind == "hf":
                 break
+            path = found[-1] = here.path
+            if here.kind != "lora":
+                break
+            lora_meta = here.meta["lora"]
             path = Path(base) if base and len(found) == 1 else adapters.find_base(lora_meta, path)
             if any(os.path.realpath(path) == os.path.realpath(p) for p in found):
                 break

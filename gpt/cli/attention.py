@@ -26,8 +26,8 @@ def parse_layers(value: str | None, n: int) -> list[int] | None:
 
 def run(args) -> str:
     from gpt.checkpoints.loader import load_for_inference  # torch: after the flags are read
-    from gpt.infer.attention import attention_for, draw
-    from gpt.train.plot import save_figure
+    from gpt.infer.attention import attention_for, draw  # torch: after flags
+    from gpt.train.plot import save_figure  # torch: after flags
 
     out = Path(args.out)
     if out.suffix.lower() != ".png":

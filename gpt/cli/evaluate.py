@@ -3,6 +3,7 @@ an instruction), or loss, perplexity and bits-per-byte of a language model over 
 
     python -m gpt.evaluate --ckpt out/multi30k --source-file test.de --reference test.en --json results.json
     python -m gpt.evaluate --ckpt out/shakespeare-char --text ../shared/data/wikitext-2/test.txt --json results.json
+    python -m gpt.evaluate --ckpt out/shakespeare-char --lm-eval gpt_shakespeare_next_line,gpt_wikitext2 --limit 100
 
 The numbers are printed as a table (text) or one line (translation); `--json F` also writes them, with the
 settings, to F. Scoring and greedy or beam decoding are deterministic (no sampling, no seed to set).
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpt.cli import ArgumentParser, run_main
+from gpt.cli.lmeval import DEFAULT_SEED, run_lm_eval
 from gpt.data.pairs import read_lines
 from gpt.data.tokenizer import TokenizerError
 from gpt.errors import storage_error
@@ -52,6 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="score this UTF-8 text file as one document: loss per token, perplexity, bits per byte "
         "(any decoder-only checkpoint: char, BPE, GPT-2, RoPE, chat; see gpt/infer/perplexity.py)",
     )
+    p.add_argument(
+        "--lm-eval",
+        metavar="TASKS",
+        help="run lm-evaluation-harness on these comma-separated tasks through the server (gpt/cli/lmeval.py): "
+        "this repository's gpt_shakespeare_next_line and gpt_wikitext2 (which scores --text, default "
+        "$GPT_SHARED_DATA/wikitext2-test.txt), or lm-eval's own",
+    )
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="--lm-eval: lm-eval's random seed")
     p.add_argument(
         "--stride",
         type=int,
@@ -113,8 +123,17 @@ def check_output(path: str, flag: str = "--output") -> None:
 
 
 def check_mode(args: argparse.Namespace) -> None:
-    """--text, or --source-file with --reference: one of the two jobs, and only its own flags."""
+    """--text, --lm-eval, or --source-file with --reference: one of the jobs, and only its own flags."""
     translation = [f for f in ("source_file", "reference") if getattr(args, f) is not None]
+    if args.lm_eval is not None:
+        given = [
+            f"--{f.replace('_', '-')}"
+            for f in (*translation, "metric", "output", "max_new_tokens", "stride")
+            if getattr(args, f) is not None
+        ]
+        if given:
+            raise EvaluateError(f"{' and '.join(given)}: not for --lm-eval (the harness's tasks through the server)")
+        return
     if args.text is not None:
         given = [
             f"--{f.replace('_', '-')}"
@@ -206,6 +225,8 @@ def run_text(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> str:
     check_mode(args)
+    if args.lm_eval is not None:
+        return run_lm_eval(args, write_json, check_output)
     if args.text is not None:
         return run_text(args)
     from gpt.checkpoints.loader import (

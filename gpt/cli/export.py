@@ -90,8 +90,8 @@ def gguf_path(out: str) -> Path:
 
 
 def run_gguf(args: argparse.Namespace, model, tokenizer, meta: dict) -> str:
-    from gpt.checkpoints.gguf import write_gguf
-    from gpt.infer import llamacpp
+    from gpt.checkpoints.gguf import write_gguf  # optional: GGUF
+    from gpt.infer import llamacpp  # optional: llama.cpp
 
     path = gguf_path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)

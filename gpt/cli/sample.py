@@ -236,7 +236,7 @@ def mode_error(args: argparse.Namespace) -> str | None:
 def sample_config(args: argparse.Namespace, defaults: dict, **fields):
     """The sampling flags as a SampleConfig, the mode's `defaults` for the flags not given; without --seed
     a fresh seed, which the summary prints so the run can be reproduced."""
-    from gpt.infer.sampling import SampleConfig
+    from gpt.infer.sampling import SampleConfig  # torch: after flags
 
     return SampleConfig(
         max_new_tokens=_given(args.max_new_tokens, defaults["max_new_tokens"]),
@@ -278,14 +278,13 @@ class OrderedPrinter:
 
 
 def run(args: argparse.Namespace) -> None:
-    import torch
+    import torch  # torch: after flags
 
-    from gpt import generate
     from gpt.checkpoints.loader import (
         load_for_inference,  # torch: loaded once the flags are checked (--help and mistakes answer at once)
     )
-    from gpt.infer.chat import chat_template, end_tokens, fit
-    from gpt.infer.sampling import ContextWarning, SamplingError
+    from gpt.infer.chat import chat_template, end_tokens, fit  # torch: after flags
+    from gpt.infer.sampling import ContextWarning, SamplingError, generate  # torch: after flags
 
     if args.source or args.source_file:
         return translate(args)
@@ -375,9 +374,9 @@ CHAT_DEFAULTS = {"temperature": 0.7, "max_new_tokens": 256}
 
 def chat(args: argparse.Namespace) -> int | None:
     """--chat: a conversation on a terminal, or one JSON conversation per line of a pipe."""
-    from gpt.checkpoints.loader import load_for_inference
-    from gpt.infer.chat import Chat, chat_template, conversation_line
-    from gpt.infer.sampling import SamplingError
+    from gpt.checkpoints.loader import load_for_inference  # torch: after flags
+    from gpt.infer.chat import Chat, chat_template, conversation_line  # torch: after flags
+    from gpt.infer.sampling import SamplingError  # torch: after flags
 
     cfg = sample_config(args, CHAT_DEFAULTS)
     rt, model, tokenizer, meta, _ = load_for_inference(
@@ -450,8 +449,8 @@ def translate(args: argparse.Namespace) -> None:
     from gpt.checkpoints.loader import (
         load_for_inference,  # torch: loaded once the flags are checked (--help and mistakes answer at once)
     )
-    from gpt.data.pairs import read_lines
-    from gpt.infer.translate import (
+    from gpt.data.pairs import read_lines  # torch: after flags
+    from gpt.infer.translate import (  # torch: after flags
         DEFAULT_LENGTH_PENALTY,
         TranslateConfig,
         TranslateError,

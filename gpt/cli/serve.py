@@ -123,7 +123,7 @@ def is_loopback(host: str) -> bool:
 
 def run(args: argparse.Namespace) -> None:
     try:
-        from gpt.serve.app import ServeConfig, Server, create_app, fingerprint, listen
+        from gpt.serve.app import ServeConfig, Server, create_app, fingerprint, listen  # optional: serve extra
     except ImportError as e:
         raise ServeError(
             f'serving needs FastAPI and uvicorn ({e.name} is missing): pip install -e ".[serve]"'

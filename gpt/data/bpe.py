@@ -84,7 +84,7 @@ def train_hf_bpe(texts: Iterable[str], vocab_size: int, pattern: str = GPT2_PATT
     """The trained Hugging Face `tokenizers.Tokenizer` (byte-level BPE, `pattern` as pre-tokenizer)."""
     if vocab_size < MIN_VOCAB_SIZE:
         raise ValueError(f"--vocab-size {vocab_size} is too small: byte-level BPE needs at least {MIN_VOCAB_SIZE}")
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers  # optional: BPE
 
     hf = Tokenizer(models.BPE())
     hf.pre_tokenizer = pre_tokenizers.Sequence(

@@ -455,7 +455,7 @@ class PairBatches:
         ds.check_ids(self.split, src, idx)  # the sources, and the targets (padded with -1) as labels
         ds.check_ids(self.split, tgt_out, idx)
         src_mask = np.arange(S)[None, :] < self.src_len[idx][:, None]
-        import torch
+        import torch  # torch: not in prepare
 
         out = [torch.from_numpy(a) for a in (src, src_mask, tgt_in, tgt_out)]
         if self.device.type == "cuda":

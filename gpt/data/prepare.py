@@ -509,7 +509,7 @@ def _encode(segments, tok, writers, stats, workers, reading: Reading, progress, 
 
 def fetch(url: str, dest: Path, timeout: float = 30) -> Path:
     """Download `url` to `dest` once (atomically); a DataError says how to work offline."""
-    import urllib.request
+    import urllib.request  # lazy: downloads
 
     dest = Path(dest)
     if dest.is_file():

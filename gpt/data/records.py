@@ -168,8 +168,8 @@ def _open_parquet(path: Path):
     stored (decoded only row by row: a few KB can hold one long string repeated in every row); a
     CorpusError when pyarrow or the file is missing."""
     try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        import pyarrow as pa  # optional: parquet
+        import pyarrow.parquet as pq  # optional: parquet
     except ImportError:
         raise CorpusError(f"{path}: reading Parquet needs pyarrow: pip install pyarrow") from None
     try:
@@ -208,7 +208,7 @@ def _batch_rows(pf, group: int, columns) -> int:
 def _row_bytes(pa, column) -> np.ndarray:
     """The decoded bytes of each row of one column: its strings and binaries (a dictionary's values counted in
     every row that uses them), fixed-size values by their width; measured in Arrow, nothing decoded."""
-    import pyarrow.compute as pc
+    import pyarrow.compute as pc  # optional: parquet
 
     kind, t = column.type, pa.types
     if t.is_dictionary(kind):

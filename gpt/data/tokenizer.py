@@ -265,7 +265,7 @@ def dump_ranks(ranks: dict[bytes, int]) -> str:
 
 
 def _encoding(name: str, pattern: str, ranks: dict[bytes, int]):
-    import tiktoken
+    import tiktoken  # lazy: BPE only
 
     return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens={EOT_TEXT: len(ranks)})
 
@@ -292,7 +292,7 @@ def gpt2_tokenizer(ranks_file: str | None = None, file_flag: str | None = None) 
         except ValueError as e:
             raise TokenizerError(f"{path} (from {given_by}) is not a tiktoken ranks file: {e}; {fix}") from None
         return TiktokenTokenizer(_encoding("gpt2", GPT2_PATTERN, ranks), spec)
-    import tiktoken
+    import tiktoken  # lazy: BPE only
 
     try:
         return TiktokenTokenizer(tiktoken.get_encoding("gpt2"), spec)

@@ -118,7 +118,7 @@ def warn(message: str) -> None:
 
 def draw(maps: Maps, layers: list[int] | None = None):
     """A Figure of one heatmap per layer (rows) and head (columns); tokens as tick labels."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # optional: plot
 
     layers = list(range(len(maps.layers))) if layers is None else layers
     heads = maps.layers[0].size(0)

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gpt.errors import UserError
+from gpt.infer.logprobs import first_token, token_logprobs
 from gpt.infer.sampling import (
     Piece,
     SampleConfig,
@@ -71,12 +72,21 @@ class Request:
     `emit` is called (on the engine's thread) with each `Piece` as it is made, every sample ending
     with one whose `finish` is set; or with an exception if decoding failed. `cancel()` (from any
     thread) makes the engine drop the request at its next step and free its rows.
+
+    Scoring (`gpt.infer.logprobs` says what the numbers are): with `logprobs=N` each piece carries its
+    token's log-probability and the N most likely tokens'; with `echo` too, the first piece of each sample
+    also carries every prompt token's, read off the prompt's prefill (the one batched forward that
+    admits it: a prompt is never scored token by token). `generate=False` only scores: the row is
+    prefilled, answered with one piece (no ids, finish "length") and freed in the same step.
     """
 
     ids: list[int]
     config: SampleConfig
     emit: Callable[[Piece | Exception], None]
     cancelled: bool = False
+    logprobs: int | None = None
+    echo: bool = False
+    generate: bool = True
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -112,6 +122,7 @@ class _Row:
     generated: int = 0
     start: int = 0  # the model sees tokens[start:]
     generator: torch.Generator | None = field(default=None, repr=False)
+    prompt_logprobs: list | None = field(default=None, repr=False)  # echo: handed out with the first piece
 
 
 class _Engine:
@@ -185,6 +196,10 @@ class BatchEngine(_Engine):
     def submit(self, request: Request) -> None:
         if not request.ids:
             raise ValueError("a request needs at least one prompt id")
+        if request.echo and request.logprobs is not None and len(request.ids) > self.block_size:
+            raise ValueError(f"scoring a prompt needs it to fit the context: at most {self.block_size} ids")
+        if not request.generate and not (request.echo and request.logprobs is not None):
+            raise ValueError("a request that does not generate must ask for the prompt's logprobs (echo)")
         super().submit(request)
 
     # ---- one step ------------------------------------------------------------------------------
@@ -203,9 +218,16 @@ class BatchEngine(_Engine):
             return
         logits = torch.cat(logits)
         self.steps += 1
-        finished = []
-        for request, rows, new in self._sample(logits):
-            for i, token in zip(rows, new.tolist()):
+        finished = [i for i in range(n_old, len(self.rows)) if not self.rows[i].request.generate]
+        for i in finished:  # scoring only: answered with the prompt's logprobs, no token sampled
+            row = self.rows[i]
+            if not row.request.cancelled:
+                row.request.emit(Piece(row.sample, "", [], "length", logprobs=row.prompt_logprobs))
+        for request, rows, new in self._sample(logits, skip=set(finished)):
+            scores = None
+            if request.logprobs is not None:
+                scores = token_logprobs(logits[rows], new, self.tokenizer.vocab_size, request.logprobs)
+            for j, (i, token) in enumerate(zip(rows, new.tolist())):
                 row = self.rows[i]
                 row.tokens.append(token)
                 row.generated += 1
@@ -215,20 +237,24 @@ class BatchEngine(_Engine):
                     request.config.ends(self.tokenizer),
                     last=row.generated == request.config.max_new_tokens,
                 )
+                if scores is not None:
+                    piece.logprobs = (row.prompt_logprobs or []) + [scores[j]]
+                    row.prompt_logprobs = None
                 if piece.finish is not None:
                     finished.append(i)
                 if not request.cancelled:
                     request.emit(piece)
         self._leave(finished)
 
-    def _sample(self, logits: torch.Tensor):
-        """(request, its rows in sample order, their next ids) for every request in the batch.
+    def _sample(self, logits: torch.Tensor, skip: set[int] = frozenset()):
+        """(request, its rows in sample order, their next ids) for every request in the batch (but the
+        rows in `skip`).
 
         Requests with the same settings are sampled in one call, each row with a uniform from its own
         request's generator (the draws generate() makes); with a repetition penalty, one by one.
         """
         by_request: dict[Request, list[int]] = {}
-        for i in sorted(range(len(self.rows)), key=lambda i: self.rows[i].sample):
+        for i in sorted(set(range(len(self.rows))) - skip, key=lambda i: self.rows[i].sample):
             by_request.setdefault(self.rows[i].request, []).append(i)
         groups: dict[tuple, list[Request]] = {}
         for request in by_request:
@@ -264,9 +290,10 @@ class BatchEngine(_Engine):
                 yield request, by_request[request], new[start : start + n]
                 start += n
 
-    def _forward(self, contexts: list[list[int]], start: int, pos: list[int]) -> torch.Tensor:
+    def _forward(self, contexts: list[list[int]], start: int, pos: list[int], hidden: bool = False):
         """Next-token logits (B, V) after each context, fed right-padded to rows [start, start + B) of
-        the pool at positions `pos` (each row's context goes to pos[b] ...)."""
+        the pool at positions `pos` (each row's context goes to pos[b] ...); with `hidden`, also the
+        hidden states (B, T, C) of every position."""
         T = max(len(c) for c in contexts)
         pad = self.tokenizer.eot_token
         idx = torch.tensor([c + [pad] * (T - len(c)) for c in contexts], device=self.device)  # (B, T)
@@ -274,7 +301,8 @@ class BatchEngine(_Engine):
         caches = self.pool.caches(start, start + len(contexts), length, torch.tensor(pos, device=self.device))
         h = self.model.hidden(idx, caches)  # (B, T, C)
         last = torch.tensor([len(c) - 1 for c in contexts], device=self.device)
-        return self.model.head(h[torch.arange(len(contexts), device=self.device), last]).float()  # (B, V)
+        logits = self.model.head(h[torch.arange(len(contexts), device=self.device), last]).float()  # (B, V)
+        return (logits, h) if hidden else logits
 
     def _decode_step(self) -> torch.Tensor:
         """The newest token of every active row, appended at the row's own position."""
@@ -314,7 +342,20 @@ class BatchEngine(_Engine):
     def _prefill(self, first: int) -> torch.Tensor:
         """Prompts of the rows from `first` on (the joining requests), in one forward; their next-token logits."""
         joined = self.rows[first:]
-        return self._forward([row.tokens[row.start :] for row in joined], first, [0] * len(joined))
+        logits, h = self._forward([row.tokens[row.start :] for row in joined], first, [0] * len(joined), True)
+        scored: dict[Request, list] = {}  # a request's samples share its prompt's scores
+        for b, row in enumerate(joined):
+            request = row.request
+            if not (request.echo and request.logprobs is not None):
+                continue
+            if request not in scored:  # submit() checked that the prompt fits: row.start == 0
+                ids = torch.tensor(row.tokens[1:], device=self.device)
+                scores = token_logprobs(
+                    self.model.head(h[b, : len(ids)]), ids, self.tokenizer.vocab_size, request.logprobs
+                )
+                scored[request] = [first_token(row.tokens[0]), *scores]
+            row.prompt_logprobs = scored[request]
+        return logits
 
     def _leave(self, rows: list[int]) -> None:
         """Remove batch rows; the last active rows move into the holes."""

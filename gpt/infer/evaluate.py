@@ -88,7 +88,7 @@ def evaluate_chat(
 ) -> dict:
     """`evaluate` for a chat checkpoint: each source becomes the user's message (`instruction` with
     `{source}` replaced), the greedy answer is the translation."""
-    from gpt.infer.chat import answer_ids, end_tokens, fit
+    from gpt.infer.chat import answer_ids, end_tokens, fit  # lazy: chat only
 
     check_pairs(sources, references)
     if "{source}" not in instruction:
@@ -119,7 +119,7 @@ def check_pairs(sources: list[str], references: list[str]) -> None:
 
 def check_metrics_installed(metrics: tuple[str, ...]) -> None:
     """Each metric's package is importable: checked before any decoding, so a missing one costs no time."""
-    import importlib.util
+    import importlib.util  # lazy: one check
 
     for metric, module, package in (("bleu", "sacrebleu", "sacrebleu"), ("rouge", "rouge_score", "rouge-score")):
         if metric in metrics and importlib.util.find_spec(module) is None:

@@ -145,7 +145,7 @@ def run_exported(path: str | Path, idx: torch.Tensor) -> torch.Tensor:
     path = Path(path)
     if path.suffix == ".onnx":
         try:
-            import onnxruntime
+            import onnxruntime  # optional: onnx
         except ImportError:
             raise ExportError('running an ONNX model needs onnxruntime: pip install -e ".[export]"') from None
         session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])

@@ -26,7 +26,7 @@ class LlamaCppError(UserError, RuntimeError):
 def open_gguf(path, n_ctx: int = 0, n_threads: int | None = None, logits_all: bool = True, **kwargs):
     """A `llama_cpp.Llama` over the GGUF file at `path` (n_ctx 0: the file's context length)."""
     try:
-        import llama_cpp
+        import llama_cpp  # optional: llama.cpp
     except ImportError:
         raise LlamaCppError(
             "running a GGUF file needs llama-cpp-python: pip install llama-cpp-python (built from source)"

@@ -391,12 +391,15 @@ class Piece:
     `ids` holds the token generated at this step (end-of-text and the tokens of a stop string
     included, though their text is not); `finish` is None until the sample's last piece, then
     "eot" (end-of-text), "stop" (a stop string) or "length" (max_new_tokens reached).
+    `logprobs` (only for a request that asks for them, `gpt.infer.batching`) holds a `TokenLogprob`
+    per id this piece accounts for: the prompt's first (under echo), then the generated one.
     """
 
     sample: int
     text: str
     ids: list[int] = field(default_factory=list)
     finish: str | None = None
+    logprobs: list | None = None
 
 
 def encode_prompt(tokenizer: Tokenizer, prompt: str | Sequence[int]) -> list[int]:

@@ -25,6 +25,20 @@ LORA_DEFAULT_TARGETS = LORA_TARGETS[:4]  # each block's four projections (wte: t
 
 
 @dataclass
+class LoRAConfig:
+    """The adapters gpt/model/lora.py adds: rank, scaling alpha, dropout on their input, the layers adapted.
+    Its owner builds it (training: `TrainConfig.lora_config`; a checkpoint: its meta["lora"])."""
+
+    rank: int
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: list[str] = dataclasses.field(default_factory=lambda: list(LORA_DEFAULT_TARGETS))
+
+    def to_dict(self) -> dict:
+        return {"rank": self.rank, "alpha": self.alpha, "dropout": self.dropout, "targets": list(self.targets)}
+
+
+@dataclass
 class GPTConfig:
     """The model's shape (gpt/model/transformer.py builds it). Validated on construction: a ConfigError lists every
     problem, each led by its field name."""

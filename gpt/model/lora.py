@@ -45,35 +45,19 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt.errors import ConfigError, UserError
-from gpt.model.config import LORA_DEFAULT_TARGETS, LORA_TARGETS  # noqa: F401 (what LoRA can adapt)
+from gpt.model.config import LORA_DEFAULT_TARGETS, LORA_TARGETS, LoRAConfig  # noqa: F401 (what LoRA can adapt, how)
 
 ADAPTER_KEYS = ("lora_A", "lora_B")
 
 
 class LoRAError(UserError, ValueError):
     """A LoRA checkpoint whose base is missing or changed, or adapters that do not fit the model."""
-
-
-@dataclass
-class LoRAConfig:
-    rank: int
-    alpha: float = 16.0
-    dropout: float = 0.0
-    targets: list[str] = field(default_factory=lambda: list(LORA_DEFAULT_TARGETS))
-
-    @classmethod
-    def from_train(cls, cfg) -> LoRAConfig:
-        return cls(cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_list())
-
-    def to_dict(self) -> dict:
-        return {"rank": self.rank, "alpha": self.alpha, "dropout": self.dropout, "targets": list(self.targets)}
 
 
 class LoRALinear(nn.Module):

@@ -9,10 +9,18 @@ stream sends the same object per chunk with the new text, then `data: [DONE]`. E
 make.
 
 Supported: prompt (text, texts, token ids, lists of token ids), max_tokens, temperature, top_p, n,
-stop, seed (a signed 64-bit integer, as OpenAI's), stream, stream_options.include_usage, echo, user;
-extensions top_k and repetition_penalty (the openai client sends them with `extra_body`). Asked for
-with other than their neutral value, logprobs, best_of, suffix, logit_bias and the presence /
-frequency penalties are a 400 that says so; unknown fields are a 400 that names them.
+stop, seed (a signed 64-bit integer, as OpenAI's), stream, stream_options.include_usage, echo, user,
+logprobs (0 to 20; not with stream); extensions top_k and repetition_penalty (the openai client sends
+them with `extra_body`). Asked for with other than their neutral value, best_of, suffix, logit_bias and
+the presence / frequency penalties are a 400 that says so; unknown fields are a 400 that names them.
+
+Logprobs (the legacy completions shape, as vLLM serves it; `gpt.infer.logprobs` says what the numbers
+are): `choices[i].logprobs` is `{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`, one entry
+per token of the choice's text: under `echo` the prompt's tokens first (the first one's logprob and top
+are null), then the generated ones. `tokens` and the keys of `top_logprobs` are each token's own text
+(a byte-level token that ends inside a character shows U+FFFD); `text_offset` is where each token's
+text starts in the choice's text. `max_tokens: 0` only scores the prompt: it needs `echo` and returns
+no new text (lm-evaluation-harness's loglikelihood asks `max_tokens: 1` and drops the last entry).
 
 `POST /v1/chat/completions` (`openai.types.chat.ChatCompletion`): `messages` (system / developer,
 user and assistant; content a string or a list of text parts) instead of a prompt, the same sampling
@@ -46,7 +54,7 @@ class CompletionRequest(BaseModel):
 
     model: str
     prompt: str | list[str] | list[int] | list[list[int]] = ""  # "" starts from end-of-text
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default
+    max_tokens: int | None = Field(16, ge=0)  # OpenAI's default; 0 (scoring only) needs echo: checked in app.py
     temperature: float | None = Field(1.0, ge=0.0, le=2.0)
     top_p: float | None = Field(1.0, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=1)  # extension (vLLM's name): None keeps every token
@@ -58,8 +66,8 @@ class CompletionRequest(BaseModel):
     seed: int | None = Field(None, ge=-(2**63), lt=2**63)  # OpenAI's int64 range (torch's manual_seed takes it)
     echo: bool | None = False
     user: str | None = None
+    logprobs: int | None = Field(None, ge=0, le=20)  # OpenAI's (and vLLM's) bounds
     # accepted at their neutral value only
-    logprobs: int | None = None
     best_of: int | None = None
     suffix: str | None = None
     logit_bias: dict[str, float] | None = None
@@ -88,7 +96,6 @@ class CompletionRequest(BaseModel):
     def unsupported(self) -> str | None:
         """The first field asked for with a value this server does not implement, if any."""
         neutral = {
-            "logprobs": (None, 0),
             "suffix": (None, ""),
             "logit_bias": (None, {}),
             "presence_penalty": (None, 0.0),
@@ -108,6 +115,23 @@ class CompletionRequest(BaseModel):
         if isinstance(self.prompt[0], int):
             return [self.prompt]
         return list(self.prompt)
+
+
+class TokenizeRequest(BaseModel):
+    """The body of `POST /tokenize` (vLLM's shape, as lm-evaluation-harness's remote tokenizer sends it)."""
+
+    model_config = STRICT
+    prompt: str
+    add_special_tokens: bool = True  # no effect: these tokenizers add no begin-of-text token
+    model: str | None = None
+
+
+class DetokenizeRequest(BaseModel):
+    """The body of `POST /detokenize`."""
+
+    model_config = STRICT
+    tokens: list[int]
+    model: str | None = None
 
 
 class TextPart(BaseModel):
@@ -261,8 +285,17 @@ class Completion:
             "system_fingerprint": self.fingerprint,
         }
 
-    def body(self, texts: list[str], finishes: list[str], prompt_tokens: int, completion_tokens: int) -> dict:
+    def body(
+        self,
+        texts: list[str],
+        finishes: list[str],
+        prompt_tokens: int,
+        completion_tokens: int,
+        logprobs: list[dict | None] | None = None,
+    ) -> dict:
         choices = [choice(i, text, finish) for i, (text, finish) in enumerate(zip(texts, finishes))]
+        for c, lp in zip(choices, logprobs or []):
+            c["logprobs"] = lp
         return {**self._head(), "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
 
     def chunk(self, index: int, text: str, finish: str | None) -> dict:
@@ -312,6 +345,31 @@ class ChatCompletion(Completion):
 
 def choice(index: int, text: str, finish: str | None) -> dict:
     return {"text": text, "index": index, "logprobs": None, "finish_reason": FINISH[finish] if finish else None}
+
+
+def logprobs_object(entries: list, token_text) -> dict:
+    """A choice's `logprobs`: `entries` are `gpt.infer.logprobs.TokenLogprob`s in text order, `token_text`
+    turns one id into its text."""
+    tokens = [token_text(e.id) for e in entries]
+    offsets, at = [], 0
+    for text in tokens:
+        offsets.append(at)
+        at += len(text)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [None if e.top is None else top_table(e.top, token_text) for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def top_table(top: dict[int, float], token_text) -> dict[str, float]:
+    """{token text: logprob}; ids whose texts coincide (bytes of one character) keep the largest."""
+    table: dict[str, float] = {}
+    for i, value in top.items():
+        text = token_text(i)
+        table[text] = max(value, table.get(text, value))
+    return table
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:

@@ -4,9 +4,11 @@
     Server(app).run(sockets=[listen("127.0.0.1", 8000)])  # what `python -m gpt.serve` does (uvicorn, guarded)
 
 Routes: `POST /v1/completions` (OpenAI's completions API, streamed as server-sent events with
-`"stream": true`), `POST /v1/chat/completions` (its chat API, for checkpoints fine-tuned on a chat
+`"stream": true`; `logprobs` and `echo` score prompts, as lm-evaluation-harness asks: `api.py`), `POST
+/v1/chat/completions` (its chat API, for checkpoints fine-tuned on a chat
 dataset: the messages rendered by the checkpoint's chat template, the answer ending at its end of turn;
-a plain model answers a 400 `not_a_chat_model`), `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`,
+a plain model answers a 400 `not_a_chat_model`), `GET /tokenizer_info`, `POST /tokenize` and `POST /detokenize`
+(vLLM's routes, which lm-eval's remote tokenizer reads), `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`,
 the playground page at `/` (`playground.html`), and with `docs` the OpenAPI page at `/docs` (its Swagger
 UI script comes from a CDN, so it is off by default). With an API key, `/v1/*` needs `Authorization:
 Bearer KEY`. Every answer forbids framing and MIME sniffing (`guards.Hardened`).
@@ -80,6 +82,9 @@ from gpt.serve.api import (
     ChatCompletionRequest,
     Completion,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    logprobs_object,
     model_card,
     validation_error,
 )
@@ -142,6 +147,7 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
     max_prompt = min(config.max_prompt_tokens or block_size, block_size)
     created = int(time.time())
     template = None if seq2seq else chat_template(meta)
+    eos_text = tokenizer.decode([tokenizer.eot_token])
     ends = end_tokens(template, tokenizer) if template else ()
 
     async def lifespan(app):
@@ -238,9 +244,73 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
     )
     async def completions(request: HTTPRequest):
         req = await parse(request, CompletionRequest)
+        if req.max_tokens == 0 and (req.stream or not req.echo):
+            raise APIError(
+                400,
+                "max_tokens is 0: that only scores the prompt, which needs 'echo': true (and 'logprobs'), "
+                "and is not streamed.",
+                param="max_tokens",
+                code="invalid_value",
+            )
+        if req.logprobs is not None and (req.stream or seq2seq):
+            why = "with 'stream'" if req.stream else "for a translation (encoder-decoder) model"
+            raise APIError(
+                400,
+                f"'logprobs' {why} is not supported by this server; leave one out.",
+                param="logprobs",
+                code="unsupported_parameter",
+            )
         sample, prompts = check(req)
         echoes = [tokenizer.decode(ids) if req.echo else "" for ids in prompts]
-        return await answer(request, req, sample, prompts, Completion(config.model_name, config.fingerprint), echoes)
+        scoring = {"logprobs": req.logprobs, "echo": bool(req.echo), "generate": req.max_tokens != 0}
+        if req.max_tokens == 0 and req.logprobs is None:  # echo alone: the prompt is the whole answer
+            return Completion(config.model_name, config.fingerprint).body(
+                [e for e in echoes for _ in range(sample.num_samples)],
+                ["length"] * len(echoes) * sample.num_samples,
+                sum(len(ids) for ids in prompts),
+                0,
+            )
+        completion = Completion(config.model_name, config.fingerprint)
+        return await answer(request, req, sample, prompts, completion, echoes, scoring)
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info(request: HTTPRequest):
+        """What lm-evaluation-harness's remote tokenizer reads first (vLLM's route): the end-of-text token
+        (the prefix of every scored text), the context length."""
+        authorize(request)
+        return {
+            "tokenizer_class": type(tokenizer).__name__,
+            "eos_token": eos_text,
+            "eos_token_id": tokenizer.eot_token,
+            "bos_token": None,
+            "pad_token": None,
+            "vocab_size": tokenizer.vocab_size,
+            "model_max_length": block_size,
+        }
+
+    @app.post("/tokenize")
+    async def tokenize(request: HTTPRequest):
+        """Text -> ids, the end-of-text token's text included as its id (lm-eval reads the end-of-text id
+        as `tokenize(eos_token)[0]`)."""
+        req = await parse(request, TokenizeRequest)
+        with encoding("prompt"):
+            parts = [tokenizer.encode(part) if part else [] for part in req.prompt.split(eos_text)]
+        ids = [*parts[0]]
+        for part in parts[1:]:
+            ids += [tokenizer.eot_token, *part]
+        return {"count": len(ids), "max_model_len": block_size, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(request: HTTPRequest):
+        req = await parse(request, DetokenizeRequest)
+        if any(not 0 <= i < tokenizer.vocab_size for i in req.tokens):
+            raise APIError(
+                400,
+                f"Invalid tokens: token ids must be in [0, {tokenizer.vocab_size}).",
+                param="tokens",
+                code="invalid_value",
+            )
+        return {"prompt": tokenizer.decode(req.tokens)}
 
     @app.post(
         "/v1/chat/completions",
@@ -300,14 +370,19 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
         except ValidationError as e:
             raise validation_error(e, body) from None
 
-    async def answer(request: HTTPRequest, req, sample: SampleConfig, prompts, completion, echoes):
-        """Queue one engine request per prompt, then answer: the whole body, or a stream of chunks."""
+    async def answer(request: HTTPRequest, req, sample: SampleConfig, prompts, completion, echoes, scoring=None):
+        """Queue one engine request per prompt, then answer: the whole body, or a stream of chunks.
+        `scoring`: the engine Request's logprobs, echo and generate (completions only)."""
         if app.state.stopping:
             raise stopping
         queue: asyncio.Queue = asyncio.Queue()
         open_completions.add(queue)
         loop = asyncio.get_running_loop()
-        requests = [Request(ids, sample, emit_to(loop, queue, i * sample.num_samples)) for i, ids in enumerate(prompts)]
+        scoring = scoring or {}
+        requests = [
+            Request(ids, sample, emit_to(loop, queue, i * sample.num_samples), **scoring)
+            for i, ids in enumerate(prompts)
+        ]
         try:
             worker.submit(requests)
         except QueueFull as e:
@@ -320,7 +395,8 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
             return StreamingResponse(
                 events, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
             )
-        return await respond(request, completion, queue, requests, total, echoes, prompt_tokens)
+        token_text = (lambda i: tokenizer.decode([i])) if scoring.get("logprobs") is not None else None
+        return await respond(request, completion, queue, requests, total, echoes, prompt_tokens, token_text)
 
     def check(req, texts: list | None = None) -> tuple[SampleConfig, list[list[int]]]:
         """The request's sampling settings and prompt ids (of `texts`, default the request's prompts), or
@@ -340,7 +416,7 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
                 param="model",
                 code="model_not_found",
             )
-        max_tokens = 16 if req.max_tokens is None else req.max_tokens
+        max_tokens = 16 if req.max_tokens is None else max(1, req.max_tokens)  # 0 scores only (completions())
         if max_tokens > config.max_tokens:
             raise APIError(
                 400,
@@ -503,11 +579,14 @@ async def respond(
     total: int,
     echoes: list[str],
     prompt_tokens: int,
+    token_text=None,
 ):
-    """The whole completion as one JSON body; gives up (and frees the rows) if the client disconnects."""
+    """The whole completion as one JSON body; gives up (and frees the rows) if the client disconnects.
+    With `token_text` (id -> its text), each choice carries its logprobs."""
     n = total // len(requests)
     texts = [echoes[i // n] for i in range(total)]
     finishes: list[str] = [""] * total
+    scores: list[list] = [[] for _ in range(total)]
     generated = 0
     waiting = asyncio.ensure_future(_disconnected(http))
     try:
@@ -523,13 +602,17 @@ async def respond(
                 break
             index, piece = item
             texts[index] += piece.text
+            scores[index] += piece.logprobs or []
             generated += len(piece.ids)
             finishes[index] = piece.finish or finishes[index]
     finally:
         waiting.cancel()
         for request in requests:
             request.cancel()
-    return completion.body(texts, finishes, prompt_tokens, generated)
+    if token_text is None:
+        return completion.body(texts, finishes, prompt_tokens, generated)
+    logprobs = [logprobs_object(s, token_text) for s in scores]
+    return completion.body(texts, finishes, prompt_tokens, generated, logprobs)
 
 
 async def _disconnected(http: HTTPRequest) -> None:

@@ -25,7 +25,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from gpt.errors import ConfigError
-from gpt.model.config import LORA_DEFAULT_TARGETS, LORA_TARGETS, GPTConfig
+from gpt.model.config import LORA_DEFAULT_TARGETS, LORA_TARGETS, GPTConfig, LoRAConfig
 from gpt.model.config import problems as check_model
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -48,6 +48,17 @@ MODEL_HELP = {  # the flags of the model's fields (GPTConfig, gpt/model/config.p
     "logit_softcap": "cap the logits smoothly at +-c: c * tanh(logits / c); 0 = off",
     "untied_head": "an output head of its own instead of the token embedding's matrix",
 }
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """The optimizer's own settings (gpt/train/trainer.py `make_optimizer`); `TrainConfig.optimizer_config`
+    builds it from the flags."""
+
+    name: str = "adamw"  # adamw | muon
+    lr: float = 1e-3  # the peak LR (the schedule sets each step's)
+    betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = 0.1  # matrices only
 
 
 def default_model() -> GPTConfig:
@@ -266,6 +277,15 @@ class TrainConfig:
 
     def lora_target_list(self) -> list[str]:
         return [t.strip() for t in self.lora_targets.split(",") if t.strip()]
+
+    def optimizer_config(self) -> OptimizerConfig:
+        return OptimizerConfig(self.optimizer, self.learning_rate, (self.beta1, self.beta2), self.weight_decay)
+
+    def lora_config(self) -> LoRAConfig | None:
+        """The adapters --lora-rank / --lora-alpha / --lora-dropout / --lora-targets ask for (None: LoRA off)."""
+        if not self.lora_rank:
+            return None
+        return LoRAConfig(self.lora_rank, self.lora_alpha, self.lora_dropout, self.lora_target_list())
 
     def to_dict(self) -> dict:
         """Flat, as the flags and config files spell it (config.json, a checkpoint's train_config, W&B): the

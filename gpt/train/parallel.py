@@ -68,7 +68,7 @@ def check(cfg: TrainConfig, rt: Runtime) -> None:
 
 def mixed_precision(dtype: torch.dtype):
     """FSDP's policy for the compute dtype: gathered parameters in it, gradients reduced in float32."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.fsdp import MixedPrecisionPolicy  # lazy: distributed
 
     if dtype == torch.float32:
         return MixedPrecisionPolicy()
@@ -108,7 +108,7 @@ def _attention_kernels() -> list:
 def shard(model: GPT, dtype: torch.dtype, compile: bool = False) -> None:
     """FSDP2, in place: each block, then the root. The model's class and parameters change (DTensors).
     Every process starts from rank 0's weights, as DDP does (each one seeded its own initialisation)."""
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import fully_shard  # lazy: distributed
 
     with torch.no_grad():
         for t in model.state_dict().values():
@@ -140,7 +140,7 @@ def wrap(model: GPT, cfg: TrainConfig, rt: Runtime) -> nn.Module:
         return model
     train_model = torch.compile(model, options=compile_options(rt.device)) if cfg.compile else model
     if rt.ddp:
-        from torch.nn.parallel import DistributedDataParallel as DDP
+        from torch.nn.parallel import DistributedDataParallel as DDP  # lazy: distributed
 
         train_model = DDP(train_model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
     return train_model
@@ -149,21 +149,21 @@ def wrap(model: GPT, cfg: TrainConfig, rt: Runtime) -> nn.Module:
 def micro_step(train_model: nn.Module, last: bool):
     """The context of one micro-step's forward and backward: DDP skips the gradient all-reduce on all
     but the last; FSDP reduce-scatters every time (see the module notes)."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.nn.parallel import DistributedDataParallel as DDP  # lazy: distributed
 
     return train_model.no_sync() if isinstance(train_model, DDP) and not last else nullcontext()
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
     """A plain tensor with the whole value of `t` (a DTensor's is gathered, a collective)."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # lazy: distributed
 
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def all_finite(model: nn.Module, rt: Runtime) -> bool:
     """Whether every parameter is finite, on every process (each checks its own shards under FSDP)."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # lazy: distributed
 
     local = all(bool(torch.isfinite(p.to_local() if isinstance(p, DTensor) else p).all()) for p in model.parameters())
     if not rt.ddp:

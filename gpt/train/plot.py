@@ -147,7 +147,7 @@ PANELS = [  # (title, x key, x label, [(kind, y key, label suffix, style)], log 
 
 def draw(logs: list[RunLog]):
     """A matplotlib Figure of the runs (see PANELS); not saved."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # optional: plot
 
     fig = Figure(figsize=(20, 8.5), layout="constrained")
     axes = fig.subplots(2, 4).flatten()
@@ -182,7 +182,7 @@ def draw(logs: list[RunLog]):
 
 def save_figure(fig, out: str | os.PathLike) -> Path:
     """Write `fig` as a PNG atomically (a reader never sees half a file)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # optional: plot
 
     out = Path(out)
     try:

@@ -1,9 +1,10 @@
 """Where a run starts: a fresh model, one fine-tuned from a checkpoint (all weights, or LoRA adapters on a
-frozen base), or a run resumed exactly where it stopped.
+frozen base), or a run resumed exactly where it stopped. The command line is resolved here once, into a
+`RunPlan` the trainer takes: each checkpoint it names is located and its meta read once.
 
-    cfg, explicit = config_from_argv(sys.argv[1:])    # with --resume RUN, the run's own config is the base
-    model, model_config = new_model(cfg, task, explicit, log)
-    check_resumable(meta, model_config, task, cfg)    # a resume continues the same model on the same data
+    plan = resolve_run(sys.argv[1:])                  # with --resume RUN, the run's own config is the base
+    model, model_config = new_model(plan, task, log)
+    check_resumable(plan.resume.meta, model_config, task, plan.cfg)  # the same model on the same data
 
 The loop itself is gpt/train/trainer.py; the checkpoints it reads are gpt/checkpoints/.
 """
@@ -12,11 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch.nn as nn
 
 from gpt.checkpoints import adapters, loader
+from gpt.checkpoints.loader import Located
 from gpt.checkpoints.native import LATEST
 from gpt.errors import ConfigError, UserError
 from gpt.model.config import GPTConfig
@@ -53,27 +56,58 @@ class TrainingError(UserError, RuntimeError):
     """The run cannot go on (non-finite loss, mismatched tokenizer, ...); the message says why."""
 
 
-# ---- the configuration: a command line, and with --resume the run's own config under it ---------------
+# ---- the run, resolved once: a command line, and with --resume the run's own config under it -------------
 
 
-def config_from_argv(argv: list[str]) -> tuple[TrainConfig, set[str]]:
-    """The training config of a command line, and the names given explicitly (by the command line, the
-    config file or, with `--resume RUN`, the run's saved config, which the command line may change)."""
+@dataclass(frozen=True)
+class RunPlan:
+    """A training run as its command line resolves (`resolve_run`): the config, and each checkpoint it names,
+    located with its meta read (gpt/checkpoints/loader.py `locate`). The trainer reads nothing of them again."""
+
+    cfg: TrainConfig
+    asked: frozenset[str] = frozenset()  # the architecture fields set explicitly (a flag, the config file, or
+    # a resumed run's config): fine-tuning, the checkpoint's own win and these are reported as ignored
+    resume: Located | None = None  # --resume RUN: the checkpoint it continues (last.pt, or last.dcp)
+    init: Located | None = None  # the weights it starts from: --init-from's, or a resumed LoRA run's base
+    lora: LoRAConfig | None = None  # --lora-rank: the adapters trained on the frozen `init`
+    base: Path | None = None  # with `lora`: the base as its checkpoints record it
+
+
+def resolve_run(argv: list[str]) -> RunPlan:
+    """The run a command line asks for. Names given explicitly are those of the command line, the config
+    file or, with `--resume RUN`, the run's saved config (which the command line may change)."""
     cli, config_name, _ = parse_cli(argv)
-    base = {}
+    base, resume = {}, None
     if cli.get("resume"):
-        saved = loader.read_meta(cli["resume"], names=LATEST)
-        base = dict(saved["train_config"])
+        resume = loader.trained(cli["resume"], names=LATEST)
+        base = dict(resume.meta["train_config"])
         # the architecture the run has (an --init-from run's came from its checkpoint, not from these flags)
-        base.update({k: v for k, v in saved["model_config"].items() if k in base})
+        base.update({k: v for k, v in resume.meta["model_config"].items() if k in base})
         for key in ("resume", "init_from", "force"):
             base.pop(key, None)
-        base["out_dir"] = str(loader.resolve(cli["resume"], names=LATEST).parent)  # where it is now
+        base["out_dir"] = str(resume.path.parent)  # where it is now
     cfg = build_config(argv, base=base)
     explicit = set(cli) | set(base)
     if config_name:
         explicit |= set(load_toml(find_config(config_name)))
-    return cfg, explicit
+    return plan_run(cfg, explicit, resume)
+
+
+def plan_run(cfg: TrainConfig, explicit: set[str], resume: Located | None = None) -> RunPlan:
+    """`cfg`'s plan: where its weights come from, located once (`resume`: already located)."""
+    asked = frozenset(k for k in ARCHITECTURE if k in explicit)
+    lora = cfg.lora_config()
+    if lora and resume:  # the run's own base, as its adapters record it
+        if "lora" not in resume.meta:
+            raise ConfigError(
+                f"--lora-rank: the run in {cfg.resume} trains all its weights, it cannot go on as LoRA; "
+                f"start a LoRA run from it with --init-from {cfg.resume}"
+            )
+        base = adapters.find_base(resume.meta["lora"], resume.path)
+        # a resumed run's config restates its base's architecture: only its block size is the run's own
+        return RunPlan(cfg, frozenset({"block_size"}), resume, loader.locate(base), lora, base)
+    init = loader.locate(cfg.init_from) if cfg.init_from else None
+    return RunPlan(cfg, asked, resume, init, lora, loader.base_path(init) if lora else None)
 
 
 # ---- the model: fresh, fine-tuned from a checkpoint, or resumed ---------------------------------------
@@ -111,23 +145,23 @@ def padded_vocab(task) -> int:
     return math.ceil(task.vocab_size / 64) * 64  # a multiple of 64: faster matmuls
 
 
-def new_model(cfg: TrainConfig, task, explicit: set[str], log, init_from: str = "") -> tuple[GPT, dict]:
-    """A fresh model, or one initialised from `init_from` (default: cfg.init_from); returns (model, the
-    model config used)."""
-    init_from = init_from or cfg.init_from
-    if not init_from:
+def new_model(plan: RunPlan, task, log) -> tuple[GPT, dict]:
+    """A fresh model, or one initialised from `plan.init`; returns (model, the model config used)."""
+    cfg, init = plan.cfg, plan.init
+    if init is None:
         mcfg = dataclasses.replace(cfg.model, vocab_size=padded_vocab(task))
         return GPT(mcfg), mcfg.to_dict()
-    model, meta = loader.load_model(init_from)
-    check_tokenizer(init_from, meta["tokenizer"], task, cfg.data)
+    source = str(plan.base or cfg.init_from)  # (as the user named it, or the LoRA base its run records)
+    model, meta = loader.load_model(init)
+    check_tokenizer(source, meta["tokenizer"], task, cfg.data)
     mdict = dict(meta["model_config"], dropout=cfg.model.dropout)  # architecture from the checkpoint
     ignored = [
         f"{flag(k)} {getattr(cfg.model, k)}"
         for k in ARCHITECTURE
-        if k in explicit and k != "block_size" and k in mdict and getattr(cfg.model, k) != mdict[k]
+        if k in plan.asked and k != "block_size" and k in mdict and getattr(cfg.model, k) != mdict[k]
     ]
     if ignored:
-        log(f"init_from: the architecture comes from {init_from}; ignoring {', '.join(ignored)}")
+        log(f"init_from: the architecture comes from {source}; ignoring {', '.join(ignored)}")
     state = model.state_dict()
     model = GPT(GPTConfig.from_dict(mdict))
     model.load_state_dict(state)
@@ -137,10 +171,10 @@ def new_model(cfg: TrainConfig, task, explicit: set[str], log, init_from: str = 
         model.grown = {"vocab_size": model.config.vocab_size, "fresh": [fresh.start, fresh.stop]}
         log(
             f"init_from: the chat template's {len(fresh)} special tokens (ids {fresh.start}..{fresh.stop - 1}) are new to "
-            f"{init_from}: its embedding and tied head grow to {model.config.vocab_size:,} rows, the new ones "
+            f"{source}: its embedding and tied head grow to {model.config.vocab_size:,} rows, the new ones "
             f"starting at the mean of the old"
         )
-    block = cfg.model.block_size if "block_size" in explicit else mdict["block_size"]
+    block = cfg.model.block_size if "block_size" in plan.asked else mdict["block_size"]
     if block < mdict["block_size"]:
         log(f"init_from: cropping block_size {mdict['block_size']} -> {block}")
         model.crop_block_size(block)
@@ -191,26 +225,12 @@ def schedule_change(saved: dict, cfg: TrainConfig, step: int) -> str | None:
     return None
 
 
-# ---- LoRA: the base a run adapts, and its adapters ------------------------------------------------------
+# ---- LoRA: the adapters on the frozen base ----------------------------------------------------------------
 
 
-def lora_base(cfg) -> Path:
-    """The base a LoRA run adapts: `--init-from`'s checkpoint, or, resuming, the one the run names."""
-    if not cfg.resume:
-        return loader.base_path(cfg.init_from)
-    path = loader.resolve(cfg.resume, names=LATEST)
-    meta_ = loader.read_meta(path, names=LATEST)
-    if "lora" not in meta_:
-        raise ConfigError(
-            f"--lora-rank: the run in {cfg.resume} trains all its weights, it cannot go on as LoRA; "
-            f"start a LoRA run from it with --init-from {cfg.resume}"
-        )
-    return adapters.find_base(meta_["lora"], path)
-
-
-def add_adapters(model: nn.Module, cfg, base: Path, log) -> dict:
-    """Freeze the base, add the adapters `cfg` asks for; returns meta["lora"] for the run's checkpoints."""
-    config = LoRAConfig.from_train(cfg)
+def add_adapters(model: nn.Module, plan: RunPlan, log) -> dict:
+    """Freeze the base, add the adapters the plan asks for; returns meta["lora"] for the run's checkpoints."""
+    config = plan.lora
     grown = getattr(model, "grown", None)
     if grown and "wte" not in config.targets:  # the new tokens' rows must be able to learn
         config = dataclasses.replace(config, targets=[*config.targets, "wte"])
@@ -218,6 +238,6 @@ def add_adapters(model: nn.Module, cfg, base: Path, log) -> dict:
     n = apply(model, config)
     log(
         f"lora: rank {config.rank}, alpha {config.alpha:g} on {', '.join(config.targets)}: {n:,} trained parameters; "
-        f"the base {base} is frozen"
+        f"the base {plan.base} is frozen"
     )
-    return adapters.meta(config, model, base, cfg.out_dir, grown)
+    return adapters.meta(config, model, plan.base, plan.cfg.out_dir, grown)

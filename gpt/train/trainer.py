@@ -5,7 +5,7 @@
     torchrun --nproc-per-node 2 train.py --data ... --out-dir ...            # DistributedDataParallel
     torchrun --nproc-per-node 8 train.py ... --fsdp --activation-checkpointing  # sharded (gpt/train/parallel.py, gpt/checkpoints/dcp.py)
 
-`train(cfg)` reads as its steps: claim the run directory, open the data, build (or resume) the model,
+`train(plan)` (a `RunPlan`: the command line resolved once, gpt/train/start.py) reads as its steps: claim the run directory, open the data, build (or resume) the model,
 then loop. One step, in nanoGPT's order: the step's LR -> `grad_accum` micro-steps (forward, loss /
 accum, backward; DDP syncs gradients only on the last micro-step) -> unscale, check the loss and
 gradient norm are finite, clip -> optimizer step. Evaluation and checkpoints happen between steps.
@@ -39,7 +39,7 @@ from gpt.model.transformer import GPT
 from gpt.progress import Progress, format_duration
 from gpt.runtime import Runtime, setup
 from gpt.train import parallel, plot, preflight, start
-from gpt.train.config import TrainConfig
+from gpt.train.config import OptimizerConfig, TrainConfig
 from gpt.train.health import HealthMonitor
 from gpt.train.muon import Muon, ns_dtype_for
 from gpt.train.rundir import RunDir
@@ -52,16 +52,16 @@ from gpt.train.tasks import count_targets, open_task
 # ---- the pieces of a step ----------------------------------------------------------------------------
 
 
-def make_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+def make_optimizer(model: GPT, opt: OptimizerConfig, device: torch.device) -> torch.optim.Optimizer:
     """AdamW (the fused kernel where this PyTorch has one), or Muon + AdamW (gpt/train/muon.py); weight decay on
     matrices only."""
-    kwargs = dict(lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2))
-    if cfg.optimizer == "muon":
-        return Muon(model.param_groups(cfg.weight_decay, muon=True), ns_dtype=ns_dtype_for(device), **kwargs)
+    kwargs = dict(lr=opt.lr, betas=opt.betas)
+    if opt.name == "muon":
+        return Muon(model.param_groups(opt.weight_decay, muon=True), ns_dtype=ns_dtype_for(device), **kwargs)
     try:
-        return torch.optim.AdamW(model.param_groups(cfg.weight_decay), fused=True, **kwargs)
+        return torch.optim.AdamW(model.param_groups(opt.weight_decay), fused=True, **kwargs)
     except (RuntimeError, TypeError):
-        return torch.optim.AdamW(model.param_groups(cfg.weight_decay), foreach=True, **kwargs)
+        return torch.optim.AdamW(model.param_groups(opt.weight_decay), foreach=True, **kwargs)
 
 
 def train_step(
@@ -167,9 +167,10 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
 # ---- the run -------------------------------------------------------------------------------------------
 
 
-def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
-    """Run training as configured; returns a summary dict (final losses, steps, time)."""
+def train(plan: start.RunPlan) -> dict:
+    """Run training as planned; returns a summary dict (final losses, steps, time)."""
     t_start = time.time()
+    cfg = plan.cfg
     if not cfg.data:
         raise ConfigError("--data: no dataset given; pass --data data/NAME (prepare one with data/prepare.py)")
     rt = setup(cfg.device, cfg.dtype, cfg.threads, cfg.deterministic)
@@ -191,7 +192,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset()) -> dict:
                 tensorboard=cfg.tensorboard,
             )
             try:
-                return Run(cfg, explicit, rt, task, run_dir, log, t_start).loop()
+                return Run(plan, rt, task, run_dir, log, t_start).loop()
             finally:
                 log.close()
     finally:
@@ -203,22 +204,19 @@ class Run:
     """One training run's state and its named steps: start (fresh, fine-tune or resume), step, log,
     evaluate, save."""
 
-    def __init__(self, cfg: TrainConfig, explicit, rt: Runtime, task, run_dir: RunDir, log: RunLogger, t_start: float):
+    def __init__(self, plan: start.RunPlan, rt: Runtime, task, run_dir: RunDir, log: RunLogger, t_start: float):
+        cfg, self.resume = plan.cfg, plan.resume  # the checkpoint a resume continues, located once
         self.cfg, self.rt, self.task, self.run_dir, self.log, self.t_start = cfg, rt, task, run_dir, log, t_start
         self.out_dir = Path(cfg.out_dir)
         torch.manual_seed(cfg.seed + rt.rank)
         log.print(f"building the model on {rt.describe()}")
-        base = start.lora_base(cfg) if cfg.lora_rank else None  # the model LoRA adapts
-        model, self.model_config = start.new_model(
-            cfg, task, {"block_size"} if cfg.resume and base else explicit, log.print, init_from=str(base or "")
-        )
-        self.lora_meta = start.add_adapters(model, cfg, base, log.print) if base else None
-        self.cfg = cfg = replace(
-            cfg, model=model.config
-        )  # the model built: a checkpoint's, cropped, the dataset's vocab
+        model, self.model_config = start.new_model(plan, task, log.print)
+        self.lora_meta = start.add_adapters(model, plan, log.print) if plan.lora else None
+        # the model built: a checkpoint's, cropped, the dataset's vocab
+        self.cfg = cfg = replace(cfg, model=model.config)
         self.model = model.to(rt.device)
         self.train_model = parallel.wrap(model, cfg, rt)  # before the optimizer: FSDP swaps in sharded parameters
-        self.optimizer = make_optimizer(model, cfg, rt.device)
+        self.optimizer = make_optimizer(model, cfg.optimizer_config(), rt.device)
         self.scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.dtype == torch.float16)
         self.step, self.best_val, self.skipped, self.saved_step, self.tokens_seen = 0, float("inf"), 0, None, 0
         self.pending_tokens = torch.zeros((), dtype=torch.long, device=rt.device)
@@ -240,14 +238,13 @@ class Run:
 
     def _resume(self) -> None:
         cfg, rt = self.cfg, self.rt
-        source = loader.resolve(cfg.resume, names=native.LATEST)  # last.pt, or last.dcp (sharded)
-        meta = loader.read_meta(source)
+        source, meta = self.resume.path, self.resume.meta  # last.pt, or last.dcp (sharded): located once
         start.check_resumable(meta, self.model_config, self.task, cfg)
         adapters.check_resume(meta, self.lora_meta, cfg.resume)
         if cfg.fsdp:  # each process reads the shards it holds (a .pt: its part of the whole)
             ckpt = dcp.load(source, self.model, self.optimizer)
         else:
-            ckpt = loader.read(source, map_location=rt.device)
+            ckpt = loader.read(self.resume, map_location=rt.device)
             lora.load_weights(self.model, ckpt["model"], ckpt.source)  # all weights, or a LoRA run's adapters
             self.optimizer.load_state_dict(ckpt["optimizer"])
         meta = ckpt["meta"]
@@ -318,8 +315,8 @@ class Run:
         stopped on non-finite values), how to continue from it exactly: "" otherwise."""
         try:
             last = loader.read_meta(self.out_dir, names=native.LATEST)
-            best_path = loader.resolve(self.out_dir, names=("best.pt",))
-            best = loader.read_meta(best_path)
+            found = loader.trained(self.out_dir, names=("best.pt",))
+            best_path, best = found.path, found.meta
         except native.CheckpointError:
             return ""
         last_val, best_val = last.get("val_loss"), best.get("val_loss")

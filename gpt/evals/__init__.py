@@ -1,0 +1,21 @@
+"""lm-evaluation-harness task files over local data (no download): `TASKS_DIR` is lm-eval's `--include_path`.
+
+    lm_eval --model local-completions --include_path gpt/evals/tasks --tasks gpt_shakespeare_next_line,gpt_wikitext2 \
+        --metadata '{"text_file": "../shared/data/wikitext2-test.txt"}' --model_args base_url=...
+
+- `gpt_wikitext2` (`loglikelihood_rolling`): one text file as one document, scored in rolling windows: word and
+  byte perplexity and bits per byte. The file is `text_file` in `--metadata` (any UTF-8 text), else
+  `$GPT_SHARED_DATA/wikitext2-test.txt`; it is never shipped here.
+- `gpt_shakespeare_next_line` (`multiple_choice`, acc and acc_norm): 300 items of tiny-shakespeare, two lines of
+  context and the true next line among 4 (the 3 others drawn from elsewhere in the text), from the last tenth of
+  the file (the char datasets' validation part). `shakespeare_next_line.jsonl` is committed; `python -m
+  gpt.evals.make_next_line CORPUS` writes it again, the same for the same corpus (seed 1234).
+
+The tasks' data loaders (`tasks/loaders.py`) are plain files that lm-eval imports by path (`!function`); they
+import `datasets` only, never this package.
+"""
+
+from pathlib import Path
+
+TASKS_DIR = Path(__file__).resolve().parent / "tasks"
+TASKS = ("gpt_wikitext2", "gpt_shakespeare_next_line")

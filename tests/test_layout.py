@@ -1,0 +1,57 @@
+"""The guards on the house's layout that ruff and lint-imports cannot state themselves: each deferred import
+says why, the banned `from gpt import X` covers every name the package root exports, and the acyclic-siblings
+contract covers every room."""
+
+import ast
+import sys
+from pathlib import Path
+
+import gpt
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def deferred_imports_without_a_reason(source: str) -> list[int]:
+    """Line numbers of the imports inside a function that carry no comment on any of their lines."""
+    lines = source.splitlines()
+    found = []
+    for fn in ast.walk(ast.parse(source)):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    if not any("#" in line for line in lines[node.lineno - 1 : node.end_lineno]):
+                        found.append(node.lineno)
+    return sorted(set(found))
+
+
+def test_the_check_finds_a_silent_deferred_import():
+    source = "import os\n\ndef f():\n    import json\n    from a import (  # lazy: a\n        b,\n    )\n"
+    assert deferred_imports_without_a_reason(source) == [4]
+
+
+def test_every_deferred_import_in_gpt_says_why():
+    missing = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in sorted((ROOT / "gpt").rglob("*.py"))
+        for line in deferred_imports_without_a_reason(path.read_text())
+    ]
+    assert not missing, f"a deferred import says why in a trailing comment: {missing}"
+
+
+def test_the_banned_package_root_imports_are_every_export():
+    banned = PYPROJECT["tool"]["ruff"]["lint"]["flake8-tidy-imports"]["banned-api"]
+    assert set(banned) == {f"gpt.{name}" for name in gpt.__all__}
+    assert "TID251" in PYPROJECT["tool"]["ruff"]["lint"]["select"]
+
+
+def test_every_room_has_acyclic_siblings():
+    contracts = PYPROJECT["tool"]["importlinter"]["contracts"]
+    ancestors = {a for c in contracts if c["type"] == "acyclic_siblings" for a in c["ancestors"]}
+    rooms = {f"gpt.{p.parent.name}" for p in (ROOT / "gpt").glob("*/__init__.py")}
+    assert rooms and rooms <= ancestors

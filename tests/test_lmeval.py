@@ -1,0 +1,144 @@
+"""lm-evaluation-harness against the server, against the Hugging Face export, and against our own bits per byte:
+they agree. CPU, offline (the tasks read local files: gpt/evals), tiny limits.
+
+Tolerances. The server and the export run the same windows (lm-eval's max_length: block_size + 1 through the
+API, block_size - 1 with `hf`, so that both score block_size - 1 new tokens per window) and the same ids, so
+accuracies are equal; bits per byte differ only by the padded vocabulary: `transformers` normalizes over the
+export's 128 rows, the server over the tokenizer's 66 ids (a trained model leaves little mass on the others):
+within 1% (0.3% measured). `gpt.evaluate --text --stride block_size` scores block_size tokens per window,
+lm-eval block_size - 1 (each window's first target with one token of context): within 0.5% (0.1% measured).
+"""
+
+import json
+
+import pytest
+
+lm_eval = pytest.importorskip("lm_eval", reason="the eval extra is not installed: pip install -e '.[eval]'")
+pytest.importorskip("fastapi", reason="the serve extra is not installed: pip install -e '.[serve]'")
+pytest.importorskip("transformers", reason="the dev extra is not installed: pip install -e '.[dev]'")
+
+from conftest import SHAKESPEARE, one_line_error  # noqa: E402
+from lm_eval.tasks import TaskManager  # noqa: E402
+
+from gpt import load_checkpoint  # noqa: E402
+from gpt.cli.evaluate import main as evaluate_main  # noqa: E402
+from gpt.evals import TASKS, TASKS_DIR  # noqa: E402
+from gpt.evals.make_next_line import OUT, make_items  # noqa: E402
+from gpt.infer.perplexity import score_text  # noqa: E402
+from gpt.serve.app import ServeConfig, create_app, running  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+LIMIT = 12
+
+
+@pytest.fixture(scope="module", autouse=True)
+def offline():
+    """Nothing here may download: lm-eval, datasets and transformers are told so (before the module's fixtures)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setenv("HF_DATASETS_OFFLINE", "1")
+        yield
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    """The end of tiny-shakespeare: text the char model's vocabulary covers (wikitext's digits it does not)."""
+    path = tmp_path_factory.mktemp("lmeval") / "tail.txt"
+    path.write_bytes(SHAKESPEARE.read_bytes()[-3000:])
+    return path
+
+
+@pytest.fixture(scope="module")
+def hf_export(trained_run, tmp_path_factory):
+    from gpt.cli.hf import main as hf_main
+
+    out = tmp_path_factory.mktemp("hf") / "export"
+    assert hf_main(["export", "--ckpt", str(trained_run), "--out", str(out)]) == 0
+    return out
+
+
+def evaluate(model: str, model_args: dict, text_file) -> dict:
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata={"text_file": str(text_file)})
+    out = lm_eval.simple_evaluate(
+        model=model, model_args=model_args, tasks=list(TASKS), task_manager=manager, limit=LIMIT, random_seed=0
+    )
+    return out["results"]
+
+
+@pytest.fixture(scope="module")
+def through_server(trained_run, hf_export, text_file):
+    """lm-eval's local-completions on the served checkpoint: with the server's tokenizer, and with the export's."""
+    model, tok, meta = load_checkpoint(trained_run)
+    with running(create_app(model, tok, meta, ServeConfig(model_name="m", max_batch=8))) as url:
+        common = {"model": "m", "base_url": f"{url}/v1/completions", "max_length": 65, "batch_size": 4}
+        remote = evaluate("local-completions", {**common, "tokenizer_backend": "remote"}, text_file)
+        hf_tok = {**common, "tokenizer_backend": "huggingface", "tokenizer": str(hf_export)}
+        with_hf_tokenizer = evaluate("local-completions", hf_tok, text_file)
+    return remote, with_hf_tokenizer
+
+
+def test_the_server_scores_as_lm_eval_expects_with_either_tokenizer(through_server):
+    remote, with_hf_tokenizer = through_server
+    mc, text = remote["gpt_shakespeare_next_line"], remote["gpt_wikitext2"]
+    assert 0 <= mc["acc,none"] <= 1 and mc["acc_norm,none"] != mc["acc,none"]  # scored, not one constant per item
+    assert 2.0 < text["bits_per_byte,none"] < 4.5
+    assert text["byte_perplexity,none"] == pytest.approx(2 ** text["bits_per_byte,none"], rel=1e-9)
+    assert with_hf_tokenizer == remote  # the same ids, the same requests
+
+
+def test_hf_model_on_the_export_gives_the_same_numbers(through_server, hf_export, text_file):
+    remote, _ = through_server
+    hf = evaluate(
+        "hf", {"pretrained": str(hf_export), "max_length": 63, "dtype": "float32", "device": "cpu"}, text_file
+    )
+    for metric in ("acc,none", "acc_norm,none"):
+        assert hf["gpt_shakespeare_next_line"][metric] == remote["gpt_shakespeare_next_line"][metric]
+    bpb = remote["gpt_wikitext2"]["bits_per_byte,none"]
+    assert hf["gpt_wikitext2"]["bits_per_byte,none"] == pytest.approx(bpb, rel=0.01)
+
+
+def test_our_bits_per_byte_equals_lm_evals(through_server, trained_run, text_file):
+    remote, _ = through_server
+    model, tok, _ = load_checkpoint(trained_run)
+    ours = score_text(model, tok, text_file.read_text(encoding="utf-8"), stride=64, progress=False)
+    assert ours["bpb"] == pytest.approx(remote["gpt_wikitext2"]["bits_per_byte,none"], rel=0.005)
+
+
+def test_gpt_evaluate_lm_eval_serves_runs_and_writes_json(trained_run, text_file, tmp_path, capsys, through_server):
+    out = tmp_path / "lm_eval.json"
+    argv = ["--ckpt", str(trained_run), "--lm-eval", ",".join(TASKS), "--text", str(text_file), "--limit", str(LIMIT)]
+    assert evaluate_main([*argv, "--json", str(out), "--dtype", "float32", "--batch-size", "4"]) == 0
+    table = capsys.readouterr().out
+    assert "gpt_shakespeare_next_line" in table and "bits_per_byte" in table
+    written = json.loads(out.read_text())
+    assert written["task"] == "lm-eval" and written["seed"] == 1234 and written["max_length"] == 65
+    remote, _ = through_server
+    for task in TASKS:  # deterministic: the same numbers as the server driven by hand
+        assert {k: v for k, v in written["results"][task].items() if k != "alias"} == {
+            k: v for k, v in remote[task].items() if k != "alias"
+        }
+
+
+def test_lm_eval_mistakes_are_one_line_errors(trained_run, tmp_path, capsys, monkeypatch):
+    base = ["--ckpt", str(trained_run), "--dtype", "float32"]
+    msg = one_line_error(capsys, evaluate_main, *base, "--lm-eval", "gpt_wikitext2", "--text", str(tmp_path / "no.txt"))
+    assert "gpt_wikitext2: no text file" in msg
+    monkeypatch.delenv("GPT_SHARED_DATA", raising=False)
+    msg = one_line_error(capsys, evaluate_main, *base, "--lm-eval", "gpt_wikitext2")
+    assert "needs a text file: give --text FILE" in msg
+    wiki = tmp_path / "digits.txt"
+    wiki.write_text("In 1999, 42 <unk> = 7\n", encoding="utf-8")
+    msg = one_line_error(capsys, evaluate_main, *base, "--lm-eval", "gpt_wikitext2", "--text", str(wiki))
+    assert "not in the char vocabulary" in msg and "cannot encode this text" in msg
+    msg = one_line_error(capsys, evaluate_main, *base, "--lm-eval", "gpt_nothing_like_this", "--text", str(wiki))
+    assert "unknown lm-eval task 'gpt_nothing_like_this'" in msg
+    msg = one_line_error(capsys, evaluate_main, *base, "--lm-eval", "gpt_wikitext2", "--stride", "8")
+    assert "--stride: not for --lm-eval" in msg
+
+
+def test_the_committed_multiple_choice_items_are_the_generators():
+    rows = [json.loads(line) for line in OUT.read_text(encoding="utf-8").splitlines()]
+    assert rows == make_items(SHAKESPEARE.read_text(encoding="utf-8"))
+    assert len(rows) == 300 and OUT.stat().st_size < 200_000
+    assert all(len(r["choices"]) == 4 and len(set(r["choices"])) == 4 for r in rows)
+    assert {r["label"] for r in rows} == {0, 1, 2, 3}
