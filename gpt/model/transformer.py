@@ -180,7 +180,9 @@ class Attention(nn.Module):
             att = explicit_attention(q, k, mask, causal)
             self.weights.append(att)
             y = att.to(v.dtype) @ v
-        y = y.transpose(1, 2).contiguous().view(B, T, C).to(x.dtype)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        if cache is not None:  # back from the cache's dtype (GPT.cache_dtype); training never casts here
+            y = y.to(x.dtype)
         return self.resid_dropout(self.c_proj(y))
 
 
