@@ -537,10 +537,17 @@ class GPT(nn.Module):
         matrices = [p for p in params if id(p) in hidden]
         return ([{"params": matrices, "weight_decay": weight_decay, "muon": True}] if matrices else []) + groups
 
+    decode_step: Callable | None = None  # the compiled one-token step, once `compile_decoding` made it
+
     def compile_decoding(self) -> None:
-        """Run `hidden` (the decoder stack the sampler calls once per token) through torch.compile, shapes
-        dynamic: `sample.py --compile`. The weights stay this module's; training compiles the whole model."""
-        self.hidden = torch.compile(self.hidden, dynamic=True)
+        """Compile the one-token decode step (`sample.py --compile`): `decode_step(ids, caches)`, the logits
+        (B, V) after ids (B, 1) over static caches (a tensor position: see `KVCache`). Its shapes never change
+        as the text grows, so it compiles once per batch size and cache length; prefills stay eager
+        (`gpt.infer.sampling.Decoder` uses it). The weights stay this module's."""
+        self.decode_step = torch.compile(self._logits_after)
+
+    def _logits_after(self, idx: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
+        return self.lm_head(self.hidden(idx, caches)[:, -1]).float()
 
     @torch.no_grad()
     def grow_vocab(self, vocab_size: int, fresh: range) -> None:
