@@ -541,9 +541,11 @@ class GPT(nn.Module):
 
     def compile_decoding(self) -> None:
         """Compile the one-token decode step (`sample.py --compile`): `decode_step(ids, caches)`, the logits
-        (B, V) after ids (B, 1) over static caches (a tensor position: see `KVCache`). Its shapes never change
-        as the text grows, so it compiles once per batch size and cache length; prefills stay eager
-        (`gpt.infer.sampling.Decoder` uses it). The weights stay this module's."""
+        (B, V) after ids (B, 1) over static caches (a tensor position: see `KVCache`) cut to their written
+        positions, a length the graph keeps symbolic: one compile serves every length (a second the full,
+        contiguous cache) and every `gpt.infer.sampling.Decoder`, which calls it; prefills stay eager. The
+        weights stay this module's. The first compiled step waits for the compile (seconds for a small
+        model, 20-30 s for GPT-2 124M on one CPU core)."""
         self.decode_step = torch.compile(self._logits_after)
 
     def _logits_after(self, idx: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
