@@ -8,30 +8,6 @@ import copy
 import torch
 
 
-def _write_static(cache_k: torch.Tensor, cache_v: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor):
-    """Keys and values (B, nh, T, hs) into the caches at position(s) `pos` (0-dim or (B,)), modulo their length
-    (a rolling cache's slots)."""
-    B, nh, T, hs = k.shape
-    index = (pos.view(-1, 1) + torch.arange(T, device=k.device)) % cache_k.size(2)
-    index = index.view(-1, 1, T, 1).expand(B, nh, T, hs)
-    cache_k.scatter_(2, index, k)
-    cache_v.scatter_(2, index, v)
-
-
-@torch.library.custom_op("gpt::write_static", mutates_args=("cache_k", "cache_v"))
-def write_static(
-    cache_k: torch.Tensor, cache_v: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor
-) -> None:
-    """`_write_static` as one operator for torch.compile (GPT.compile_decoding): written in place, where
-    inductor's own lowering of the scatter copied the whole cache out and back at every step."""
-    _write_static(cache_k, cache_v, k, v, pos)
-
-
-@write_static.register_fake
-def _(cache_k, cache_v, k, v, pos) -> None:
-    return None
-
-
 class KVCache:
     """Keys and values of one attention layer for incremental decoding.
 
@@ -64,10 +40,18 @@ class KVCache:
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if isinstance(self.pos, torch.Tensor):  # static mode: at device-side position(s), per row or shared
-            if torch.compiler.is_compiling():  # in place: as a graph's own op, inductor copied the whole cache
-                write_static(self.k, self.v, k, v, self.pos)
-            else:
-                _write_static(self.k, self.v, k, v, self.pos)
+            B, nh, T, hs = k.shape
+            if T == 1 and self.pos.dim() == 0:  # one token (a decode step): index_copy_, which torch.compile
+                slot = (self.pos % self.max_len).view(1)  # writes in place (its scatter_ copied the whole cache)
+                self.k.index_copy_(2, slot, k)
+                self.v.index_copy_(2, slot, v)
+                return self.k, self.v
+            index = (
+                self.pos.view(-1, 1) + torch.arange(T, device=k.device)
+            ) % self.max_len  # (a rolling cache's slots)
+            index = index.view(-1, 1, T, 1).expand(B, nh, T, hs)
+            self.k.scatter_(2, index, k)
+            self.v.scatter_(2, index, v)
             return self.k, self.v
         t = k.size(2)
         if self.rolling and t == 1 and self.pos >= self.max_len:
