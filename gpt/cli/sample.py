@@ -169,8 +169,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--compile",
         action="store_true",
         help="torch.compile the one-token decode step (prefill stays eager; on CUDA it replaces the CUDA-graph "
-        "steps). The second token waits for the compile: seconds for a small model, ~20 s for GPT-2 124M on "
-        "one CPU core (less once torch's on-disk cache holds it). Then it decodes ~1.3x eager for small "
+        "steps). The second token waits for the compile: 15-20 s on one CPU core, for the char model as for "
+        "GPT-2 124M (1-4 s once torch's on-disk cache holds the code). Then it decodes ~1.3x eager for small "
         "float32 models and as fast as eager (0.98-1.01x) for GPT-2-sized ones, whose matrix products "
         "dominate: worth it only for long generations of small models (default: off)",
     )
