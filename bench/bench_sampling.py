@@ -34,6 +34,11 @@ top-k 200, after a short warm-up:
   KV cache, as before `GPT.cache_dtype`) against packed (what load_for_inference does on the CPU), in
   float32, in bf16 where oneDNN computes it natively, and int8 for reference; the variants alternated `--repeats` times in one process, prefill (time to the
   first logits) and decode tokens/s separately, medians and the median of the after / before ratios.
+- `compile` (`--models gpt2-124m,char-cpu`): batch-1 greedy decode as `layout` (22-token prompt,
+  `--layout-tokens` new tokens), the packed model eager against the same model with
+  `GPT.compile_decoding` (what `sample.py --compile` runs), float32 and bf16 where native: the first
+  compiled step's seconds (the compile) against eager's, then `--repeats` interleaved rounds, medians of
+  the decode tokens/s and of the compiled / eager ratios; dynamo's graph count (one per length is a bug).
 - `val-loss`: the same shapes trained briefly on tiny-shakespeare (bench/models.py, cached in
   out/bench-models/; trained on first use, about 12 minutes), mean loss over up to `--val-windows`
   evenly spaced block_size windows of the validation split, float32 and int8 on the same windows.
@@ -83,6 +88,7 @@ RUNS = {
     "int8": None,
     "dtype": None,
     "layout": 22,
+    "compile": 22,
     "val-loss": None,
     "scripts": None,
 }
@@ -237,6 +243,52 @@ def run_layouts(model, prompt: list[int], new_tokens: int, repeats: int) -> dict
     return out
 
 
+def run_compiled(model, prompt: list[int], new_tokens: int, repeats: int) -> dict:
+    """`decode_speed` of the packed model eager against `compile_decoding`'s step, alternated (see `compile`)."""
+    import statistics
+
+    from torch._dynamo.utils import counters
+
+    from gpt.infer.sampling import Decoder
+    from gpt.model.packed import can_pack, pack
+
+    models = {"float32": pack(copy.deepcopy(model))}
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    if can_pack(bf16):
+        models["bf16"] = pack(bf16)
+    variants, first_step = {}, {}
+    for dt, m in models.items():
+        compiled = copy.copy(m)  # the same weights and modules, its own compiled step
+        compiled.compile_decoding()
+        variants |= {dt: m, f"{dt}-compiled": compiled}
+        for name in (dt, f"{dt}-compiled"):
+            with torch.no_grad():
+                dec = Decoder(variants[name], torch.tensor([prompt]))
+                t0 = time.perf_counter()
+                dec.advance(dec.logits.argmax(-1))  # the compiled variant compiles here
+                first_step[name] = time.perf_counter() - t0
+                # warm-up: up to a full cache (the second graph) if the rounds get there
+                fill = m.config.block_size - len(prompt) + 1
+                decode_speed(variants[name], prompt, fill if fill <= new_tokens else 4)
+        counters.clear()
+    speed = {name: [] for name in variants}
+    for i in range(repeats):
+        for name in variants if i % 2 == 0 else reversed(variants):
+            speed[name].append(decode_speed(variants[name], prompt, new_tokens)[1])
+    graphs = dict(counters["stats"])  # compiled during the rounds: none
+    return {
+        "new_tokens": new_tokens,
+        "repeats": repeats,
+        "first_step_s": first_step,
+        "decode_tokens_per_s": {k: statistics.median(v) for k, v in speed.items()},
+        "all_decode_tokens_per_s": {k: [round(x, 1) for x in v] for k, v in speed.items()},
+        "compiled_vs_eager": {
+            dt: statistics.median(a / b for a, b in zip(speed[f"{dt}-compiled"], speed[dt])) for dt in models
+        },
+        "dynamo_stats_after_warmup": graphs,
+    }
+
+
 @torch.no_grad()
 def run_recompute(model, prompt, new_tokens, budget):
     """nanoGPT's sample loop: crop, full forward, last position's logits, sample."""
@@ -366,6 +418,11 @@ def child(args) -> None:
                 )
             )
         )
+        return
+    if job["run"] == "compile":
+        model = build(job["model"], tok)
+        result = run_compiled(model, text_ids[: RUNS["compile"]], args.layout_tokens, args.repeats)
+        print(json.dumps(dict(job, threads=torch.get_num_threads(), n_params=model.num_params(), **result)))
         return
     if job["run"] == "hf":
         rss_loaded, (first, count, elapsed) = run_hf(job["hf_dir"], text_ids[:SHORT_PROMPT], block - SHORT_PROMPT)
@@ -599,6 +656,10 @@ def main() -> None:
                         flush=True,
                     )
                     continue
+                if run == "compile":
+                    ratios = " ".join(f"{k} {v:.2f}x" for k, v in result["compiled_vs_eager"].items())
+                    print(f"{name:10s} {run:18s} compiled / eager decode: {ratios}", flush=True)
+                    continue
                 if run == "layout":
                     speeds = " ".join(f"{k} {v:.1f}" for k, v in result["decode_tokens_per_s"].items())
                     print(f"{name:10s} {run:18s} decode tokens/s: {speeds}", flush=True)
@@ -650,7 +711,7 @@ def main() -> None:
     def cell(v: dict, key: str, fmt: str, unit: str = "") -> str:
         return format(v[key], fmt) + unit if key in v else "-"
 
-    if any(r["run"] not in ("val-loss", "dtype", "layout") for r in results):
+    if any(r["run"] not in ("val-loss", "dtype", "layout", "compile") for r in results):
         md += [
             "",
             table(results),
@@ -697,6 +758,24 @@ def main() -> None:
                 ratio = r["packed_vs_linear"].get(k.removesuffix("-packed")) if k.endswith("-packed") else None
                 md.append(
                     f"| {r['model']} | {k} | {r['prefill_ms'][k]:.0f} ms | {v:.1f} | "
+                    f"{'-' if ratio is None else f'{ratio:.2f}x'} |"
+                )
+    compiles = [r for r in results if r["run"] == "compile"]
+    if compiles:
+        md += [
+            "",
+            f"Batch-1 greedy decode, eager against `compile_decoding` (both packed): a {RUNS['compile']}-token prompt, "
+            f"{args.layout_tokens} new tokens, {args.threads} thread(s), {args.repeats} interleaved rounds in one "
+            f"process, medians; load average {load_before[0]:.1f} before, {env['load_avg_after'][0]:.1f} after:",
+            "",
+            "| model | variant | first decode step | decode tokens/s | compiled / eager |",
+            "|---|---|---|---|---|",
+        ]
+        for r in compiles:
+            for k, v in r["decode_tokens_per_s"].items():
+                ratio = r["compiled_vs_eager"][k.removesuffix("-compiled")] if k.endswith("-compiled") else None
+                md.append(
+                    f"| {r['model']} | {k} | {r['first_step_s'][k]:.2f} s | {v:.1f} | "
                     f"{'-' if ratio is None else f'{ratio:.2f}x'} |"
                 )
     losses = [r for r in results if r["run"] == "val-loss"]

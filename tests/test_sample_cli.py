@@ -74,6 +74,15 @@ def test_fixed_seed_reproduces_and_greedy_ignores_the_seed(run_dir, capsys):
     assert cli(capsys, *greedy, "--seed", 1)[1] == cli(capsys, *greedy, "--seed", 2)[1]
 
 
+def test_compile_prints_what_eager_prints(run_dir, capsys):
+    """`--compile` (the compiled one-token step, tests/test_compile_decoding.py) through the script: two rows
+    in one batch, past the 16-token context (window slides), the same greedy text as eager."""
+    args = ["--ckpt", run_dir, "--prompt", "KING", "--max-new-tokens", 30, "--num-samples", 2, "--temperature", 0]
+    args += ["--no-stop-at-eot"]
+    code, out, _ = cli(capsys, *args, "--compile")
+    assert code == 0 and out == cli(capsys, *args)[1] and len(out) > 2 * 30
+
+
 def test_no_stream_prints_the_same_text(run_dir, capsys):
     args = ["--ckpt", run_dir, "--prompt", "A", "--num-samples", 2, "--max-new-tokens", 20, "--seed", 3]
     assert cli(capsys, *args)[1] == cli(capsys, *args, "--no-stream")[1]

@@ -229,7 +229,8 @@ class Decoder:
     tensor and the whole cache is attended with a mask, see `KVCache`) and, on CUDA, records that
     step once as a CUDA graph and replays it: one launch per token instead of a few hundred, which
     is most of a small model's decode time on a GPU. Prefills stay eager. A change of batch rows
-    (`select`) records the graph again.
+    (`select`) records the graph again. A model with a compiled step (`GPT.compile_decoding`) always
+    decodes this way, through that step (no CUDA graph): one compile for every length.
     """
 
     def __init__(self, model: GPT, idx: torch.Tensor, keep: int | None = None, graph: bool = False):
@@ -247,7 +248,8 @@ class Decoder:
         self.start = max(0, idx.size(1) - cfg.block_size)
         self.prefills = 0
         self.fed = 0  # tokens in the caches since the last prefill: the next token's position
-        self.graph = graph
+        self.compiled = getattr(model, "decode_step", None)  # GPT.compile_decoding's step, if made
+        self.graph = graph or self.compiled is not None
         self._static = None  # (ids, pos, logits, torch.cuda.CUDAGraph or None), made at the first step
         self.logits = self._prefill()
 
@@ -282,15 +284,28 @@ class Decoder:
         self.fed += 1
 
     def _static_step(self, ids: torch.Tensor) -> torch.Tensor:
-        """The one-token step with static shapes: replayed as a CUDA graph on CUDA, eager elsewhere."""
+        """The one-token step with static shapes: the compiled step if the model has one, else replayed as a
+        CUDA graph on CUDA, eager elsewhere."""
         if self._static is None:
             device = ids.device
-            self._static = (torch.zeros_like(ids), torch.zeros((), dtype=torch.long, device=device), None, None)
+            static_ids = torch.zeros(ids.shape, dtype=ids.dtype, device=device)  # contiguous: one compiled step
+            self._static = (static_ids, torch.zeros((), dtype=torch.long, device=device), None, None)
         static_ids, pos, logits, graph = self._static
         static_ids.copy_(ids)
         pos.fill_(self.fed)  # the new token's position (its key and value go to that slot, or to pos % L)
         for cache in self.caches:
             cache.pos = pos  # static mode until the next prefill resets it
+        if self.compiled is not None:
+            # The caches cut to the written positions (the whole buffer would cost a 1024-slot attention per
+            # layer at every step: GPT-2 bf16 decoded 0.7x eager that way), that length symbolic in the one
+            # compiled graph; a full cache is contiguous, a second graph.
+            n = min(self.fed + 1, self.caches[0].max_len)
+            views = [cache.view(slice(None), n, pos) for cache in self.caches]
+            for view in views:
+                torch._dynamo.mark_dynamic(view.k, 2)
+                torch._dynamo.mark_dynamic(view.v, 2)
+            with torch.no_grad():
+                return self.compiled(static_ids, views)
         if ids.device.type != "cuda":
             return self._forward(static_ids)
         if graph is None:

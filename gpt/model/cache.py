@@ -41,6 +41,11 @@ class KVCache:
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if isinstance(self.pos, torch.Tensor):  # static mode: at device-side position(s), per row or shared
             B, nh, T, hs = k.shape
+            if T == 1 and self.pos.dim() == 0:  # one token (a decode step): index_copy_, which torch.compile
+                slot = (self.pos % self.max_len).view(1)  # writes in place (its scatter_ copied the whole cache)
+                self.k.index_copy_(2, slot, k)
+                self.v.index_copy_(2, slot, v)
+                return self.k, self.v
             index = (
                 self.pos.view(-1, 1) + torch.arange(T, device=k.device)
             ) % self.max_len  # (a rolling cache's slots)

@@ -573,10 +573,19 @@ class GPT(nn.Module):
         matrices = [p for p in params if id(p) in hidden]
         return ([{"params": matrices, "weight_decay": weight_decay, "muon": True}] if matrices else []) + groups
 
+    decode_step: Callable | None = None  # the compiled one-token step, once `compile_decoding` made it
+
     def compile_decoding(self) -> None:
-        """Run `hidden` (the decoder stack the sampler calls once per token) through torch.compile, shapes
-        dynamic: `sample.py --compile`. The weights stay this module's; training compiles the whole model."""
-        self.hidden = torch.compile(self.hidden, dynamic=True)
+        """Compile the one-token decode step (`sample.py --compile`): `decode_step(ids, caches)`, the logits
+        (B, V) after ids (B, 1) over static caches (a tensor position: see `KVCache`) cut to their written
+        positions, a length the graph keeps symbolic: one compile serves every length (a second the full,
+        contiguous cache) and every `gpt.infer.sampling.Decoder`, which calls it; prefills stay eager. The
+        weights stay this module's. The first compiled step waits for the compile (seconds for a small
+        model, 20-30 s for GPT-2 124M on one CPU core)."""
+        self.decode_step = torch.compile(self._logits_after)
+
+    def _logits_after(self, idx: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
+        return self.lm_head(self.hidden(idx, caches)[:, -1]).float()
 
     @torch.no_grad()
     def grow_vocab(self, vocab_size: int, fresh: range) -> None:
