@@ -65,12 +65,15 @@ def test_invalid_values_name_the_field(field, value):
         GPTConfig(**{field: value})
 
 
-@pytest.mark.parametrize("graph", [False, True])  # the dynamic cache; the static one (CUDA-graph steps)
+# the dynamic cache; the static one (CUDA-graph steps); the one-token step `compile_decoding` compiles, run eagerly
+@pytest.mark.parametrize("graph", [False, True, "step"])
 @pytest.mark.parametrize("name", list(OPTIONS))
 def test_shapes_and_a_cached_decode_equal_the_full_forward(name, graph):
     model = model_with(**OPTIONS[name])
+    if graph == "step":
+        model.decode_step = model._logits_after  # what torch.compile traces: the same function
     idx = torch.randint(0, 40, (2, 5))
-    dec = Decoder(model, idx, graph=graph)
+    dec = Decoder(model, idx, graph=graph == "step" or graph)
     for _ in range(8):
         with torch.no_grad():
             full, _ = model(dec.tokens)

@@ -585,7 +585,7 @@ class GPT(nn.Module):
         self.decode_step = torch.compile(self._logits_after)
 
     def _logits_after(self, idx: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
-        return self.lm_head(self.hidden(idx, caches)[:, -1]).float()
+        return self.head(self.hidden(idx, caches)[:, -1]).float()
 
     @torch.no_grad()
     def grow_vocab(self, vocab_size: int, fresh: range) -> None:
