@@ -60,7 +60,6 @@ class TokenDataset:
         self.meta = meta
         self.vocab_size = int(meta["vocab_size"])
         self._splits = splits
-        self._decoded_bytes: dict[str, int] = {}
 
     def __repr__(self) -> str:
         counts = ", ".join(f"{s}={self.meta['splits'][s]['tokens']:,}" for s in SPLITS)
@@ -92,19 +91,18 @@ class TokenDataset:
 
     def text_bytes(self, name: str) -> int:
         """UTF-8 bytes of the text split `name` was encoded from (end-of-text ids stand for none): meta.json's
-        `bytes`, or, for a dataset prepared before prepare recorded it, counted once by decoding the split
-        (a TokenizerError where its tokenizer cannot be built here, e.g. GPT-2's offline without its file)."""
+        `bytes`, or, for a dataset prepared before prepare recorded it, counted by decoding the split (the
+        caller keeps it: the training task asks once) (a TokenizerError where its tokenizer cannot be built
+        here, e.g. GPT-2's offline without its file)."""
         recorded = self.meta["splits"][name].get("bytes")
         if recorded is not None:
             return recorded
-        if name not in self._decoded_bytes:
-            tok, ids = self.tokenizer(), self.split(name)
-            total = 0
-            for start in range(0, len(ids), 1 << 20):
-                chunk = ids[start : start + (1 << 20)]
-                total += len(tok.decode_bytes(chunk[chunk != tok.eot_token].tolist()))
-            self._decoded_bytes[name] = total
-        return self._decoded_bytes[name]
+        tok, ids = self.tokenizer(), self.split(name)
+        total = 0
+        for start in range(0, len(ids), 1 << 20):
+            chunk = ids[start : start + (1 << 20)]
+            total += len(tok.decode_bytes(chunk[chunk != tok.eot_token].tolist()))
+        return total
 
     def verify_checksums(self) -> None:
         """Hash every file in full and compare with meta.json (reads the whole dataset once)."""
