@@ -8,9 +8,9 @@ import torch
 
 from gpt import GPT, GPTConfig, load_checkpoint
 from gpt.checkpoints.hf import HFError, export_hf, is_hf_dir
-from gpt.checkpoints.hf_tokenizer import bpe_merges
 from gpt.checkpoints.native import CheckpointError
 from gpt.cli.hf import main as hf_main
+from gpt.data.bytelevel import bpe_merges
 from gpt.data.tokenizer import CharTokenizer, get_tokenizer
 from gpt.infer.sampling import complete
 

@@ -35,7 +35,6 @@ import json
 from gpt.data.bpe import byte_level_alphabet
 from gpt.data.bytelevel import (
     TokenizerExportError,
-    bpe_merges,  # noqa: F401  (tests import it from here)
     special_tokens,
     vocabulary,
 )
