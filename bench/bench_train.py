@@ -329,7 +329,7 @@ LORA = [
     "1e-2",
     "--lora-targets",
     "attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj,wte",
-]  # wte: token frequencies move (see the README)
+]  # wte: token frequencies move (see bench/README.md, "Fine-tuning")
 
 
 def finetune_run(out: Path, args: list) -> dict:

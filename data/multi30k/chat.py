@@ -1,5 +1,5 @@
 """Multi30k as an instruction dataset: each German-English pair as one chat row, ready for
-`data/prepare.py --chat` (the demonstration in the README's Chat section and bench/bench_sft.py).
+`data/prepare.py --chat` (the demonstration in docs/chat.md and bench/bench_sft.py).
 
     python data/multi30k/chat.py                     # data/multi30k/chat/{train,val}.jsonl
     python data/prepare.py --chat data/multi30k/chat/train.jsonl --val-chat data/multi30k/chat/val.jsonl \\

@@ -10,6 +10,8 @@
 - Both exports take the tokenizer's vocabulary from gpt/data/bytelevel.py and the Jinja chat template from
   gpt/data/chat_jinja.py.
 - `adapters.py` LoRA checkpoints: adapters only, naming their base.
+- `outputs.py` where a command may write a checkpoint or an export: never over what it reads, an existing
+  file only with `--force`.
 - `loader.py` `locate` decides what a path is once (pt, dcp, hf, lora; a run directory resolves to its
   checkpoint); `load_model` / `load_checkpoint` / `load_for_inference` hand it to that kind's reader;
   none of the formats imports it back.

@@ -8,6 +8,8 @@
   the tokens, merges, pre-tokenizer and specials that Hugging Face's tokenizer.json and llama.cpp's GGUF
   take); `chat.py` (conversations and the chat template), `chat_jinja.py` (the template as Jinja, for
   both exports).
+- `sft.py` turns chat files into a chat dataset (ids, a loss mask, where each conversation starts);
+  `packing.py` packs its conversations into training windows.
 - `format.py` owns the on-disk format: meta.json's schema, dtypes, checksums, atomic publishing.
 - `tokens.py` opens a token dataset memory-mapped and draws training / evaluation batches.
 

@@ -17,7 +17,7 @@ Conversion to tiktoken's ranks
   same string reached by another pair) is skipped so the ranks stay dense: 0 .. len(ranks)-1.
 - The end-of-text token is `len(ranks)`, so `vocab_size = len(ranks) + 1`.
 - A long whitespace run is cut into runs of MAX_TRAINING_RUN characters for training only (HF's trainer
-  is quadratic in a word's length). A long word that is not whitespace still costs that; see the README.
+  is quadratic in a word's length). A long word that is not whitespace still costs that.
 """
 
 from __future__ import annotations

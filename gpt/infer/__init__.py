@@ -5,6 +5,8 @@
 - `translate.py` seq2seq greedy and beam decoding; `evaluate.py` BLEU and ROUGE of translations.
 - `perplexity.py` loss, perplexity and bits per byte of a text file, in sliding windows.
 - `export.py` ONNX / torch.export of the logits graph; `llamacpp.py` runs a GGUF export in llama.cpp.
+- `chat.py` a conversation with a chat checkpoint; `logprobs.py` token log-probabilities as the completions
+  API reports them; `attention.py` attention weights as heatmaps.
 
 May import: checkpoints, model, data, the foundations. Never training or the command line.
 """

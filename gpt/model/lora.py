@@ -18,7 +18,7 @@ The target `wte` adapts the token embedding, which is tied to the output head: o
 (B: vocab x r, A: r x n_embd) that both see, rows E[i] + (alpha/r) B[i] A going in and logits
 h (E + (alpha/r) B A)^T coming out (the head is a LoRALinear over the shared matrix, the embedding a
 `TiedLoRAEmbedding` reading its adapters). Merging updates the shared matrix once, so the tie holds.
-It is what lets adapters move token frequencies, which dominate a change of domain (see the README's
+It is what lets adapters move token frequencies, which dominate a change of domain (see bench/README.md's
 fine-tuning benchmark). With `untied_head` the two matrices are separate, and so are their updates: the
 head a LoRALinear, the embedding a `LoRAEmbedding` with adapters of its own (rows E[i] + (alpha/r) B[i] A).
 
