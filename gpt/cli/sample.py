@@ -37,7 +37,6 @@ On a terminal, control characters other than newline and tab are shown escaped, 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import io
 import json
 import os
@@ -287,7 +286,7 @@ def run(args: argparse.Namespace) -> None:
     from gpt.checkpoints.loader import (
         load_for_inference,  # torch: loaded once the flags are checked (--help and mistakes answer at once)
     )
-    from gpt.infer.chat import chat_template, end_tokens, fit  # torch: after flags
+    from gpt.infer.chat import chat_prompt, chat_template  # torch: after flags
     from gpt.infer.sampling import ContextWarning, SamplingError, generate  # torch: after flags
 
     if args.source or args.source_file:
@@ -324,10 +323,8 @@ def run(args: argparse.Namespace) -> None:
     template = chat_template(meta)
     shown = prompt  # what is printed before each sample: the prompt a plain model continues
     if template is not None:  # a chat model answers the prompt as the user's message
-        messages = [{"role": "system", "content": args.system}] if args.system else []
-        prompt, budget, _ = fit(template, tokenizer, [*messages, {"role": "user", "content": prompt}],
-                                model.config.block_size, cfg.max_new_tokens)  # fmt: skip
-        cfg = dataclasses.replace(cfg, max_new_tokens=budget, end_tokens=end_tokens(template, tokenizer))
+        messages = [{"role": "user", "content": prompt}]
+        prompt, cfg, _, _ = chat_prompt(template, tokenizer, messages, cfg, model.config.block_size, args.system)
         shown = ""
     elif args.system is not None:
         raise SamplingError(

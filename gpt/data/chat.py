@@ -97,13 +97,15 @@ class ChatTemplate:
             mask.extend([int(m["role"] == "assistant")] * (len(body) + 1))
         return ids, mask
 
-    def prompt(self, messages: list[dict], tok: SpecialsTokenizer) -> list[int]:
-        """The ids of the conversation so far followed by the assistant's marker: what the model continues."""
+    def prompt(
+        self, messages: list[dict], tok: SpecialsTokenizer, contents: list[list[int]] | None = None
+    ) -> list[int]:
+        """The ids of the conversation so far followed by the assistant's marker: what the model continues
+        (`contents`: each message's content already encoded, as `assemble` takes them)."""
         check_conversation(messages, for_prompt=True)
-        ids = []
-        for m in messages:
-            ids += [tok.special(self.marker(m["role"])), *tok.encode(m["content"]), tok.special(self.end)]
-        return ids + [tok.special(self.assistant)]
+        if contents is None:
+            contents = [tok.encode(m["content"]) for m in messages]
+        return self.assemble(messages, contents, tok)[0] + [tok.special(self.assistant)]
 
 
 def check_conversation(messages, for_prompt: bool = False) -> None:

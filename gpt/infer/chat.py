@@ -5,6 +5,7 @@
     for piece in chat.say("Translate to English: Ein Hund rennt."):   # streamed Pieces of the answer
         print(piece.text, end="", flush=True)
     chat.reset()                                                     # a new conversation, same system
+    ids, config, dropped, messages = chat_prompt(template, tok, messages, config, block_size, system)  # the prompt
 
 The checkpoint's meta holds the template it was trained with (`chat_template`); the prompt is the
 conversation so far rendered by it, ending in the assistant's marker, and the answer ends at the
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 
@@ -65,8 +67,7 @@ def fit(template: ChatTemplate, tok, messages: list[dict], block_size: int, max_
             break
         chosen = k
     kept = system + turns[starts[chosen] :]
-    ids = template.assemble(kept, bodies[: len(system)] + bodies[len(system) + starts[chosen] :], tok)[0]
-    ids.append(tok.special(template.assistant))
+    ids = template.prompt(kept, tok, bodies[: len(system)] + bodies[len(system) + starts[chosen] :])
     room = block_size - len(ids)
     if room < 1:
         raise ChatError(
@@ -74,6 +75,55 @@ def fit(template: ChatTemplate, tok, messages: list[dict], block_size: int, max_
             f"{block_size}: shorten the last message (or the system message)"
         )
     return ids, min(max_new_tokens, room), chosen
+
+
+class PromptTooLong(ChatError):
+    """A conversation that must be kept whole (the server's) is `length` tokens, at or over its limit."""
+
+    def __init__(self, length: int, limit: int):
+        super().__init__(f"the conversation has {length} tokens; at most {limit - 1} fit")
+        self.length, self.limit = length, limit
+
+
+class ChatPrompt(NamedTuple):
+    """A conversation made ready for the model: the ids it continues, the sampling settings that end the answer
+    at the end of turn within the context, how many of the oldest turns were dropped to fit, and the whole
+    conversation (the system message included) that the answer continues."""
+
+    ids: list[int]
+    config: SampleConfig
+    dropped: int
+    messages: list[dict]
+
+
+def chat_prompt(
+    template: ChatTemplate,
+    tok,
+    messages: list[dict],
+    config: SampleConfig,
+    block_size: int,
+    system: str | None = None,
+    limit: int | None = None,
+) -> ChatPrompt:
+    """The one way a conversation becomes a prompt (`sample.py --chat`, `--prompt` on a chat checkpoint, the
+    server's chat route): `system` put first when the conversation has no system message, the messages rendered
+    by the template ending in the assistant's marker, the answer ending at the template's end tokens and cut to
+    the room left in the context.
+
+    `limit` None: the oldest turns are dropped to fit (`fit`). `limit` N: the conversation is kept whole, and
+    one of N tokens or more is PromptTooLong (the client keeps its own context, as OpenAI's API does)."""
+    check_conversation(messages, for_prompt=True)
+    if system and messages[0]["role"] != "system":
+        messages = [{"role": "system", "content": system}, *messages]
+    if limit is None:
+        ids, budget, dropped = fit(template, tok, messages, block_size, config.max_new_tokens)
+    else:
+        ids, dropped = template.prompt(messages, tok), 0
+        if len(ids) >= min(limit, block_size):
+            raise PromptTooLong(len(ids), min(limit, block_size))
+        budget = min(config.max_new_tokens, block_size - len(ids))
+    config = dataclasses.replace(config, max_new_tokens=budget, end_tokens=end_tokens(template, tok))
+    return ChatPrompt(ids, config, dropped, messages)
 
 
 class Chat:
@@ -99,19 +149,16 @@ class Chat:
     def answer(self, messages: list[dict]) -> Iterator[Piece]:
         """The answer to `messages` (ending in the user's; the system message is added if they have none),
         streamed; the conversation becomes `messages` and the answer once it is complete."""
-        check_conversation(messages, for_prompt=True)
-        if self.system and messages[0]["role"] != "system":
-            messages = [{"role": "system", "content": self.system}, *messages]
-        block = self.model.config.block_size
-        ids, budget, self.dropped = fit(self.template, self.tok, messages, block, self.config.max_new_tokens)
-        return self._stream(messages, ids, budget)
+        prompt = chat_prompt(self.template, self.tok, messages, self.config, self.model.config.block_size, self.system)
+        self.dropped = prompt.dropped
+        return self._stream(prompt)
 
-    def _stream(self, messages, ids, budget) -> Iterator[Piece]:
+    def _stream(self, prompt: ChatPrompt) -> Iterator[Piece]:
         answer = []
-        for piece in generate(self.model, self.tok, ids, dataclasses.replace(self.config, max_new_tokens=budget)):
+        for piece in generate(self.model, self.tok, prompt.ids, prompt.config):
             answer.append(piece.text)
             yield piece
-        self.messages = [*messages, {"role": "assistant", "content": "".join(answer)}]
+        self.messages = [*prompt.messages, {"role": "assistant", "content": "".join(answer)}]
 
 
 def conversation_line(line: str) -> list[dict]:

@@ -48,13 +48,13 @@ class StreamOptions(BaseModel):
 
 
 class CompletionRequest(BaseModel):
-    """The body of `POST /v1/completions` (field bounds that depend on the server are checked in app.py)."""
+    """The body of `POST /v1/completions` (field bounds that depend on the server are checked in checks.py)."""
 
     model_config = STRICT
 
     model: str
     prompt: str | list[str] | list[int] | list[list[int]] = ""  # "" starts from end-of-text
-    max_tokens: int | None = Field(16, ge=0)  # OpenAI's default; 0 (scoring only) needs echo: checked in app.py
+    max_tokens: int | None = Field(16, ge=0)  # OpenAI's default; 0 (scoring only) needs echo: checked in checks.py
     temperature: float | None = Field(1.0, ge=0.0, le=2.0)
     top_p: float | None = Field(1.0, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=1)  # extension (vLLM's name): None keeps every token
@@ -156,7 +156,7 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(BaseModel):
-    """The body of `POST /v1/chat/completions` (bounds that depend on the server are checked in app.py)."""
+    """The body of `POST /v1/chat/completions` (bounds that depend on the server are checked in checks.py)."""
 
     model_config = STRICT
 

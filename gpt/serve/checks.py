@@ -1,0 +1,173 @@
+"""The server's checks of a parsed request, one concern each; every one answers a mistake with the 4xx
+that names the field (`api.APIError`) and returns a new resolved value, never changing the request.
+
+    limits = Limits.of(config, block_size=1024, vocab_size=50257)
+    scoring(req, seq2seq=False)                             # completions: max_tokens 0, logprobs
+    sample = sampling(req, req.max_tokens, len(texts), limits)  # supported fields, model, limits -> SampleConfig
+    prompts = prompt_ids(texts, encode, limits)             # each prompt's ids, in the vocabulary and the limit
+
+The pydantic shapes (`api.py`) check what a request is on its own; these check it against this server:
+its model, its limits, the model's vocabulary and context.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpt.errors import UserError
+from gpt.infer.sampling import SampleConfig
+from gpt.serve.api import APIError
+from gpt.serve.config import ServeConfig
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's completions default
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a request is checked against: the served name, the server's limits, the model's vocabulary and
+    context (`max_prompt`: the longest prompt, at most the context)."""
+
+    model_name: str
+    max_tokens: int
+    max_batch: int
+    max_prompt: int
+    block_size: int
+    vocab_size: int
+
+    @classmethod
+    def of(cls, config: ServeConfig, block_size: int, vocab_size: int) -> Limits:
+        max_prompt = min(config.max_prompt_tokens or block_size, block_size)
+        return cls(config.model_name, config.max_tokens, config.max_batch, max_prompt, block_size, vocab_size)
+
+
+def supported(req) -> None:
+    """A field asked for with a value this server does not implement is a 400 naming it."""
+    unsupported = req.unsupported()
+    if unsupported:
+        raise APIError(
+            400,
+            f"'{unsupported}' is not supported by this server; leave it out.",
+            param=unsupported,
+            code="unsupported_parameter",
+        )
+
+
+def served_model(name: str, limits: Limits) -> None:
+    """A model other than the one served is a 404."""
+    if name != limits.model_name:
+        raise APIError(
+            404,
+            f"The model '{name}' does not exist; this server serves '{limits.model_name}'.",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def scoring(req, seq2seq: bool) -> None:
+    """A completion's `max_tokens: 0` only scores the prompt (it needs `echo`, and is not streamed); `logprobs`
+    is neither streamed nor given for a translation model."""
+    if req.max_tokens == 0 and (req.stream or not req.echo):
+        raise APIError(
+            400,
+            "max_tokens is 0: that only scores the prompt, which needs 'echo': true (and 'logprobs'), "
+            "and is not streamed.",
+            param="max_tokens",
+            code="invalid_value",
+        )
+    if req.logprobs is not None and (req.stream or seq2seq):
+        why = "with 'stream'" if req.stream else "for a translation (encoder-decoder) model"
+        raise APIError(
+            400,
+            f"'logprobs' {why} is not supported by this server; leave one out.",
+            param="logprobs",
+            code="unsupported_parameter",
+        )
+
+
+def within_limits(max_tokens: int, n: int, prompts: int, limits: Limits) -> None:
+    """`max_tokens` and the number of completions (n x prompts) within what this server allows."""
+    if max_tokens > limits.max_tokens:
+        raise APIError(
+            400,
+            f"max_tokens is {max_tokens}, more than this server allows ({limits.max_tokens}).",
+            param="max_tokens",
+            code="invalid_value",
+        )
+    if n * prompts > limits.max_batch:
+        raise APIError(
+            400,
+            f"n x prompts is {n} x {prompts} = {n * prompts} completions, more than this "
+            f"server decodes together ({limits.max_batch}).",
+            param="n",
+            code="invalid_value",
+        )
+
+
+def sampling(req, max_tokens: int | None, prompts: int, limits: Limits) -> SampleConfig:
+    """The request's sampling settings for `prompts` prompts, once its fields are supported, its model is the
+    one served and it is within the limits. `max_tokens` None is OpenAI's default; 0 (scoring only) decodes
+    one token for the engine, which the completion's scoring then leaves out."""
+    supported(req)
+    served_model(req.model, limits)
+    max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max(1, max_tokens)
+    n = req.n or 1
+    within_limits(max_tokens, n, max(1, prompts), limits)
+    return SampleConfig(
+        num_samples=n,
+        max_new_tokens=max_tokens,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_k=req.top_k,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        repetition_penalty=req.repetition_penalty or 1.0,
+        stop=tuple(req.stop or ()),
+        seed=req.seed,
+    )
+
+
+def prompt_ids(texts: list, encode: Callable, limits: Limits) -> list[list[int]]:
+    """Each prompt's ids (`encode`: a text or a list of ids -> ids), every id in the vocabulary and no prompt
+    longer than the server's limit."""
+    prompts = []
+    for text in texts:
+        with encoding("prompt"):
+            ids = encode(text)
+        if any(not 0 <= i < limits.vocab_size for i in ids):
+            raise APIError(
+                400,
+                f"Invalid prompt: token ids must be in [0, {limits.vocab_size}).",
+                param="prompt",
+                code="invalid_prompt",
+            )
+        if len(ids) > limits.max_prompt:
+            raise APIError(
+                400,
+                f"The prompt has {len(ids)} tokens, more than this server's limit of {limits.max_prompt} "
+                f"(the model's context is {limits.block_size} tokens): shorten it.",
+                param="prompt",
+                code="context_length_exceeded",
+            )
+        prompts.append(ids)
+    return prompts
+
+
+def token_ids(ids: list[int], limits: Limits) -> None:
+    """Ids to decode (`/detokenize`), each in the vocabulary."""
+    if any(not 0 <= i < limits.vocab_size for i in ids):
+        raise APIError(
+            400,
+            f"Invalid tokens: token ids must be in [0, {limits.vocab_size}).",
+            param="tokens",
+            code="invalid_value",
+        )
+
+
+@contextlib.contextmanager
+def encoding(param: str):
+    """Around the encoding of a request's text: a 400 naming `param` (the field the text came from) when the
+    text cannot be encoded, e.g. a character a char vocabulary lacks. The one path for prompts and chats."""
+    try:
+        yield
+    except UserError as e:
+        raise APIError(400, f"Invalid {param}: {e}.", param=param, code=f"invalid_{param}") from None

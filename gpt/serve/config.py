@@ -1,0 +1,48 @@
+"""The server's settings, checked once (`python -m gpt.serve` flags are the field names with dashes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpt.serve import ServeError
+
+
+@dataclass
+class ServeConfig:
+    """The server's settings (`python -m gpt.serve` flags are the field names with dashes)."""
+
+    model_name: str
+    api_key: str | None = None  # None: no authentication
+    max_batch: int = 32  # rows (samples) decoded together
+    max_queue: int = 64  # requests waiting for rows; beyond that, 429
+    max_tokens: int = 1024  # the largest max_tokens a request may ask for
+    max_prompt_tokens: int | None = None  # None: the model's block_size
+    max_body_bytes: int = 1 << 20
+    body_timeout: float = 30.0  # seconds a request body may take to arrive; then 408
+    header_timeout: float = 5.0  # seconds a connection may wait before a whole request head; then it is closed
+    send_timeout: float = 30.0  # seconds an answer may sit unread (the send buffer full); then the connection drops
+    max_connections: int | None = None  # uvicorn's limit_concurrency (503 beyond); None: 2 x (max_batch + max_queue)
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered without an API key besides the loopback ones; "*": any
+    docs: bool = False  # serve /docs and /openapi.json (Swagger UI loads its script from a CDN)
+    fingerprint: str = ""  # system_fingerprint: what the backend runs (device, dtype, quantisation)
+
+    def __post_init__(self):
+        problems = [
+            f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(self, name)!r}"
+            for name in ("max_batch", "max_queue", "max_tokens", "max_body_bytes")
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1
+        ]
+        for name in ("max_prompt_tokens", "max_connections"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                problems.append(f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(self, name)!r}")
+        for name in ("body_timeout", "header_timeout", "send_timeout"):
+            if not getattr(self, name) > 0:
+                problems.append(
+                    f"--{name.replace('_', '-')} must be a number of seconds > 0, got {getattr(self, name)!r}"
+                )
+        if not self.model_name:
+            problems.append("--model-name must not be empty")
+        if problems:
+            raise ServeError("invalid server settings: " + "; ".join(problems))
+        if self.max_connections is None:
+            self.max_connections = 2 * (self.max_batch + self.max_queue)

@@ -1,0 +1,250 @@
+"""The server's request handling: one `Service` per app holds the model's engine, the tokenizer, the chat
+template and the limits, with one method per route (`app.create_app` wires them).
+
+    service = Service(model, tokenizer, meta, ServeConfig(model_name="m"))
+    service.worker.start()
+    body = await service.completions(http_request)      # a dict, or a StreamingResponse
+
+How a request flows: the body is read up to `max_body_bytes`, validated (`api.CompletionRequest`), checked
+against the server's limits and the model (`checks`), and encoded; each prompt becomes one engine `Request`
+with `n` samples, all queued together or answered 429 when the waiting queue is full; `answers` turns what
+the engine hands back into the response or the stream. A chat's prompt is built by `gpt.infer.chat.chat_prompt`,
+as `sample.py --chat` builds it, the conversation kept whole (a longer one is a 400).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+import weakref
+from importlib import resources
+
+from fastapi import Request as HTTPRequest
+from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
+
+from gpt.data.chat import ChatError, check_conversation
+from gpt.errors import UserError
+from gpt.infer.batching import BatchEngine, BatchWorker, QueueFull, Request, Seq2seqEngine
+from gpt.infer.chat import PromptTooLong, chat_prompt, chat_template
+from gpt.infer.sampling import SampleConfig, prompt_ids
+from gpt.serve import checks
+from gpt.serve.answers import emit_to, read_body, respond, stream
+from gpt.serve.api import (
+    APIError,
+    ChatCompletion,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    model_card,
+    validation_error,
+)
+from gpt.serve.config import ServeConfig
+
+STOPPING = APIError(
+    503, "The server is shutting down; try again later.", type="server_error", code="server_shutting_down"
+)
+
+
+class Service:
+    """What the routes answer, for one model; its engine runs on `worker`'s thread (started by the app)."""
+
+    def __init__(self, model, tokenizer, meta: dict, config: ServeConfig):
+        self.model, self.tokenizer, self.config = model, tokenizer, config
+        self.seq2seq = model.config.n_encoder_layer > 0
+        engine = (
+            Seq2seqEngine(model, tokenizer, meta, config.max_batch)
+            if self.seq2seq
+            else BatchEngine(model, tokenizer, config.max_batch)
+        )
+        self.worker = BatchWorker(engine, config.max_queue)
+        self.limits = checks.Limits.of(config, model.config.block_size, tokenizer.vocab_size)
+        self.template = None if self.seq2seq else chat_template(meta)
+        self.eos_text = tokenizer.decode([tokenizer.eot_token])
+        self.created = int(time.time())
+        self.page = (resources.files("gpt.serve") / "playground.html").read_text(encoding="utf-8")
+        self.stopping = False
+        self.open: weakref.WeakSet[asyncio.Queue] = weakref.WeakSet()  # the queues of the answers under way
+
+    def end_completions(self) -> None:
+        """End every completion under way with a 503, and refuse new ones (on the event loop's thread)."""
+        self.stopping = True
+        for queue in list(self.open):
+            queue.put_nowait((0, STOPPING))
+
+    # ---- the routes ------------------------------------------------------------------------------------
+
+    async def playground(self) -> str:
+        return self.page
+
+    async def health(self) -> dict:
+        return {"status": "ok", "model": self.config.model_name, **self.worker.load}
+
+    async def models(self, request: HTTPRequest) -> dict:
+        self.authorize(request)
+        return {"object": "list", "data": [self.card()]}
+
+    async def model_info(self, name: str, request: HTTPRequest) -> dict:
+        self.authorize(request)
+        checks.served_model(name, self.limits)
+        return self.card()
+
+    async def completions(self, request: HTTPRequest):
+        req = await self.parse(request, CompletionRequest)
+        checks.scoring(req, self.seq2seq)
+        texts = req.prompts()
+        sample = checks.sampling(req, req.max_tokens, len(texts), self.limits)
+        prompts = checks.prompt_ids(texts, self.encode, self.limits)
+        echoes = [self.tokenizer.decode(ids) if req.echo else "" for ids in prompts]
+        completion = Completion(self.config.model_name, self.config.fingerprint)
+        if req.max_tokens == 0 and req.logprobs is None:  # echo alone: the prompt is the whole answer
+            return completion.body(
+                [e for e in echoes for _ in range(sample.num_samples)],
+                ["length"] * len(echoes) * sample.num_samples,
+                sum(len(ids) for ids in prompts),
+                0,
+            )
+        scoring = {"logprobs": req.logprobs, "echo": bool(req.echo), "generate": req.max_tokens != 0}
+        return await self.answer(request, req, sample, prompts, completion, echoes, scoring)
+
+    async def chat_completions(self, request: HTTPRequest):
+        req = await self.parse(request, ChatCompletionRequest)
+        if self.template is None:
+            raise APIError(
+                400,
+                f"The model '{self.config.model_name}' is a plain language model, not a chat model (its checkpoint "
+                "has no chat template): use /v1/completions, or fine-tune it on a chat dataset.",
+                param="model",
+                code="not_a_chat_model",
+            )
+        try:
+            messages = req.conversation()
+            check_conversation(messages, for_prompt=True)
+        except (ValueError, ChatError) as e:
+            raise APIError(400, f"Invalid messages: {e}.", param="messages", code="invalid_messages") from None
+        max_tokens = req.max_completion_tokens or req.max_tokens or self.config.max_tokens
+        sample = checks.sampling(req, max_tokens, 1, self.limits)
+        ids, sample = self.chat_prompt(messages, sample)
+        completion = ChatCompletion(self.config.model_name, self.config.fingerprint)
+        return await self.answer(request, req, sample, [ids], completion, [""])
+
+    async def tokenizer_info(self, request: HTTPRequest) -> dict:
+        """What lm-evaluation-harness's remote tokenizer reads first (vLLM's route): the end-of-text token
+        (the prefix of every scored text), the context length."""
+        self.authorize(request)
+        return {
+            "tokenizer_class": type(self.tokenizer).__name__,
+            "eos_token": self.eos_text,
+            "eos_token_id": self.tokenizer.eot_token,
+            "bos_token": None,
+            "pad_token": None,
+            "vocab_size": self.tokenizer.vocab_size,
+            "model_max_length": self.limits.block_size,
+        }
+
+    async def tokenize(self, request: HTTPRequest) -> dict:
+        """Text -> ids, the end-of-text token's text included as its id (lm-eval reads the end-of-text id
+        as `tokenize(eos_token)[0]`)."""
+        req = await self.parse(request, TokenizeRequest)
+        with checks.encoding("prompt"):
+            parts = [self.tokenizer.encode(part) if part else [] for part in req.prompt.split(self.eos_text)]
+        ids = [*parts[0]]
+        for part in parts[1:]:
+            ids += [self.tokenizer.eot_token, *part]
+        return {"count": len(ids), "max_model_len": self.limits.block_size, "tokens": ids}
+
+    async def detokenize(self, request: HTTPRequest) -> dict:
+        req = await self.parse(request, DetokenizeRequest)
+        checks.token_ids(req.tokens, self.limits)
+        return {"prompt": self.tokenizer.decode(req.tokens)}
+
+    # ---- what the routes share -------------------------------------------------------------------------
+
+    def card(self) -> dict:
+        return model_card(self.config.model_name, self.created, self.template is not None)
+
+    def authorize(self, request: HTTPRequest) -> None:
+        """With an API key, a 401 unless the request carries it as `Authorization: Bearer KEY`."""
+        if self.config.api_key is None:
+            return
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not key:
+            raise APIError(
+                401, "You didn't provide an API key: send it as 'Authorization: Bearer KEY'.", code="invalid_api_key"
+            )
+        if not hmac.compare_digest(key.strip().encode(), self.config.api_key.encode()):
+            raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+
+    async def parse(self, request: HTTPRequest, schema):
+        """The request's JSON body as `schema`, or the 4xx that says what is wrong with it."""
+        self.authorize(request)
+        media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media_type != "application/json":
+            raise APIError(
+                415,
+                "The request body must be JSON sent with 'Content-Type: application/json' (got "
+                f"{repr(media_type) if media_type else 'no Content-Type'}).",
+                code="unsupported_media_type",
+            )
+        body = await read_body(request, self.config.max_body_bytes, self.config.body_timeout)
+        try:
+            return schema.model_validate_json(body)
+        except ValidationError as e:
+            raise validation_error(e, body) from None
+
+    def encode(self, text: str | list[int]) -> list[int]:
+        """A completion's prompt (a text or ids) as ids: a language model's starts from end-of-text."""
+        if self.seq2seq:
+            return self.tokenizer.encode(text) if isinstance(text, str) else list(text)
+        return prompt_ids(self.model, self.tokenizer, text)
+
+    def chat_prompt(self, messages: list[dict], sample: SampleConfig) -> tuple[list[int], SampleConfig]:
+        """The conversation's ids and the sampling settings that end its answer (`gpt.infer.chat.chat_prompt`,
+        the conversation kept whole), or the 400 that says why not."""
+        limits = self.limits
+        try:
+            ids, sample, _, _ = chat_prompt(
+                self.template, self.tokenizer, messages, sample, limits.block_size, limit=limits.max_prompt
+            )
+        except PromptTooLong as e:
+            raise APIError(
+                400,
+                f"The conversation has {e.length} tokens, more than this server's limit of {limits.max_prompt - 1} "
+                f"(the model's context is {limits.block_size} tokens, the answer needs at least one): shorten it.",
+                param="messages",
+                code="context_length_exceeded",
+            ) from None
+        except UserError as e:
+            raise APIError(400, f"Invalid messages: {e}.", param="messages", code="invalid_messages") from None
+        return ids, sample
+
+    async def answer(self, request: HTTPRequest, req, sample: SampleConfig, prompts, completion, echoes, scoring=None):
+        """Queue one engine request per prompt, then answer: the whole body, or a stream of chunks.
+        `scoring`: the engine Request's logprobs, echo and generate (completions only)."""
+        if self.stopping:
+            raise STOPPING
+        queue: asyncio.Queue = asyncio.Queue()
+        self.open.add(queue)
+        loop = asyncio.get_running_loop()
+        scoring = scoring or {}
+        requests = [
+            Request(ids, sample, emit_to(loop, queue, i * sample.num_samples), **scoring)
+            for i, ids in enumerate(prompts)
+        ]
+        try:
+            self.worker.submit(requests)
+        except QueueFull as e:
+            raise APIError(429, f"The server is busy: {e}.", type="requests", code="rate_limit_exceeded") from None
+        total = len(requests) * sample.num_samples
+        prompt_tokens = sum(len(ids) for ids in prompts)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            events = stream(completion, queue, requests, total, echoes, prompt_tokens, include_usage)
+            return StreamingResponse(
+                events, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+            )
+        token_text = (lambda i: self.tokenizer.decode([i])) if scoring.get("logprobs") is not None else None
+        return await respond(request, completion, queue, requests, total, echoes, prompt_tokens, token_text)
