@@ -88,3 +88,14 @@ def test_python_m_gpt_sample_runs_a_checkpoint_end_to_end(tmp_path):
     samples = res.stdout.split("\n---------------\n")
     assert len(samples) == 2 and all(s.startswith("ab") and set(s) <= set("abc \n") for s in samples)
     assert "2 sample(s), 14 tokens" in res.stderr and "seed 1" in res.stderr
+
+
+@pytest.mark.parametrize("script", ["train.py", "sample.py", "data/prepare.py"])
+def test_the_main_jobs_scripts_are_the_verbs_under_their_own_name(script):
+    """train.py, sample.py and data/prepare.py run the verbs' mains; their help and hints name the script."""
+    res = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.startswith(f"usage: python {script} "), res.stdout[:200] + res.stderr
+    res = subprocess.run([sys.executable, script, "--bogus-flag"], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 2 and res.stderr.startswith("error: ") and res.stderr.count("\n") == 1, res.stderr
+    if script != "train.py":  # (train's own check names the flag and the closest real one instead)
+        assert f"see python {script} --help" in res.stderr
