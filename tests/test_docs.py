@@ -84,7 +84,7 @@ def what_runs(tokens: list[str]):
     if rest[:1] == ["-m"] and len(rest) > 1:
         if rest[1] == "gpt":
             return ("verb", rest[2] if len(rest) > 2 else "", rest[3:])
-        if rest[1].startswith("gpt."):
+        if rest[1].startswith("gpt.") and rest[1][4:] in VERBS:  # the forwarders `gpt VERB` replaced
             return ("old", rest[1], rest[2:])
         return None
     if rest and re.fullmatch(r"(train|sample)\.py|(data|bench)/.+\.py", rest[0]):
@@ -181,6 +181,7 @@ def test_a_misspelt_flag_an_old_form_and_a_missing_script_are_each_reported(tmp_
         "```bash\n"
         "gpt sample --ckpt out/x --temprature 0.5     # the misspelt flag\n"
         "python -m gpt.serve --ckpt out/x\n"
+        "python -m gpt.evals.make_next_line --out x  # a module of the package, not a forwarder\n"
         "python train.py --config sft \\\n"
         "    --max-iters 10 --lr-decay-iter 5\n"
         "python bench/bench_nothing.py --quick\n"
@@ -197,9 +198,9 @@ def test_a_misspelt_flag_an_old_form_and_a_missing_script_are_each_reported(tmp_
     assert found == [
         f"{doc}:4: `gpt sample --ckpt out/x --temprature 0.5`: --temprature is not in `gpt sample --help`",
         f"{doc}:5: `python -m gpt.serve --ckpt out/x`: write `gpt serve` (`python -m gpt.X` is gone)",
-        f"{doc}:6: `python train.py --config sft --max-iters 10 --lr-decay-iter 5`: --lr-decay-iter is not in "
+        f"{doc}:7: `python train.py --config sft --max-iters 10 --lr-decay-iter 5`: --lr-decay-iter is not in "
         "`gpt train --help`",
-        f"{doc}:8: `python bench/bench_nothing.py --quick`: no script bench/bench_nothing.py",
-        f"{doc}:9: `gpt smaple --ckpt out/x`: no verb 'smaple' (`gpt --help` lists them)",
-        f"{doc}:14: `gpt evaluate --ckpt x --blue`: --blue is not in `gpt evaluate --help`",
+        f"{doc}:9: `python bench/bench_nothing.py --quick`: no script bench/bench_nothing.py",
+        f"{doc}:10: `gpt smaple --ckpt out/x`: no verb 'smaple' (`gpt --help` lists them)",
+        f"{doc}:15: `gpt evaluate --ckpt x --blue`: --blue is not in `gpt evaluate --help`",
     ], "\n".join(found)
