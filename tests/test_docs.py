@@ -74,6 +74,9 @@ def what_runs(tokens: list[str]):
     if tokens[0] == "gpt":
         return ("verb", tokens[1] if len(tokens) > 1 else "", tokens[2:])
     if tokens[0] == "torchrun":
+        if "-m" in tokens and tokens[tokens.index("-m") + 1 :][:1] == ["gpt"]:  # torchrun ... -m gpt train ...
+            at = tokens.index("-m") + 2
+            return ("verb", tokens[at] if len(tokens) > at else "", tokens[at + 1 :])
         script = next((i for i, t in enumerate(tokens) if t.endswith(".py")), None)
         return None if script is None else ("script", tokens[script], tokens[script + 1 :])
     if not re.fullmatch(r"(.*/)?python3?(\.\d+)?", tokens[0]):
@@ -188,6 +191,7 @@ def test_a_misspelt_flag_an_old_form_and_a_missing_script_are_each_reported(tmp_
         "gpt smaple --ckpt out/x\n"
         "echo '[]' | gpt chat --ckpt out/x --system hi && gpt hf export --ckpt x --out y --force\n"
         "torchrun --nproc-per-node 2 train.py --data d --no-compile --out_dir o\n"
+        "torchrun --standalone --nproc-per-node 8 -m gpt train --data d --fsdp --max-itres 5\n"
         "```\n"
         "```\n"
         "gpt evaluate --ckpt x --blue\n"
@@ -202,5 +206,7 @@ def test_a_misspelt_flag_an_old_form_and_a_missing_script_are_each_reported(tmp_
         "`gpt train --help`",
         f"{doc}:9: `python bench/bench_nothing.py --quick`: no script bench/bench_nothing.py",
         f"{doc}:10: `gpt smaple --ckpt out/x`: no verb 'smaple' (`gpt --help` lists them)",
-        f"{doc}:15: `gpt evaluate --ckpt x --blue`: --blue is not in `gpt evaluate --help`",
+        f"{doc}:13: `torchrun --standalone --nproc-per-node 8 -m gpt train --data d --fsdp --max-itres 5`: "
+        "--max-itres is not in `gpt train --help`",
+        f"{doc}:16: `gpt evaluate --ckpt x --blue`: --blue is not in `gpt evaluate --help`",
     ], "\n".join(found)
