@@ -99,8 +99,11 @@ def chat(args: argparse.Namespace) -> int | None:
 
 
 def parse_args(argv: Sequence[str] | None = None, prog: str = "gpt chat") -> argparse.Namespace:
-    p = ArgumentParser(prog=prog, description="Chat with a chat checkpoint: a conversation in the terminal, or one "
-                       "JSON conversation per line when stdin is not a terminal.")  # fmt: skip
+    p = ArgumentParser(
+        prog=prog,
+        description="Chat with a chat checkpoint: a conversation in the terminal, or one JSON conversation per "
+        "line when stdin is not a terminal.",
+    )
     p.add_argument("--ckpt", required=True, help="run directory (best.pt, else last.pt) or checkpoint file")
     p.add_argument("--system", default=None, metavar="TEXT", help="the system message of the conversation")
     add_sampling_options(
