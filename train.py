@@ -1,4 +1,4 @@
-"""Pretrain or fine-tune a GPT on a prepared dataset.
+"""Pretrain or fine-tune a GPT on a prepared dataset: the same as `gpt train` (gpt/cli/train.py).
 
     python data/shakespeare_char/prepare.py
     python train.py --config shakespeare_char_cpu --data data/shakespeare_char --out-dir out/shakespeare_char
@@ -11,22 +11,7 @@
 
 import sys
 
-from gpt.cli import run_main
-from gpt.train.config import help_text
-from gpt.train.start import resolve_run
-from gpt.train.trainer import train
-
-
-def main(argv: list[str]) -> int:
-    if "-h" in argv or "--help" in argv:
-        print(help_text())
-        return 0
-
-    def body():
-        train(resolve_run(argv))
-
-    return run_main(body)
-
+from gpt.cli.train import main
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:], prog="python train.py"))

@@ -156,7 +156,7 @@ def jobs(data: dict, work: Path, short: bool) -> dict:
         ),
         "server": (
             lambda out: (
-                [py, "-m", "gpt.serve", "--ckpt", main_ckpt, "--model-name", "bench", "--port", 0]
+                [py, "-m", "gpt", "serve", "--ckpt", main_ckpt, "--model-name", "bench", "--port", 0]
                 + ["--log-level", "warning"]
             ),
             serve_load(n(32, 8), 4, 200),

@@ -14,11 +14,11 @@
    run's log.jsonl. The checkpoint at the end of training is always taken. If the trainer is still
    running 5 minutes past its budget, it gets SIGTERM (it saves and stops on it).
 3. evaluate, after training (nothing competes with it for the CPU): corpus BLEU (sacrebleu's
-   default 13a tokenization, the same as `python -m gpt.evaluate`) of each checkpoint on
+   default 13a tokenization, the same as `gpt evaluate`) of each checkpoint on
    test_2016_flickr (1000 sentences, `--limit N` for fewer), greedy and beam search (`--beam-size`,
    GNMT length penalty `--length-penalty`), the length ratio (sacrebleu's hypothesis / reference
    length; below 1 costs the brevity penalty BP), ROUGE-1/2/L (rouge-score's F-measures, mean over the
-   sentences, as `python -m gpt.evaluate`; in seq2seq.json) and decoding speed in sentences/s.
+   sentences, as `gpt evaluate`; in seq2seq.json) and decoding speed in sentences/s.
 
 `--ckpt FILE --label TEXT` skips 1 and 2: it scores one existing checkpoint the same way and files
 the result under "decoding" in the existing seq2seq.json, replacing an entry of the same label (how

@@ -1,4 +1,4 @@
-"""Load test of `python -m gpt.serve` on loopback: 1, 8 and 32 concurrent clients x 20 requests each.
+"""Load test of `gpt serve` on loopback: 1, 8 and 32 concurrent clients x 20 requests each.
 
     python bench/bench_serve.py                       # both models; writes bench/results/serve.{json,md}
     python bench/bench_serve.py --models char-cpu --clients 1,8 --requests 5     # a quick look
@@ -38,7 +38,8 @@ def start_server(run_dir: Path, args: argparse.Namespace) -> tuple[subprocess.Po
     cmd = [
         sys.executable,
         "-m",
-        "gpt.serve",
+        "gpt",
+        "serve",
         "--ckpt",
         str(run_dir),
         "--port",

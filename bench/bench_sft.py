@@ -15,7 +15,7 @@
    by side; the encoder-decoder (`--config multi30k_cpu`, `--encdec-minutes`). Each process's CPU
    seconds (user + sys, from the kernel's rusage) are recorded: CPU time, not wall time, is what the
    comparison holds equal, as runs that share the 2 cores get less of them per wall minute.
-3. BLEU (`python -m gpt.evaluate`, sacrebleu 13a): the SFT models greedy, with --instruction
+3. BLEU (`gpt evaluate`, sacrebleu 13a): the SFT models greedy, with --instruction
    "Translate to English: {source}"; the encoder-decoder greedy and beam 4.
 
 Results: `sft.json` and `sft.md` in `--results` (default bench/results/).
@@ -76,7 +76,7 @@ def side_by_side(cmds: dict, work: Path) -> dict:
 
 
 def bleu(ckpt: Path, *extra) -> dict:
-    cmd = [sys.executable, "-m", "gpt.evaluate", "--ckpt", ckpt, "--threads", "2", "--dtype", "float32"]
+    cmd = [sys.executable, "-m", "gpt", "evaluate", "--ckpt", ckpt, "--threads", "2", "--dtype", "float32"]
     cmd += ["--source-file", MULTI30K / "test_2016_flickr.de", "--reference", MULTI30K / "test_2016_flickr.en"]
     r = subprocess.run([str(c) for c in [*cmd, *extra]], cwd=ROOT, capture_output=True, text=True)
     if r.returncode:

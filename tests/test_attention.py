@@ -1,5 +1,5 @@
 """Attention weights: what GPT.attention_maps returns is the attention the forward computes, and
-`python -m gpt.attention` draws it."""
+`gpt attention` draws it."""
 
 import math
 import subprocess
@@ -59,7 +59,7 @@ def test_seq2seq_gives_cross_attention_over_the_real_source_tokens():
 
 def draw(*args):
     r = subprocess.run(
-        [sys.executable, "-m", "gpt.attention", *map(str, args)], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "gpt", "attention", *map(str, args)], cwd=ROOT, capture_output=True, text=True
     )
     return r.returncode, r.stdout, r.stderr
 
@@ -107,7 +107,7 @@ def test_a_chat_checkpoint_draws_its_answer_over_the_templated_question(chat_run
 
 
 def draw_here(capsys, *args):
-    """`python -m gpt.attention` in this process (no second torch import)."""
+    """`gpt attention` in this process (no second torch import)."""
     from gpt.cli.attention import main
 
     code = main([str(a) for a in args])

@@ -318,7 +318,7 @@ def test_every_reader_takes_a_sharded_run_and_convert_writes_one_file(tmp_path, 
     model, optimizer = trained()
     save(tmp_path, model, optimizer, step=2)
     dcp.mark_best(tmp_path)
-    loaded, tok, meta = loader.load_checkpoint(tmp_path)  # sample.py, --init-from, python -m gpt.hf export
+    loaded, tok, meta = loader.load_checkpoint(tmp_path)  # sample.py, --init-from, gpt hf export
     assert_same(loaded.state_dict(), model.eval().state_dict())
     (text,) = complete(loaded, tok, "abc", max_new_tokens=5, temperature=0, stop_at_eot=False)
     assert text  # five tokens of an untrained model

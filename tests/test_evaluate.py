@@ -1,4 +1,4 @@
-"""`python -m gpt.evaluate`: settings and the output path are checked before anything is decoded, each
+"""`gpt evaluate`: settings and the output path are checked before anything is decoded, each
 mistake one line with exit 2; BLEU and ROUGE are sacrebleu's and rouge-score's numbers on the outputs."""
 
 import importlib.util
@@ -78,7 +78,7 @@ def test_each_mistake_is_one_line_before_any_decoding(files, capsys, argv, messa
 
 def test_a_good_run_writes_its_output(files, capsys):
     pytest.importorskip("sacrebleu")
-    pytest.importorskip("rouge_score")  # (gpt.evaluate scores BLEU and ROUGE by default)
+    pytest.importorskip("rouge_score")  # (gpt evaluate scores BLEU and ROUGE by default)
     tmp_path, decoded = files
     code, out, err = run(capsys, tmp_path, "--output", tmp_path / "hyp.txt", "--limit", "1")
     assert code == 0 and out.startswith("BLEU ") and "| 1 sentences in" in out, err

@@ -1,4 +1,4 @@
-"""python -m gpt.export: ONNX (checked in onnxruntime) and torch.export .pt2, dynamic batch and sequence length."""
+"""gpt export: ONNX (checked in onnxruntime) and torch.export .pt2, dynamic batch and sequence length."""
 
 import json
 

@@ -112,11 +112,11 @@ WRITERS = {
     "prepare": (_prepare_text, [("train.bin", False), ("val.bin", False), ("meta.json", True)]),
     "prepare --pairs": (_prepare_pairs, [("train.bin", False), ("val.idx", False), ("meta.json", True)]),
     "prepare --chat": (_prepare_chat, [("train.bin", False), ("train.mask.bin", False), ("meta.json", True)]),
-    "gpt.hf export": (_hf_export, [("config.json", False), ("model.safetensors", True), ("gpt_tokenizer.json", False)]),
-    "gpt.export": (_export, [("model.pt2", False), ("gpt_export.json", True)]),
-    "gpt.lora merge": (_lora_merge, [("best.pt", False)]),
-    "gpt.attention": (_attention, [("a.png", False)]),
-    "gpt.plot": (_plot, [("p.png", True)]),
+    "gpt hf export": (_hf_export, [("config.json", False), ("model.safetensors", True), ("gpt_tokenizer.json", False)]),
+    "gpt export": (_export, [("model.pt2", False), ("gpt_export.json", True)]),
+    "gpt lora merge": (_lora_merge, [("best.pt", False)]),
+    "gpt attention": (_attention, [("a.png", False)]),
+    "gpt plot": (_plot, [("p.png", True)]),
 }
 
 

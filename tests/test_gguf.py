@@ -1,4 +1,4 @@
-"""python -m gpt.export --format gguf: each kind of decoder, checked by llama.cpp itself (llama-cpp-python).
+"""gpt export --format gguf: each kind of decoder, checked by llama.cpp itself (llama-cpp-python).
 
 What llama.cpp must reproduce, on tiny random models (weights drawn wide, so logits are far apart and greedy
 decoding has no near ties): our tokenization, our logits over a prompt (f32 within 2e-3: llama.cpp's GELU

@@ -55,3 +55,24 @@ def test_every_room_has_acyclic_siblings():
     ancestors = {a for c in contracts if c["type"] == "acyclic_siblings" for a in c["ancestors"]}
     rooms = {f"gpt.{p.parent.name}" for p in (ROOT / "gpt").glob("*/__init__.py")}
     assert rooms and rooms <= ancestors
+
+
+def test_the_console_script_is_the_command():
+    scripts = PYPROJECT["project"]["scripts"]
+    module, name = scripts["gpt"].split(":")
+    assert (module, name) == ("gpt.cli.main", "main")
+
+
+def test_no_module_in_gpt_is_a_bare_forwarder():
+    """`gpt VERB` is the one way in: no module whose body is only imports and a `__main__` call (the old
+    `python -m gpt.X` forwarders), except gpt/__main__.py, the door of `python -m gpt` itself."""
+    bare = []
+    for path in sorted((ROOT / "gpt").rglob("*.py")):
+        body = ast.parse(path.read_text()).body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]  # the docstring
+        calls_main = any(isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) for node in body)
+        only_imports = all(isinstance(node, (ast.Import, ast.ImportFrom, ast.If)) for node in body)
+        if calls_main and only_imports and path.relative_to(ROOT).as_posix() != "gpt/__main__.py":
+            bare.append(path.relative_to(ROOT).as_posix())
+    assert not bare, f"forwarders: {bare}; `gpt VERB` (gpt/cli/main.py) replaces `python -m gpt.VERB`"

@@ -5,7 +5,7 @@ Tolerances. The server and the export run the same windows (lm-eval's max_length
 API, block_size - 1 with `hf`, so that both score block_size - 1 new tokens per window) and the same ids, so
 accuracies are equal; bits per byte differ only by the padded vocabulary: `transformers` normalizes over the
 export's 128 rows, the server over the tokenizer's 66 ids (a trained model leaves little mass on the others):
-within 1% (0.3% measured). `gpt.evaluate --text --stride block_size` scores block_size tokens per window,
+within 1% (0.3% measured). `gpt evaluate --text --stride block_size` scores block_size tokens per window,
 lm-eval block_size - 1 (each window's first target with one token of context): within 0.5% (0.1% measured).
 """
 

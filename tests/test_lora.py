@@ -237,7 +237,7 @@ def test_base_moved_with_the_run_still_loads_and_a_missing_base_names_the_fix(ba
     loader.load_checkpoint(moved / "lora")
     shutil.move(str(moved / "base"), tmp_path / "gone")
     err = one_line_error(capsys, sample_script.main, "--ckpt", moved / "lora", "--device", "cpu")
-    assert "whose base model" in err and "python -m gpt.lora merge --ckpt" in err and "--base PATH" in err
+    assert "whose base model" in err and "gpt lora merge --ckpt" in err and "--base PATH" in err
     assert (
         cli_lora.main(
             ["merge", "--ckpt", str(moved / "lora"), "--base", str(tmp_path / "gone"), "--out", str(tmp_path / "m")]
@@ -363,7 +363,7 @@ def test_merge_never_replaces_the_adapters_or_their_base_and_an_existing_out_nee
 
 
 def test_no_export_replaces_the_base_of_the_adapters_it_exports(base, tiny_char_data, tmp_path, capsys):
-    """The rule of `gpt.lora merge` holds for every command that loads adapters: gpt.hf export and gpt.export
+    """The rule of `gpt lora merge` holds for every command that loads adapters: gpt hf export and gpt export
     never write over (or into) the base the adapters load, here a Hugging Face directory."""
     from gpt.cli import export as cli_export
     from gpt.cli import hf as cli_hf

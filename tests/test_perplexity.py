@@ -1,4 +1,4 @@
-"""`python -m gpt.evaluate --text`: loss, perplexity and bits-per-byte over a text file in sliding windows,
+"""`gpt evaluate --text`: loss, perplexity and bits-per-byte over a text file in sliding windows,
 equal to the same sums computed by hand from full forward passes; bits per byte compares char and BPE."""
 
 import json

@@ -140,7 +140,7 @@ def test_sample_py_bf16(any_size, override, lm_dir, capsys):
 
 def test_evaluate(any_size, override, tmp_path, capsys):
     pytest.importorskip("sacrebleu")
-    pytest.importorskip("rouge_score")  # (gpt.evaluate scores BLEU and ROUGE by default)
+    pytest.importorskip("rouge_score")  # (gpt evaluate scores BLEU and ROUGE by default)
     save_seq2seq(tmp_path / "run")
     (tmp_path / "src.txt").write_text("abc\n")
     (tmp_path / "ref.txt").write_text("cba\n")
@@ -165,7 +165,7 @@ def test_evaluate(any_size, override, tmp_path, capsys):
 
 
 def test_the_server(any_size, override, lm_dir, monkeypatch, capsys):
-    """`python -m gpt.serve`'s banner, up to where uvicorn would start serving."""
+    """`gpt serve`'s banner, up to where uvicorn would start serving."""
     pytest.importorskip("uvicorn")
     pytest.importorskip("fastapi")
     from gpt.cli.serve import main

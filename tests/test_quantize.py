@@ -123,7 +123,7 @@ def test_sample_script_quantize_flag(trained_run, capsys):
 
 def test_evaluate_quantize_flag(tmp_path, capsys, monkeypatch):
     pytest.importorskip("sacrebleu")
-    pytest.importorskip("rouge_score")  # (gpt.evaluate scores BLEU and ROUGE by default)
+    pytest.importorskip("rouge_score")  # (gpt evaluate scores BLEU and ROUGE by default)
     from gpt.checkpoints import loader, native
     from gpt.cli.evaluate import main
     from gpt.data.tokenizer import CharTokenizer

@@ -314,7 +314,7 @@ def test_gguf_export_refuses_in_one_line(tmp_path, capsys, option, message):
     err = capsys.readouterr().err
     assert code == 2 and err == (
         f"error: llama.cpp's gpt2 and gptneox graphs cannot compute {message}: "
-        "export it with `python -m gpt.export --format onnx` instead\n"
+        "export it with `gpt export --format onnx` instead\n"
     )
     assert not (tmp_path / "x.gguf").exists()
 

@@ -132,7 +132,7 @@ def test_evaluate_scores_a_chat_checkpoints_answers(chat_run, trained_run, tmp_p
 
     def evaluate(ckpt, *extra):
         r = subprocess.run(
-            [sys.executable, "-m", "gpt.evaluate", "--ckpt", str(ckpt), "--source-file", str(src), "--reference",
+            [sys.executable, "-m", "gpt", "evaluate", "--ckpt", str(ckpt), "--source-file", str(src), "--reference",
              str(ref), "--dtype", "float32", *map(str, extra)],
             cwd=ROOT, capture_output=True, text=True,
         )  # fmt: skip
@@ -196,3 +196,21 @@ def test_an_exported_chat_model_carries_its_template(chat_run, tmp_path, referen
     program = torch.export.load(str(tmp_path / "model.pt2")).module()
     with torch.no_grad():
         torch.testing.assert_close(program(torch.tensor([ids])), model(torch.tensor([ids]))[0], atol=1e-4, rtol=0)
+
+
+def test_gpt_chat_is_the_same_conversation_as_sample_chat(chat_run, trained_run, reference):
+    """`gpt chat` and `sample.py --chat` are two doors to one implementation (gpt/cli/chat.py)."""
+    first = [{"role": "user", "content": ASK}]
+    r = subprocess.run(
+        [sys.executable, "-m", "gpt", "chat", "--ckpt", chat_run, "--temperature", "0", "--top-k", "none",
+         "--max-new-tokens", "20", "--system", "Be brief."],
+        cwd=ROOT, input=json.dumps(first) + "\n[]\n", capture_output=True, text=True,
+    )  # fmt: skip
+    answers = [json.loads(line) for line in r.stdout.splitlines()]
+    assert r.returncode == 2 and len(answers) == 2, r.stderr
+    assert answers[0] == {"role": "assistant", "content": reference(first, "Be brief.")}
+    assert "error" in answers[1]
+    r = subprocess.run([sys.executable, "-m", "gpt", "chat", "--ckpt", trained_run], cwd=ROOT, capture_output=True,
+                       text=True)  # fmt: skip
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("error: ") and "is not a chat model" in r.stderr

@@ -9,6 +9,7 @@ import torch
 from gpt import GPT, GPTConfig
 from gpt.checkpoints import native
 from gpt.cli import sample  # what sample.py runs
+from gpt.cli.options import unescape
 from gpt.data.tokenizer import CharTokenizer
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
@@ -197,7 +198,6 @@ def test_script_runs_as_a_program_and_exits_2_without_traceback(tmp_path):
 
 
 def test_stop_takes_the_escapes_a_shell_passes(tmp_path, capsys):
-    unescape = sample.unescape
     assert unescape(r"\n\n") == "\n\n" and unescape(r"a\tb\\n") == "a\tb\\n" and unescape("é\\x") == "é\\x"
     # a model whose next token is a line break about one time in ten, whatever came before
     tok = CharTokenizer(CHARS)

@@ -1,7 +1,7 @@
 """gpt.serve against the official `openai` client, on loopback, with a trained checkpoint.
 
 A server runs on a thread of the test process (uvicorn on a free port); a few tests start the
-`python -m gpt.serve` command itself.
+`gpt serve` command itself.
 """
 
 import contextlib
@@ -645,7 +645,8 @@ def test_the_command_serves_on_a_free_port(trained_run, capsys):
     cmd = [
         sys.executable,
         "-m",
-        "gpt.serve",
+        "gpt",
+        "serve",
         "--ckpt",
         str(trained_run),
         "--port",
@@ -681,7 +682,8 @@ def test_sigterm_ends_open_streams_with_an_error_event(trained_run):
     cmd = [
         sys.executable,
         "-m",
-        "gpt.serve",
+        "gpt",
+        "serve",
         "--ckpt",
         str(trained_run),
         "--port",

@@ -315,7 +315,7 @@ def test_translate_strings_keeps_order(reverser):
 
 def test_evaluate_cli_from_a_checkpoint(reverser, tmp_path, capsys):
     pytest.importorskip("sacrebleu")
-    pytest.importorskip("rouge_score")  # (gpt.evaluate scores BLEU and ROUGE by default)
+    pytest.importorskip("rouge_score")  # (gpt evaluate scores BLEU and ROUGE by default)
     from gpt.checkpoints import native
     from gpt.cli.evaluate import main
 

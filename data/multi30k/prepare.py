@@ -11,7 +11,7 @@ Reads {train,val,test_2016_flickr}.{de,en} from --input (default: the offline co
 ../shared/data/multi30k beside the checkout). train and val become the dataset's splits;
 test_2016_flickr stays raw text for BLEU:
 
-    python -m gpt.evaluate --ckpt out/multi30k --source-file ../shared/data/multi30k/test_2016_flickr.de \
+    gpt evaluate --ckpt out/multi30k --source-file ../shared/data/multi30k/test_2016_flickr.de \
         --reference ../shared/data/multi30k/test_2016_flickr.en
 """
 

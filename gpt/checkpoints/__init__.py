@@ -6,7 +6,7 @@
 - `hf.py` Hugging Face directories, import and export: GPT-2 (learned, sinusoidal positions) and, through
   `hf_neox.py`, GPT-NeoX (RoPE); `hf_tokenizer.py` writes tokenizer.json and tokenizer_config.json; `hf_card.py` the
   model card.
-- `gguf.py` GGUF files for llama.cpp (export only: `python -m gpt.export --format gguf`).
+- `gguf.py` GGUF files for llama.cpp (export only: `gpt export --format gguf`).
 - Both exports take the tokenizer's vocabulary from gpt/data/bytelevel.py and the Jinja chat template from
   gpt/data/chat_jinja.py.
 - `adapters.py` LoRA checkpoints: adapters only, naming their base.

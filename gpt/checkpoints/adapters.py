@@ -43,7 +43,7 @@ def find_base(lora_meta: dict, source) -> Path:
             return candidate
     raise LoRAError(
         f"{source} is a LoRA checkpoint whose base model {lora_meta['base']} is gone: put the base "
-        f"back, or merge with another copy of it: `python -m gpt.lora merge --ckpt {source} --base "
+        f"back, or merge with another copy of it: `gpt lora merge --ckpt {source} --base "
         f"PATH --out merged.pt`"
     )
 
@@ -74,7 +74,7 @@ def check_resume(saved: dict, lora_meta: dict | None, source) -> None:
     if lora_meta is None:
         raise ConfigError(
             f"--lora-rank 0: {source} is a LoRA run (rank {was['rank']}); resume it as one, or merge "
-            f"it (`python -m gpt.lora merge`) and fine-tune the merged checkpoint with --init-from"
+            f"it (`gpt lora merge`) and fine-tune the merged checkpoint with --init-from"
         )
     changed = [
         f"--lora-{k} {lora_meta[k]} (the run has {was[k]})"

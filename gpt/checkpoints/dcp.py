@@ -1,8 +1,8 @@
 """Sharded checkpoints (`--fsdp`) through `torch.distributed.checkpoint` (DCP), with the promises of
 gpt/checkpoints/native.py: atomic, nothing executed on load, exact resume, any number of processes.
 
-    python -m gpt.dcp convert --ckpt out/NAME                      # last.dcp / best.dcp -> last.pt / best.pt
-    python -m gpt.dcp convert --ckpt out/NAME/last.dcp --out model.pt
+    gpt dcp convert --ckpt out/NAME                      # last.dcp / best.dcp -> last.pt / best.pt
+    gpt dcp convert --ckpt out/NAME/last.dcp --out model.pt
 
 In the run directory of an FSDP run:
 

@@ -1,6 +1,6 @@
 """GGUF for llama.cpp: a decoder-only checkpoint as one file that llama.cpp runs with nothing else.
 
-    python -m gpt.export --format gguf --ckpt out/shakespeare-char --out model.gguf [--quant f32|f16|q8_0]
+    gpt export --format gguf --ckpt out/shakespeare-char --out model.gguf [--quant f32|f16|q8_0]
     llama-cli -m model.gguf -p "ROMEO:" -n 100          # or: llama-server -m model.gguf (chat models)
 
 Written with `gguf`, the llama.cpp project's own writer (`pip install -e ".[gguf]"`).
@@ -87,12 +87,12 @@ def architecture(config) -> str:
     if config.n_encoder_layer:
         raise GGUFError(
             "this checkpoint is an encoder-decoder (seq2seq) model: llama.cpp has no architecture for it; "
-            "export it with `python -m gpt.export --format onnx` instead"
+            "export it with `gpt export --format onnx` instead"
         )
     if config.norm != "pre":
         raise GGUFError(
             "this checkpoint is post-norm (norm='post'): llama.cpp's gpt2 and gptneox graphs are pre-norm; "
-            "export it with `python -m gpt.export --format onnx` instead"
+            "export it with `gpt export --format onnx` instead"
         )
     unsupported = [
         what
@@ -106,7 +106,7 @@ def architecture(config) -> str:
     if unsupported:
         raise GGUFError(
             f"llama.cpp's gpt2 and gptneox graphs cannot compute {', '.join(unsupported)}: "
-            "export it with `python -m gpt.export --format onnx` instead"
+            "export it with `gpt export --format onnx` instead"
         )
     return "gptneox" if config.pos_encoding == "rope" else "gpt2"
 

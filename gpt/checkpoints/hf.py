@@ -1,7 +1,7 @@
 """Hugging Face interoperability: export every decoder so transformers loads it, import it back.
 
-    python -m gpt.hf export --ckpt out/NAME --out hf/NAME     # then AutoModelForCausalLM.from_pretrained("hf/NAME")
-    python -m gpt.hf import --hf-dir hf/NAME --out out/back  # a native checkpoint (best.pt)
+    gpt hf export --ckpt out/NAME --out hf/NAME     # then AutoModelForCausalLM.from_pretrained("hf/NAME")
+    gpt hf import --hf-dir hf/NAME --out out/back  # a native checkpoint (best.pt)
     python sample.py --ckpt path/to/hf-dir                    # import happens in load_checkpoint
 
     export_hf(model, tok, "hf/NAME", chat_template=spec, meta=meta)   # the Python API
@@ -406,12 +406,12 @@ def check_exportable(cfg) -> None:
     if cfg.qk_norm:
         problems.append(
             "qk_norm (GPT-2 and GPT-NeoX have no norm on queries and keys; export it with "
-            "`python -m gpt.export --format onnx`, or keep it as a gpt checkpoint)"
+            "`gpt export --format onnx`, or keep it as a gpt checkpoint)"
         )
     if cfg.logit_softcap:
         problems.append(
             f"logit_softcap={cfg.logit_softcap:g} (GPT-2 and GPT-NeoX have no cap on the logits; export it with "
-            f"`python -m gpt.export --format onnx`, or keep it as a gpt checkpoint)"
+            f"`gpt export --format onnx`, or keep it as a gpt checkpoint)"
         )
     if problems:
         raise HFError("cannot export to Hugging Face: " + "; ".join(problems))

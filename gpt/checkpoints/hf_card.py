@@ -63,7 +63,7 @@ def model_card(model, tokenizer, hf_config: dict, template: ChatTemplate | None,
         )
     lines = ["---", "library_name: transformers", "pipeline_tag: text-generation", "tags:", *[f"- {t}" for t in tags]]
     lines += ["---", "", f"# {arch} exported from gpt", ""]
-    lines += ["Written by `python -m gpt.hf export`; `python -m gpt.hf import` takes it back as it was.", ""]
+    lines += ["Written by `gpt hf export`; `gpt hf import` takes it back as it was.", ""]
     lines += ["| field | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows], ""]
     lines += ["```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", ""]
     lines += [

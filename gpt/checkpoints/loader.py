@@ -156,7 +156,7 @@ def load_model(path: str | os.PathLike | Located, device="cpu", _chain: tuple[Pa
         cycle = " -> ".join(map(str, [*_chain[_chain.index(here) :], here]))
         raise lora.LoRAError(
             f"{_chain[0]}: its LoRA bases form a cycle ({cycle}); adapters need a base that holds all the "
-            f"weights: give one with `python -m gpt.lora merge --ckpt {_chain[0]} --base PATH --out merged.pt`"
+            f"weights: give one with `gpt lora merge --ckpt {_chain[0]} --base PATH --out merged.pt`"
         )
     ckpt = read(found, map_location=device)
     if found.kind == "lora":  # adapters only: loaded onto the base they name, merged (gpt/checkpoints/adapters.py)

@@ -1,5 +1,5 @@
-"""Where a command may write a checkpoint or an export (`python -m gpt.lora merge`, `gpt.hf export`,
-`gpt.export`): checked before any work, one rule for all.
+"""Where a command may write a checkpoint or an export (`gpt lora merge`, `gpt hf export`,
+`gpt export`): checked before any work, one rule for all.
 
     check_targets([out / "best.pt"], force=args.force, sources=[adapters, base])
 
@@ -89,7 +89,7 @@ def _clash(target: Path, source: Path) -> str:
     if real.is_dir() and where.is_relative_to(real):
         return f"a file of {source}, which this command reads"
     run = real.parent  # a checkpoint file's run: its best.pt, last.pt, ... (a DCP directory's own run may get
-    # the single files it converts to: `gpt.dcp convert` refuses a newer one itself)
+    # the single files it converts to: `gpt dcp convert` refuses a newer one itself)
     if (
         real.is_file()
         and where.parent == run

@@ -1,17 +1,19 @@
-"""The command-line room: every command's `main` (sample.py, `python -m gpt.X`), and their shared convention:
-a user's mistake is one `error: ...` line, never a traceback.
+"""The command-line room: the `gpt` command (`python -m gpt`), every verb's `main`, and their shared
+convention: a user's mistake is one `error: ...` line, never a traceback.
 
-One module per verb: `sample`, `serve`, `evaluate`, `export`, `plan`, `plot`, `dcp`, `hf`, `lora`,
-`pairs`; `python -m gpt.X` forwards to `gpt.cli.X`. May import every other room; nothing imports it
-(train.py and sample.py at the top of the checkout are its callers).
+`main.py` is the command: it lists the verbs (`gpt --help`) and imports only the one that runs. One module per
+verb, each with `main(argv)` and its own parser (prog `gpt VERB`): `prepare`, `train`, `sample`, `chat`,
+`serve`, `evaluate`, `export`, `hf`, `lora`, `plan`, `plot`, `attention`, `dcp`, `pairs`; beside them
+`options.py` (the flags sample and chat share) and `lmeval.py` (evaluate's lm-eval mode). May import every
+other room; nothing imports it (gpt/__main__.py, and train.py, sample.py and data/prepare.py at the top
+of the checkout, are its callers).
 
     def main(argv=None) -> int:
         args = parser.parse_args(argv)
         return run_main(lambda: prepare(...).line(), interrupted=f"{args.out} was left as it was")
 
-Every entry point (train.py, sample.py, data/*.py, `python -m gpt.evaluate`, `python -m gpt.hf`) runs
-its body through `run_main`. A `gpt.errors.UserError` becomes its message (exit 2); anything else is
-a bug and keeps its traceback. Ctrl-C prints one line and exits 130. A reader that closes stdout early
+Every entry point (each verb, and the recipes' data/*/prepare.py) runs its body through `run_main`. A
+`gpt.errors.UserError` becomes its message (exit 2); anything else is a bug and keeps its traceback. Ctrl-C prints one line and exits 130. A reader that closes stdout early
 (`python sample.py ... | head`) ends the script quietly, as it ends `cat`: no traceback, no "Exception
 ignored" at exit, status 141 (128 + SIGPIPE, what a shell shows for `cat` killed by the broken pipe).
 Text a model wrote goes to a terminal through `for_terminal`: its escape sequences are shown, never run.
@@ -26,7 +28,7 @@ import sys
 import warnings
 from collections.abc import Callable
 
-from gpt.errors import UserError
+from gpt.errors import UserError, storage_error
 
 
 def run_main(body: Callable[[], str | None], interrupted: str = "") -> int:
@@ -46,6 +48,18 @@ def run_main(body: Callable[[], str | None], interrupted: str = "") -> int:
         print("error: interrupted" + (f"; {interrupted}" if interrupted else ""), file=sys.stderr)
         return 130
     return 0
+
+
+def writing(body, args):
+    """`body(args)`, a failed write to stdout (a full disk behind `> out.txt`) one error line: the only
+    OSError left without a file name (reading the checkpoint and --prompt-file name theirs)."""
+    try:
+        return body(args)
+    except OSError as e:
+        if isinstance(e, (BrokenPipeError, UserError)) or e.filename is not None:
+            raise
+        closed_stdout()  # what is still buffered goes nowhere: no second error at exit
+        raise storage_error(e, "write the output to", "stdout") from None
 
 
 CLOSED_STDOUT = 141  # 128 + SIGPIPE

@@ -1,4 +1,4 @@
-"""Draw what a checkpoint attends to over a text: `python -m gpt.attention`."""
+"""Draw what a checkpoint attends to over a text: `gpt attention`."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def run(args) -> str:
 
 def main(argv=None) -> int:
     p = ArgumentParser(
-        prog="python -m gpt.attention",
+        prog="gpt attention",
         description="Per-layer, per-head attention heatmaps of a checkpoint over a text, tokens on the axes. "
         "A seq2seq checkpoint also gets OUT-cross.png (target over source: the alignment) and OUT-encoder.png; "
         "a chat checkpoint's text is the user's message, in its template, followed by the answer.",
@@ -67,7 +67,3 @@ def main(argv=None) -> int:
     p.add_argument("--layers", help="only these layers, e.g. 0,2 (default: all)")
     args = p.parse_args(argv)
     return run_main(lambda: run(args))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

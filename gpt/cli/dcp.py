@@ -1,4 +1,4 @@
-"""Sharded (DCP) checkpoints as single files: `python -m gpt.dcp convert`."""
+"""Sharded (DCP) checkpoints as single files: `gpt dcp convert`."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def convert(ckpt: str | os.PathLike, out: str | os.PathLike | None = None, force
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python -m gpt.dcp", description="Sharded (FSDP) checkpoints as single files.")
+    parser = ArgumentParser(prog="gpt dcp", description="Sharded (FSDP) checkpoints as single files.")
     sub = parser.add_subparsers(dest="command", required=True)
     conv = sub.add_parser("convert", help="write DCP checkpoints as .pt files")
     conv.add_argument(
@@ -65,7 +65,3 @@ def main(argv: list[str] | None = None) -> int:
     conv.add_argument("--force", action="store_true", help="replace an existing --out (never the checkpoint converted)")
     args = parser.parse_args(argv)
     return run_main(lambda: "\n".join(f"wrote {path}" for path in convert(args.ckpt, args.out, args.force)))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,9 +1,9 @@
-"""`python -m gpt.evaluate`: BLEU and ROUGE of a translation checkpoint (seq2seq, or a chat model answering
+"""`gpt evaluate`: BLEU and ROUGE of a translation checkpoint (seq2seq, or a chat model answering
 an instruction), or loss, perplexity and bits-per-byte of a language model over a text file.
 
-    python -m gpt.evaluate --ckpt out/multi30k --source-file test.de --reference test.en --json results.json
-    python -m gpt.evaluate --ckpt out/shakespeare-char --text ../shared/data/wikitext-2/test.txt --json results.json
-    python -m gpt.evaluate --ckpt out/shakespeare-char --lm-eval gpt_shakespeare_next_line,gpt_wikitext2 --limit 100
+    gpt evaluate --ckpt out/multi30k --source-file test.de --reference test.en --json results.json
+    gpt evaluate --ckpt out/shakespeare-char --text ../shared/data/wikitext-2/test.txt --json results.json
+    gpt evaluate --ckpt out/shakespeare-char --lm-eval gpt_shakespeare_next_line,gpt_wikitext2 --limit 100
 
 The numbers are printed as a table (text) or one line (translation); `--json F` also writes them, with the
 settings, to F. Scoring and greedy or beam decoding are deterministic (no sampling, no seed to set).
@@ -40,7 +40,7 @@ TEXT_BATCH, SENTENCE_BATCH = 8, 64  # --batch-size's defaults: windows of block_
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
-        prog="python -m gpt.evaluate",
+        prog="gpt evaluate",
         description="Corpus BLEU (sacrebleu) and ROUGE-1/2/L (rouge-score) of a seq2seq checkpoint, or of a chat "
         "checkpoint's answers to --instruction, and sentences/s; or, with --text, a language model's loss, "
         "perplexity and bits per byte over a text file.",
@@ -327,7 +327,3 @@ def run(args: argparse.Namespace) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return run_main(lambda: run(args))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

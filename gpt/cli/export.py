@@ -1,7 +1,7 @@
-"""`python -m gpt.export`: ONNX / torch.export of a checkpoint's logits graph, or a GGUF file for llama.cpp.
+"""`gpt export`: ONNX / torch.export of a checkpoint's logits graph, or a GGUF file for llama.cpp.
 
-python -m gpt.export --ckpt out/run --format onnx --out export/run
-python -m gpt.export --ckpt out/run --format gguf --out run.gguf --quant q8_0
+gpt export --ckpt out/run --format onnx --out export/run
+gpt export --ckpt out/run --format gguf --out run.gguf --quant q8_0
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from gpt.infer.export import FORMATS, ExportError, export, parity, targets
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
-        prog="python -m gpt.export",
+        prog="gpt export",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Export a decoder-only checkpoint's logits graph (dynamic batch and "
         "sequence length, no KV cache) to ONNX or torch.export's .pt2, or the model with its tokenizer "
@@ -114,7 +114,3 @@ def run_gguf(args: argparse.Namespace, model, tokenizer, meta: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return run_main(lambda: run(args), interrupted=f"{args.out} may hold a partial export")
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

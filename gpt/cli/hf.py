@@ -1,7 +1,7 @@
-"""Hugging Face export and import: `python -m gpt.hf export | import`.
+"""Hugging Face export and import: `gpt hf export | import`.
 
-python -m gpt.hf export --ckpt out/NAME --out hf/NAME         # GPT2LMHeadModel or GPTNeoXForCausalLM + tokenizer
-python -m gpt.hf import --hf-dir hf/NAME --out out/back       # a native checkpoint: out/back/best.pt
+gpt hf export --ckpt out/NAME --out hf/NAME         # GPT2LMHeadModel or GPTNeoXForCausalLM + tokenizer
+gpt hf import --hf-dir hf/NAME --out out/back       # a native checkpoint: out/back/best.pt
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from gpt.cli import ArgumentParser, run_main
 
 
 def main(argv=None) -> int:
-    p = ArgumentParser(prog="python -m gpt.hf", description="Hugging Face export and import.")
+    p = ArgumentParser(prog="gpt hf", description="Hugging Face export and import.")
     sub = p.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("export", help="write a directory transformers' AutoModelForCausalLM and AutoTokenizer load")
     ex.add_argument("--ckpt", required=True, help="run directory, checkpoint file (LoRA: merged) or HF directory")
@@ -47,7 +47,3 @@ def main(argv=None) -> int:
         return f"wrote {target} (sample with `python sample.py --ckpt {args.out}`)"
 
     return run_main(export if args.command == "export" else import_)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,7 +1,7 @@
-"""`python -m gpt.evaluate --ckpt RUN --lm-eval TASKS`: EleutherAI's lm-evaluation-harness on a checkpoint, through
+"""`gpt evaluate --ckpt RUN --lm-eval TASKS`: EleutherAI's lm-evaluation-harness on a checkpoint, through
 the server, in one command.
 
-    python -m gpt.evaluate --ckpt out/shakespeare-char --lm-eval gpt_shakespeare_next_line,gpt_wikitext2 \
+    gpt evaluate --ckpt out/shakespeare-char --lm-eval gpt_shakespeare_next_line,gpt_wikitext2 \
         --text ../shared/data/wikitext2-test.txt --json lm_eval.json
 
 It serves the checkpoint (`gpt.serve`, on a thread of this process, on a free loopback port), runs

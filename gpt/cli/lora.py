@@ -1,4 +1,4 @@
-"""LoRA checkpoints as plain ones: `python -m gpt.lora merge`."""
+"""LoRA checkpoints as plain ones: `gpt lora merge`."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ def merge_checkpoint(path, out, base=None, force: bool = False) -> Path:
 
 def main(argv=None) -> int:
     p = ArgumentParser(
-        prog="python -m gpt.lora",
+        prog="gpt lora",
         description="LoRA checkpoints: `merge` writes base + adapters as "
-        "one plain checkpoint (for sample.py, --init-from, python -m gpt.hf export).",
+        "one plain checkpoint (for sample.py, --init-from, gpt hf export).",
     )
     p.add_argument("command", choices=["merge"])
     p.add_argument("--ckpt", required=True, help="a LoRA run directory (best.pt, else last.pt) or checkpoint file")
@@ -41,7 +41,3 @@ def main(argv=None) -> int:
         return f"wrote {target} (base + adapters merged; sample with `python sample.py --ckpt {target}`)"
 
     return run_main(run)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""Prepare a translation-pairs dataset: `python -m gpt.pairs` (and `data/prepare.py --pairs`)."""
+"""Prepare a translation-pairs dataset: `gpt pairs` (and `data/prepare.py --pairs`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from gpt.data.pairs import (
 
 
 def add_pairs_options(p) -> None:
-    """The options only a pairs dataset has (shared by `python -m gpt.pairs` and `data/prepare.py`).
+    """The options only a pairs dataset has (shared by `gpt pairs` and `data/prepare.py`).
 
     Defaults are None here so a caller can tell which were given; `run` fills them in.
     """
@@ -39,7 +39,7 @@ def add_pairs_options(p) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
-        prog="python -m gpt.pairs",
+        prog="gpt pairs",
         description="Tokenize parallel text (line i of SRC translates line i of TGT) into a pairs dataset "
         "(the same as `python data/prepare.py --pairs SRC TGT ...`).",
     )
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry (`python -m gpt.pairs`): one `error: ...` line and exit status 2 on bad input."""
+    """CLI entry (`gpt pairs`): one `error: ...` line and exit status 2 on bad input."""
     args = build_parser().parse_args(argv)
     return run_cli(args)
 
@@ -89,7 +89,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_cli(args: argparse.Namespace) -> int:
     """`run` with the CLI's error handling (also used by `data/prepare.py --pairs`)."""
     return run_main(lambda: run(args), interrupted=f"{args.out} was left as it was")
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""The memory planner: `python -m gpt.plan`."""
+"""The memory planner: `gpt plan`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from gpt.train.plan import GPUS, SIZES, PlanError, detail, plan, summary
 
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(
-        prog="python -m gpt.plan",
+        prog="gpt plan",
         description="Memory per GPU under DDP / FSDP / activation "
         "checkpointing, and which flags fit (GiB; a ✗ does not fit).",
     )
@@ -45,7 +45,3 @@ def main(argv: list[str] | None = None) -> int:
         return summary(plans)
 
     return run_main(body)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""Draw runs' loss curves: `python -m gpt.plot`."""
+"""Draw runs' loss curves: `gpt plot`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from gpt.train.plot import plot_runs
 
 def main(argv=None) -> int:
     p = ArgumentParser(
-        prog="python -m gpt.plot",
+        prog="gpt plot",
         description="Draw train.py runs' loss curves, LR and gradient norms into one PNG (several runs overlaid).",
     )
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (or their log.jsonl files)")
@@ -25,7 +25,3 @@ def main(argv=None) -> int:
     finally:
         for s, handler in zip(signals, before):
             signal.signal(s, handler)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,11 +1,11 @@
-"""The sample.py command: flags, streamed printing, and the translation mode (the script stays thin).
+"""`gpt sample` (and `python sample.py`, its thin script): flags, streamed printing, and the translation mode.
 
-    python sample.py --ckpt out/shakespeare-char --prompt "ROMEO:" --num-samples 3 --max-new-tokens 300
-    python sample.py --ckpt path/to/hf-gpt2-dir --prompt-file prompt.txt --temperature 0 --stop "\\n\\n"
-    python sample.py --ckpt out/multi30k --source "Ein Mann fährt Fahrrad." --beam-size 4
-    python sample.py --ckpt out/multi30k --source-file test.de --batch-size 64 > test.hyp.en
-    python sample.py --ckpt out/chat --chat --system "Answer in English."      # a conversation in the terminal
-    echo '[{"role": "user", "content": "Hallo"}]' | python sample.py --ckpt out/chat --chat   # JSON lines
+    gpt sample --ckpt out/shakespeare-char --prompt "ROMEO:" --num-samples 3 --max-new-tokens 300
+    gpt sample --ckpt path/to/hf-gpt2-dir --prompt-file prompt.txt --temperature 0 --stop "\\n\\n"
+    gpt sample --ckpt out/multi30k --source "Ein Mann fährt Fahrrad." --beam-size 4
+    gpt sample --ckpt out/multi30k --source-file test.de --batch-size 64 > test.hyp.en
+    gpt sample --ckpt out/chat --chat --system "Answer in English."      # the conversation of `gpt chat`
+    echo '[{"role": "user", "content": "Hallo"}]' | gpt sample --ckpt out/chat --chat   # JSON lines
 
 Samples are generated in batches (as many as 1 GiB of KV cache holds: gpt.sampling.batch_rows), so any
 --num-samples runs in bounded memory; the first sample streams live, each later one as soon as those
@@ -23,7 +23,7 @@ its batch's longest source + 50 tokens, at most the model's block_size). Text-on
 `--num-samples`, `--stop`, ...) with a seq2seq checkpoint, or `--source` with a decoder-only one, are
 errors. `--stop` understands the escapes \\n, \\t, \\r and \\\\ (a shell passes them as two characters).
 
-Chat (checkpoints fine-tuned on a `--chat` dataset, whose meta holds the chat template): `--chat` on a
+Chat (checkpoints fine-tuned on a `--chat` dataset, whose meta holds the chat template; gpt/cli/chat.py): `--chat` on a
 terminal is a conversation: type a message, the answer streams; `/reset` starts over (the `--system`
 message stays), `/exit` or Ctrl-D ends. The oldest turns leave the context when it is full
 (gpt/infer/chat.py). With stdin not a terminal, each input line is one conversation as JSON (a list of
@@ -38,15 +38,14 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
-import os
-import re
 import sys
 import time
 import warnings
 
-from gpt.cli import ArgumentParser, closed_stdout, fail, for_terminal, run_main
-from gpt.errors import UserError, storage_error
+from gpt.cli import ArgumentParser, fail, for_terminal, run_main, writing
+from gpt.cli.chat import chat
+from gpt.cli.options import add_model_options, add_sampling_options, fresh_seed, given, sample_config
+from gpt.errors import storage_error
 
 SEPARATOR = "\n---------------\n"
 LM_DEFAULTS = {"temperature": 0.8, "max_new_tokens": 500}
@@ -66,16 +65,10 @@ TRANSLATION_ONLY = {
 }
 
 
-def _top_k(value: str) -> int | None:
-    return None if value.strip().lower() in ("none", "off") else int(value)
-
-
-_top_k.__name__ = "top-k"  # argparse's message: "invalid top-k value: 'x'"
-
-
-def parse_args(argv=None) -> argparse.Namespace:
+def parse_args(argv=None, prog: str = "gpt sample") -> argparse.Namespace:
     p = ArgumentParser(
-        description="Sample from a gpt checkpoint (run directory or .pt file) or a Hugging Face GPT-2 directory."
+        prog=prog,
+        description="Sample from a gpt checkpoint (run directory or .pt file) or a Hugging Face GPT-2 directory.",
     )
     p.add_argument(
         "--ckpt", required=True, help="run directory (best.pt, else last.pt), checkpoint file, or HF GPT-2 dir"
@@ -102,34 +95,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--num-samples", type=int, default=1, help="samples, generated together in batches that fit 1 GiB (default: 1)"
     )
-    p.add_argument(
-        "--max-new-tokens",
-        type=int,
-        default=None,
-        help="tokens generated per sample at most (default: 500; translation: source length + 50, at most block_size)",
-    )
-    p.add_argument(
-        "--temperature",
-        type=float,
-        default=None,
-        help="softmax temperature; 0 is greedy (default: 0.8; translation: 0)",
-    )
-    p.add_argument(
-        "--top-k", type=_top_k, default=200, help="keep the k most likely tokens; 'none' keeps all (default: 200)"
-    )
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 is off (default: 1)")
-    p.add_argument(
-        "--repetition-penalty",
-        type=float,
-        default=1.0,
-        help="CTRL-style penalty on tokens already present; 1 is off (default: 1)",
-    )
-    p.add_argument(
-        "--stop",
-        action="append",
-        default=[],
-        metavar="TEXT",
-        help="end a sample at this text, which is not printed; repeatable (default: none)",
+    add_sampling_options(
+        p, max_new_tokens="500; translation: source length + 50, at most block_size", temperature="0.8; translation: 0"
     )
     p.add_argument(
         "--no-stop-at-eot",
@@ -137,33 +104,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_false",
         help="keep generating after the end-of-text token (default: stop there)",
     )
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=None,
-        help="random seed (default: a fresh one, printed in the summary to reproduce the run)",
-    )
-    p.add_argument(
-        "--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N, mps (default: auto)"
-    )
-    p.add_argument(
-        "--dtype",
-        default="auto",
-        help="auto (bfloat16 on a capable GPU or a CPU with native bf16, else "
-        "float32), float32, bfloat16, float16 (CUDA only) (default: auto)",
-    )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=0,
-        help="CPU threads for PyTorch; 0 = one for small models or a busy machine, else PyTorch's default (default: 0)",
-    )
-    p.add_argument(
-        "--quantize",
-        default="none",
-        choices=["none", "int8"],
-        help="int8: dynamic int8 Linear layers, CPU and float32 only (gpt/model/quantize.py) (default: none)",
-    )
+    add_model_options(p)
     p.add_argument(
         "--compile",
         action="store_true",
@@ -199,58 +140,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
-
-
-def unescape(text: str) -> str:
-    """`\\n`, `\\t`, `\\r`, `\\\\` typed in a shell (two characters each) as the characters they name."""
-    return re.sub(r"\\([ntr\\])", lambda m: ESCAPES[m.group(1)], text)
-
-
-def _given(value, default):
-    """A flag's value, or the mode's default when it was not given (0 is a value, not "not given")."""
-    return default if value is None else value
-
-
 def mode_error(args: argparse.Namespace) -> str | None:
     """Flags of text sampling given for translation (--source), or the other way round; flags a chat
     conversation cannot take."""
     if args.chat:
-        given = [
+        named = [
             flag
             for dest, (flag, unset) in {**TEXT_ONLY, **TRANSLATION_ONLY}.items()
             if dest != "stop" and getattr(args, dest) != unset
         ]
-        if given:
-            return f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not for --chat (one answer per message)"
+        if named:
+            return f"{', '.join(named)} {'is' if len(named) == 1 else 'are'} not for --chat (one answer per message)"
         return None
     if args.system is not None and (args.source or args.source_file):
         return "--system is for chat checkpoints (--chat or --prompt), not translation"
     translating = bool(args.source or args.source_file)
     wrong = TEXT_ONLY if translating else TRANSLATION_ONLY
-    given = [flag for dest, (flag, unset) in wrong.items() if getattr(args, dest) != unset]
-    if not given:
+    named = [flag for dest, (flag, unset) in wrong.items() if getattr(args, dest) != unset]
+    if not named:
         return None
     if translating:
-        return f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for text sampling (--prompt), not translation"
-    return f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for translation: give --source or --source-file"
-
-
-def sample_config(args: argparse.Namespace, defaults: dict, **fields):
-    """The sampling flags as a SampleConfig, the mode's `defaults` for the flags not given; without --seed
-    a fresh seed, which the summary prints so the run can be reproduced."""
-    from gpt.infer.sampling import SampleConfig  # torch: after flags
-
-    return SampleConfig(
-        max_new_tokens=_given(args.max_new_tokens, defaults["max_new_tokens"]),
-        temperature=_given(args.temperature, defaults["temperature"]),
-        top_k=args.top_k,
-        top_p=args.top_p,
-        repetition_penalty=args.repetition_penalty,
-        stop=tuple(map(unescape, args.stop)),
-        seed=args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") >> 1,
-        **fields,
-    )
+        return f"{', '.join(named)} {'is' if len(named) == 1 else 'are'} for text sampling (--prompt), not translation"
+    return f"{', '.join(named)} {'is' if len(named) == 1 else 'are'} for translation: give --source or --source-file"
 
 
 class OrderedPrinter:
@@ -370,81 +281,6 @@ def run(args: argparse.Namespace) -> None:
     )
 
 
-CHAT_DEFAULTS = {"temperature": 0.7, "max_new_tokens": 256}
-
-
-def chat(args: argparse.Namespace) -> int | None:
-    """--chat: a conversation on a terminal, or one JSON conversation per line of a pipe."""
-    from gpt.checkpoints.loader import load_for_inference  # torch: after flags
-    from gpt.infer.chat import Chat, chat_template, conversation_line  # torch: after flags
-    from gpt.infer.sampling import SamplingError  # torch: after flags
-
-    cfg = sample_config(args, CHAT_DEFAULTS)
-    rt, model, tokenizer, meta, _ = load_for_inference(
-        args.ckpt, args.device, args.dtype, args.threads, args.quantize, single_stream=True
-    )
-    template = chat_template(meta)
-    if template is None and model.config.n_encoder_layer:
-        raise SamplingError(f"{args.ckpt} is a seq2seq (encoder-decoder) checkpoint: translate with --source TEXT")
-    if template is None:
-        raise SamplingError(
-            f"{args.ckpt} is not a chat model (its checkpoint has no chat template): fine-tune it on a chat "
-            f"dataset (data/prepare.py --chat, then train.py --config sft --init-from it), or continue text "
-            f"with --prompt"
-        )
-    session = Chat(model, tokenizer, template, args.system, cfg)
-    if not sys.stdin.isatty():
-        failed, safe = 0, for_terminal(sys.stdout, "\\u{:04x}")  # (JSON escapes C0 itself)
-        for number, line in enumerate(sys.stdin.buffer, 1):  # bytes: a line that is not UTF-8 is one error
-            if not line.strip():
-                continue
-            try:
-                answer = "".join(p.text for p in session.answer(conversation_line(line.decode("utf-8"))))
-                out = {"role": "assistant", "content": answer}
-            except UnicodeDecodeError:
-                failed, out = failed + 1, {"error": f"line {number}: not UTF-8 text"}
-            except UserError as e:
-                failed, out = failed + 1, {"error": f"line {number}: {e}"}
-            print(safe(json.dumps(out, ensure_ascii=False)), flush=True)
-        return 2 if failed else None
-    safe = for_terminal(sys.stdout)
-    print(
-        f"chatting with {args.ckpt} ({rt.device}, {rt.precision()}); /reset starts over, /exit or Ctrl-D ends",
-        file=sys.stderr,
-    )
-    while True:
-        try:
-            text = input("you> ")
-        except (EOFError, KeyboardInterrupt):
-            print(file=sys.stderr)
-            return None
-        if text.strip() in ("/exit", "/quit"):
-            return None
-        if text.strip() == "/reset":
-            session.reset()
-            print("(a new conversation)", file=sys.stderr)
-            continue
-        if not text.strip():
-            continue
-        if text.strip().startswith("/") and len(text.split()) == 1:  # a mistyped command is not a message
-            print(f"(unknown command {text.strip()}: /reset starts over, /exit ends)", file=sys.stderr)
-            continue
-        sys.stdout.write("assistant> ")
-        try:
-            for piece in session.say(text):
-                sys.stdout.write(safe(piece.text))
-                sys.stdout.flush()
-        except KeyboardInterrupt:
-            print("\n(interrupted: the answer is left out of the conversation)", file=sys.stderr)
-            continue
-        except UserError as e:
-            print(f"error: {e}", file=sys.stderr)
-            continue
-        sys.stdout.write("\n")
-        if session.dropped:
-            print(f"(the {session.dropped} oldest turn(s) left the context)", file=sys.stderr)
-
-
 def translate(args: argparse.Namespace) -> None:
     """--source / --source-file: one translated line per source on stdout, a summary on stderr."""
     from gpt.checkpoints.loader import (
@@ -459,14 +295,14 @@ def translate(args: argparse.Namespace) -> None:
         translate_lines,
     )
 
-    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") >> 1
+    seed = fresh_seed(args)
     cfg = TranslateConfig(
-        beam_size=_given(args.beam_size, 1),
-        length_penalty=_given(args.length_penalty, DEFAULT_LENGTH_PENALTY),
-        temperature=_given(args.temperature, 0.0),
+        beam_size=given(args.beam_size, 1),
+        length_penalty=given(args.length_penalty, DEFAULT_LENGTH_PENALTY),
+        temperature=given(args.temperature, 0.0),
         top_k=args.top_k,
         top_p=args.top_p,
-        batch_size=_given(args.batch_size, 64),
+        batch_size=given(args.batch_size, 64),
         max_new_tokens=args.max_new_tokens,
         seed=seed,
     )  # validated before anything slow happens
@@ -492,8 +328,8 @@ def translate(args: argparse.Namespace) -> None:
     )
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def main(argv=None, prog: str = "gpt sample") -> int:
+    args = parse_args(argv, prog)
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="replace")  # a terminal that cannot show a character never raises
     problem = mode_error(args)
@@ -502,15 +338,3 @@ def main(argv=None) -> int:
     status = []
     code = run_main(lambda: status.append(writing(run, args)))
     return code or (status[0] if status and status[0] else 0)
-
-
-def writing(body, args):
-    """`body(args)`, a failed write to stdout (a full disk behind `> out.txt`) one error line: the only
-    OSError left without a file name (reading the checkpoint and --prompt-file name theirs)."""
-    try:
-        return body(args)
-    except OSError as e:
-        if isinstance(e, (BrokenPipeError, UserError)) or e.filename is not None:
-            raise
-        closed_stdout()  # what is still buffered goes nowhere: no second error at exit
-        raise storage_error(e, "write the output to", "stdout") from None

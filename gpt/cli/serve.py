@@ -1,7 +1,7 @@
-"""`python -m gpt.serve`: serve a checkpoint over OpenAI's completions API, with a playground at `/`.
+"""`gpt serve`: serve a checkpoint over OpenAI's completions API, with a playground at `/`.
 
-    python -m gpt.serve --ckpt out/shakespeare-char
-    python -m gpt.serve --ckpt out/gpt2-run --quantize int8 --port 0 --max-batch 16 --api-key "$KEY"
+    gpt serve --ckpt out/shakespeare-char
+    gpt serve --ckpt out/gpt2-run --quantize int8 --port 0 --max-batch 16 --api-key "$KEY"
 
 Binds to 127.0.0.1 unless `--host` says otherwise; `--port 0` picks a free port. The first line on
 stderr says where it listens (`serving NAME at http://HOST:PORT ...`). Mistakes (a missing
@@ -31,7 +31,7 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
-        prog="python -m gpt.serve",
+        prog="gpt serve",
         formatter_class=_Help,
         description="Serve a gpt checkpoint over OpenAI's completions API, with a web playground at /.",
     )
@@ -178,7 +178,3 @@ def run(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return run_main(lambda: run(args), interrupted="the server stopped")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -15,7 +15,7 @@ Policies
 - A conversation longer than the context loses its oldest whole turns (a user message and the answer to
   it), never the system message nor the newest user message; if those alone do not fit with room for
   `max_new_tokens`, the answer is shortened to what fits, and if not even one token fits, ChatError.
-- `answer_ids` decodes many prompts greedily at once (gpt.evaluate on chat checkpoints): prompts of
+- `answer_ids` decodes many prompts greedily at once (gpt evaluate on chat checkpoints): prompts of
   equal length share a batch, as absolute positions forbid padding them on the left.
 """
 

@@ -1,6 +1,6 @@
 """BLEU and ROUGE of a seq2seq checkpoint on a test set, and decoding speed.
 
-    python -m gpt.evaluate --ckpt out/multi30k \
+    gpt evaluate --ckpt out/multi30k \
         --source-file ../shared/data/multi30k/test_2016_flickr.de \
         --reference ../shared/data/multi30k/test_2016_flickr.en --beam-size 4
 

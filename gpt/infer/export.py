@@ -1,7 +1,7 @@
 """Export a checkpoint's model to ONNX (for onnxruntime and friends) or to a torch.export program (.pt2).
 
-    python -m gpt.export --ckpt out/shakespeare-char --format onnx --out export/shakespeare-char
-    python -m gpt.export --ckpt out/shakespeare-char --format pt2 --out export/shakespeare-char
+    gpt export --ckpt out/shakespeare-char --format onnx --out export/shakespeare-char
+    gpt export --ckpt out/shakespeare-char --format pt2 --out export/shakespeare-char
 
 What the exported graph covers: the decoder-only model's whole forward pass,
 

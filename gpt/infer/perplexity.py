@@ -1,6 +1,6 @@
 """Loss, perplexity and bits-per-byte of a language model over a whole text file, in sliding windows.
 
-    python -m gpt.evaluate --ckpt out/shakespeare-char --text ../shared/data/wikitext-2/test.txt --json res.json
+    gpt evaluate --ckpt out/shakespeare-char --text ../shared/data/wikitext-2/test.txt --json res.json
 
     from gpt.infer.perplexity import score_text
     r = score_text(model, tok, text, stride=128)   # r["loss"], r["ppl"], r["bpb"], r["tokens"], r["bytes"]

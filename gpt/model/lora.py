@@ -2,8 +2,8 @@
 
     python train.py --config finetune --init-from out/wikitext --data data/shakespeare --out-dir out/lora --lora-rank 8
     python sample.py --ckpt out/lora --prompt "ROMEO:"                    # base + adapters (merged on load)
-    python -m gpt.lora merge --ckpt out/lora --out out/lora-merged.pt     # a plain checkpoint: sample, export, init-from
-    python -m gpt.hf export --ckpt out/lora --out hf/lora                 # loads base + adapters, exports merged
+    gpt lora merge --ckpt out/lora --out out/lora-merged.pt     # a plain checkpoint: sample, export, init-from
+    gpt hf export --ckpt out/lora --out hf/lora                 # loads base + adapters, exports merged
 
 Each targeted `nn.Linear` y = x W^T + b becomes a `LoRALinear`:
 
@@ -27,7 +27,7 @@ A LoRA checkpoint holds only the adapters (`...attn.c_attn.lora_A`, `...lora_B`)
 directory, so a base moved together with the run still loads), `base_sha256` (a fingerprint of the
 base weights as adapted: a base that changed since, e.g. a best.pt that moved on, is refused in one
 line instead of silently giving other text), and `rank`, `alpha`, `dropout`, `targets`.
-`gpt.checkpoints.native.load_model` / `load_checkpoint` (sample.py, `python -m gpt.hf export`, `--init-from`,
+`gpt.checkpoints.native.load_model` / `load_checkpoint` (sample.py, `gpt hf export`, `--init-from`,
 and any server built on them) load base + adapters merged; `load_adapted(path, merge=False)` keeps the
 adapters separate (e.g. a server swapping adapters over one base).
 

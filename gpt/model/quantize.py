@@ -1,7 +1,7 @@
 """int8 CPU inference: the Linear layers quantised to int8, dynamically (PyTorch's own tooling).
 
     python sample.py --ckpt out/shakespeare-char --quantize int8
-    python -m gpt.serve --ckpt out/shakespeare-char --quantize int8
+    gpt serve --ckpt out/shakespeare-char --quantize int8
 
     from gpt.model.quantize import quantize
     model = quantize(model, "int8")          # in place; float32 on the CPU only

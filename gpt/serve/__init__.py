@@ -1,7 +1,7 @@
 """An OpenAI-compatible completions server with a web playground, for any gpt checkpoint.
 
-    python -m gpt.serve --ckpt out/shakespeare-char                  # http://127.0.0.1:8000, playground at /
-    python -m gpt.serve --ckpt out/shakespeare-char --quantize int8 --port 0 --api-key "$KEY"
+    gpt serve --ckpt out/shakespeare-char                  # http://127.0.0.1:8000, playground at /
+    gpt serve --ckpt out/shakespeare-char --quantize int8 --port 0 --api-key "$KEY"
 
     from openai import OpenAI
     client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")

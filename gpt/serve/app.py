@@ -1,7 +1,7 @@
 """The HTTP server: FastAPI routes over a `gpt.infer.batching` engine running on its own thread.
 
     app = create_app(model, tokenizer, meta, ServeConfig(model_name="shakespeare-char"))
-    Server(app).run(sockets=[listen("127.0.0.1", 8000)])  # what `python -m gpt.serve` does (uvicorn, guarded)
+    Server(app).run(sockets=[listen("127.0.0.1", 8000)])  # what `gpt serve` does (uvicorn, guarded)
 
 Routes: `POST /v1/completions` (OpenAI's completions API, streamed as server-sent events with
 `"stream": true`; `logprobs` and `echo` score prompts, as lm-evaluation-harness asks: `api.py`), `POST

@@ -1,4 +1,4 @@
-"""The server's settings, checked once (`python -m gpt.serve` flags are the field names with dashes)."""
+"""The server's settings, checked once (`gpt serve` flags are the field names with dashes)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from gpt.serve import ServeError
 
 @dataclass
 class ServeConfig:
-    """The server's settings (`python -m gpt.serve` flags are the field names with dashes)."""
+    """The server's settings (`gpt serve` flags are the field names with dashes)."""
 
     model_name: str
     api_key: str | None = None  # None: no authentication

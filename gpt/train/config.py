@@ -470,9 +470,9 @@ def base_value(base: dict | None, config_name: str | None, key: str):
     return defaults()[key]
 
 
-def help_text(prog: str = "train.py") -> str:
+def help_text(prog: str = "gpt train") -> str:
     lines = [
-        f"usage: python {prog} --data data/NAME --out-dir out/NAME [--config FILE_OR_NAME] [--key value ...]",
+        f"usage: {prog} --data data/NAME --out-dir out/NAME [--config FILE_OR_NAME] [--key value ...]",
         "",
         "Precedence: command line > config file > defaults. Keys take dashes or underscores;",
         "booleans take true/false, or --flag / --no-flag.",

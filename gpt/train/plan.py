@@ -1,9 +1,9 @@
 """How a model fits on GPUs before renting them: parameters, FLOPs per token and memory per GPU under DDP,
 FSDP and activation checkpointing, and which flags fit.
 
-    python -m gpt.plan                                  # GPT-2 124M / 350M / 774M / 1.5B on 1, 8 and 64 GPUs
-    python -m gpt.plan --config gpt2_1558m --gpus 8     # one config, term by term
-    python -m gpt.plan --config my.toml --gpu-memory 40 --batch-size 8
+    gpt plan                                  # GPT-2 124M / 350M / 774M / 1.5B on 1, 8 and 64 GPUs
+    gpt plan --config gpt2_1558m --gpus 8     # one config, term by term
+    gpt plan --config my.toml --gpu-memory 40 --batch-size 8
 
 The model (vocab_size 50304 unless `--vocab-size`), micro-batch and context come from the training
 config; the training runs bf16 autocast with AdamW, as on any GPU with bf16. Bytes per GPU, with P the

@@ -1,7 +1,7 @@
 """See a run: loss curves and training signals from log.jsonl, as one PNG.
 
-    python -m gpt.plot out/ft out/lora --out ft-vs-lora.png      # several runs overlaid, one colour each
-    python -m gpt.plot out/run/log.jsonl --out run.png
+    gpt plot out/ft out/lora --out ft-vs-lora.png      # several runs overlaid, one colour each
+    gpt plot out/run/log.jsonl --out run.png
 
 Panels: train and val loss against step, against tokens seen and against training wall time; the
 learning rate; the gradient norm (before clipping) and the update-to-weight ratio (log scales); the val
@@ -205,7 +205,7 @@ def plot_runs(runs: list[str | os.PathLike], out: str | os.PathLike) -> Path:
 
 
 class FigureWriter:
-    """OUT_DIR/run.png for the trainer, drawn by `python -m gpt.plot` in a child process at low priority.
+    """OUT_DIR/run.png for the trainer, drawn by `gpt plot` in a child process at low priority.
 
     One drawing at a time: an evaluation that comes while one runs leaves it be (the next drawing reads
     the whole log anyway). `close()` waits for it and, if an evaluation came since it started, draws

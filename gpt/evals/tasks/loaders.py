@@ -14,7 +14,7 @@ HERE = Path(__file__).resolve().parent
 
 
 class MissingData(FileNotFoundError):
-    """A task's data file is not there (gpt.evaluate turns it into one `error:` line)."""
+    """A task's data file is not there (gpt evaluate turns it into one `error:` line)."""
 
 
 def text_file(text_file=None, **_):

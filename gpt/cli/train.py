@@ -1,0 +1,34 @@
+"""Pretrain or fine-tune a GPT on a prepared dataset: `gpt train` (and `python train.py`, its thin script).
+
+    python data/shakespeare_char/prepare.py
+    gpt train --config shakespeare_char_cpu --data data/shakespeare_char --out-dir out/shakespeare_char
+    gpt train --resume out/shakespeare_char                       # continue after a stop
+    gpt train --config finetune --data data/shakespeare --init-from out/wikitext --out-dir out/ft
+    torchrun --nproc-per-node 2 train.py --data data/shakespeare_char --out-dir out/ddp
+
+`gpt train --help` lists every option with its default (gpt/train/config.py owns them; gpt/train/start.py
+resolves a command line into a run once).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from gpt.cli import run_main
+from gpt.train.config import help_text
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "gpt train") -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        print(help_text(prog))
+        return 0
+
+    def body():
+        from gpt.train.start import resolve_run  # torch: after --help
+        from gpt.train.trainer import train  # torch: after --help
+
+        train(resolve_run(argv))
+
+    return run_main(body)
