@@ -9,8 +9,8 @@
     gpt prepare new.txt --out data/new --tokenizer-from out/shakespeare-char --unknown replace
     gpt prepare --chat chats.jsonl --out data/chat --tokenizer-from out/base --block-size 256
 
-Writes train.bin, val.bin and meta.json (plus tokenizer.tiktoken for bpe) into --out; see the README's
-"Prepare data" section, gpt/data/prepare.py for the policies and gpt/data/format.py for the format. Never
+Writes train.bin, val.bin and meta.json (plus tokenizer.tiktoken for bpe) into --out; see docs/data.md,
+gpt/data/prepare.py for the policies and gpt/data/format.py for the format. Never
 imports torch. With --pairs (line i of
 SRC translates line i of TGT; no INPUT) it writes a pairs dataset for the seq2seq model instead:
 {train,val}.{bin,idx} and meta.json, see gpt/data/pairs.py. With --chat (rows of OpenAI messages,
