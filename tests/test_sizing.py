@@ -4,11 +4,11 @@ it prints is one train.py takes, and mistakes are one line."""
 import shlex
 
 import pytest
+from conftest import one_line_error
 
 from gpt.cli import plan as cli_plan
 from gpt.train import sizing
 from gpt.train.config import build_config
-from tests.conftest import one_line_error
 
 
 @pytest.mark.parametrize(
