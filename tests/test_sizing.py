@@ -2,6 +2,7 @@
 it prints is one train.py takes, and mistakes are one line."""
 
 import shlex
+from dataclasses import replace
 
 import pytest
 from conftest import one_line_error
@@ -46,7 +47,7 @@ def test_the_printed_command_is_what_train_py_runs(capsys, char_data):
     argv = ["--depth", "2", "--data", char_data, "--minutes", "2", "--out-dir", "out/x y", "--tokens-per-second"]
     assert cli_plan.main([str(a) for a in argv] + ["20000"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("width: n_embd 128 for depth 2") and "1 min" not in out[3]
+    assert out[0].startswith("width: n_embd 128 for depth 2") and out[2].startswith("throughput: 20,000 ")
     assert out[-1].startswith("python train.py ")
     cfg = build_config(shlex.split(out[-1])[2:])
     proposal = sizing.size(str(char_data), 2, depth=2, tokens_per_second=20000, out_dir="out/x y")
@@ -56,7 +57,28 @@ def test_the_printed_command_is_what_train_py_runs(capsys, char_data):
 
 def test_the_throughput_is_measured(char_data):
     cfg = sizing.reference()
+    cfg = replace(cfg, model=replace(cfg.model, n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64))
     assert 0 < sizing.measure_throughput(cfg, 2, "cpu", steps=1) < 1e9
+
+
+def test_it_measures_again_at_the_micro_batch_it_chose(char_data, monkeypatch):
+    seen = []
+    monkeypatch.setattr(sizing, "measure_throughput", lambda cfg, micro, device: seen.append(micro) or 500.0)
+    p = sizing.size(str(char_data), 1, params="400k")
+    assert seen == [32, p.config.batch_size] and p.config.batch_size < 32  # 4096 tokens / block 128, then its own
+    assert p.reasons[0] == "depth: 2, the depth whose model is nearest 400k parameters"
+    assert p.reasons[3].endswith(f"(micro-batches of {p.config.batch_size})")
+
+
+def test_short_runs_keep_the_reference_weight_decay_and_evaluations_fit_the_overhead():
+    ref = sizing.reference()
+    short = sizing.propose(sizing.model_for(2, 128), "d", 10**6, 1, 1000.0).config
+    assert short.weight_decay == ref.weight_decay  # T_epoch alone would ask for ~6x
+    long = sizing.propose(sizing.model_for(2, 128), "d", 10**6, 600, 50_000.0).config
+    assert long.weight_decay < ref.weight_decay and long.eval_iters == 20
+    for c in (short, long):  # 4 evaluations, the last at the end; both splits, a third of a step per batch
+        assert -(-c.max_iters // c.eval_interval) == sizing.EVALS
+        assert sizing.EVALS * 2 * c.eval_iters / 3 <= 0.11 * c.max_iters * c.grad_accum or c.eval_iters == 1
 
 
 @pytest.mark.parametrize(

@@ -57,6 +57,7 @@ MIN_STEPS = 100  # the batch shrinks before the run drops below this many optimi
 MEASURE_TOKENS = 4096  # tokens per timed micro-batch
 MEASURE_STEPS = 3  # timed steps, after one warm-up step
 MAX_DEPTH = 64
+EVALS = 4  # evaluations in a run
 
 
 class SizingError(UserError, ValueError):
@@ -103,8 +104,13 @@ def count_params(model_config: GPTConfig) -> int:
 
 
 def depth_for_params(params: int, vocab_size: int, **shape) -> int:
-    """The depth whose model is nearest `params` parameters, in ratio (depths 1 to MAX_DEPTH)."""
-    counts = {d: count_params(model_for(d, vocab_size, **shape)) for d in range(1, MAX_DEPTH + 1)}
+    """The depth whose model is nearest `params` parameters, in ratio (depths 1 to MAX_DEPTH; the count grows
+    with the depth, so the search stops at the first model over twice `params`)."""
+    counts = {}
+    for d in range(1, MAX_DEPTH + 1):
+        counts[d] = count_params(model_for(d, vocab_size, **shape))
+        if counts[d] > 2 * params:
+            break
     if params < counts[1] / 2:
         raise SizingError(
             f"--params: {params:,} is less than half of the smallest model for this corpus (depth 1: "
@@ -181,6 +187,7 @@ class Proposal:
             ("lr-decay-iters", c.lr_decay_iters),
             ("warmup-iters", c.warmup_iters),
             ("eval-interval", c.eval_interval),
+            ("eval-iters", c.eval_iters),
             ("max-minutes", f"{c.max_minutes:g}"),
         ]
         if c.device != "auto":
@@ -199,6 +206,8 @@ def propose(
     tokens_per_second: float,
     out_dir: str = "out/run",
     device: str = "auto",
+    params: str = "",
+    depth: int = 0,
 ) -> Proposal:
     """The run for `model_config` on a corpus of `train_tokens` in `minutes` at the measured throughput."""
     ref = reference()
@@ -206,10 +215,10 @@ def propose(
     ref_tokens = ref_tokens_per_step * ref.max_iters  # D_ref
     m = model_config
     T = m.block_size
-    params = count_params(m)
+    n_params = count_params(m)
     why = [
         f"width: n_embd {m.n_embd} for depth {m.n_layer} (depth x aspect ratio, rounded up to whole heads), "
-        f"{m.n_head} heads of {m.n_embd // m.n_head}; {params:,} parameters with the {m.vocab_size:,}-row embedding",
+        f"{m.n_head} heads of {m.n_embd // m.n_head}; {n_params:,} parameters with the {m.vocab_size:,}-row embedding",
         f"context: block size {T} (the width as a power of two in [64, 1024]: attention ~1/6 of the FLOPs)",
         f"throughput: {tokens_per_second:,.0f} training tokens/s measured on this machine",
     ]
@@ -240,17 +249,19 @@ def propose(
     lr = round3(ref.learning_rate * width_scale * batch_scale)
     muon_lr = round3(ref.muon_lr * batch_scale)
     trained = steps * tokens_per_step
-    weight_decay = round3(ref.weight_decay * batch_scale * ref_tokens / trained)
+    # capped at the reference's: the rule lowers the decay of longer runs; for runs shorter than the reference it
+    # would raise it past anything measured (a 30k-token run asked for 8x)
+    weight_decay = round3(min(ref.weight_decay, ref.weight_decay * batch_scale * ref_tokens / trained))
     why += [
         f"AdamW LR: {ref.learning_rate:g} x ({m.n_embd}/{ref.model.n_embd})^-0.5 x ({tokens_per_step:,}/"
         f"{ref_tokens_per_step:,})^0.5 = {lr:.3g} (embeddings, head, norms)",
         f"Muon LR: {ref.muon_lr:g} x ({tokens_per_step:,}/{ref_tokens_per_step:,})^0.5 = {muon_lr:.3g} "
         f"(the blocks' matrices; no width factor)",
         f"weight decay: {ref.weight_decay:g} x ({tokens_per_step:,}/{ref_tokens_per_step:,})^0.5 x "
-        f"({ref_tokens:,}/{trained:,}) = {weight_decay:.3g}",
+        f"({ref_tokens:,}/{trained:,}), at most {ref.weight_decay:g} = {weight_decay:.3g}",
     ]
     epochs = trained / max(train_tokens, 1)
-    ratio = trained / params
+    ratio = trained / n_params
     note = (
         "; the corpus repeats that often: expect overfitting, a smaller --depth sees it less often"
         if epochs > 4
@@ -258,7 +269,7 @@ def propose(
     )
     why.append(f"data: {trained:,} tokens = {epochs:.2f} epochs of the {train_tokens:,}-token train split{note}")
     why.append(
-        f"tokens per parameter: {ratio:.1f} (nanochat trains ~12 per scaling parameter; "
+        f"tokens per parameter: {ratio:.2g} (nanochat trains ~12 per scaling parameter; "
         + (
             "fewer here: a smaller --depth would learn more in these minutes)"
             if ratio < 6
@@ -268,6 +279,9 @@ def propose(
         )
     )
     warmup = max(1, round(steps * ref.warmup_iters / ref.max_iters))
+    # an eval batch costs about a third of a training micro-batch (forward only); EVALS evaluations of both splits
+    # fit in the overhead share
+    eval_iters = min(TrainConfig.eval_iters, max(1, round(OVERHEAD_SHARE * steps * accum * 3 / (2 * EVALS))))
     cfg = replace(
         ref,
         data=data,
@@ -283,8 +297,8 @@ def propose(
         min_lr=round3(lr * ref.min_lr / ref.learning_rate),
         muon_lr=muon_lr,
         weight_decay=weight_decay,
-        eval_interval=max(1, steps // 4),
-        eval_iters=TrainConfig.eval_iters,
+        eval_interval=-(-steps // EVALS),  # the last one at the end
+        eval_iters=eval_iters,
         eval_batch_size=0,
         eval_train=True,
         log_interval=TrainConfig.log_interval,
@@ -292,8 +306,11 @@ def propose(
     )
     why.append(
         f"schedule: {ref.lr_schedule}, warmup {warmup} steps, final LR a tenth of the peak (as the reference); "
-        f"4 evaluations; --max-minutes {minutes:g} stops it cleanly if this machine turns out slower"
+        f"{EVALS} evaluations of {eval_iters} batches a split (about {OVERHEAD_SHARE:.0%} of the steps' time); "
+        f"--max-minutes {minutes:g} stops it cleanly if this machine turns out slower"
     )
+    if params:
+        why.insert(0, f"depth: {depth}, the depth whose model is nearest {params} parameters")
     return Proposal(cfg, tokens_per_second, why)
 
 
@@ -332,10 +349,19 @@ def size(
     shape = dict(aspect_ratio=aspect_ratio, head_dim=head_dim, block_size=block_size)
     chosen = depth if depth is not None else depth_for_params(parse_count(params), vocab, **shape)
     model = model_for(chosen, vocab, **shape)
-    if not tokens_per_second:
-        cfg = replace(reference(), model=model, device=device)
-        tokens_per_second = measure_throughput(cfg, max(1, MEASURE_TOKENS // model.block_size), device)
-    proposal = propose(model, data, meta["splits"]["train"]["tokens"], minutes, tokens_per_second, out_dir, device)
-    if params:
-        proposal.reasons.insert(0, f"depth: {chosen}, the depth whose model is nearest {params} parameters")
+    train_tokens = meta["splits"]["train"]["tokens"]
+    if tokens_per_second:
+        return propose(model, data, train_tokens, minutes, tokens_per_second, out_dir, device, params, chosen)
+    # measured at the largest micro-batch the plan uses, then again at the one it chose if that is smaller
+    # (a small batch trains fewer tokens a second)
+    cfg = replace(reference(), model=model, device=device)
+    micro = max(1, MEASURE_TOKENS // model.block_size)
+    for _ in range(3):  # the batch rarely changes twice: a smaller throughput asks for a smaller batch
+        tokens_per_second = measure_throughput(cfg, micro, device)
+        proposal = propose(model, data, train_tokens, minutes, tokens_per_second, out_dir, device, params, chosen)
+        line = next(i for i, r in enumerate(proposal.reasons) if r.startswith("throughput:"))
+        proposal.reasons[line] += f" (micro-batches of {micro})"
+        if proposal.config.batch_size == micro:
+            break
+        micro = proposal.config.batch_size
     return proposal
