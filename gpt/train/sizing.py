@@ -15,8 +15,9 @@ The rules (nanochat's scripts/base_train.py and GPT.setup_optimizer, re-anchored
 | batch (tokens)  | B = B_ref x (D / D_ref)^0.383 (Power Lines, Bopt ∝ D^0.383), a power of two, >= one sequence, <= D / MIN_STEPS |
 | AdamW LR        | lr_ref x (n_embd / n_embd_ref)^-0.5 x (B / B_ref)^0.5 (embeddings, head, norms)           |
 | Muon LR         | muon_lr_ref x (B / B_ref)^0.5: Muon's orthogonalised update needs no width correction       |
-| weight decay    | wd_ref x (B / B_ref)^0.5 x (D_ref / D) (keeps B / (lr·wd·D) constant: T_epoch)            |
+| weight decay    | wd_ref x (B / B_ref)^0.5 x (D_ref / D) (keeps B / (lr·wd·D) constant: T_epoch), at most wd_ref |
 | schedule        | the reference's: cosine, warmup and final LR as the same shares of the run                |
+| evaluations     | EVALS (4), the last at the end, of as many batches (<= 20) as fit in OVERHEAD_SHARE (10%) |
 
 The reference (`_ref`) is the shipped `shakespeare_char_cpu` config, the main job measured on this
 project's CPUs (width 128, 24 x 64 = 1,536 tokens a step, 400 steps = 614,400 tokens, AdamW 6e-3,
@@ -24,7 +25,10 @@ Muon 0.05, weight decay 0.1), where nanochat's is its d12 at 2^19 tokens a step:
 so the laws are kept and the anchor moved to a run that is known to train well here.
 
 The throughput is measured, not estimated: a few optimizer steps of the proposed model on random ids,
-on the device and precision train.py would pick, after one warm-up step (`measure_throughput`).
+on the device and precision train.py would pick, the median of three after one warm-up step
+(`measure_throughput`), at the largest micro-batch the plan allows and again at the one it chose. On a
+machine shared with other work the figure moves with the load: plan on a quiet machine, and the
+command's `--max-minutes` stops the run cleanly if it was measured too fast.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
+import statistics
 import time
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
@@ -55,7 +60,7 @@ BATCH_EXPONENT = 0.383  # Power Lines (arXiv 2505.13738): the best batch grows a
 OVERHEAD_SHARE = 0.1  # of the minutes kept for evaluations, checkpoints and start-up
 MIN_STEPS = 100  # the batch shrinks before the run drops below this many optimizer steps
 MEASURE_TOKENS = 4096  # tokens per timed micro-batch
-MEASURE_STEPS = 3  # timed steps, after one warm-up step
+MEASURE_STEPS = 3  # timed steps after one warm-up step (their median)
 MAX_DEPTH = 64
 EVALS = 4  # evaluations in a run
 
@@ -130,7 +135,7 @@ def reference() -> TrainConfig:
 
 def measure_throughput(cfg: TrainConfig, micro_batch: int, device: str = "auto", steps: int = MEASURE_STEPS) -> float:
     """Training tokens per second of `cfg`'s model and optimizer at `micro_batch` sequences, measured:
-    `steps` optimizer steps on random ids after one warm-up step, on the device train.py would use."""
+    the median of `steps` optimizer steps on random ids after one warm-up step, on the device train.py would use."""
     rt = runtime.setup(device=device, dtype=cfg.dtype, threads=cfg.threads)
     torch.manual_seed(0)
     model = GPT(cfg.model).to(rt.device)
@@ -149,10 +154,12 @@ def measure_throughput(cfg: TrainConfig, micro_batch: int, device: str = "auto",
             torch.cuda.synchronize(rt.device)
 
     step()  # warm-up: first-call allocations and kernel choices
-    start = time.perf_counter()
+    seconds = []
     for _ in range(steps):
+        start = time.perf_counter()
         step()
-    return steps * micro_batch * T / (time.perf_counter() - start)
+        seconds.append(time.perf_counter() - start)
+    return micro_batch * T / statistics.median(seconds)  # the median: one stall on a shared machine is not the rate
 
 
 @dataclass
