@@ -90,8 +90,9 @@ def test_short_runs_keep_the_reference_weight_decay_and_evaluations_fit_the_over
         (["--params", "lots", "--minutes", "1"], "--params: expected a positive count such as 10M"),
         (["--params", "10", "--minutes", "1"], "--params: 10 is less than half of the smallest model"),
         (["--depth", "2", "--minutes", "0.0001", "--tokens-per-second", "10"], "--minutes: 0.0001 minutes at 10"),
-        (["--depth", "2", "--minutes", "1", "--gpus", "8"], "--gpus: memory-plan options, not for --depth"),
-        (["--minutes", "1"], "--minutes: sizing options, give --depth N or --params P with them"),
+        (["--depth", "2", "--minutes", "1", "--gpus", "8"], "--gpus: for the memory plan, not with --depth"),
+        (["--depth", "2", "--minutes", "1", "--reserve", "0.2"], "--reserve: for the memory plan, not with"),
+        (["--minutes", "1", "--head-dim", "32"], "--minutes, --head-dim: for sizing a run: give --depth N or"),
     ],
 )
 def test_mistakes_are_one_line(capsys, char_data, argv, message):

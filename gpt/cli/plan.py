@@ -24,14 +24,15 @@ SIZING = (
     "tokens_per_second",
     "device",
 )
-MEMORY = ("config", "gpus", "batch_size")
+MEMORY = ("config", "gpus", "gpu_memory", "reserve", "vocab_size", "batch_size")
+MEMORY_DEFAULTS = {"gpu_memory": 80.0, "reserve": 0.1, "vocab_size": 50304}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(
         prog="python -m gpt.plan",
-        description="Memory per GPU under DDP / FSDP / activation "
-        "checkpointing, and which flags fit (GiB; a ✗ does not fit).",
+        description="Memory per GPU under DDP / FSDP / activation checkpointing, and which flags fit (GiB; a ✗ "
+        "does not fit); or, with --depth / --params, a whole training run sized for a corpus and a time budget.",
     )
     ap.add_argument(
         "--config",
@@ -39,14 +40,13 @@ def main(argv: list[str] | None = None) -> int:
         help=f"a training config, shipped name or TOML file, repeatable (default: {', '.join(SIZES)})",
     )
     ap.add_argument("--gpus", type=int, action="append", help="GPUs, repeatable (default: 1, 8, 64)")
-    ap.add_argument("--gpu-memory", type=float, default=80.0, help="GB per GPU (default: 80)")
+    ap.add_argument("--gpu-memory", type=float, help="GB per GPU (default: 80)")
     ap.add_argument(
         "--reserve",
         type=float,
-        default=0.1,
         help="share of each GPU kept free for the CUDA context and allocator slack (default: 0.1)",
     )
-    ap.add_argument("--vocab-size", type=int, default=50304, help="embedding rows (default: 50304, GPT-2 padded)")
+    ap.add_argument("--vocab-size", type=int, help="embedding rows (default: 50304, GPT-2 padded)")
     ap.add_argument("--batch-size", type=int, default=None, help="micro-batch per GPU (default: the config's)")
     sizing = ap.add_argument_group(
         "sizing a run from one number (nanochat's --depth): the whole train.py command for a corpus and a time "
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     def sized() -> str:
         memory_flags = [f"--{k.replace('_', '-')}" for k in MEMORY if getattr(args, k) is not None]
         if memory_flags:
-            raise PlanError(f"{', '.join(memory_flags)}: memory-plan options, not for --depth / --params")
+            raise PlanError(f"{', '.join(memory_flags)}: for the memory plan, not with --depth / --params")
         p = size(
             args.data or "",
             0.0 if args.minutes is None else args.minutes,
@@ -87,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
             return sized()
         given = [f"--{k.replace('_', '-')}" for k in SIZING if getattr(args, k) is not None]
         if given:
-            raise PlanError(f"{', '.join(given)}: sizing options, give --depth N or --params P with them")
+            raise PlanError(f"{', '.join(given)}: for sizing a run: give --depth N or --params P too")
+        for key, default in MEMORY_DEFAULTS.items():
+            if getattr(args, key) is None:
+                setattr(args, key, default)
         problems = [f"--gpus: must be >= 1, got {n}" for n in args.gpus or () if n < 1]
         if args.gpu_memory <= 0 or not 0 <= args.reserve < 1 or args.vocab_size < 1:
             problems.append("--gpu-memory and --vocab-size must be > 0, --reserve in [0, 1)")
