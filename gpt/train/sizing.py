@@ -27,8 +27,9 @@ so the laws are kept and the anchor moved to a run that is known to train well h
 The throughput is measured, not estimated: a few optimizer steps of the proposed model on random ids,
 on the device and precision train.py would pick, the median of three after one warm-up step
 (`measure_throughput`), at the largest micro-batch the plan allows and again at the one it chose. On a
-machine shared with other work the figure moves with the load: plan on a quiet machine, and the
-command's `--max-minutes` stops the run cleanly if it was measured too fast.
+machine shared with other work the figure moves with the load: plan on a quiet machine. The command
+has no `--max-minutes`: train.py's time limit estimates the final evaluation from the first (warm-up)
+step's speed, and stopped a 1-minute plan at step 1; the steps themselves are the budget.
 """
 
 from __future__ import annotations
@@ -195,7 +196,6 @@ class Proposal:
             ("warmup-iters", c.warmup_iters),
             ("eval-interval", c.eval_interval),
             ("eval-iters", c.eval_iters),
-            ("max-minutes", f"{c.max_minutes:g}"),
         ]
         if c.device != "auto":
             pairs.append(("device", c.device))
@@ -309,12 +309,12 @@ def propose(
         eval_batch_size=0,
         eval_train=True,
         log_interval=TrainConfig.log_interval,
-        max_minutes=minutes,
     )
     why.append(
         f"schedule: {ref.lr_schedule}, warmup {warmup} steps, final LR a tenth of the peak (as the reference); "
         f"{EVALS} evaluations of {eval_iters} batches a split (about {OVERHEAD_SHARE:.0%} of the steps' time); "
-        f"--max-minutes {minutes:g} stops it cleanly if this machine turns out slower"
+        f"no --max-minutes: the steps are the budget (train.py's limit judges the evaluation's cost by the first, "
+        f"warm-up step, and stops short runs at step 1)"
     )
     if params:
         why.insert(0, f"depth: {depth}, the depth whose model is nearest {params} parameters")
