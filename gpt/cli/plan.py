@@ -1,17 +1,38 @@
-"""The memory planner: `gpt plan`."""
+"""The planner, `gpt plan`: memory per GPU for a config (gpt/train/plan.py), or with `--depth N` /
+`--params P` a whole run sized for a corpus and a time budget on this machine (gpt/train/sizing.py).
+
+    gpt plan --config gpt2_1558m --gpus 8
+    gpt plan --depth 4 --data data/shakespeare_char --minutes 10
+"""
 
 from __future__ import annotations
 
 from gpt.cli import ArgumentParser, run_main
 from gpt.train.config import build_config
 from gpt.train.plan import GPUS, SIZES, PlanError, detail, plan, summary
+from gpt.train.sizing import ASPECT_RATIO, HEAD_DIM, size
+
+SIZING = (
+    "depth",
+    "params",
+    "data",
+    "minutes",
+    "out_dir",
+    "aspect_ratio",
+    "head_dim",
+    "block_size",
+    "tokens_per_second",
+    "device",
+)
+MEMORY = ("config", "gpus", "gpu_memory", "reserve", "vocab_size", "batch_size")
+MEMORY_DEFAULTS = {"gpu_memory": 80.0, "reserve": 0.1, "vocab_size": 50304}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(
         prog="gpt plan",
-        description="Memory per GPU under DDP / FSDP / activation "
-        "checkpointing, and which flags fit (GiB; a ✗ does not fit).",
+        description="Memory per GPU under DDP / FSDP / activation checkpointing, and which flags fit (GiB; a ✗ "
+        "does not fit); or, with --depth / --params, a whole training run sized for a corpus and a time budget.",
     )
     ap.add_argument(
         "--config",
@@ -19,18 +40,57 @@ def main(argv: list[str] | None = None) -> int:
         help=f"a training config, shipped name or TOML file, repeatable (default: {', '.join(SIZES)})",
     )
     ap.add_argument("--gpus", type=int, action="append", help="GPUs, repeatable (default: 1, 8, 64)")
-    ap.add_argument("--gpu-memory", type=float, default=80.0, help="GB per GPU (default: 80)")
+    ap.add_argument("--gpu-memory", type=float, help="GB per GPU (default: 80)")
     ap.add_argument(
         "--reserve",
         type=float,
-        default=0.1,
         help="share of each GPU kept free for the CUDA context and allocator slack (default: 0.1)",
     )
-    ap.add_argument("--vocab-size", type=int, default=50304, help="embedding rows (default: 50304, GPT-2 padded)")
+    ap.add_argument("--vocab-size", type=int, help="embedding rows (default: 50304, GPT-2 padded)")
     ap.add_argument("--batch-size", type=int, default=None, help="micro-batch per GPU (default: the config's)")
+    sizing = ap.add_argument_group(
+        "sizing a run from one number (nanochat's --depth): the whole train.py command for a corpus and a time "
+        "budget on this machine, from its measured throughput"
+    )
+    sizing.add_argument("--depth", type=int, help="transformer blocks; the rest follows from it")
+    sizing.add_argument("--params", help="or a parameter count (10M, 1.5B): the nearest depth")
+    sizing.add_argument("--data", help="the prepared token dataset (its vocabulary and size)")
+    sizing.add_argument("--minutes", type=float, help="the time budget of the training run")
+    sizing.add_argument("--out-dir", help="the run directory to put in the command (default: out/run)")
+    sizing.add_argument("--aspect-ratio", type=int, help=f"width per block (default: {ASPECT_RATIO})")
+    sizing.add_argument("--head-dim", type=int, help=f"attention head size (default: {HEAD_DIM})")
+    sizing.add_argument("--block-size", type=int, help="context length (default: from the width)")
+    sizing.add_argument("--tokens-per-second", type=float, help="the throughput to plan with (default: measured)")
+    sizing.add_argument("--device", help="where to measure and train (default: auto)")
     args = ap.parse_args(argv)
 
+    def sized() -> str:
+        memory_flags = [f"--{k.replace('_', '-')}" for k in MEMORY if getattr(args, k) is not None]
+        if memory_flags:
+            raise PlanError(f"{', '.join(memory_flags)}: for the memory plan, not with --depth / --params")
+        p = size(
+            args.data or "",
+            0.0 if args.minutes is None else args.minutes,
+            depth=args.depth,
+            params=args.params or "",
+            aspect_ratio=ASPECT_RATIO if args.aspect_ratio is None else args.aspect_ratio,
+            head_dim=HEAD_DIM if args.head_dim is None else args.head_dim,
+            block_size=args.block_size or 0,
+            tokens_per_second=args.tokens_per_second or 0.0,
+            out_dir=args.out_dir or "out/run",
+            device=args.device or "auto",
+        )
+        return "\n".join([*p.reasons, "", p.command()])
+
     def body() -> str:
+        if args.depth is not None or args.params is not None:
+            return sized()
+        given = [f"--{k.replace('_', '-')}" for k in SIZING if getattr(args, k) is not None]
+        if given:
+            raise PlanError(f"{', '.join(given)}: for sizing a run: give --depth N or --params P too")
+        for key, default in MEMORY_DEFAULTS.items():
+            if getattr(args, key) is None:
+                setattr(args, key, default)
         problems = [f"--gpus: must be >= 1, got {n}" for n in args.gpus or () if n < 1]
         if args.gpu_memory <= 0 or not 0 <= args.reserve < 1 or args.vocab_size < 1:
             problems.append("--gpu-memory and --vocab-size must be > 0, --reserve in [0, 1)")
