@@ -402,6 +402,31 @@ def test_max_minutes_stops_with_an_evaluation_and_a_checkpoint(char_data, tmp_pa
     assert records(out, "eval")[-1]["step"] == summary["step"] == loader.read(out / "last.pt")["meta"]["step"]
 
 
+def test_a_slow_first_step_does_not_end_a_time_limited_run(char_data, tmp_path, monkeypatch):
+    """The first step pays for warm-up (allocation, compiling; here a 6 s sleep): nothing is estimated from
+    it, so an 18-second run trains on past it (the final evaluation's estimate was once taken from the first
+    step's throughput, and a short --max-minutes run stopped at step 1)."""
+    from gpt.train.trainer import Run
+
+    real, calls = Run.train_one_step, []
+
+    def slow_first(self):
+        calls.append(self.step)
+        if len(calls) == 1:
+            time.sleep(6)
+        return real(self)
+
+    monkeypatch.setattr(Run, "train_one_step", slow_first)
+    out = tmp_path / "run"
+    args = ("--data", char_data, "--out-dir", out, *TINY, "--max-iters", "100000", "--eval-interval", "100000")
+    summary = train_run(*args, "--dtype", "float32", "--eval-iters", "2", "--max-minutes", "0.3")
+    assert summary["step"] > 5, summary["step"]
+    assert records(out, "eval")[-1]["step"] == summary["step"]
+    limit = TimeLimit(minutes=1, t_start=0.0, eval_tokens=10**9)
+    assert not limit.out_of_time(now=30.0, step_seconds=30.0, tokens_per_s=1.0, warming_up=True)
+    assert limit.out_of_time(now=60.0, step_seconds=30.0, tokens_per_s=1.0, warming_up=True)  # past the limit
+
+
 def test_a_second_ctrl_c_waits_for_the_checkpoint_being_written():
     stop = StopSignal()
     stop._handle(signal.SIGINT, None)  # the first: finish the step, save, stop

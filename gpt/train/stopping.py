@@ -66,10 +66,16 @@ class TimeLimit:
         self.eval_seconds = None
         self.eval_tokens = eval_tokens
 
-    def out_of_time(self, now: float, step_seconds: float, tokens_per_s: float, eval_due: bool = False) -> bool:
-        """Whether to stop now: another step, the evaluation due now (if any) and the final one would not fit."""
+    def out_of_time(
+        self, now: float, step_seconds: float, tokens_per_s: float, eval_due: bool = False, warming_up: bool = False
+    ) -> bool:
+        """Whether to stop now: another step, the evaluation due now (if any) and the final one would not fit.
+        While `warming_up` (the first step: allocation, compiling) nothing is estimated from its time: the
+        run stops only once the limit itself has passed."""
         if self.end is None:
             return False
+        if warming_up:
+            return now >= self.end
         evaluation = self.eval_seconds if self.eval_seconds is not None else self.eval_tokens / max(tokens_per_s, 1) / 2
         return now + step_seconds + evaluation * (2 if eval_due else 1) >= self.end
 

@@ -430,7 +430,7 @@ class Run:
         t_step, recent = time.time(), collections.deque(maxlen=50)  # recent step times, for the ETA
         interval = {"steps": 0, "seconds": 0.0, "tokens": 0}
         first = self.first_step = self.step + 1  # its log line comes at once: the first sign of life and speed
-        tok_s = 0.0  # tokens per second at the last log step (the time limit estimates the final evaluation by it)
+        self.step_tokens = 0.0  # tokens per step at the last log step (the first step is one)
         with StopSignal() as stop:
             while self.step < cfg.max_iters:
                 loss, grad_norm, loss_f, norm_f, lr = self.train_one_step()
@@ -438,28 +438,30 @@ class Run:
                     log.print(f"warning: {warning}")
                     log.record("health", self.step, warning=warning)
                 now = time.time()
-                recent.append(now - t_step)
+                if self.step > first:  # the first step pays for warm-up (allocation, compiling): not a step's time
+                    recent.append(now - t_step)
                 interval["steps"] += 1
                 interval["seconds"] += now - t_step
+                step_seconds = sorted(recent)[len(recent) // 2] if recent else now - t_step  # median: robust to pauses
                 t_step = now
-                step_seconds = sorted(recent)[len(recent) // 2]  # median: robust to pauses
-                if self.step == first + preflight.PREFLIGHT_STEPS and self.step < cfg.max_iters:  # step 1 warms up
-                    measured = sorted(list(recent)[1:])[(len(recent) - 1) // 2]
+                if self.step == first + preflight.PREFLIGHT_STEPS and self.step < cfg.max_iters:
                     log.print(
                         preflight.eta_line(
-                            measured, preflight.PREFLIGHT_STEPS, cfg.max_iters - self.step, self.limit, now
+                            step_seconds, preflight.PREFLIGHT_STEPS, cfg.max_iters - self.step, self.limit, now
                         )
                     )
 
-                if self._is_log_step(self.step):  # (the first step is one: tok_s is set from then on)
-                    tok_s = self._log_step(loss, grad_norm, lr, interval, step_seconds, now)
+                if self._is_log_step(self.step):
+                    self._log_step(loss, grad_norm, lr, interval, step_seconds, now)
 
                 due = self.step % cfg.eval_interval == 0 or self.step == cfg.max_iters
                 if log.console_closed and stop.signum is None:  # stdout's reader went away: as a signal would
                     stop.signum = signal.SIGPIPE
                 if stop.signum is not None:
                     halt = Halt.SIGNALLED
-                elif self.limit.out_of_time(now, step_seconds, tok_s, due):
+                elif self.limit.out_of_time(
+                    now, step_seconds, self.step_tokens / step_seconds, due, self.step == first
+                ):
                     halt = Halt.OUT_OF_TIME
                 else:
                     halt = Halt.GO_ON
@@ -500,13 +502,14 @@ class Run:
         self.pending_tokens = torch.zeros_like(tokens)
         return n
 
-    def _log_step(self, loss, grad_norm, lr, interval, step_seconds, now) -> float:
+    def _log_step(self, loss, grad_norm, lr, interval, step_seconds, now) -> None:
         cfg, rt = self.cfg, self.rt
         if rt.ddp:  # the global batch's mean loss
             torch.distributed.all_reduce(loss, op=torch.distributed.ReduceOp.AVG)
         interval["tokens"] += self._count_tokens()
         dt = interval["seconds"] / interval["steps"]
         tok_s = interval["tokens"] / interval["seconds"]
+        self.step_tokens = interval["tokens"] / interval["steps"]  # what the time limit's throughput is counted in
         mfu = self.flops_per_token * tok_s / (self.peak * rt.world_size) if self.peak else None  # per device
         mem = rt.peak_memory_gib()
         eta = f"eta {format_duration(step_seconds * (cfg.max_iters - self.step))}"
@@ -539,7 +542,6 @@ class Run:
             update_ratio=self.health.update_ratio,
         )
         self.health.update_ratio = None
-        return tok_s
 
     def _finish(self, last_eval: dict, interrupted: bool) -> dict:
         self.figure.close()  # the final figure, with every evaluation
