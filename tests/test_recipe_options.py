@@ -2,6 +2,7 @@
 untied_head, x0_skip, value_embeds (the Muon weight decay options: tests/test_muon.py). Each: what it computes, a KV-cached decode equal to the full forward, causality, the checkpoint
 round trip, flags, resume exactness, LoRA, and the export paths' refusals."""
 
+import copy
 import dataclasses
 import json
 import math
@@ -18,6 +19,7 @@ from gpt.errors import ConfigError
 from gpt.infer.sampling import Decoder
 from gpt.model import lora
 from gpt.model.transformer import QK_NORM_SCALE
+from gpt.train import parallel
 from gpt.train.config import build_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
@@ -228,6 +230,35 @@ def test_value_embeds_grow_with_the_vocabulary():
     assert torch.equal(model.value_embeds["1"].weight[:40], before)
     with torch.no_grad():
         assert model(torch.tensor([[41, 63, 3]]))[0].shape == (1, 3, 64)  # new ids look up rows of their own
+
+
+@pytest.mark.parametrize("how", ["activation_checkpointing", "fsdp"])
+def test_x0_skip_and_value_embeds_train_the_same_checkpointed_and_sharded(how, tmp_path):
+    """The scalars and value embeddings sit at the root, beside the blocks that activation checkpointing wraps
+    and FSDP shards one at a time: the loss and every gradient are those of the plain module (FSDP: one
+    process in this one, gloo; tests/test_parallel.py runs torchrun)."""
+    model = model_with(x0_skip=True, value_embeds=True, n_layer=3).train()
+    reference = copy.deepcopy(model)
+    idx = torch.randint(0, 40, (2, 12))
+    _, want = reference(idx, idx)
+    want.backward()
+    if how == "fsdp":
+        torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        if how == "fsdp":
+            parallel.shard(model, torch.float32)
+        else:
+            parallel.checkpoint_activations(model)
+        _, loss = model(idx, idx)
+        loss.backward()
+        torch.testing.assert_close(loss, want)
+        grads = dict(reference.named_parameters())
+        for name, p in model.named_parameters():
+            grad = p.grad.full_tensor() if how == "fsdp" else p.grad
+            torch.testing.assert_close(grad, grads[name].grad, atol=1e-6, rtol=1e-5, msg=name)
+    finally:
+        if how == "fsdp":
+            torch.distributed.destroy_process_group()
 
 
 def test_checkpoint_round_trip(tmp_path):
