@@ -1,5 +1,6 @@
 """gpt/train/muon.py: the orthogonalisation, the update against torch.optim.Muon, AdamW groups against
-torch.optim.AdamW, and which parameters each half of the optimizer gets."""
+torch.optim.AdamW, and which parameters each half of the optimizer gets; cautious weight decay, the weight
+decay schedule and x0_skip's scalar groups (their LRs: gpt/train/trainer.py `set_hyperparameters`)."""
 
 import pytest
 import torch
@@ -7,8 +8,9 @@ import torch
 from gpt import runtime
 from gpt.errors import ConfigError
 from gpt.model.transformer import GPT, GPTConfig
-from gpt.train.config import TrainConfig
+from gpt.train.config import TrainConfig, build_config
 from gpt.train.muon import Muon, ns_dtype_for, orthogonalize
+from gpt.train.trainer import make_optimizer, set_hyperparameters
 
 
 @pytest.mark.parametrize("shape", [(32, 96), (96, 32), (64, 128)])
@@ -91,3 +93,73 @@ def test_config_mistakes_are_named():
         TrainConfig(optimizer="muon", fsdp=True)
     with pytest.raises(ConfigError, match="--muon-lr: must be > 0"):
         TrainConfig(optimizer="muon", muon_lr=0)
+
+
+def test_cautious_weight_decay_decays_only_where_the_update_and_the_weight_agree_in_sign():
+    gen = torch.Generator().manual_seed(0)
+    w, g = torch.randn(16, 32, generator=gen), torch.randn(16, 32, generator=gen)
+    steps = {}
+    for cautious in (False, True):
+        p = torch.nn.Parameter(w.clone())
+        p.grad = g.clone()
+        Muon([{"params": [p], "muon": True}], lr=0.1, weight_decay=0.5, cautious_wd=cautious).step()
+        steps[cautious] = p.detach()
+    update = orthogonalize(g.lerp(g * (1 - 0.95), 0.95))  # the first step's Nesterov update
+    agree = update * w >= 0
+    assert 0.2 < agree.float().mean() < 0.8
+    moved = w - 0.1 * update  # the update alone, scale 1 (16 rows <= 32 columns)
+    torch.testing.assert_close(steps[True], torch.where(agree, moved - 0.05 * w, moved))
+    torch.testing.assert_close(steps[False], moved - 0.05 * w)
+
+
+def test_x0_skips_scalars_have_groups_of_their_own_never_muons_and_never_decayed():
+    model = GPT(GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=2, n_embd=16, x0_skip=True, value_embeds=True))
+    names = {id(p): n for n, p in model.named_parameters()}
+    for muon in (False, True):
+        groups = model.param_groups(0.1, muon=muon)
+        scalar = [g for g in groups if g.get("scalar")]
+        assert [(g["scalar"], [names[id(p)] for p in g["params"]], g["weight_decay"]) for g in scalar] == [
+            ("resid", ["resid_lambdas"], 0.0),
+            ("x0", ["x0_lambdas"], 0.0),
+        ]
+        decayed = {names[id(p)] for g in groups if g["weight_decay"] and not g.get("muon") for p in g["params"]}
+        assert {"transformer.wte.weight", "value_embeds.1.weight", "transformer.h.1.attn.ve_gate"} <= decayed
+        grouped = [names[id(p)] for g in groups for p in g["params"]]
+        assert sorted(grouped) == sorted(names.values())  # each parameter in exactly one group
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_each_group_gets_its_lr_and_the_scheduled_weight_decay(optimizer):
+    model = GPT(GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=2, n_embd=16, x0_skip=True))
+    cfg = TrainConfig(
+        optimizer=optimizer,
+        learning_rate=1e-3,
+        muon_lr=0.02,
+        scalar_lr=0.4,
+        resid_lr=0.004,
+        weight_decay=0.2,
+        wd_schedule="linear",
+        warmup_iters=0,
+        lr_schedule="constant",
+        max_iters=100,
+    )
+    opt = make_optimizer(model, cfg.optimizer_config(), torch.device("cpu"))
+    for step, wd in ((0, 0.2), (50, 0.1), (100, 0.0), (0, 0.2)):  # back up: resuming at an earlier step
+        assert set_hyperparameters(opt, step, cfg) == 1e-3
+        for g in opt.param_groups:
+            want = {"resid": 0.004, "x0": 0.4}.get(g.get("scalar"), 0.02 if g.get("muon") else 1e-3)
+            assert g["lr"] == pytest.approx(want)
+            biases_norms_or_scalars = all(p.dim() < 2 for p in g["params"])
+            assert g["weight_decay"] == pytest.approx(0.0 if biases_norms_or_scalars else wd)
+
+
+def test_the_new_flags_and_their_mistakes():
+    cfg = build_config("--optimizer muon --muon-cautious-wd --wd-schedule cosine --scalar-lr 0.3".split())
+    assert (cfg.muon_cautious_wd, cfg.wd_schedule, cfg.scalar_lr, cfg.resid_lr) == (True, "cosine", 0.3, 0.005)
+    assert cfg.optimizer_config().cautious_wd
+    with pytest.raises(ConfigError, match="--muon-cautious-wd: Muon's weight decay; give --optimizer muon"):
+        build_config(["--muon-cautious-wd"])
+    with pytest.raises(ConfigError, match="--wd-schedule: 'step' is not one of 'constant', 'linear', 'cosine'"):
+        build_config(["--wd-schedule", "step"])
+    with pytest.raises(ConfigError, match="--resid-lr: must be > 0"):
+        build_config(["--resid-lr", "0"])

@@ -1,7 +1,8 @@
 """The speedrun recipe's model options (issue 35): activation="relu2", qk_norm, zero_init_proj, logit_softcap,
-untied_head. Each: what it computes, a KV-cached decode equal to the full forward, causality, the checkpoint
+untied_head, x0_skip, value_embeds (the Muon weight decay options: tests/test_muon.py). Each: what it computes, a KV-cached decode equal to the full forward, causality, the checkpoint
 round trip, flags, resume exactness, LoRA, and the export paths' refusals."""
 
+import copy
 import dataclasses
 import json
 import math
@@ -18,6 +19,7 @@ from gpt.errors import ConfigError
 from gpt.infer.sampling import Decoder
 from gpt.model import lora
 from gpt.model.transformer import QK_NORM_SCALE
+from gpt.train import parallel
 from gpt.train.config import build_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
@@ -29,7 +31,18 @@ OPTIONS = {
     "zero_init_proj": dict(zero_init_proj=True),
     "logit_softcap": dict(logit_softcap=2.0),
     "untied_head": dict(untied_head=True),
-    "all": dict(activation="relu2", qk_norm=True, zero_init_proj=True, logit_softcap=2.0, untied_head=True),
+    "x0_skip": dict(x0_skip=True),
+    "value_embeds": dict(value_embeds=True, n_layer=3),  # layers 0 and 2
+    "value_embeds_rope": dict(value_embeds=True, pos_encoding="rope"),
+    "all": dict(
+        activation="relu2",
+        qk_norm=True,
+        zero_init_proj=True,
+        logit_softcap=2.0,
+        untied_head=True,
+        x0_skip=True,
+        value_embeds=True,
+    ),
 }
 
 
@@ -37,28 +50,43 @@ def model_with(seed=0, **options) -> GPT:
     """A small model with the options, its weights spread (std 0.5: zero-initialised projections too) so the
     options change the logits visibly."""
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=2, n_head=4, n_embd=32, bias=False, **options))
+    shape = dict(vocab_size=40, block_size=16, n_layer=2, n_head=4, n_embd=32, bias=False) | options
+    model = GPT(GPTConfig(**shape))
     with torch.no_grad():
-        for p in model.parameters():
+        for name, p in model.named_parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.5)
+            elif name.endswith("lambdas"):  # x0_skip's scalars away from their (neutral) 1 and 0
+                p.uniform_(0.5, 1.5)
     return model.eval()
 
 
 def test_every_option_is_off_by_default():
     c = GPTConfig()
-    assert (c.activation, c.qk_norm, c.zero_init_proj, c.logit_softcap, c.untied_head) == (
+    assert (c.activation, c.qk_norm, c.zero_init_proj, c.logit_softcap, c.untied_head, c.x0_skip, c.value_embeds) == (
         "gelu_tanh",
         False,
         False,
         0.0,
         False,
+        False,
+        False,
     )
+    old = {k: v for k, v in c.to_dict().items() if k not in ("x0_skip", "value_embeds")}  # an older checkpoint's
+    assert GPTConfig.from_dict(old) == c
 
 
 @pytest.mark.parametrize(
     "field, value",
-    [("activation", "relu3"), ("qk_norm", "yes"), ("zero_init_proj", 1), ("logit_softcap", -1.0), ("untied_head", 0)],
+    [
+        ("activation", "relu3"),
+        ("qk_norm", "yes"),
+        ("zero_init_proj", 1),
+        ("logit_softcap", -1.0),
+        ("untied_head", 0),
+        ("x0_skip", "on"),
+        ("value_embeds", 1),
+    ],
 )
 def test_invalid_values_name_the_field(field, value):
     with pytest.raises(ConfigError, match=rf"{field}: must"):
@@ -145,6 +173,94 @@ def test_untied_head_is_its_own_matrix():
     assert model.lm_head.weight is not model.transformer.wte.weight
 
 
+def test_x0_skip_mixes_the_embedding_into_each_blocks_input():
+    model = model_with(x0_skip=True, n_layer=3)
+    idx = torch.randint(0, 40, (2, 6))
+    inputs, outputs = [], []
+    for block in model.transformer.h:
+        block.register_forward_pre_hook(lambda m, args: inputs.append(args[0]))
+        block.register_forward_hook(lambda m, args, out: outputs.append(out))
+    with torch.no_grad():
+        model(idx)
+        x0 = model.embed(idx)
+    r, a = model.resid_lambdas, model.x0_lambdas
+    torch.testing.assert_close(inputs[0], (r[0] + a[0]) * x0)  # block 0's x is x0 itself
+    for i in (1, 2):
+        torch.testing.assert_close(inputs[i], r[i] * outputs[i - 1] + a[i] * x0)
+
+
+def test_x0_skip_and_value_embeds_start_as_the_model_without_them():
+    torch.manual_seed(0)
+    plain = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=3, n_head=4, n_embd=32))
+    torch.manual_seed(0)
+    x0 = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=3, n_head=4, n_embd=32, x0_skip=True))
+    assert x0.resid_lambdas.tolist() == [1.0] * 3 and x0.x0_lambdas.tolist() == [0.0] * 3
+    ve = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=3, n_head=4, n_embd=32, value_embeds=True))
+    assert sorted(ve.value_embeds) == ["0", "2"] and not hasattr(ve.transformer.h[1].attn, "ve_gate")
+    assert not ve.transformer.h[0].attn.ve_gate.any()  # every gate 3 * sigmoid(0) = 1.5
+    idx = torch.randint(0, 40, (2, 6))
+    with torch.no_grad():
+        torch.testing.assert_close(x0(idx)[0], plain(idx)[0])
+        ve.load_state_dict(plain.state_dict(), strict=False)
+        for table in ve.value_embeds.values():
+            table.weight.zero_()
+        torch.testing.assert_close(ve(idx)[0], plain(idx)[0])  # zero value embeddings: the plain model
+    assert ve.num_params() == plain.num_params() + 2 * 4 * 12  # the gates; value embeddings are lookups
+
+
+def test_value_embeds_add_gated_token_embeddings_to_the_values():
+    model = model_with(value_embeds=True)
+    attn, table = model.transformer.h[1].attn, model.value_embeds["1"]
+    x, idx = torch.randn(1, 6, 32), torch.randint(0, 40, (1, 6))
+    ve = table(idx)
+    q, k, v = (t.view(1, 6, 4, 8).transpose(1, 2) for t in F.linear(x, attn.c_attn.weight).split(32, dim=2))
+    gate = 3 * torch.sigmoid(x[..., :12] @ attn.ve_gate.T)  # (1, 6, 4): per token and head
+    v = v + gate.transpose(1, 2)[..., None] * ve.view(1, 6, 4, 8).transpose(1, 2)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(1, 6, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, causal=True, ve=ve), F.linear(y, attn.c_proj.weight))
+        assert not torch.allclose(attn(x, causal=True, ve=ve), attn(x, causal=True))
+
+
+def test_value_embeds_grow_with_the_vocabulary():
+    model = model_with(value_embeds=True)
+    before = model.value_embeds["1"].weight.clone()
+    model.grow_vocab(64, range(40, 42))
+    assert model.value_embeds["1"].weight.shape == (64, 32)
+    assert torch.equal(model.value_embeds["1"].weight[:40], before)
+    with torch.no_grad():
+        assert model(torch.tensor([[41, 63, 3]]))[0].shape == (1, 3, 64)  # new ids look up rows of their own
+
+
+@pytest.mark.parametrize("how", ["activation_checkpointing", "fsdp"])
+def test_x0_skip_and_value_embeds_train_the_same_checkpointed_and_sharded(how, tmp_path):
+    """The scalars and value embeddings sit at the root, beside the blocks that activation checkpointing wraps
+    and FSDP shards one at a time: the loss and every gradient are those of the plain module (FSDP: one
+    process in this one, gloo; tests/test_parallel.py runs torchrun)."""
+    model = model_with(x0_skip=True, value_embeds=True, n_layer=3).train()
+    reference = copy.deepcopy(model)
+    idx = torch.randint(0, 40, (2, 12))
+    _, want = reference(idx, idx)
+    want.backward()
+    if how == "fsdp":
+        torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        if how == "fsdp":
+            parallel.shard(model, torch.float32)
+        else:
+            parallel.checkpoint_activations(model)
+        _, loss = model(idx, idx)
+        loss.backward()
+        torch.testing.assert_close(loss, want)
+        grads = dict(reference.named_parameters())
+        for name, p in model.named_parameters():
+            grad = p.grad.full_tensor() if how == "fsdp" else p.grad
+            torch.testing.assert_close(grad, grads[name].grad, atol=1e-6, rtol=1e-5, msg=name)
+    finally:
+        if how == "fsdp":
+            torch.distributed.destroy_process_group()
+
+
 def test_checkpoint_round_trip(tmp_path):
     model, _, run = save_run(tmp_path, **OPTIONS["all"])
     back, _ = loader.load_model(run)
@@ -158,12 +274,15 @@ def test_checkpoint_round_trip(tmp_path):
 def test_flags_set_the_options():
     m = build_config(
         ["--activation", "relu2", "--qk-norm", "--zero-init-proj", "--logit-softcap", "15", "--untied-head"]
+        + ["--x0-skip", "--value-embeds"]
     ).model
-    assert (m.activation, m.qk_norm, m.zero_init_proj, m.logit_softcap, m.untied_head) == (
+    assert (m.activation, m.qk_norm, m.zero_init_proj, m.logit_softcap, m.untied_head, m.x0_skip, m.value_embeds) == (
         "relu2",
         True,
         True,
         15.0,
+        True,
+        True,
         True,
     )
     with pytest.raises(ConfigError, match="--logit-softcap: must be a number >= 0"):
@@ -199,7 +318,15 @@ def test_a_lora_run_from_an_untied_base_adapting_wte_trains_saves_and_loads(tiny
 
     from gpt.data.tokens import open_dataset
 
-    cfg = dataclasses.replace(BASE_CFG, untied_head=True, activation="relu2", qk_norm=True, logit_softcap=15.0)
+    cfg = dataclasses.replace(
+        BASE_CFG,
+        untied_head=True,
+        activation="relu2",
+        qk_norm=True,
+        logit_softcap=15.0,
+        x0_skip=True,
+        value_embeds=True,
+    )
     meta = native.build_meta(model_config=cfg.to_dict(), tokenizer=open_dataset(tiny_char_data).tokenizer_spec)
     native.save(tmp_path / "base" / "best.pt", {"model": GPT(cfg).state_dict()}, meta)
     out = tmp_path / "lora"
@@ -238,6 +365,29 @@ def test_exact_resume_with_every_option_on(char_data, tmp_path):
     assert (model.config.activation, model.config.qk_norm, model.config.logit_softcap) == ("relu2", True, 15.0)
     assert model.config.untied_head and model.lm_head.weight is not model.transformer.wte.weight
     assert math.isfinite(full[-1][1])
+
+
+@pytest.mark.precision
+def test_exact_resume_with_x0_skip_value_embeds_and_muons_weight_decay_options(char_data, tmp_path):
+    common = [
+        "--data",
+        char_data,
+        *"--n-layer 2 --n-head 2 --n-embd 32 --block-size 32 --batch-size 4 --eval-iters 2".split(),
+        *"--log-interval 1 --warmup-iters 2 --device cpu --lr-decay-iters 8 --eval-interval 4".split(),
+        *"--x0-skip --value-embeds --optimizer muon --muon-cautious-wd --wd-schedule cosine".split(),
+    ]
+    train_run(*common, "--out-dir", tmp_path / "full", "--max-iters", "8")
+    train_run(*common, "--out-dir", tmp_path / "split", "--max-iters", "4")
+    train_run("--resume", tmp_path / "split", "--max-iters", "8")
+    full, split = (
+        [(r["step"], r["loss"]) for r in records(tmp_path / run) if r["kind"] == "train"] for run in ("full", "split")
+    )
+    assert [s for s, _ in split] == list(range(1, 9)) and split == full
+    model, _ = loader.load_model(tmp_path / "split")
+    assert model.config.x0_skip and model.config.value_embeds
+    assert model.x0_lambdas.abs().min() > 0  # trained away from 0, at --scalar-lr
+    saved = json.loads((tmp_path / "split" / "config.json").read_text())["train"]
+    assert (saved["muon_cautious_wd"], saved["wd_schedule"]) == (True, "cosine")
 
 
 def records(out_dir):
@@ -285,6 +435,8 @@ def test_hugging_face_export_carries_relu2_and_an_untied_head(tmp_path, pos):
     [
         (dict(qk_norm=True), "qk_norm (GPT-2 and GPT-NeoX have no norm on queries and keys"),
         (dict(logit_softcap=15.0), "logit_softcap=15 (GPT-2 and GPT-NeoX have no cap on the logits"),
+        (dict(x0_skip=True), "x0_skip (GPT-2 and GPT-NeoX do not mix the embedding into each block's input"),
+        (dict(value_embeds=True), "value_embeds (GPT-2 and GPT-NeoX have no embeddings added to the attention"),
     ],
 )
 def test_hugging_face_export_refuses_in_one_line(tmp_path, capsys, option, message):
@@ -303,6 +455,8 @@ def test_hugging_face_export_refuses_in_one_line(tmp_path, capsys, option, messa
         (dict(activation="relu2"), "activation='relu2' (their MLP is GELU)"),
         (dict(qk_norm=True), "qk_norm (no norm on queries and keys)"),
         (dict(logit_softcap=15.0), "logit_softcap=15 (no cap on the logits)"),
+        (dict(x0_skip=True), "x0_skip (no embedding mixed into each block's input)"),
+        (dict(value_embeds=True), "value_embeds (no embeddings added to the attention values)"),
     ],
 )
 def test_gguf_export_refuses_in_one_line(tmp_path, capsys, option, message):

@@ -1,6 +1,6 @@
 import pytest
 
-from gpt.train.schedule import get_lr, noam_lr
+from gpt.train.schedule import get_lr, get_wd, noam_lr
 
 
 @pytest.mark.parametrize(
@@ -58,3 +58,18 @@ def test_noam_schedule_counts_the_first_step_as_the_papers_step_one():
     d, w = 512, 4000
     assert get_lr(w - 1, schedule="noam", lr=1.0, warmup_iters=w, d_model=d) == pytest.approx((d * w) ** -0.5)
     assert get_lr(99, schedule="noam", lr=2.0, warmup_iters=w, d_model=d) == pytest.approx(2 * noam_lr(100, d, w))
+
+
+def test_weight_decay_schedule_table():
+    table = {  # step: (constant, linear, cosine) of wd 0.2 over 100 steps
+        0: (0.2, 0.2, 0.2),
+        25: (0.2, 0.15, 0.1 * (1 + 2**-0.5)),
+        50: (0.2, 0.1, 0.1),
+        100: (0.2, 0.0, 0.0),
+        300: (0.2, 0.0, 0.0),  # past the decay's end: stays at 0
+    }
+    for step, expected in table.items():
+        for schedule, value in zip(("constant", "linear", "cosine"), expected):
+            assert get_wd(step, schedule=schedule, wd=0.2, decay_iters=100) == pytest.approx(value, abs=1e-12)
+    with pytest.raises(ValueError, match="unknown weight decay schedule 'step'"):
+        get_wd(0, schedule="step", wd=0.1)

@@ -15,7 +15,7 @@ Written with `gguf`, the llama.cpp project's own writer (`pip install -e ".[gguf
 |                                             | NeoX's half-split rotation (ours), theta ROPE_THETA        |
 | untied_head                                 | the head written as `output`                               |
 | post-norm, encoder-decoder, relu2, qk_norm, | refused: no llama.cpp architecture computes them           |
-| logit_softcap                               | (zero_init_proj is training only: exported as any model)   |
+| logit_softcap, x0_skip, value_embeds        | (zero_init_proj is training only: exported as any model)   |
 
 Layout: our `c_attn` is already what llama.cpp's graphs slice (all queries, then all keys, then all values;
 Hugging Face's GPT-NeoX interleaves them per head, which llama.cpp's converter undoes) and nn.Linear's
@@ -100,6 +100,8 @@ def architecture(config) -> str:
             ("activation='relu2' (their MLP is GELU)", config.activation == "relu2"),
             ("qk_norm (no norm on queries and keys)", config.qk_norm),
             (f"logit_softcap={config.logit_softcap:g} (no cap on the logits)", config.logit_softcap),
+            ("x0_skip (no embedding mixed into each block's input)", config.x0_skip),
+            ("value_embeds (no embeddings added to the attention values)", config.value_embeds),
         )
         if on
     ]

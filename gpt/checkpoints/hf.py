@@ -15,7 +15,8 @@
 | activation relu2           | transformers' `relu2` (activation_function / hidden_act)                    |
 | untied_head                | `tie_word_embeddings: false`, the head's own matrix (sinusoidal: ln_f unscaled) |
 | encoder-decoder, post-norm,| refused in one line (zero_init_proj is training only: exported as any model) |
-| qk_norm, logit_softcap     |                                                                             |
+| qk_norm, logit_softcap,    |                                                                             |
+| x0_skip, value_embeds      |                                                                             |
 
 Files: config.json, generation_config.json, model.safetensors, tokenizer.json + tokenizer_config.json
 (+ the Jinja chat template) + special_tokens_map.json (gpt/checkpoints/hf_tokenizer.py), README.md
@@ -412,6 +413,16 @@ def check_exportable(cfg) -> None:
         problems.append(
             f"logit_softcap={cfg.logit_softcap:g} (GPT-2 and GPT-NeoX have no cap on the logits; export it with "
             f"`gpt export --format onnx`, or keep it as a gpt checkpoint)"
+        )
+    if cfg.x0_skip:
+        problems.append(
+            "x0_skip (GPT-2 and GPT-NeoX do not mix the embedding into each block's input; export it with "
+            "`python -m gpt.export --format onnx`, or keep it as a gpt checkpoint)"
+        )
+    if cfg.value_embeds:
+        problems.append(
+            "value_embeds (GPT-2 and GPT-NeoX have no embeddings added to the attention values; export it with "
+            "`python -m gpt.export --format onnx`, or keep it as a gpt checkpoint)"
         )
     if problems:
         raise HFError("cannot export to Hugging Face: " + "; ".join(problems))

@@ -61,6 +61,8 @@ class GPTConfig:
     zero_init_proj: bool = False  # attention's and the MLP's output projections start at zero
     logit_softcap: float = 0.0  # > 0: logits = c * tanh(logits / c); 0 = off
     untied_head: bool = False  # lm_head a matrix of its own, not the token embedding
+    x0_skip: bool = False  # block i's input resid_lambdas[i] * x + x0_lambdas[i] * x0 (x0: the embedding output)
+    value_embeds: bool = False  # per-token embeddings added, gated, to the values of alternating layers
 
     def __post_init__(self):
         found = problems(dataclasses.asdict(self))
@@ -100,7 +102,7 @@ def problems(values: dict) -> list[tuple[str, str]]:
         out.append(("norm", f"must be 'pre' or 'post', got {c.norm!r}"))
     if c.activation not in ACTIVATIONS:
         out.append(("activation", f"must be one of {', '.join(map(repr, ACTIVATIONS))}, got {c.activation!r}"))
-    for name in ("qk_norm", "zero_init_proj", "untied_head"):
+    for name in ("qk_norm", "zero_init_proj", "untied_head", "x0_skip", "value_embeds"):
         if not isinstance(getattr(c, name), bool):
             out.append((name, f"must be true or false, got {getattr(c, name)!r}"))
     softcap = c.logit_softcap

@@ -36,6 +36,15 @@ Design notes
   `zero_init_proj` (see `_init_weights`); `logit_softcap` (in `head`, which every logits path
   calls instead of `lm_head`); `untied_head` (lm_head its own matrix; `lm_head.weight` is in the state
   dict either way, so checkpoint keys do not change).
+- `x0_skip` (modded-nanogpt, nanochat): block i's input is `resid_lambdas[i] * x + x0_lambdas[i] * x0`, x0
+  the embedding output as it enters the first block, two learned scalars per decoder layer (1 and 0 at
+  init: the model starts as without the option). They are `param_groups`' "scalar" groups, trained by
+  AdamW at LRs of their own, without weight decay and never by Muon.
+- `value_embeds` (ResFormer's value residual as nanochat and modded-nanogpt do it): decoder layers
+  `value_layers` (every other one, the last included) add a token embedding of their own to the
+  attention values, each head gated by 3 * sigmoid(ve_gate . x[:VE_GATE_CHANNELS]) of the attention's
+  input, in (0, 3), 1.5 at init (ve_gate starts at zero). Both options are per token, so the KV cache
+  needs nothing new: cached values hold the embedding already.
 """
 
 from __future__ import annotations
@@ -52,6 +61,12 @@ from gpt.model.config import GPTConfig
 
 ROPE_THETA = 10000.0
 QK_NORM_SCALE = 1.2  # qk_norm: each unit-RMS query and key times this (scores x 1.44; nanochat's value)
+VE_GATE_CHANNELS = 12  # value_embeds: the gate reads this many leading channels of the attention's input (nanochat)
+
+
+def value_layers(n_layer: int) -> list[int]:
+    """The decoder layers that get value embeddings: every other one, ending with the last (nanochat's choice)."""
+    return [i for i in range(n_layer) if i % 2 == (n_layer - 1) % 2]
 
 
 def positions(start: int | torch.Tensor, T: int, device) -> torch.Tensor:
@@ -112,11 +127,13 @@ class Attention(nn.Module):
     `mask` is a boolean (B or 1, 1, Tq or 1, Tk) tensor, True where attention is allowed.
     """
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, value_embed: bool = False):
         super().__init__()
         self.n_head = config.n_head
         self.n_embd = config.n_embd
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        if value_embed:  # a raw matrix, not an nn.Linear: AdamW trains it (Muon takes the blocks' Linears)
+            self.ve_gate = nn.Parameter(torch.zeros(config.n_head, min(VE_GATE_CHANNELS, config.n_embd)))
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
@@ -146,11 +163,15 @@ class Attention(nn.Module):
         causal: bool = False,
         cache: KVCache | None = None,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        ve: torch.Tensor | None = None,
     ) -> torch.Tensor:
         B, T, C = x.shape
         if kv is None:  # self-attention
             q, k, v = self.c_attn(x).split(C, dim=2)
             q, k, v = self._normed(self._heads(q)), self._normed(self._heads(k)), self._heads(v)
+            if ve is not None:  # value_embeds: v + gate * ve, one gate per head and token
+                gate = 3 * torch.sigmoid(F.linear(x[..., : self.ve_gate.size(1)], self.ve_gate))  # (B, T, nh)
+                v = v + gate.transpose(1, 2).unsqueeze(-1) * self._heads(ve.to(v.dtype))
             if rope is not None:  # (cos, sin) of these T positions; keys are cached rotated
                 q, k = apply_rope(q, *rope), apply_rope(k, *rope)
             past = 0
@@ -216,11 +237,11 @@ class Block(nn.Module):
     Pre-norm (GPT-2): x + Sublayer(LN(x)). Post-norm (the paper): LN(x + Sublayer(x)).
     """
 
-    def __init__(self, config: GPTConfig, cross: bool = False):
+    def __init__(self, config: GPTConfig, cross: bool = False, value_embed: bool = False):
         super().__init__()
         self.post_norm = config.norm == "post"
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = Attention(config)
+        self.attn = Attention(config, value_embed)
         if cross:
             self.ln_cross = nn.LayerNorm(config.n_embd, bias=config.bias)
             self.cross_attn = Attention(config)
@@ -242,13 +263,15 @@ class Block(nn.Module):
         memory=None,
         memory_mask: torch.Tensor | None = None,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        ve: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if self.wrapper is not None:
-            return self.wrapper(self._compute, x, mask, causal, cache, memory, memory_mask, rope)
-        return self._compute(x, mask, causal, cache, memory, memory_mask, rope)
+            return self.wrapper(self._compute, x, mask, causal, cache, memory, memory_mask, rope, ve)
+        return self._compute(x, mask, causal, cache, memory, memory_mask, rope, ve)
 
-    def _compute(self, x, mask, causal, cache, memory, memory_mask, rope) -> torch.Tensor:
-        x = self._sublayer(x, self.ln_1, lambda h: self.attn(h, mask=mask, causal=causal, cache=cache, rope=rope))
+    def _compute(self, x, mask, causal, cache, memory, memory_mask, rope, ve) -> torch.Tensor:
+        attend = lambda h: self.attn(h, mask=mask, causal=causal, cache=cache, rope=rope, ve=ve)  # noqa: E731
+        x = self._sublayer(x, self.ln_1, attend)
         if memory is not None:
             x = self._sublayer(x, self.ln_cross, lambda h: self.cross_attn(h, kv=memory, mask=memory_mask))
         return self._sublayer(x, self.ln_2, self.mlp)
@@ -268,12 +291,16 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
+        ve_layers = value_layers(config.n_layer) if config.value_embeds else []
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
                 wpe=nn.Embedding(config.block_size, config.n_embd),
                 drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList(Block(config, cross=config.n_encoder_layer > 0) for _ in range(config.n_layer)),
+                h=nn.ModuleList(
+                    Block(config, cross=config.n_encoder_layer > 0, value_embed=i in ve_layers)
+                    for i in range(config.n_layer)
+                ),
                 ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
             )
         )
@@ -291,6 +318,13 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if not config.untied_head:
             self.lm_head.weight = self.transformer.wte.weight  # weight tying: one matrix, two uses
+        if config.x0_skip:  # per decoder layer (see _init_weights' table)
+            self.resid_lambdas = nn.Parameter(torch.ones(config.n_layer))
+            self.x0_lambdas = nn.Parameter(torch.zeros(config.n_layer))
+        if ve_layers:  # keyed by layer: value_embeds.<i>.weight
+            self.value_embeds = nn.ModuleDict(
+                {str(i): nn.Embedding(config.vocab_size, config.n_embd) for i in ve_layers}
+            )
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -304,6 +338,9 @@ class GPT(nn.Module):
         | LayerNorm                                  | weight 1, bias 0 (PyTorch's default)  |
         | with zero_init_proj: the `c_proj` above    | zero (each block starts as identity)  |
         | with untied_head: lm_head                  | normal(0, 0.02), as any Linear        |
+        | with x0_skip: resid_lambdas, x0_lambdas    | 1 and 0 (set in __init__)             |
+        | with value_embeds: value_embeds            | normal(0, 0.02), as wte               |
+        | with value_embeds: each ve_gate            | zero (every gate 3 * sigmoid(0) = 1.5) |
         """
         if isinstance(module, nn.Linear):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -377,10 +414,13 @@ class GPT(nn.Module):
             written = torch.arange(caches[0].max_len, device=idx.device) <= query_pos[..., None]  # (B or 1, T, L)
             written = written.unsqueeze(1)  # (B or 1, 1, T, L)
             mask = written if mask is None else mask & written
-        x = self.embed(idx, start, pos)
+        x = x0 = self.embed(idx, start, pos)
         rope = self.rope(start, idx.size(1), idx.device, pos)
+        ve = self.value_embeds if self.config.value_embeds else {}
         for i, block in enumerate(self.transformer.h):
             mem = memory[i] if isinstance(memory, list) else memory
+            if self.config.x0_skip:
+                x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
             x = block(
                 x,
                 mask=mask,
@@ -389,6 +429,7 @@ class GPT(nn.Module):
                 memory=mem,
                 memory_mask=memory_mask,
                 rope=rope,
+                ve=ve[str(i)](idx) if str(i) in ve else None,
             )
         return self.transformer.ln_f(x)
 
@@ -548,10 +589,13 @@ class GPT(nn.Module):
     # ---- what users expect next to the model ---------------------------------------------------
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Unique parameters (the tied head counted once); without position embeddings by default."""
+        """Unique parameters (the tied head counted once); without position and value embeddings by default
+        (lookups, no FLOPs)."""
         n = sum(p.numel() for p in self.parameters())  # parameters() yields a tied tensor once
         if non_embedding and "wpe" in self.transformer:
             n -= self.transformer.wpe.weight.numel()
+        if non_embedding and self.config.value_embeds:
+            n -= sum(p.numel() for p in self.value_embeds.parameters())
         return n
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
@@ -561,14 +605,20 @@ class GPT(nn.Module):
         return 6 * self.num_params() + 12 * L * T * self.config.n_embd
 
     def param_groups(self, weight_decay: float, muon: bool = False) -> list[dict]:
-        """Weight decay on matrices (Linear weights, embeddings); none on biases and LayerNorms. With `muon`,
-        the blocks' trained Linear weights come first, in a group marked "muon" (gpt/train/muon.py)."""
-        params = [p for p in self.parameters() if p.requires_grad]
+        """Weight decay on matrices (Linear weights, embeddings, value embeddings); none on biases and LayerNorms.
+        With `muon`, the blocks' trained Linear weights come first, in a group marked "muon" (gpt/train/muon.py).
+        x0_skip's scalars come last, each kind in a group of its own marked "scalar" ("resid" or "x0": the
+        trainer gives each its own LR), without weight decay and never Muon's."""
+        scalars = {"resid": self.resid_lambdas, "x0": self.x0_lambdas} if self.config.x0_skip else {}
+        scalars = {kind: p for kind, p in scalars.items() if p.requires_grad}
+        own = {id(p) for p in scalars.values()}
+        params = [p for p in self.parameters() if p.requires_grad and id(p) not in own]
         linears = [m for m in self.modules() if isinstance(m, nn.Linear) and m is not self.lm_head] if muon else []
         hidden = {id(m.weight) for m in linears}
         groups = [
             {"params": [p for p in params if p.dim() >= 2 and id(p) not in hidden], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+            *({"params": [p], "weight_decay": 0.0, "scalar": kind} for kind, p in scalars.items()),
         ]
         matrices = [p for p in params if id(p) in hidden]
         return ([{"params": matrices, "weight_decay": weight_decay, "muon": True}] if matrices else []) + groups
@@ -605,6 +655,9 @@ class GPT(nn.Module):
             self.transformer.wte.weight if not self.config.untied_head else _grown(self.lm_head.weight, n, fresh)
         )
         self.lm_head.out_features = n
+        for table in self.value_embeds.values() if self.config.value_embeds else ():  # each grows as wte
+            table.weight = _grown(table.weight, n, fresh)
+            table.num_embeddings = n
         self.config.vocab_size = n
 
     def crop_block_size(self, block_size: int) -> None:

@@ -47,6 +47,9 @@ MODEL_HELP = {  # the flags of the model's fields (GPTConfig, gpt/model/config.p
     "zero_init_proj": "start attention's and the MLP's output projections at zero",
     "logit_softcap": "cap the logits smoothly at +-c: c * tanh(logits / c); 0 = off",
     "untied_head": "an output head of its own instead of the token embedding's matrix",
+    "x0_skip": "each block's input mixes in the embedding output: resid_lambdas[i] * x + x0_lambdas[i] * x0, "
+    "learned scalars at --scalar-lr / --resid-lr",
+    "value_embeds": "token embeddings of their own added, gated per head, to every other layer's attention values",
 }
 
 
@@ -59,6 +62,7 @@ class OptimizerConfig:
     lr: float = 1e-3  # the peak LR (the schedule sets each step's)
     betas: tuple[float, float] = (0.9, 0.99)
     weight_decay: float = 0.1  # matrices only
+    cautious_wd: bool = False  # Muon's matrices: decay only where the update and the weight agree in sign
 
 
 def default_model() -> GPTConfig:
@@ -131,7 +135,16 @@ class TrainConfig:
     muon_lr: float = opt(
         0.05, "--optimizer muon: peak LR of the blocks' weight matrices (the schedule of --learning-rate, scaled)"
     )
+    scalar_lr: float = opt(0.5, "--x0-skip: peak LR of the x0 scalars x0_lambdas (AdamW, no decay; nanochat's)")
+    resid_lr: float = opt(0.005, "--x0-skip: peak LR of the residual scalars resid_lambdas (AdamW, no decay)")
     weight_decay: float = opt(0.1, "decoupled weight decay (matrices only)")
+    wd_schedule: str = opt(
+        "constant",
+        "weight decay over the run: constant | linear (to 0 at the LR's decay end) | cosine (to 0 likewise)",
+    )
+    muon_cautious_wd: bool = opt(
+        False, "--optimizer muon: cautious weight decay, only where the update and the weight agree in sign"
+    )
     beta1: float = opt(0.9, "AdamW beta1")
     beta2: float = opt(0.99, "AdamW beta2")
     grad_clip: float = opt(1.0, "clip the gradient norm to this (0 = off)")
@@ -194,6 +207,7 @@ class TrainConfig:
             "loss_on": ("assistant", "all"),
             "lr_schedule": ("cosine", "constant", "wsd", "noam"),
             "optimizer": ("adamw", "muon"),
+            "wd_schedule": ("constant", "linear", "cosine"),
             "dtype": ("auto", "float32", "bfloat16", "float16"),
             "wandb_mode": ("", "online", "offline", "disabled"),
         }
@@ -222,8 +236,11 @@ class TrainConfig:
             out.append(f"--learning-rate: must be > 0, got {self.learning_rate}")
         if not 0 <= self.min_lr <= self.learning_rate:
             out.append(f"--min-lr: must be in [0, --learning-rate={self.learning_rate}], got {self.min_lr}")
-        if self.muon_lr <= 0:
-            out.append(f"--muon-lr: must be > 0, got {self.muon_lr}")
+        for name in ("muon_lr", "scalar_lr", "resid_lr"):
+            if getattr(self, name) <= 0:
+                out.append(f"{flag(name)}: must be > 0, got {getattr(self, name)}")
+        if self.muon_cautious_wd and self.optimizer != "muon":
+            out.append("--muon-cautious-wd: Muon's weight decay; give --optimizer muon, or drop it")
         if self.optimizer == "muon" and self.fsdp:
             out.append(
                 "--optimizer muon: not with --fsdp (Muon orthogonalises whole matrices, FSDP shards them): "
@@ -279,7 +296,9 @@ class TrainConfig:
         return [t.strip() for t in self.lora_targets.split(",") if t.strip()]
 
     def optimizer_config(self) -> OptimizerConfig:
-        return OptimizerConfig(self.optimizer, self.learning_rate, (self.beta1, self.beta2), self.weight_decay)
+        return OptimizerConfig(
+            self.optimizer, self.learning_rate, (self.beta1, self.beta2), self.weight_decay, self.muon_cautious_wd
+        )
 
     def lora_config(self) -> LoRAConfig | None:
         """The adapters --lora-rank / --lora-alpha / --lora-dropout / --lora-targets ask for (None: LoRA off)."""

@@ -15,7 +15,12 @@ for the hidden matrices only: embeddings, the tied output head, LayerNorms and b
 | group                   | update                                                                   |
 |-------------------------|--------------------------------------------------------------------------|
 | `muon: True`            | m = mu*m + (1-mu)*g; u = NS5((1-mu)*g + mu*m); w -= lr*(wd*w + sqrt(max(1, rows/cols))*u) |
+| with `cautious_wd`      | the same, the decay masked: w -= lr*(wd*w*[u*w >= 0] + ...) elementwise    |
 | the others              | AdamW (torch's own `adam(..., decoupled_weight_decay=True)`)              |
+
+Cautious weight decay (`--muon-cautious-wd`; Chen et al. 2025, "Cautious Weight Decay", nanochat's Muon)
+decays a weight only where the update moves it towards zero anyway (update and weight of one sign), so
+the decay never pulls against what the gradient asks for.
 
 The Newton-Schulz coefficients (3.4445, -4.7750, 2.0315), mu = 0.95 and the sqrt(rows/cols) scale are
 Jordan's. torch.optim.Muon (PyTorch >= 2.9) computes the same update, but always in bf16: on a CPU
@@ -67,10 +72,12 @@ class Muon(torch.optim.Optimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         ns_dtype: torch.dtype = torch.float32,
+        cautious_wd: bool = False,
     ):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, muon=False)
         super().__init__(params, defaults)
         self.ns_dtype = ns_dtype
+        self.cautious_wd = cautious_wd
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -95,7 +102,10 @@ class Muon(torch.optim.Optimizer):
             buf = state["momentum_buffer"]
             buf.lerp_(p.grad, 1 - MOMENTUM)
             update = orthogonalize(p.grad.lerp(buf, MOMENTUM), self.ns_dtype)  # Nesterov
-            p.mul_(1 - lr * decay)
+            if self.cautious_wd:  # w -= lr * wd * w where the update (subtracted) and w agree in sign
+                p.sub_(p * (update * p >= 0), alpha=lr * decay)
+            else:
+                p.mul_(1 - lr * decay)
             p.add_(update.to(p.dtype), alpha=-lr * max(1.0, p.size(0) / p.size(1)) ** 0.5)
 
     def _adamw(self, group: dict, params: list[torch.Tensor]) -> None:

@@ -9,6 +9,10 @@
 
 For `noam`, `lr` is the multiplier of the paper's formula (1.0 in the paper); the trainer's step 0 is
 the paper's step 1.
+
+The weight decay has a schedule too (`wd_at`, `--wd-schedule`): `constant`, or from `weight_decay` at step 0
+down to 0 at `decay_iters`, `linear` or `cosine` (nanochat decays Muon's this way); it multiplies the LR in
+the decoupled update (w -= lr * wd * w), so it falls on top of the LR's own decay.
 """
 
 from __future__ import annotations
@@ -72,3 +76,20 @@ def lr_at(step: int, cfg) -> float:
         decay_fraction=cfg.decay_fraction,
         d_model=cfg.model.n_embd,
     )
+
+
+def get_wd(step: int, *, schedule: str, wd: float, decay_iters: int = 1) -> float:
+    """The weight decay of `step`: `wd` throughout (constant), or from `wd` at step 0 to 0 at `decay_iters`."""
+    if schedule == "constant":
+        return wd
+    progress = min(step / max(1, decay_iters), 1.0)
+    if schedule == "linear":
+        return wd * (1.0 - progress)
+    if schedule == "cosine":
+        return wd * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown weight decay schedule {schedule!r}")
+
+
+def wd_at(step: int, cfg) -> float:
+    """The weight decay of `step` under a TrainConfig's settings."""
+    return get_wd(step, schedule=cfg.wd_schedule, wd=cfg.weight_decay, decay_iters=cfg.lr_decay_iters or cfg.max_iters)

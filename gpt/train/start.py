@@ -49,6 +49,8 @@ ARCHITECTURE = (
     "qk_norm",
     "logit_softcap",
     "untied_head",
+    "x0_skip",
+    "value_embeds",
 )  # what a resumed run cannot change (dropout and label smoothing it can)
 
 

@@ -44,7 +44,7 @@ from gpt.train.health import HealthMonitor
 from gpt.train.muon import Muon, ns_dtype_for
 from gpt.train.rundir import RunDir
 from gpt.train.runlog import RunLogger, peak_flops
-from gpt.train.schedule import lr_at
+from gpt.train.schedule import lr_at, wd_at
 from gpt.train.start import TrainingError
 from gpt.train.stopping import StopSignal, TimeLimit
 from gpt.train.tasks import count_targets, open_task
@@ -57,11 +57,27 @@ def make_optimizer(model: GPT, opt: OptimizerConfig, device: torch.device) -> to
     matrices only."""
     kwargs = dict(lr=opt.lr, betas=opt.betas)
     if opt.name == "muon":
-        return Muon(model.param_groups(opt.weight_decay, muon=True), ns_dtype=ns_dtype_for(device), **kwargs)
+        groups = model.param_groups(opt.weight_decay, muon=True)
+        return Muon(groups, ns_dtype=ns_dtype_for(device), cautious_wd=opt.cautious_wd, **kwargs)
     try:
         return torch.optim.AdamW(model.param_groups(opt.weight_decay), fused=True, **kwargs)
     except (RuntimeError, TypeError):
         return torch.optim.AdamW(model.param_groups(opt.weight_decay), foreach=True, **kwargs)
+
+
+def set_hyperparameters(optimizer: torch.optim.Optimizer, step: int, cfg: TrainConfig) -> float:
+    """Each param group's LR and weight decay for `step`; returns the step's LR (--learning-rate's schedule).
+    Muon's matrices and x0_skip's scalars follow the same schedule, scaled to their own peaks (--muon-lr,
+    --scalar-lr, --resid-lr); the groups that decay follow --wd-schedule (the scalars and norms never decay)."""
+    lr, wd = lr_at(step, cfg), wd_at(step, cfg)
+    peaks = {"resid": cfg.resid_lr, "x0": cfg.scalar_lr}
+    for group in optimizer.param_groups:
+        peak = cfg.muon_lr if group.get("muon") else peaks.get(group.get("scalar"), cfg.learning_rate)
+        group["lr"] = lr * peak / cfg.learning_rate
+        if group["weight_decay"] or group.get("decays"):
+            group["decays"] = True  # (a decay scheduled down to 0 stays a group that decays)
+            group["weight_decay"] = wd
+    return lr
 
 
 def train_step(
@@ -378,9 +394,7 @@ class Run:
         """One optimizer step: (loss, gradient norm) as tensors for logging, and as floats (one host sync),
         and the LR."""
         cfg, optimizer, scaler = self.cfg, self.optimizer, self.scaler
-        lr = lr_at(self.step, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr * cfg.muon_lr / cfg.learning_rate if group.get("muon") else lr
+        lr = set_hyperparameters(optimizer, self.step, cfg)
         with explain_oom(cfg, self.step + 1, self.out_dir):
             loss, grad_norm, n_tokens = train_step(
                 self.train_model,
