@@ -76,3 +76,13 @@ def test_bf16_packed_layers_compile_without_graph_breaks():
     assert greedy(compiled_copy(model), prompt, 12) == greedy(model, prompt, 12)
     assert not counters["graph_break"]  # PackedLinear goes through the gpt::packed_linear op
     assert counters["stats"]["unique_graphs"] == 1  # 15 tokens: the 16-slot cache is never full
+
+
+def test_float32_column_blocks_compile_without_graph_breaks():
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=23, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=True)
+    model = pack(GPT(cfg).eval(), chunks=2, chunk_bytes=0)  # every Linear a ChunkedLinear (23 ids: one padded)
+    prompt = torch.tensor([[1, 2, 3]])
+    assert greedy(compiled_copy(model), prompt, 12) == greedy(model, prompt, 12)
+    assert not counters["graph_break"]
+    assert counters["stats"]["unique_graphs"] == 1
