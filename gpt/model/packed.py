@@ -90,6 +90,7 @@ class PackedLinear(nn.Module):
 
 
 CHUNK_BYTES = 1 << 21  # float32 matrices at least this big are split into column blocks (smaller: in cache)
+BMM_ROWS = 4  # more rows at once than this: a block at a time (MKL threads a many-row product itself)
 
 
 class ChunkedLinear(nn.Module):
@@ -111,13 +112,28 @@ class ChunkedLinear(nn.Module):
             self.bias = nn.Parameter(bias.view(chunks, 1, n), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(1, -1, self.in_features).expand(self.weight.size(0), -1, -1)  # (chunks, M, in), no copy
+        rows = x.reshape(-1, self.in_features)  # (M, in)
+        if rows.size(0) > BMM_ROWS:  # a prefill or an evaluation: each block's product is threaded already
+            return self._blockwise(rows).view(*x.shape[:-1], self.out_features)
+        many = rows.expand(self.weight.size(0), -1, -1)  # (chunks, M, in), no copy: one block per thread
         if self.bias is None:
-            y = torch.bmm(rows, self.weight)
+            y = torch.bmm(many, self.weight)
         else:
-            y = torch.baddbmm(self.bias, rows, self.weight)  # (chunks, M, n)
-        y = y.transpose(0, 1).reshape(rows.size(1), -1)[:, : self.out_features]  # (M, out)
+            y = torch.baddbmm(self.bias, many, self.weight)  # (chunks, M, n)
+        y = y.transpose(0, 1).reshape(rows.size(0), -1)[:, : self.out_features]  # (M, out)
         return y.view(*x.shape[:-1], self.out_features)
+
+    def _blockwise(self, rows: torch.Tensor) -> torch.Tensor:
+        """The product of many rows, block by block into the columns of one output (no (chunks, M, n)
+        intermediate the size of the output: an evaluation's logits would take twice the memory)."""
+        chunks, _, n = self.weight.shape
+        out = rows.new_empty(rows.size(0), chunks * n)
+        for i in range(chunks):
+            if self.bias is None:
+                torch.mm(rows, self.weight[i], out=out[:, i * n : (i + 1) * n])
+            else:
+                torch.addmm(self.bias[i], rows, self.weight[i], out=out[:, i * n : (i + 1) * n])
+        return out[:, : self.out_features] if chunks * n > self.out_features else out
 
     def extra_repr(self) -> str:
         chunks = self.weight.size(0)
