@@ -2,6 +2,7 @@
 
     python bench/bench_llamacpp.py                          # both models, 2 threads, 5 rounds; ~10 minutes
     python bench/bench_llamacpp.py --models char --rounds 1 --new-tokens 16      # a quick check that it runs
+    python bench/bench_llamacpp.py --models gpt2 --pairs f32 --out /tmp/f32      # one precision only
     python bench/bench_llamacpp.py --ckpt out/shakespeare-char --models char     # a trained run as the char model
 
 Pairs, each at a comparable precision, on the same random weights (speed does not depend on them):
@@ -167,6 +168,9 @@ def main() -> None:
     p.add_argument("--models", default="gpt2,char", help="comma-separated: gpt2, char")
     p.add_argument("--ckpt", help="a run or checkpoint to use as the char model instead of random weights")
     p.add_argument("--threads", type=int, default=2, help="threads for both (torch and llama.cpp)")
+    p.add_argument(
+        "--pairs", default="f32,f16,q8_0", help="comma-separated, by llama.cpp's side: f32, f16 (bf16 ours), q8_0"
+    )
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--new-tokens", type=int, default=256, help="greedy tokens (capped at block_size - prompt)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "llamacpp"), help="writes OUT.json and OUT.md")
@@ -174,7 +178,10 @@ def main() -> None:
     import llama_cpp
 
     torch.set_num_threads(args.threads)
-    pairs = [pair for pair in PAIRS if pair[0] != "bfloat16" or cpu_has_native_bf16()]
+    wanted = set(args.pairs.split(","))
+    if not wanted <= {pair[2] for pair in PAIRS}:
+        p.error(f"--pairs: {args.pairs!r}: each one of f32, f16, q8_0")
+    pairs = [pair for pair in PAIRS if pair[2] in wanted and (pair[0] != "bfloat16" or cpu_has_native_bf16())]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):

@@ -32,7 +32,7 @@ top-k 200, after a short warm-up:
 - `layout` (`--models gpt2-124m,char-cpu`): batch-1 greedy decode of a 22-token prompt, `--layout-tokens`
   new tokens, before and after gpt/model/packed.py: the Linear layers as nn.Linear (and for bf16 a bf16
   KV cache, as before `GPT.cache_dtype`) against packed (what load_for_inference does on the CPU), in
-  float32, in bf16 where oneDNN computes it natively, and int8 for reference; the variants alternated `--repeats` times in one process, prefill (time to the
+  float32 (at 2+ threads also the transposed layout without packed's column blocks, `pack(chunks=1)`), in bf16 where oneDNN computes it natively, and int8 for reference; the variants alternated `--repeats` times in one process, prefill (time to the
   first logits) and decode tokens/s separately, medians and the median of the after / before ratios.
 - `compile` (`--models gpt2-124m,char-cpu`): batch-1 greedy decode as `layout` (22-token prompt,
   `--layout-tokens` new tokens), the packed model eager against the same model with
@@ -214,6 +214,8 @@ def run_layouts(model, prompt: list[int], new_tokens: int, repeats: int) -> dict
     from gpt.model.quantize import quantize
 
     variants = {"float32": model, "float32-packed": pack(copy.deepcopy(model))}
+    if torch.get_num_threads() > 1:  # packed's float32 column blocks against the transposed layout alone
+        variants["float32-transposed"] = pack(copy.deepcopy(model), chunks=1)
     bf16 = copy.deepcopy(model).to(torch.bfloat16)
     if can_pack(bf16):
         bf16.cache_dtype = lambda: torch.bfloat16  # before: bf16 KV caches (GPT.cache_dtype)
@@ -240,6 +242,10 @@ def run_layouts(model, prompt: list[int], new_tokens: int, repeats: int) -> dict
         for dt in ("float32", "bf16")
         if dt in speed
     }
+    if "float32-transposed" in speed:
+        out["blocks_vs_transposed"] = statistics.median(
+            a / b for a, b in zip(speed["float32-packed"], speed["float32-transposed"])
+        )
     return out
 
 
@@ -756,8 +762,10 @@ def main() -> None:
         for r in layouts:
             for k, v in r["decode_tokens_per_s"].items():
                 ratio = r["packed_vs_linear"].get(k.removesuffix("-packed")) if k.endswith("-packed") else None
+                if k == "float32-transposed":  # what float32-packed was before its column blocks
+                    ratio, k = r["blocks_vs_transposed"], "float32-transposed (packed / this)"
                 md.append(
-                    f"| {r['model']} | {k} | {r['prefill_ms'][k]:.0f} ms | {v:.1f} | "
+                    f"| {r['model']} | {k} | {r['prefill_ms'][k.split()[0]]:.0f} ms | {v:.1f} | "
                     f"{'-' if ratio is None else f'{ratio:.2f}x'} |"
                 )
     compiles = [r for r in results if r["run"] == "compile"]

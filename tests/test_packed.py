@@ -8,7 +8,7 @@ from gpt import GPT, GPTConfig
 from gpt.checkpoints.loader import load_for_inference
 from gpt.infer.batching import BatchEngine, Request
 from gpt.infer.sampling import Decoder, SampleConfig, complete
-from gpt.model.packed import PackedLinear, can_pack, pack
+from gpt.model.packed import ChunkedLinear, PackedLinear, can_pack, pack
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -44,6 +44,52 @@ def test_float32_packs_every_linear_layer_and_computes_the_same():
     with torch.no_grad():
         full = model.lm_head(model.hidden(tokens))[:, -1]
     torch.testing.assert_close(logits, full, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_float32_column_blocks_compute_what_nn_linear_does_and_decode_the_same(bias):
+    """ChunkedLinear (one column block per thread, the big float32 matrices): the same logits as the plain
+    model, token for token the same greedy decode, and the cached steps equal a full recompute; 3 blocks
+    of 50 ids pad the last one, which must never show up as logits."""
+    model, reference = tiny(bias=bias), tiny(bias=bias)
+    pack(model, chunks=3, chunk_bytes=0)
+    chunked = [m for m in model.modules() if isinstance(m, ChunkedLinear)]
+    assert len(chunked) == 2 * 4 + 1 and not any(isinstance(m, nn.Linear) for m in model.modules())
+    assert model.lm_head.weight.shape == (3, 32, 17)  # 50 ids in 3 blocks of 17, the last padded
+    assert torch.equal(model.transformer.wte.weight, reference.transformer.wte.weight)  # rows still read
+    x = torch.randn(2, 5, 32)
+    for ours, theirs in [
+        (model.lm_head, reference.lm_head),
+        (model.transformer.h[0].mlp.c_fc, reference.transformer.h[0].mlp.c_fc),
+    ]:
+        with torch.no_grad():
+            torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(ours(x[0, 0]), theirs(x[0, 0]), atol=1e-5, rtol=1e-5)  # one row, no batch
+    idx = torch.randint(0, 50, (3, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx)[0], reference(idx)[0], atol=1e-5, rtol=1e-5)
+    tokens, logits = greedy(model, idx[:1, :5], 10)
+    assert torch.equal(tokens, greedy(reference, idx[:1, :5], 10)[0])
+    with torch.no_grad():
+        full = model.head(model.hidden(tokens))[:, -1]
+    torch.testing.assert_close(logits, full, atol=1e-4, rtol=1e-4)
+
+
+def test_float32_blocks_follow_the_thread_count_and_small_matrices_stay_transposed():
+    n = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        model = pack(tiny(), chunk_bytes=32 * 128 * 4)  # the MLP's matrices are that big, the rest smaller
+    finally:
+        torch.set_num_threads(n)
+    assert (
+        isinstance(model.transformer.h[0].mlp.c_fc, ChunkedLinear)
+        and model.transformer.h[0].mlp.c_fc.weight.size(0) == 2
+    )
+    assert type(model.transformer.h[0].attn.c_attn) is nn.Linear
+    assert model.transformer.h[0].attn.c_attn.weight.stride() == (1, 96)
+    assert model.lm_head.weight is model.transformer.wte.weight  # a small head stays tied to the embedding
+    assert type(pack(tiny(), chunk_bytes=0).lm_head) is nn.Linear  # one thread (this test file's): no blocks
 
 
 def test_bf16_is_packed_where_onednn_computes_it_natively():

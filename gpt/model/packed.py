@@ -2,6 +2,7 @@
 
     from gpt.model.packed import pack
     pack(model)        # in place; float32 or bf16 on the CPU; what load_for_inference does there
+    pack(model, chunks=4)   # float32's big matrices in 4 column blocks (default: torch.get_num_threads())
 
 A decode step multiplies one row per sequence by every weight matrix, so it is bound by how fast the
 kernel streams the weights from memory. `nn.Linear` computes x @ W.T on an (out, in) weight, and for
@@ -10,6 +11,12 @@ Zen 4 EPYC at one thread, GPT-2 124M shape, greedy decode (bench/bench_sampling.
 - float32: the weight stored transposed, (in, out) contiguous (still an nn.Linear: F.linear hands MKL's
   gemm a non-transposed operand): ~1.25-1.45x the tokens/s. (oneDNN's packed float32 layout was as fast
   at one thread but stalled at two.) The token embedding reads its rows from the same matrix.
+- float32 at several threads: MKL runs a one-row product on ONE thread whatever the thread count
+  (1x768 @ 768x3072 streamed 24 GB/s at one thread or two). `ChunkedLinear` splits the output features
+  into one column block per thread, (chunks, in, out / chunks) contiguous, and multiplies them with
+  one `torch.bmm`, which gives each thread a block: 35.6 GB/s for GPT-2's blocks and 47.5 GB/s (from 24)
+  for its 50304-wide head at two threads (the lead's measurement, quiet Zen 4). Only matrices of at least
+  CHUNK_BYTES (smaller ones sit in cache, where the extra ops per layer cost more than they save).
 - bf16: the weight reordered once into oneDNN's blocked layout (`mkldnn._reorder_linear_weight`, what
   torch.compile's freezing does on CPU) and multiplied by oneDNN: ~2x; the 50k-wide output head alone
   ~10x. Only where oneDNN computes bf16 natively (`torch.ops.mkldnn._is_mkldnn_bf16_supported`).
@@ -19,6 +26,9 @@ so a KV-cached decode still equals a full recompute.
 Footguns
 - Inference only: the transposed weights do not require gradients, `PackedLinear` has no state_dict
   entries of its own; a packed model is never saved or trained (as with int8).
+- float32 chunked: the tied head becomes a block matrix the embedding cannot read rows from, so the
+  embedding keeps the original matrix: a second copy of it (GPT-2: 154 MB), as bf16 and int8 make.
+  The chunk count is fixed when packing (torch.get_num_threads() then).
 - bf16: the output head is tied to the token embedding, and packing it makes a second copy of that
   matrix (the embedding lookups keep the original), as int8 does.
 - Cross-attention slices its `c_attn` weight (`Attention.project_kv`): those layers stay nn.Linear.
@@ -79,6 +89,57 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN bf16"
 
 
+CHUNK_BYTES = 1 << 21  # float32 matrices at least this big are split into column blocks (smaller: in cache)
+BMM_ROWS = 4  # more rows at once than this: a block at a time (MKL threads a many-row product itself)
+
+
+class ChunkedLinear(nn.Module):
+    """An nn.Linear's computation on its weight cut into `chunks` column blocks of out / chunks output
+    features each (the last zero-padded), (chunks, in, n) contiguous, multiplied by one torch.bmm so that
+    each thread streams one block (see the module notes). Exact: each output is the same dot product."""
+
+    def __init__(self, linear: nn.Linear, chunks: int):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        n = -(-self.out_features // chunks)  # features per block
+        padded = torch.zeros(chunks * n, self.in_features, dtype=linear.weight.dtype)
+        padded[: self.out_features] = linear.weight.detach()
+        self.weight = nn.Parameter(padded.view(chunks, n, -1).transpose(1, 2).contiguous(), requires_grad=False)
+        self.bias = None
+        if linear.bias is not None:  # (chunks, 1, n), added by baddbmm
+            bias = torch.zeros(chunks * n, dtype=linear.bias.dtype)
+            bias[: self.out_features] = linear.bias.detach()
+            self.bias = nn.Parameter(bias.view(chunks, 1, n), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)  # (M, in)
+        if rows.size(0) > BMM_ROWS:  # a prefill or an evaluation: each block's product is threaded already
+            return self._blockwise(rows).view(*x.shape[:-1], self.out_features)
+        many = rows.expand(self.weight.size(0), -1, -1)  # (chunks, M, in), no copy: one block per thread
+        if self.bias is None:
+            y = torch.bmm(many, self.weight)
+        else:
+            y = torch.baddbmm(self.bias, many, self.weight)  # (chunks, M, n)
+        y = y.transpose(0, 1).reshape(rows.size(0), -1)[:, : self.out_features]  # (M, out)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def _blockwise(self, rows: torch.Tensor) -> torch.Tensor:
+        """The product of many rows, block by block into the columns of one output (no (chunks, M, n)
+        intermediate the size of the output: an evaluation's logits would take twice the memory)."""
+        chunks, _, n = self.weight.shape
+        out = rows.new_empty(rows.size(0), chunks * n)
+        for i in range(chunks):
+            if self.bias is None:
+                torch.mm(rows, self.weight[i], out=out[:, i * n : (i + 1) * n])
+            else:
+                torch.addmm(self.bias[i], rows, self.weight[i], out=out[:, i * n : (i + 1) * n])
+        return out[:, : self.out_features] if chunks * n > self.out_features else out
+
+    def extra_repr(self) -> str:
+        chunks = self.weight.size(0)
+        return f"in_features={self.in_features}, out_features={self.out_features}, float32 in {chunks} column blocks"
+
+
 def transposed(weight: torch.Tensor) -> nn.Parameter:
     """The same (out, in) matrix stored column-major: its transpose (in, out) is contiguous."""
     return nn.Parameter(weight.detach().t().contiguous().t(), requires_grad=False)
@@ -94,25 +155,28 @@ def can_pack(model: GPT) -> bool:
     return param.dtype == torch.float32
 
 
-def pack(model: GPT) -> GPT:
+def pack(model: GPT, chunks: int | None = None, chunk_bytes: int = CHUNK_BYTES) -> GPT:
     """The model with its Linear layers (but cross-attention's) laid out for CPU decoding, in place:
-    float32 weights transposed in memory (still nn.Linear; the tied head and embedding share the one
-    transposed matrix, so no copy), bf16 layers as `PackedLinear`. Unchanged where `can_pack` says no.
-    For inference only (eval mode, no gradients)."""
+    float32 weights of at least `chunk_bytes` as `ChunkedLinear` in `chunks` column blocks (default
+    torch.get_num_threads(); 1 keeps them nn.Linear), the others transposed in memory (still nn.Linear;
+    a tied head and embedding share the one transposed matrix, so no copy), bf16 layers as
+    `PackedLinear`. Unchanged where `can_pack` says no. For inference only (eval mode, no gradients)."""
     if not can_pack(model):
         return model
     model.eval()
     onednn = model.transformer.wte.weight.dtype == torch.bfloat16
+    chunks = chunks or torch.get_num_threads()
+    tied = model.lm_head.weight is model.transformer.wte.weight
     for prefix, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
             if type(child) is not nn.Linear or ".cross_attn" in f".{prefix}":
                 continue
             if onednn:
                 setattr(parent, name, PackedLinear(child))
-            elif child is not model.lm_head:
+            elif chunks > 1 and child.weight.numel() * child.weight.element_size() >= chunk_bytes:
+                setattr(parent, name, ChunkedLinear(child, chunks))  # a tied embedding keeps the original
+            elif child is not model.lm_head or not tied:
                 child.weight = transposed(child.weight)
-    if not onednn and model.lm_head.weight is model.transformer.wte.weight:  # tied: one matrix for both
-        model.transformer.wte.weight = model.lm_head.weight = transposed(model.lm_head.weight)
-    elif not onednn:
-        model.lm_head.weight = transposed(model.lm_head.weight)
+            else:  # tied: one transposed matrix for both
+                model.transformer.wte.weight = model.lm_head.weight = transposed(model.lm_head.weight)
     return model
