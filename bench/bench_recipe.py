@@ -247,14 +247,18 @@ def main(argv=None) -> int:
     p.add_argument("--options", nargs="*", help=f"these options only (of {', '.join(OPTIONS)})")
     p.add_argument("--budget", type=float, default=0.1, help="main job's time budget, minutes (default 0.1)")
     p.add_argument("--bpe-budget", type=float, default=0.2, help="BPE job's time budget, minutes (default 0.2)")
+    p.add_argument("--seeds", help="comma-separated seeds (default 1337,1,2; --quick: 1337)")
     p.add_argument("--no-nanogpt", action="store_true", help="--final without nanoGPT's run (~3 min)")
     p.add_argument("--out", help=f"results, .md and .json (default {RESULTS}; with --quick a scratch file)")
     args = p.parse_args(argv)
     unknown = set(args.options or ()) - set(OPTIONS)
     if unknown:
         p.error(f"unknown option(s) {', '.join(sorted(unknown))}: choose from {', '.join(OPTIONS)}")
-    seeds = SEEDS[:1] if args.quick else SEEDS
-    budgets = (args.budget / 10, args.bpe_budget / 10) if args.quick else (args.budget, args.bpe_budget)
+    try:
+        seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else SEEDS[:1] if args.quick else SEEDS
+    except ValueError:
+        p.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    budgets = (args.budget / 3, args.bpe_budget / 3) if args.quick else (args.budget, args.bpe_budget)
     info = harness.machine()
     print(json.dumps(info), flush=True)
     t0 = time.time()

@@ -34,6 +34,15 @@ def test_each_option_is_a_valid_flag_set_that_changes_the_run(name):
     assert _cfg(bench.OPTIONS[name]) != _cfg([])
 
 
+def test_presets_exist_and_the_combination_holds_every_option():
+    today, preset = _cfg([]), resolve_run(["--config", bench.PRESET, "--data", "unused"]).cfg.to_dict()
+    assert today != preset
+    todo = bench.variants(None)
+    assert list(todo) == ["today", *bench.OPTIONS, "all options"] and todo["today"] == []
+    assert _cfg(todo["all options"]) == {**today, **{k: v for f in bench.OPTIONS.values() for k, v in _diff(f)}}
+    assert list(bench.variants(["relu2"])) == ["today", "relu2"]  # one option: no combination row
+
+
 def _diff(flags):
     today, changed = _cfg([]), _cfg(flags)
     return [(k, v) for k, v in changed.items() if today[k] != v]
