@@ -2,7 +2,7 @@
 against today's `shakespeare_char_cpu`, and the fast preset against today's config, interleaved runs.
 
     python bench/bench_recipe.py --final     # the preset's goal, both CPU classes, nanoGPT, samples (~8 min quiet)
-    python bench/bench_recipe.py             # the options table: main job + BPE job, 3 seeds (~25 min quiet)
+    python bench/bench_recipe.py             # the options table: main job + BPE job, 3 seeds (~15 min quiet)
     python bench/bench_recipe.py --quick     # a smoke run: 1 seed, short jobs, results in a scratch file
 
 Options (the table): each variant is `--config shakespeare_char_cpu` plus its flags (OPTIONS below; an
@@ -272,9 +272,14 @@ def main(argv=None) -> int:
     text = markdown(info, rows, fin, budgets)
     print(text)
     out = Path(args.out or (Path(tempfile.gettempdir()) / "recipe-quick" if args.quick else RESULTS))
-    if args.final and not args.out and out.with_suffix(".json").exists():  # keep the options table beside it
+    if out.with_suffix(".json").exists():  # keep the other part (options table / final) of an earlier run
         old = json.loads(out.with_suffix(".json").read_text())
-        result["options"], text = old.get("options", []), markdown(info, old.get("options", []), fin, budgets)
+        part = "options" if args.final else "final"
+        if not result[part] and old.get(part):
+            result[part], result[f"{part}_machine"] = old[part], old.get(f"{part}_machine", old["machine"])
+            budgets = tuple(old["budgets_min"]) if args.final else budgets
+            result["budgets_min"] = budgets
+        text = markdown(info, result["options"], result["final"], budgets)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(text)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")

@@ -3,6 +3,7 @@ real tiny train.py process read back, and the options table / final comparison /
 (the real benchmark trains for many minutes)."""
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -98,3 +99,20 @@ def test_final_compares_the_preset_with_todays_default_allocator(monkeypatch, tm
         assert summary["preset_over_baseline"] == 0.5 and summary["today_tuned_over_baseline"] == 0.8
         assert summary["preset_all_seeds_at_target"]
     assert set(fin["samples"]) == {"today", "preset"}
+
+
+def test_a_final_run_keeps_the_options_table_of_an_earlier_run(monkeypatch, tmp_path):
+    info = {"cpu": "x", "capability": "AVX2", "native_bf16": False, "mkldnn_bf16": False, "cores": 2, "torch": "t"}
+    monkeypatch.setattr(bench.harness, "machine", lambda: dict(info, load_avg=[1]))
+    monkeypatch.setattr(bench, "prepare", lambda work, bpe: {"char": work, "bpe": work})
+    row = {"variant": "today", "steps_to_target": 375, "val_at_budget": 1.9, "steps_at_budget": 300}
+    row.update(bpe_val_bpb_at_budget=2.5, bpe_steps_at_budget=100)
+    monkeypatch.setattr(bench, "options_table", lambda *a: [row])
+    fin = {"runs": [], "summary": {}, "samples": {"today": "ROMEO: a", "preset": "ROMEO: b"}}
+    monkeypatch.setattr(bench, "final", lambda *a: fin)
+    out = tmp_path / "recipe"
+    bench.main(["--out", str(out), "--budget", "0.3"])
+    bench.main(["--out", str(out), "--final"])
+    text, saved = out.with_suffix(".md").read_text(), json.loads(out.with_suffix(".json").read_text())
+    assert saved["options"] == [row] and saved["final"] == fin and saved["budgets_min"] == [0.3, 0.2]
+    assert "| today | 375 (375-375) |" in text and "ROMEO: b" in text
