@@ -192,7 +192,7 @@ def spread(values: list) -> str:
 def markdown(info: dict, rows: list, fin: dict | None, budgets: tuple) -> str:
     head = (
         f"{info['cpu']} ({info['capability']}, native bf16: {info['native_bf16']}, mkldnn bf16: "
-        f"{info['mkldnn_bf16']}), {info['cores']} cores, torch {info['torch']}, load before {info['load_avg']}; "
+        f"{info['mkldnn_bf16']}), {info['cores']} cores, {info.get('torch_threads', '?')} torch thread(s), torch {info['torch']}, load before {info['load_avg']}; "
         f"shared machine unless the lead's rerun says otherwise. Medians (min-max) over seeds.\n\n"
     )
     text = ["# The recipe, measured\n", head]
