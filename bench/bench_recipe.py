@@ -159,6 +159,7 @@ def final(data: dict, work: Path, seeds, quick: bool, nanogpt: bool) -> dict:
             "preset_over_baseline": round(med["preset"] / med["today, GPT_MALLOC=default"], 3),
             "today_tuned_over_baseline": round(med["today"] / med["today, GPT_MALLOC=default"], 3),
             "preset_all_seeds_at_target": all(v <= TARGET for v in preset_vals),
+            "preset_over_baseline_by_seed": by_seed(rows, cls, seeds),  # neighbours in time: less drift
         }
     result = {"runs": rows, "summary": summary}
     if nanogpt:
@@ -173,6 +174,12 @@ def final(data: dict, work: Path, seeds, quick: bool, nanogpt: bool) -> dict:
     first = {r["run"]: r["dir"] for r in rows if r["seed"] == seeds[0] and r["class"] == next(iter(CLASSES))}
     result["samples"] = {n: sample(Path(first[n])) for n in ("today", "preset")}
     return result
+
+
+def by_seed(rows: list, cls: str, seeds) -> list:
+    """preset / baseline seconds of each seed's interleaved runs."""
+    sec = {(r["run"], r["seed"]): r["seconds"] for r in rows if r["class"] == cls}
+    return [round(sec["preset", s] / sec["today, GPT_MALLOC=default", s], 3) for s in seeds]
 
 
 def sample(ckpt: Path, prompt: str = "ROMEO:") -> str:
@@ -226,6 +233,10 @@ def markdown(info: dict, rows: list, fin: dict | None, budgets: tuple) -> str:
                     f"| {cls} | {name} | {spread([r['seconds'] for r in rs])} | "
                     f"{spread([r['val_loss'] for r in rs])} | {sec / base:.2f}x |"
                 )
+        text.append(
+            "\nPreset / baseline by seed (each seed's runs are neighbours in time): "
+            + "; ".join(f"{cls}: {s.get('preset_over_baseline_by_seed')}" for cls, s in fin["summary"].items())
+        )
         if "nanogpt" in fin:
             nano = fin["nanogpt"]
             text.append(

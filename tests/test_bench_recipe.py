@@ -97,7 +97,7 @@ def test_final_compares_the_preset_with_todays_default_allocator(monkeypatch, tm
     assert len(calls) == 2 * 3 * 3 and {c[2].get("GPT_CPU_BF16") for c in calls} == {None, "0"}
     for summary in fin["summary"].values():
         assert summary["preset_over_baseline"] == 0.5 and summary["today_tuned_over_baseline"] == 0.8
-        assert summary["preset_all_seeds_at_target"]
+        assert summary["preset_all_seeds_at_target"] and summary["preset_over_baseline_by_seed"] == [0.5] * 3
     assert set(fin["samples"]) == {"today", "preset"}
 
 
