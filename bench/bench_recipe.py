@@ -48,6 +48,10 @@ OPTIONS = {  # name -> extra train.py flags; a new option is one line here
     "zero_init_proj": ["--zero-init-proj", "true"],
     "logit_softcap": ["--logit-softcap", "15"],
     "untied_head": ["--untied-head", "true"],
+    "x0_skip": ["--x0-skip", "true"],
+    "value_embeds": ["--value-embeds", "true"],
+    "muon_cautious_wd": ["--muon-cautious-wd", "true"],
+    "wd_schedule": ["--wd-schedule", "linear"],
 }
 SEARCH = ["--eval-interval", "25", "--eval-iters", "4", "--eval-batch-size", "256"]
 COMMON = ["--no-plot", "--force"]
