@@ -167,8 +167,10 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         B, T, C = x.shape
         if kv is None:  # self-attention
-            q, k, v = self.c_attn(x).split(C, dim=2)
-            q, k, v = self._normed(self._heads(q)), self._normed(self._heads(k)), self._heads(v)
+            # one view and one permute give the three (B, nh, T, hs) heads (a split and three view/transposes
+            # cost 7 dispatched ops a layer: a one-token decode step is overhead bound)
+            q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4).unbind(0)
+            q, k = self._normed(q), self._normed(k)
             if ve is not None:  # value_embeds: v + gate * ve, one gate per head and token
                 gate = 3 * torch.sigmoid(F.linear(x[..., : self.ve_gate.size(1)], self.ve_gate))  # (B, T, nh)
                 v = v + gate.transpose(1, 2).unsqueeze(-1) * self._heads(ve.to(v.dtype))
@@ -178,7 +180,9 @@ class Attention(nn.Module):
             if cache is not None:
                 past = cache.pos
                 dtype = cache.k.dtype  # attention runs in the cache's dtype (GPT.cache_dtype)
-                q, (k, v) = q.to(dtype), cache.append(k.to(dtype), v.to(dtype))
+                if q.dtype != dtype:  # a cast only where one is needed (the common case has none)
+                    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+                k, v = cache.append(k, v)
         else:  # cross-attention: kv is the memory (B, S, C) or its precomputed (k, v) heads
             b = self.c_attn.bias[:C] if self.c_attn.bias is not None else None
             q = self._normed(self._heads(F.linear(x, self.c_attn.weight[:C], b)))
@@ -201,10 +205,12 @@ class Attention(nn.Module):
             att = explicit_attention(q, k, mask, causal)
             self.weights.append(att)
             y = att.to(v.dtype) @ v
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        if cache is not None:  # back from the cache's dtype (GPT.cache_dtype); training never casts here
+        # (B, nh, T, hs) -> (B, T, C); one query (a decode step) is that layout already, read as a view
+        y = y.reshape(B, T, C) if T == 1 else y.transpose(1, 2).contiguous().view(B, T, C)
+        if y.dtype != x.dtype:  # back from the cache's dtype (GPT.cache_dtype); training never casts here
             y = y.to(x.dtype)
-        return self.resid_dropout(self.c_proj(y))
+        y = self.c_proj(y)
+        return self.resid_dropout(y) if self.training else y
 
 
 class ReLU2(nn.Module):
@@ -228,7 +234,8 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        y = self.c_proj(self.gelu(self.c_fc(x)))
+        return self.dropout(y) if self.training else y  # dropout is the identity in eval: no call
 
 
 class Block(nn.Module):
