@@ -1,5 +1,5 @@
 """The KV cache: keys and values of one attention layer, kept between decoding steps (gpt/infer/ reads
-through it one token at a time; gpt/model/transformer.py's `Attention` writes to it)."""
+through it one token at a time; gpt/model/attention.py's `Attention` writes to it)."""
 
 from __future__ import annotations
 
