@@ -1,8 +1,11 @@
 """The model room: the Transformer and what changes its layers.
 
 - `config.py` `GPTConfig`, the model's shape, validated on construction.
-- `transformer.py` `GPT`: embeddings and positions (learned, sinusoidal, rotary), causal self-attention,
-  the MLP, pre/post-norm blocks, the optional encoder and cross-attention; `cache.py` its `KVCache`.
+- `transformer.py` `GPT`: embeddings, the decoder stack, the optional encoder, the head, and what users
+  expect next to the model (caches, parameter groups, vocabulary growth); it re-exports the names below.
+- `attention.py` `Attention`: self-attention (KV cache, qk_norm, value_embeds) and cross-attention;
+  `block.py` `Block` and `MLP`, pre/post-norm residual sublayers; `positions.py` position ids, the
+  sinusoidal table and rotary embeddings; `cache.py` the `KVCache`.
 - `lora.py` LoRA adapter layers (apply, merge); `quantize.py` dynamic int8 Linear layers; `packed.py` the
   Linear weights laid out for CPU decoding (transposed float32, oneDNN-packed bf16).
 

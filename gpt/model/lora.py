@@ -37,7 +37,7 @@ HF import/export and `--resume` rely on, saves adapters in its own format beside
 atomic checkpoint with its meta, and pulls in accelerate, huggingface_hub, psutil and PyYAML. The math
 is the twenty lines of `LoRALinear` below.
 
-Footgun: seq2seq models slice `c_attn.weight` directly for cross-attention (gpt/model/transformer.py), which would
+Footgun: seq2seq models slice `c_attn.weight` directly for cross-attention (gpt/model/attention.py), which would
 bypass an adapter; LoRA is refused for them (`--lora-rank` with `--n-encoder-layer`).
 """
 

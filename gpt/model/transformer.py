@@ -10,12 +10,9 @@
     memory = model.encode(src, src_mask)        # once per source
     h = model.decode(memory, src_mask, tgt_in)  # (B, T, C); logits = model.head(h)
 
-Design notes
+Design notes (attention in attention.py, the blocks in block.py, positions in positions.py)
 - Parameter names follow GPT-2 (`transformer.wte`, `transformer.h.0.attn.c_attn`, ...), so GPT-2
   weights map key for key (Hugging Face's Conv1D stores them transposed: see gpt/checkpoints/hf.py).
-- `Attention` takes optional key/value input (cross-attention), an optional mask and an optional
-  `KVCache`; the decoder-only path uses `is_causal=True` and no explicit mask, the fast path of
-  `F.scaled_dot_product_attention`.
 - `forward` always returns full logits; generation asks `hidden()` for the last position only
   (gpt/infer/sampling.py), so nothing here changes shape depending on whether targets were given.
 - Seq2seq reuses the same `Block`s: the encoder's are not causal and mask padded source
@@ -25,11 +22,6 @@ Design notes
   real tokens. Every source needs at least one real token (pairs add an end token to each).
   With norm="post" the final `ln_f` of encoder and decoder match torch.nn.Transformer's final
   norms (tests/test_seq2seq_model.py checks equal outputs with copied weights).
-- `pos_encoding="rope"` (rotary embeddings, Su et al. 2021, in GPT-NeoX / LLaMA's half-split layout):
-  self-attention rotates queries and keys by their positions, so scores depend on relative
-  positions only and there is no position table. Cross-attention is not rotated (its queries and
-  keys come from different sequences). Angles are computed in float64, so positions past
-  block_size (a sliding KV cache, gpt/infer/sampling.py) stay exact; the base is ROPE_THETA.
 - The speedrun recipe's options (GPTConfig, each off by default): `activation="relu2"` (relu(x)^2);
   `qk_norm` (each head's queries and keys at unit RMS, no weights, times QK_NORM_SCALE, before RoPE,
   which preserves the RMS, so the order does not matter; cached keys are stored normalised);
@@ -56,235 +48,46 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gpt.model.attention import QK_NORM_SCALE, VE_GATE_CHANNELS, Attention, explicit_attention
+from gpt.model.block import MLP, Block, ReLU2
 from gpt.model.cache import KVCache
 from gpt.model.config import GPTConfig
+from gpt.model.positions import (
+    ROPE_THETA,
+    apply_rope,
+    doc_mask,
+    doc_positions,
+    positions,
+    rope_cos_sin,
+    sinusoidal_positions,
+)
 
-ROPE_THETA = 10000.0
-QK_NORM_SCALE = 1.2  # qk_norm: each unit-RMS query and key times this (scores x 1.44; nanochat's value)
-VE_GATE_CHANNELS = 12  # value_embeds: the gate reads this many leading channels of the attention's input (nanochat)
+# the names other modules and tests import from here, wherever they now live
+__all__ = [
+    "GPT",
+    "GPTConfig",
+    "KVCache",
+    "Attention",
+    "Block",
+    "MLP",
+    "ReLU2",
+    "explicit_attention",
+    "value_layers",
+    "ROPE_THETA",
+    "QK_NORM_SCALE",
+    "VE_GATE_CHANNELS",
+    "apply_rope",
+    "doc_mask",
+    "doc_positions",
+    "positions",
+    "rope_cos_sin",
+    "sinusoidal_positions",
+]
 
 
 def value_layers(n_layer: int) -> list[int]:
     """The decoder layers that get value embeddings: every other one, ending with the last (nanochat's choice)."""
     return [i for i in range(n_layer) if i % 2 == (n_layer - 1) % 2]
-
-
-def positions(start: int | torch.Tensor, T: int, device) -> torch.Tensor:
-    """Absolute positions start .. start + T - 1: (T,) for an int start; (B or 1, T) for a device
-    tensor start (0-dim, or one start per row)."""
-    pos = torch.arange(T, device=device)
-    return start.view(-1, 1) + pos if isinstance(start, torch.Tensor) else start + pos
-
-
-def doc_positions(doc: torch.Tensor) -> torch.Tensor:
-    """For (B, T) document ids of packed rows (each document's positions contiguous): each token's position
-    within its document, 0 at the document's first token."""
-    T = doc.size(1)
-    t = torch.arange(T, device=doc.device).expand_as(doc)
-    first = torch.ones_like(doc, dtype=torch.bool)
-    first[:, 1:] = doc[:, 1:] != doc[:, :-1]
-    return t - torch.where(first, t, 0).cummax(dim=1).values
-
-
-def doc_mask(doc: torch.Tensor) -> torch.Tensor:
-    """(B, 1, T, T) boolean attention mask of packed rows: a token attends only within its own document
-    (the causal part is added by attention itself)."""
-    return (doc[:, :, None] == doc[:, None, :]).unsqueeze(1)
-
-
-def rope_cos_sin(positions: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin (..., T, head_dim) of the rotary angles pos * ROPE_THETA^(-2i/head_dim), each frequency
-    repeated for the two halves of a head; float32, from angles computed in float64 (but on MPS)."""
-    wide = torch.float32 if positions.device.type == "mps" else torch.float64
-    inv_freq = ROPE_THETA ** (-torch.arange(0, head_dim, 2, dtype=wide, device=positions.device) / head_dim)
-    angles = positions.to(wide)[..., None] * inv_freq  # (..., T, hs/2)
-    angles = torch.cat([angles, angles], dim=-1)  # (..., T, hs)
-    return angles.cos().float(), angles.sin().float()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate each pair (x[i], x[i + hs/2]) of x (B, nh, T, hs) by its position's angle."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos.to(x.dtype) + torch.cat([-x2, x1], dim=-1) * sin.to(x.dtype)
-
-
-def explicit_attention(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
-    """softmax(QK^T / sqrt(d_k) + M) as a (B, nh, Tq, Tk) float32 tensor: what SDPA computes inside."""
-    scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.size(-1))
-    if causal:
-        Tq, Tk = scores.shape[-2:]
-        scores = scores.masked_fill(~torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(Tk - Tq), float("-inf"))
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return scores.softmax(-1)
-
-
-class Attention(nn.Module):
-    """Multi-head scaled dot-product attention, softmax(QK^T/sqrt(d_k) + M)V.
-
-    Self-attention when `kv is None`; cross-attention otherwise (queries from `x`, keys and values
-    from `kv`, both through the one fused `c_attn` weight as torch.nn.MultiheadAttention does).
-    `mask` is a boolean (B or 1, 1, Tq or 1, Tk) tensor, True where attention is allowed.
-    """
-
-    def __init__(self, config: GPTConfig, value_embed: bool = False):
-        super().__init__()
-        self.n_head = config.n_head
-        self.n_embd = config.n_embd
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
-        if value_embed:  # a raw matrix, not an nn.Linear: AdamW trains it (Muon takes the blocks' Linears)
-            self.ve_gate = nn.Parameter(torch.zeros(config.n_head, min(VE_GATE_CHANNELS, config.n_embd)))
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.resid_dropout = nn.Dropout(config.dropout)
-        self.dropout = config.dropout
-        self.qk_norm = config.qk_norm
-        self.weights: list[torch.Tensor] | None = None  # a list while GPT.attention_maps records, else None
-
-    def _heads(self, t: torch.Tensor) -> torch.Tensor:
-        B, T, C = t.shape
-        return t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-
-    def _normed(self, t: torch.Tensor) -> torch.Tensor:
-        """qk_norm: each head's vector at unit RMS (no learned weight), times QK_NORM_SCALE."""
-        return F.rms_norm(t, (t.size(-1),)) * QK_NORM_SCALE if self.qk_norm else t
-
-    def project_kv(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values for cross-attention over `kv` (computed once per source in generation)."""
-        C = self.n_embd
-        b = self.c_attn.bias[C:] if self.c_attn.bias is not None else None
-        k, v = F.linear(kv, self.c_attn.weight[C:], b).split(C, dim=2)
-        return self._normed(self._heads(k)), self._heads(v)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        kv: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
-        mask: torch.Tensor | None = None,
-        causal: bool = False,
-        cache: KVCache | None = None,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-        ve: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        B, T, C = x.shape
-        if kv is None:  # self-attention
-            q, k, v = self.c_attn(x).split(C, dim=2)
-            q, k, v = self._normed(self._heads(q)), self._normed(self._heads(k)), self._heads(v)
-            if ve is not None:  # value_embeds: v + gate * ve, one gate per head and token
-                gate = 3 * torch.sigmoid(F.linear(x[..., : self.ve_gate.size(1)], self.ve_gate))  # (B, T, nh)
-                v = v + gate.transpose(1, 2).unsqueeze(-1) * self._heads(ve.to(v.dtype))
-            if rope is not None:  # (cos, sin) of these T positions; keys are cached rotated
-                q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-            past = 0
-            if cache is not None:
-                past = cache.pos
-                dtype = cache.k.dtype  # attention runs in the cache's dtype (GPT.cache_dtype)
-                q, (k, v) = q.to(dtype), cache.append(k.to(dtype), v.to(dtype))
-        else:  # cross-attention: kv is the memory (B, S, C) or its precomputed (k, v) heads
-            b = self.c_attn.bias[:C] if self.c_attn.bias is not None else None
-            q = self._normed(self._heads(F.linear(x, self.c_attn.weight[:C], b)))
-            k, v = kv if isinstance(kv, tuple) else self.project_kv(kv)
-            past, causal = 0, False
-        if isinstance(past, torch.Tensor):  # a static cache: GPT.hidden's mask is already causal, per row
-            causal = False
-        if causal and (mask is not None or past > 0):
-            # SDPA's is_causal assumes no cache and no other mask: build the mask explicitly.
-            # Query i (at absolute position past + i) sees keys <= past + i; one new token sees all.
-            if T > 1:
-                allowed = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
-                mask = allowed if mask is None else mask & allowed
-            causal = False
-        if self.weights is None:  # the fast path (flash / memory-efficient kernels)
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=causal, dropout_p=self.dropout if self.training else 0.0
-            )  # (B, nh, T, hs)
-        else:  # recording: the same attention spelled out, its weights kept
-            att = explicit_attention(q, k, mask, causal)
-            self.weights.append(att)
-            y = att.to(v.dtype) @ v
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        if cache is not None:  # back from the cache's dtype (GPT.cache_dtype); training never casts here
-            y = y.to(x.dtype)
-        return self.resid_dropout(self.c_proj(y))
-
-
-class ReLU2(nn.Module):
-    """relu(x)^2: the "relu2" activation."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.relu(x).square()
-
-
-class MLP(nn.Module):
-    """Position-wise feed-forward network, width 4 * n_embd, GELU (or ReLU squared)."""
-
-    def __init__(self, config: GPTConfig):
-        super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        if config.activation == "relu2":
-            self.gelu = ReLU2()  # the attribute keeps its name: the activation has no weights either way
-        else:
-            self.gelu = nn.GELU(approximate="tanh" if config.activation == "gelu_tanh" else "none")
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
-
-
-class Block(nn.Module):
-    """Self-attention, optional cross-attention, feed-forward; each a residual sublayer.
-
-    Pre-norm (GPT-2): x + Sublayer(LN(x)). Post-norm (the paper): LN(x + Sublayer(x)).
-    """
-
-    def __init__(self, config: GPTConfig, cross: bool = False, value_embed: bool = False):
-        super().__init__()
-        self.post_norm = config.norm == "post"
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = Attention(config, value_embed)
-        if cross:
-            self.ln_cross = nn.LayerNorm(config.n_embd, bias=config.bias)
-            self.cross_attn = Attention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.mlp = MLP(config)
-        # Activation checkpointing (gpt/train/parallel.py): a wrapper the block's computation runs through,
-        # e.g. torch.utils.checkpoint; None runs it directly. Parameter names and state dicts do not change.
-        self.wrapper: Callable | None = None
-
-    def _sublayer(self, x, ln, fn):
-        return ln(x + fn(x)) if self.post_norm else x + fn(ln(x))
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        causal: bool = True,
-        cache: KVCache | None = None,
-        memory=None,
-        memory_mask: torch.Tensor | None = None,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-        ve: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        if self.wrapper is not None:
-            return self.wrapper(self._compute, x, mask, causal, cache, memory, memory_mask, rope, ve)
-        return self._compute(x, mask, causal, cache, memory, memory_mask, rope, ve)
-
-    def _compute(self, x, mask, causal, cache, memory, memory_mask, rope, ve) -> torch.Tensor:
-        attend = lambda h: self.attn(h, mask=mask, causal=causal, cache=cache, rope=rope, ve=ve)  # noqa: E731
-        x = self._sublayer(x, self.ln_1, attend)
-        if memory is not None:
-            x = self._sublayer(x, self.ln_cross, lambda h: self.cross_attn(h, kv=memory, mask=memory_mask))
-        return self._sublayer(x, self.ln_2, self.mlp)
-
-
-def sinusoidal_positions(n_pos: int, dim: int) -> torch.Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d))."""
-    pos = torch.arange(n_pos, dtype=torch.float32)[:, None]
-    inv = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
-    pe = torch.zeros(n_pos, dim)
-    pe[:, 0::2] = torch.sin(pos * inv)
-    pe[:, 1::2] = torch.cos(pos * inv[: dim // 2])
-    return pe
 
 
 class GPT(nn.Module):

@@ -1,0 +1,132 @@
+"""Multi-head attention: self-attention (with the KV cache and the recipe options qk_norm and value_embeds)
+and cross-attention; `explicit_attention` spells out the weights when `GPT.attention_maps` records them.
+
+`Attention` takes optional key/value input (cross-attention), an optional mask and an optional
+`KVCache`; the decoder-only path uses `is_causal=True` and no explicit mask, the fast path of
+`F.scaled_dot_product_attention`.
+
+A one-token decode step is overhead bound on small models (about 1 us of dispatch per aten op), so the
+self-attention path keeps its op count low: the three heads come from one view and permute of the fused
+projection, a cast happens only where dtypes differ, and one query's output is read back by a reshape
+(tests/test_decode_ops.py counts them).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gpt.model.cache import KVCache
+from gpt.model.config import GPTConfig
+from gpt.model.positions import apply_rope
+
+QK_NORM_SCALE = 1.2  # qk_norm: each unit-RMS query and key times this (scores x 1.44; nanochat's value)
+VE_GATE_CHANNELS = 12  # value_embeds: the gate reads this many leading channels of the attention's input (nanochat)
+
+
+def explicit_attention(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+    """softmax(QK^T / sqrt(d_k) + M) as a (B, nh, Tq, Tk) float32 tensor: what SDPA computes inside."""
+    scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.size(-1))
+    if causal:
+        Tq, Tk = scores.shape[-2:]
+        scores = scores.masked_fill(~torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(Tk - Tq), float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(-1)
+
+
+class Attention(nn.Module):
+    """Multi-head scaled dot-product attention, softmax(QK^T/sqrt(d_k) + M)V.
+
+    Self-attention when `kv is None`; cross-attention otherwise (queries from `x`, keys and values
+    from `kv`, both through the one fused `c_attn` weight as torch.nn.MultiheadAttention does).
+    `mask` is a boolean (B or 1, 1, Tq or 1, Tk) tensor, True where attention is allowed.
+    """
+
+    def __init__(self, config: GPTConfig, value_embed: bool = False):
+        super().__init__()
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        if value_embed:  # a raw matrix, not an nn.Linear: AdamW trains it (Muon takes the blocks' Linears)
+            self.ve_gate = nn.Parameter(torch.zeros(config.n_head, min(VE_GATE_CHANNELS, config.n_embd)))
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.dropout = config.dropout
+        self.qk_norm = config.qk_norm
+        self.weights: list[torch.Tensor] | None = None  # a list while GPT.attention_maps records, else None
+
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        B, T, C = t.shape
+        return t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+
+    def _normed(self, t: torch.Tensor) -> torch.Tensor:
+        """qk_norm: each head's vector at unit RMS (no learned weight), times QK_NORM_SCALE."""
+        return F.rms_norm(t, (t.size(-1),)) * QK_NORM_SCALE if self.qk_norm else t
+
+    def project_kv(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values for cross-attention over `kv` (computed once per source in generation)."""
+        C = self.n_embd
+        b = self.c_attn.bias[C:] if self.c_attn.bias is not None else None
+        k, v = F.linear(kv, self.c_attn.weight[C:], b).split(C, dim=2)
+        return self._normed(self._heads(k)), self._heads(v)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        kv: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
+        mask: torch.Tensor | None = None,
+        causal: bool = False,
+        cache: KVCache | None = None,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        ve: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        B, T, C = x.shape
+        if kv is None:  # self-attention
+            # one view and one permute give the three (B, nh, T, hs) heads (a split and three view/transposes
+            # cost 7 dispatched ops a layer: a one-token decode step is overhead bound)
+            q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4).unbind(0)
+            q, k = self._normed(q), self._normed(k)
+            if ve is not None:  # value_embeds: v + gate * ve, one gate per head and token
+                gate = 3 * torch.sigmoid(F.linear(x[..., : self.ve_gate.size(1)], self.ve_gate))  # (B, T, nh)
+                v = v + gate.transpose(1, 2).unsqueeze(-1) * self._heads(ve.to(v.dtype))
+            if rope is not None:  # (cos, sin) of these T positions; keys are cached rotated
+                q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            past = 0
+            if cache is not None:
+                past = cache.pos
+                dtype = cache.k.dtype  # attention runs in the cache's dtype (GPT.cache_dtype)
+                if q.dtype != dtype:  # a cast only where one is needed (the common case has none)
+                    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+                k, v = cache.append(k, v)
+        else:  # cross-attention: kv is the memory (B, S, C) or its precomputed (k, v) heads
+            b = self.c_attn.bias[:C] if self.c_attn.bias is not None else None
+            q = self._normed(self._heads(F.linear(x, self.c_attn.weight[:C], b)))
+            k, v = kv if isinstance(kv, tuple) else self.project_kv(kv)
+            past, causal = 0, False
+        if isinstance(past, torch.Tensor):  # a static cache: GPT.hidden's mask is already causal, per row
+            causal = False
+        if causal and (mask is not None or past > 0):
+            # SDPA's is_causal assumes no cache and no other mask: build the mask explicitly.
+            # Query i (at absolute position past + i) sees keys <= past + i; one new token sees all.
+            if T > 1:
+                allowed = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
+                mask = allowed if mask is None else mask & allowed
+            causal = False
+        if self.weights is None:  # the fast path (flash / memory-efficient kernels)
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal, dropout_p=self.dropout if self.training else 0.0
+            )  # (B, nh, T, hs)
+        else:  # recording: the same attention spelled out, its weights kept
+            att = explicit_attention(q, k, mask, causal)
+            self.weights.append(att)
+            y = att.to(v.dtype) @ v
+        # (B, nh, T, hs) -> (B, T, C); one query (a decode step) is that layout already, read as a view
+        y = y.reshape(B, T, C) if T == 1 else y.transpose(1, 2).contiguous().view(B, T, C)
+        if y.dtype != x.dtype:  # back from the cache's dtype (GPT.cache_dtype); training never casts here
+            y = y.to(x.dtype)
+        y = self.c_proj(y)
+        return self.resid_dropout(y) if self.training else y
