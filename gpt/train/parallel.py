@@ -20,7 +20,7 @@
   forward runs under `torch.utils.checkpoint` (non-reentrant), so only its input is kept and the
   rest is recomputed in the backward pass: about one more forward per step for activation memory of
   one block instead of all. Dropout recomputes the same masks (the RNG state is replayed). Installed
-  as each block's `wrapper` (gpt/model/transformer.py's `Block`), so parameter names, state dicts and
+  as each block's `wrapper` (gpt/model/block.py's `Block`), so parameter names, state dicts and
   checkpoints do not change.
 
 Footguns

@@ -58,11 +58,15 @@ def make_optimizer(model: GPT, opt: OptimizerConfig, device: torch.device) -> to
     kwargs = dict(lr=opt.lr, betas=opt.betas)
     if opt.name == "muon":
         groups = model.param_groups(opt.weight_decay, muon=True)
-        return Muon(groups, ns_dtype=ns_dtype_for(device), cautious_wd=opt.cautious_wd, **kwargs)
-    try:
-        return torch.optim.AdamW(model.param_groups(opt.weight_decay), fused=True, **kwargs)
-    except (RuntimeError, TypeError):
-        return torch.optim.AdamW(model.param_groups(opt.weight_decay), foreach=True, **kwargs)
+        optimizer = Muon(groups, ns_dtype=ns_dtype_for(device), cautious_wd=opt.cautious_wd, **kwargs)
+    else:
+        try:
+            optimizer = torch.optim.AdamW(model.param_groups(opt.weight_decay), fused=True, **kwargs)
+        except (RuntimeError, TypeError):
+            optimizer = torch.optim.AdamW(model.param_groups(opt.weight_decay), foreach=True, **kwargs)
+    for group in optimizer.param_groups:  # from the start, so a saved optimizer and a fresh one have the same keys
+        group["decays"] = bool(group["weight_decay"])  # (a decay scheduled down to 0 stays a group that decays)
+    return optimizer
 
 
 def set_hyperparameters(optimizer: torch.optim.Optimizer, step: int, cfg: TrainConfig) -> float:
@@ -74,8 +78,7 @@ def set_hyperparameters(optimizer: torch.optim.Optimizer, step: int, cfg: TrainC
     for group in optimizer.param_groups:
         peak = cfg.muon_lr if group.get("muon") else peaks.get(group.get("scalar"), cfg.learning_rate)
         group["lr"] = lr * peak / cfg.learning_rate
-        if group["weight_decay"] or group.get("decays"):
-            group["decays"] = True  # (a decay scheduled down to 0 stays a group that decays)
+        if group.setdefault("decays", bool(group["weight_decay"])):  # (an optimizer saved before the key)
             group["weight_decay"] = wd
     return lr
 
