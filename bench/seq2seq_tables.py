@@ -66,7 +66,9 @@ def render(result: dict) -> str:
     text = ""
     if result.get("rows"):
         text = (
-            f"Multi30k de->en ({result['test_set']}, {result['sentences']} sentences), `{result['command']}`\n\n"
+            f"Multi30k de->en ({result['test_set']}, {result['sentences']} sentences"
+            + (f", beam length penalty {result['length_penalty']:g}" if "length_penalty" in result else "")
+            + f"), `{result['command']}`\n\n"
             + (f"{result['note']}\n\n" if result.get("note") else "")
             + markdown(result["rows"], result["beam_size"])
         )

@@ -114,6 +114,8 @@ def test_one_checkpoint_is_filed_under_decoding(tmp_path, monkeypatch):
         "test_set": "test_2016_flickr",
         "sentences": 2,
         "beam_size": 3,
+        "length_penalty": 0.6,
+        "note": "Alpha 0.6 here.",
         "rows": [
             {
                 "minutes": 1,
@@ -158,9 +160,11 @@ def test_one_checkpoint_is_filed_under_decoding(tmp_path, monkeypatch):
         result["decoding"][0]["beam"]
     )
     md = (results / "seq2seq.md").read_text().splitlines()
-    assert md[2].startswith("| minutes |") and md[3 + 1].startswith("| 1 | 1 | 500 | 2.000 | 1.00 | - | 3.00 | - |")
+    assert md[0].startswith("Multi30k de->en (test_2016_flickr, 2 sentences, beam length penalty 0.6), `train.py")
+    assert md[2] == "Alpha 0.6 here." and md[4].startswith("| minutes |")
+    assert md[6].startswith("| 1 | 1 | 500 | 2.000 | 1.00 | - | 3.00 | - |")
     assert md[-2].startswith("| after | 1 | 700 | 1.500 | ") and md[-1].startswith("| before | 0 | 700 | 1.500 | ")
-    assert md[4].split(" | ")[8:10] == ["-", "-"]  # an old row without ROUGE
+    assert md[6].split(" | ")[8:10] == ["-", "-"]  # an old row without ROUGE
     beam = result["decoding"][0]["beam"]
     assert f"| {beam['rouge1']:.2f} / {beam['rouge2']:.2f} / {beam['rougeL']:.2f} |" in md[-2]
 
