@@ -277,7 +277,10 @@ def sweep(args, argv=None) -> dict:
     test_sources, test_references = read_split(args.input, TEST, args.limit)  # read now: a missing file fails fast
     k, batch = args.beam_size, args.batch_size
     print(f"sweeping alpha {args.sweep} at beam {k} on {len(sources)} {args.split} sentences ...", flush=True)
-    rows = [{"length_penalty": a, **score(loaded, sources, references, k, a, batch)} for a in args.sweep]
+    rows = []
+    for a in args.sweep:
+        rows.append({"length_penalty": a, **score(loaded, sources, references, k, a, batch)})
+        print(f"  alpha {a:g}: BLEU {rows[-1]['bleu']:.2f}, length ratio {rows[-1]['ratio']:.3f}", flush=True)
     chosen = choose_alpha(rows)  # before the test set is decoded at all
     print(f"chose alpha {chosen:g}; decoding {len(test_sources)} {TEST} sentences ...", flush=True)
     argv = sys.argv[1:] if argv is None else argv
