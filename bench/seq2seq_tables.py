@@ -110,6 +110,7 @@ def render_sweep(result: dict) -> str:
         f"{m['cpu']} ({m['capability']}, {'native' if m['native_bf16'] else 'no native'} bf16), "
         f"{m['cores']} cores, {m['torch_threads']} torch threads, load {m['load_avg'][0]:g}; decoding float32.",
         "",
+        *([result["note"], ""] if result.get("note") else []),
         SWEEP_HEADER + _row("greedy", "-", result["greedy"]),
     ]
     for r in result["sweep"]:

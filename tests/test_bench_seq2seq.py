@@ -208,6 +208,7 @@ def test_the_length_penalty_is_chosen_on_val_and_only_then_is_test_decoded(tmp_p
     assert {"cpu", "capability", "native_bf16"} <= set(result["machine"])
     md = (tmp_path / "a" / "seq2seq-val.md").read_text()
     assert md.count("(chosen)") == 1 and result["machine"]["cpu"] in md and f"alpha {chosen:g}" in md
+    assert "\nStopped early.\n" in tables.render_sweep(dict(result, note="Stopped early.")) and "Stopped" not in md
 
     (data / "test_2016_flickr.en").write_text("hhh hhh\nggg ggg\n")  # another test set: the choice does not move
     assert bench.main([*argv, "--results", str(tmp_path / "b")]) == 0
