@@ -4,6 +4,7 @@
     python bench/bench_seq2seq.py --minutes 1 --at 0.5 --limit 50    # smoke test, a few minutes in all
     python bench/bench_seq2seq.py --minutes 30 -- --eval-interval 250   # after --: more train.py options
     python bench/bench_seq2seq.py --ckpt RUN/last.pt --label "after"    # one checkpoint, no training
+    python bench/bench_seq2seq.py --ckpt RUN/last.pt --sweep 0,0.6,1,1.5,2   # choose alpha on val
 
 1. prepare: `data/multi30k/prepare.py` (byte-level BPE of 8192 ids over both languages) into a
    temporary directory (or `--data DIR`, an existing pairs dataset).
@@ -24,8 +25,15 @@
 the result under "decoding" in the existing seq2seq.json, replacing an entry of the same label (how
 a change to the decoder is compared before / after on the same checkpoint).
 
+`--ckpt FILE --sweep ALPHAS` chooses the length penalty on the validation split, never on a test set
+(a setting tuned on the test set flatters the figure reported on it): beam search at each alpha on
+val (BLEU, length ratio, ROUGE-1/2/L), the best val BLEU wins (ties: the length ratio closest to 1,
+then the smaller alpha), and only then is the test set decoded, greedy and at the chosen alpha.
+Into `seq2seq-val.{json,md}`; gpt.infer.translate.DEFAULT_LENGTH_PENALTY is that choice.
+
 Results: `bench/results/seq2seq.json` (everything, the val-loss curve included) and
-`bench/results/seq2seq.md` (the tables); `--results DIR` writes them elsewhere.
+`bench/results/seq2seq.md` (the tables); `--results DIR` writes them elsewhere. `--split val`
+scores the validation split instead of the test set.
 """
 
 from __future__ import annotations
@@ -47,12 +55,16 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 sys.path.insert(0, str(ROOT / "bench"))  # harness.py, also when this file is loaded by path (tests)
 
 import harness  # noqa: E402
+from seq2seq_tables import render, render_sweep  # noqa: E402
 
+from gpt import fsutil  # noqa: E402
+from gpt.cli import run_main  # noqa: E402
 from gpt.infer.translate import DEFAULT_LENGTH_PENALTY  # noqa: E402
 
 SHARED = harness.SHARED_DATA
 MULTI30K = SHARED / "multi30k"
 TEST = "test_2016_flickr"
+VAL = "val"
 GRACE_S = 300  # past the budget before the trainer is sent SIGTERM
 
 
@@ -74,7 +86,12 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument(
         "--work", help="directory for the dataset, run and checkpoints (default: a temporary one, removed at the end)"
     )
-    p.add_argument("--limit", type=int, help=f"evaluate on the first N sentences of {TEST} (default: all)")
+    p.add_argument(
+        "--split",
+        choices=(TEST, VAL),
+        help=f"the Multi30k split to score (default: {TEST}; {VAL} with --sweep, which refuses a test set)",
+    )
+    p.add_argument("--limit", type=int, help="evaluate on the first N sentences of each split (default: all)")
     p.add_argument("--beam-size", type=int, default=4, help="beam size of the beam-search column (default: 4)")
     p.add_argument(
         "--length-penalty",
@@ -87,8 +104,15 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--results", default=str(ROOT / "bench" / "results"), help="where seq2seq.{json,md} go")
     p.add_argument("--poll", type=float, default=2.0, help="seconds between looks at the run directory")
     p.add_argument("--ckpt", help='evaluate this checkpoint only (no training) into seq2seq.json\'s "decoding"')
-    p.add_argument("--label", help="with --ckpt: the row's name, e.g. what the decoder is (required with --ckpt)")
+    p.add_argument(
+        "--label", help="with --ckpt: the row's name, e.g. what the decoder is (required with --ckpt, but for --sweep)"
+    )
     p.add_argument("--note", default="", help="with --ckpt: a remark kept with the row (machine, load)")
+    p.add_argument(
+        "--sweep",
+        help="with --ckpt: length penalties (alphas, comma-separated) to compare on the val split; writes "
+        "seq2seq-val.{json,md} with the chosen one and its test figure",
+    )
     args = p.parse_args(argv)
     try:
         args.at = sorted({float(a) for a in args.at.split(",") if a.strip()})
@@ -96,8 +120,19 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
         p.error(f"--at must be minutes separated by commas, got {args.at!r}")
     if args.minutes <= 0 or any(a <= 0 for a in args.at):
         p.error("--minutes and the --at times must be > 0")
-    if bool(args.ckpt) != bool(args.label):
+    if args.sweep is not None:
+        try:
+            args.sweep = sorted({float(a) for a in args.sweep.split(",") if a.strip()})
+        except ValueError:
+            p.error(f"--sweep must be length penalties separated by commas, e.g. 0,0.6,1,1.5,2, got {args.sweep!r}")
+        if not args.sweep or not args.ckpt:
+            p.error("--sweep needs --ckpt FILE and at least one length penalty, e.g. --sweep 0,0.6,1,1.5,2")
+        if args.split not in (None, VAL):
+            p.error(f"--sweep chooses the length penalty on --split {VAL}, never on a test set ({args.split})")
+        args.split = VAL
+    elif bool(args.ckpt) != bool(args.label):
         p.error("--ckpt and --label go together: the checkpoint to evaluate and the name of its row")
+    args.split = args.split or TEST
     return args, extra
 
 
@@ -144,6 +179,42 @@ def train_minutes(records: list[dict], step: int) -> float | None:
     return round(evals[-1]["elapsed"] / 60, 2) if evals else None
 
 
+def read_split(input_dir, split: str, limit: int | None = None) -> tuple[list[str], list[str]]:
+    """The first `limit` (German source, English reference) lines of a Multi30k split."""
+    from gpt.data.pairs import read_lines
+
+    return read_lines(Path(input_dir) / f"{split}.de")[:limit], read_lines(Path(input_dir) / f"{split}.en")[:limit]
+
+
+def load(path, device: str = "cpu") -> tuple:
+    """(model, tokenizer, bos, eos) of a seq2seq checkpoint."""
+    from gpt.checkpoints.loader import load_checkpoint
+    from gpt.infer.translate import check_vocab, seq2seq_ids
+
+    model, tok, meta = load_checkpoint(path, device=device)
+    check_vocab(tok, model)
+    return (model, tok, *seq2seq_ids(meta))
+
+
+def score(loaded: tuple, sources: list[str], references: list[str], beam_size: int, alpha: float, batch_size: int):
+    """BLEU, length ratio, ROUGE-1/2/L and sentences/s of one decoding (beam_size 1: greedy)."""
+    from gpt.infer.evaluate import evaluate
+
+    model, tok, bos, eos = loaded
+    r = evaluate(model, tok, sources, references, bos, eos, beam_size=beam_size, alpha=alpha, batch_size=batch_size)
+    return {
+        "bleu": round(r["bleu"], 2),
+        "ratio": round(r["ratio"], 3),
+        "bp": round(r["bp"], 3),
+        "sentences_per_s": round(r["sentences_per_s"], 1),
+        "seconds": round(r["seconds"], 1),
+        "signature": r["signature"],
+        **{k: round(r[k], 2) for k in ("rouge1", "rouge2", "rougeL")},  # rouge-score's mean F-measures x 100
+        "rouge_signature": r["rouge_signature"],
+        "sample": r["hypotheses"][:3],
+    }
+
+
 def evaluate_checkpoint(
     path,
     sources: list[str],
@@ -154,94 +225,11 @@ def evaluate_checkpoint(
     device: str = "cpu",
 ) -> dict:
     """BLEU, ROUGE-1/2/L and sentences/s of one checkpoint: greedy, then beam search."""
-    from gpt.checkpoints.loader import load_checkpoint
-    from gpt.infer.evaluate import evaluate
-    from gpt.infer.translate import check_vocab, seq2seq_ids
-
-    model, tok, meta = load_checkpoint(path, device=device)
-    bos, eos = seq2seq_ids(meta)
-    check_vocab(tok, model)
-    out = {}
-    for name, k in (("greedy", 1), ("beam", beam_size)):
-        r = evaluate(model, tok, sources, references, bos, eos, beam_size=k, alpha=alpha, batch_size=batch_size)
-        out[name] = {
-            "bleu": round(r["bleu"], 2),
-            "ratio": round(r["ratio"], 3),
-            "bp": round(r["bp"], 3),
-            "sentences_per_s": round(r["sentences_per_s"], 1),
-            "seconds": round(r["seconds"], 1),
-            "signature": r["signature"],
-            **{k: round(r[k], 2) for k in ("rouge1", "rouge2", "rougeL")},  # rouge-score's mean F-measures x 100
-            "rouge_signature": r["rouge_signature"],
-            "sample": r["hypotheses"][:3],
-        }
-    return out
-
-
-def _scores(r: dict) -> str:
-    """BLEU greedy | ratio greedy | BLEU beam | ratio beam | greedy sent/s | beam sent/s (ratio "-" if not measured)."""
-    g, b = r["greedy"], r["beam"]
-    ratio = [f"{d['ratio']:.3f}" if d.get("ratio") is not None else "-" for d in (g, b)]
-    return (
-        f"{g['bleu']:.2f} | {ratio[0]} | {b['bleu']:.2f} | {ratio[1]} | {g['sentences_per_s']:.1f} | "
-        f"{b['sentences_per_s']:.1f}"
-    )
-
-
-def _score_header(beam_size: int) -> str:
-    return (
-        f"BLEU greedy | ratio greedy | BLEU beam {beam_size} | ratio beam {beam_size} | greedy sent/s | "
-        f"beam {beam_size} sent/s"
-    )
-
-
-def markdown(rows: list[dict], beam_size: int) -> str:
-    lines = [f"| minutes | trained (min) | step | val loss | {_score_header(beam_size)} |", "|---" * 10 + "|"]
-    for r in rows:
-        if r.get("step") is None:
-            lines.append(f"| {r['minutes']:g} | - | no checkpoint yet |" + " |" * 7)
-            continue
-        val = f"{r['val_loss']:.3f}" if r.get("val_loss") is not None else "-"
-        trained = f"{r['train_minutes']:g}" if r.get("train_minutes") is not None else "-"
-        lines.append(f"| {r['minutes']:g} | {trained} | {r['step']} | {val} | {_scores(r)} |")
-    return "\n".join(lines) + "\n"
-
-
-def decoding_markdown(entries: list[dict]) -> str:
-    """The --ckpt rows: one checkpoint scored by different decoders (label, length penalty, step)."""
-    lines = [
-        f"| decoding | length penalty | step | val loss | {_score_header(entries[0]['beam_size'])} | note |",
-        "|---" * 11 + "|",
-    ]
-    for e in entries:
-        val = f"{e['val_loss']:.3f}" if e.get("val_loss") is not None else "-"
-        lines.append(
-            f"| {e['label']} | {e['length_penalty']:g} | {e['step']} | {val} | {_scores(e)} | {e.get('note', '')} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def render(result: dict) -> str:
-    """seq2seq.md from seq2seq.json: the training table, then the --ckpt rows if there are any."""
-    text = ""
-    if result.get("rows"):
-        text = (
-            f"Multi30k de->en ({result['test_set']}, {result['sentences']} sentences), `{result['command']}`\n\n"
-            + markdown(result["rows"], result["beam_size"])
-        )
-    for test_set, entries in _by_test(result.get("decoding", [])):
-        text += (
-            ("\n" if text else "") + f"Decoding compared on one checkpoint ({test_set}), "
-            f"`bench/bench_seq2seq.py --ckpt FILE --label LABEL`:\n\n" + decoding_markdown(entries)
-        )
-    return text
-
-
-def _by_test(entries: list[dict]) -> list[tuple[str, list[dict]]]:
-    groups: dict[str, list[dict]] = {}
-    for e in entries:
-        groups.setdefault(f"{e['test_set']}, {e['sentences']} sentences, {e['checkpoint']}", []).append(e)
-    return list(groups.items())
+    loaded = load(path, device)
+    return {
+        name: score(loaded, sources, references, k, alpha, batch_size)
+        for name, k in (("greedy", 1), ("beam", beam_size))
+    }
 
 
 def evaluate_one(args, sources: list[str], references: list[str], results: Path) -> dict:
@@ -254,7 +242,7 @@ def evaluate_one(args, sources: list[str], references: list[str], results: Path)
         "checkpoint": str(args.ckpt),
         "step": meta.get("step"),
         "val_loss": meta.get("val_loss"),
-        "test_set": TEST,
+        "test_set": args.split,
         "sentences": len(sources),
         "beam_size": args.beam_size,
         "length_penalty": args.length_penalty,
@@ -265,6 +253,68 @@ def evaluate_one(args, sources: list[str], references: list[str], results: Path)
     result = json.loads(path.read_text()) if path.is_file() else {}
     result["decoding"] = [e for e in result.get("decoding", []) if e["label"] != args.label] + [entry]
     return result
+
+
+CHOICE_RULE = "the best val BLEU; ties: the length ratio closest to 1, then the smaller alpha"
+
+
+def choose_alpha(rows: list[dict]) -> float:
+    """The length penalty of the sweep row that CHOICE_RULE picks (BLEU as reported, to 2 decimals)."""
+
+    def key(r):  # the ratio's distance from 1 as reported, to 3 decimals: 0.98 and 1.02 tie
+        return r["bleu"], -round(abs(r["ratio"] - 1), 3), -r["length_penalty"]
+
+    return max(rows, key=key)["length_penalty"]
+
+
+def sweep(args, argv=None) -> dict:
+    """--sweep: beam search at each alpha on the val split, the choice, then the test set at that alpha only."""
+    from gpt.checkpoints import loader
+
+    meta = loader.read_meta(args.ckpt)
+    loaded = load(args.ckpt)
+    sources, references = read_split(args.input, args.split, args.limit)  # parse_args: always val
+    test_sources, test_references = read_split(args.input, TEST, args.limit)  # read now: a missing file fails fast
+    k, batch = args.beam_size, args.batch_size
+    print(f"sweeping alpha {args.sweep} at beam {k} on {len(sources)} {args.split} sentences ...", flush=True)
+    rows = []
+    for a in args.sweep:
+        rows.append({"length_penalty": a, **score(loaded, sources, references, k, a, batch)})
+        print(f"  alpha {a:g}: BLEU {rows[-1]['bleu']:.2f}, length ratio {rows[-1]['ratio']:.3f}", flush=True)
+    chosen = choose_alpha(rows)  # before the test set is decoded at all
+    print(f"chose alpha {chosen:g}; decoding {len(test_sources)} {TEST} sentences ...", flush=True)
+    argv = sys.argv[1:] if argv is None else argv
+    return {
+        "benchmark": "Multi30k de->en, beam search's length penalty chosen on the validation split",
+        "command": " ".join(["bench/bench_seq2seq.py", *argv]),
+        "checkpoint": str(args.ckpt),
+        "step": meta.get("step"),
+        "val_loss": meta.get("val_loss"),
+        "split": args.split,
+        "sentences": len(sources),
+        "beam_size": k,
+        "greedy": score(loaded, sources, references, 1, 0.0, batch),
+        "sweep": rows,
+        "rule": CHOICE_RULE,
+        "chosen": chosen,
+        "test": {
+            "test_set": TEST,
+            "sentences": len(test_sources),
+            "length_penalty": chosen,
+            "greedy": score(loaded, test_sources, test_references, 1, 0.0, batch),
+            "beam": score(loaded, test_sources, test_references, k, chosen, batch),
+        },
+        "machine": harness.machine(),
+    }
+
+
+def write_sweep(result: dict, results: Path) -> None:
+    results.mkdir(parents=True, exist_ok=True)
+    fsutil.write_text(results / "seq2seq-val.json", json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    text = render_sweep(result)
+    fsutil.write_text(results / "seq2seq-val.md", text)
+    print(text, end="")
+    print(f"wrote {results / 'seq2seq-val.json'} and {results / 'seq2seq-val.md'}")
 
 
 # ---- the run ------------------------------------------------------------------------------------------
@@ -356,11 +406,13 @@ def main(argv=None) -> int:
     args, extra = parse_args(argv)
     import torch
 
-    from gpt.data.pairs import read_lines
-
-    sources = read_lines(Path(args.input) / f"{TEST}.de")[: args.limit]
-    references = read_lines(Path(args.input) / f"{TEST}.en")[: args.limit]
     results = Path(args.results)
+    if args.sweep:
+        if args.eval_threads:
+            torch.set_num_threads(args.eval_threads)
+        write_sweep(sweep(args, argv), results)
+        return 0
+    sources, references = read_split(args.input, args.split, args.limit)
     if args.ckpt:
         if args.eval_threads:
             torch.set_num_threads(args.eval_threads)
@@ -392,7 +444,7 @@ def main(argv=None) -> int:
             "command": " ".join(cmd),
             "config": args.config,
             "minutes": args.minutes,
-            "test_set": TEST,
+            "test_set": args.split,
             "sentences": len(sources),
             "beam_size": args.beam_size,
             "length_penalty": args.length_penalty,
@@ -423,12 +475,12 @@ def main(argv=None) -> int:
 
 def write_results(result: dict, results: Path) -> None:
     results.mkdir(parents=True, exist_ok=True)
-    (results / "seq2seq.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    fsutil.write_text(results / "seq2seq.json", json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     text = render(result)
-    (results / "seq2seq.md").write_text(text)
+    fsutil.write_text(results / "seq2seq.md", text)
     print(text, end="")
     print(f"wrote {results / 'seq2seq.json'} and {results / 'seq2seq.md'}")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))  # a missing file or a bad checkpoint: one `error: ...` line

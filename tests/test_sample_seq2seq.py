@@ -13,7 +13,7 @@ from gpt import GPT, GPTConfig
 from gpt.checkpoints import loader, native
 from gpt.cli import sample  # what sample.py runs
 from gpt.data.tokenizer import CharTokenizer
-from gpt.infer.translate import TranslateConfig, translate, translate_lines
+from gpt.infer.translate import DEFAULT_LENGTH_PENALTY, TranslateConfig, translate, translate_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 CHARS = "\n abcdefgh"  # a newline in the vocabulary: a translation may contain one
@@ -208,3 +208,11 @@ def test_script_translates_as_a_program(run_dir, source_file):
         timeout=120,
     )
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+
+
+def test_help_states_the_default_length_penalty(capsys):
+    """--help is answered without importing torch, so it spells the default out: it must be the one used."""
+    with pytest.raises(SystemExit):
+        sample.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"(default: {DEFAULT_LENGTH_PENALTY:g}, gpt.infer.translate.DEFAULT_LENGTH_PENALTY" in text
