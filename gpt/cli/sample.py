@@ -133,8 +133,7 @@ def parse_args(argv=None, prog: str = "gpt sample") -> argparse.Namespace:
         "--length-penalty",
         type=float,
         default=None,
-        help="GNMT length penalty alpha for beam search; larger favours longer output (default: 1.5, "
-        "gpt.translate.DEFAULT_LENGTH_PENALTY)",
+        help="GNMT length penalty alpha for beam search; larger favours longer output (default: 1.5)",
     )
     t.add_argument("--batch-size", type=int, default=None, help="sentences decoded together (default: 64)")
     return p.parse_args(argv)
