@@ -106,6 +106,24 @@ def test_a_file_with_no_meta_at_all_names_what_it_holds(tmp_path):
         loader.load_checkpoint(path)
 
 
+def test_an_empty_or_truncated_checkpoint_file_says_so_in_words(tmp_path, capsys):
+    """An interrupted copy: the error says empty / truncated, not torch's internal zip-reader message."""
+    whole = tmp_path / "whole.pt"
+    native.save(whole, {"model": GPT(CFG).state_dict()}, {"model_config": CFG.to_dict()})
+    (tmp_path / "empty.pt").write_bytes(b"")
+    (tmp_path / "cut.pt").write_bytes(whole.read_bytes()[:1000])
+    err = one_line_error(capsys, sample_script.main, "--ckpt", tmp_path / "empty.pt")
+    assert (
+        err
+        == f"error: {tmp_path / 'empty.pt'} is not a gpt checkpoint: the file is empty (0 bytes; an interrupted copy?)\n"
+    )
+    err = one_line_error(capsys, sample_script.main, "--ckpt", tmp_path / "cut.pt")
+    assert err == (
+        f"error: {tmp_path / 'cut.pt'} is not a gpt checkpoint: the file is truncated or not a PyTorch file "
+        f"(1,000 bytes, no complete archive)\n"
+    )
+
+
 def test_objects_torch_load_refuses_are_one_line(tmp_path, capsys):
     """weights_only refuses any class it does not know (its message spans lines, with terminal colours)."""
     torch.save({"model": GPT(CFG).state_dict(), "meta": "{}", "saved": datetime.date(2024, 1, 1)}, tmp_path / "x.pt")
