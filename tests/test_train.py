@@ -476,7 +476,7 @@ def test_finetune_tokenizer_mismatch_is_an_error(char_data, tmp_path):
     other = prepare(other_src, tmp_path / "other", "--tokenizer", "char")
     with pytest.raises(TrainingError, match="tokenizer mismatch") as e:
         train_run("--data", other, "--out-dir", tmp_path / "ft", "--init-from", base, "--max-iters", "2")
-    assert str(e.value).endswith(f"(`python data/prepare.py ... --tokenizer-from {base}`)")
+    assert str(e.value).endswith(f"(`gpt prepare ... --tokenizer-from {base}`)")
     same = prepare(other_src, tmp_path / "same", "--tokenizer-from", base)  # what the message says to do
     assert train_run("--data", same, "--out-dir", tmp_path / "ft", "--init-from", base, "--max-iters", "2")["step"] == 2
 

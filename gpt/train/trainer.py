@@ -188,7 +188,7 @@ def train(plan: start.RunPlan) -> dict:
     t_start = time.time()
     cfg = plan.cfg
     if not cfg.data:
-        raise ConfigError("--data: no dataset given; pass --data data/NAME (prepare one with data/prepare.py)")
+        raise ConfigError("--data: no dataset given; pass --data data/NAME (prepare one with gpt prepare)")
     rt = setup(cfg.device, cfg.dtype, cfg.threads, cfg.deterministic)
     rt.compiled = cfg.compile
     run_dir = RunDir(cfg.out_dir, rt.master)
