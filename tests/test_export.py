@@ -125,3 +125,12 @@ def test_an_out_that_is_a_file_or_a_full_disk_is_one_line(trained_run, tmp_path,
         f"error: could not write the export to {out}: the disk is full; free some space; no file there is half-written\n"
     )
     assert [p.name for p in out.iterdir()] == ["model.pt2"]  # the model file whole; no temporary file left
+
+
+def test_a_gguf_out_under_a_file_is_one_line(trained_run, tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    out = afile / "model.gguf"
+    code, _, err = export_cli(capsys, "--ckpt", trained_run, "--format", "gguf", "--out", out, "--no-check")
+    assert code == 2 and err == f"error: --out {out}: {afile} is a file, not a directory; choose another --out\n"
+    assert afile.read_text() == "mine"
