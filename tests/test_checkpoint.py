@@ -73,7 +73,7 @@ def test_built_meta_round_trips_and_loads(tmp_path):
 
 def test_hf_import_has_no_import_circle():
     """gpt.checkpoints.native imports gpt.checkpoints.hf, never the other way (only hf's command line loads a --ckpt)."""
-    tree = ast.parse((ROOT / "gpt" / "hf.py").read_text())
+    tree = ast.parse((ROOT / "gpt" / "checkpoints" / "hf.py").read_text())
     library = [node for node in tree.body if not (isinstance(node, ast.FunctionDef) and node.name == "main")]
     imported = {
         alias.name if isinstance(node, ast.Import) else f"{node.module}.{alias.name}"
