@@ -2,7 +2,9 @@
 and exit code 2."""
 
 import contextlib
+import importlib.util
 import io
+import re
 import subprocess
 import sys
 
@@ -48,11 +50,15 @@ def help_of(argv) -> tuple[int, str]:
 def test_gpt_help_lists_every_verb_with_one_line_each():
     verbs = {p.stem for p in (ROOT / "gpt" / "cli").glob("*.py") if "\ndef main(" in p.read_text()} - {"main"}
     assert set(VERBS) == verbs  # a verb module without a listing (or a listing without a module) fails here
-    for argv in (["--help"], []):
-        code, out = help_of(argv)
-        assert code == 0
-        for verb, line in VERBS.items():
-            assert f"  {verb} " in out and line in out
+    code, out = help_of(["--help"])
+    assert code == 0
+    for verb, line in VERBS.items():
+        assert f"  {verb} " in out and line in out
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code, out = help_of([])  # no verb: a mistake, the same listing on stderr and a non-zero status
+    assert code == 2 and out == "" and err.getvalue().endswith("\nerror: no verb given: `gpt <verb> ...`\n")
+    assert all(f"  {verb} " in err.getvalue() for verb in VERBS)
     # `python -m gpt --help` through gpt/__main__.py, without importing torch or any verb
     res = subprocess.run(
         [sys.executable, "-c", "import runpy, sys; sys.argv = ['gpt', '--help']\ntry:\n"
@@ -99,3 +105,16 @@ def test_the_main_jobs_scripts_are_the_verbs_under_their_own_name(script):
     assert res.returncode == 2 and res.stderr.startswith("error: ") and res.stderr.count("\n") == 1, res.stderr
     if script != "train.py":  # (train's own check names the flag and the closest real one instead)
         assert f"see python {script} --help" in res.stderr
+
+
+def test_every_python_name_a_verbs_help_cites_exists():
+    """A help text citing `gpt.module.NAME` (where a default comes from) names a module and attribute
+    that exist: a renamed module must not leave the help pointing at nothing."""
+    for verb in VERBS:
+        _, out = help_of([verb, "--help"])
+        for name in re.findall(r"\bgpt(?:\.\w+)+", out):
+            module, _, attr = name.rpartition(".")
+            found = importlib.util.find_spec(name) is not None or (
+                importlib.util.find_spec(module) is not None and hasattr(importlib.import_module(module), attr)
+            )
+            assert found, f"`gpt {verb} --help` cites {name}, which does not exist"

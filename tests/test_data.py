@@ -75,13 +75,13 @@ def test_open_reads_meta_and_memmaps_read_only(prepared):
     [
         (
             lambda p: shutil.rmtree(p),
-            r"no dataset directory .*copy: run `python data/prepare.py INPUT\.\.\. --out .*copy",
+            r"no dataset directory .*copy: run `gpt prepare INPUT\.\.\. --out .*copy",
         ),
         (
             lambda p: (p / "meta.json").unlink(),
-            r"no meta.json in .*copy \(not prepared, or an interrupted prepare\): run `python data/prepare.py",
+            r"no meta.json in .*copy \(not prepared, or an interrupted prepare\): run `gpt prepare",
         ),
-        (lambda p: (p / "train.bin").unlink(), r"no train.bin in .*copy: run `python data/prepare.py"),
+        (lambda p: (p / "train.bin").unlink(), r"no train.bin in .*copy: run `gpt prepare"),
         (lambda p: (p / "meta.json").write_text("{oops"), r"meta.json is not valid JSON"),
         (
             lambda p: _edit_meta(p, format_version=99),

@@ -134,13 +134,9 @@ def test_meta_json_that_is_not_an_object(tmp_path, kind):
 
 
 def test_the_wrong_kind_names_both_and_the_command(metas, tmp_path):
-    with pytest.raises(
-        DataError, match=r"holds translation pairs, not a token dataset: run `python data/prepare.py INPUT"
-    ):
+    with pytest.raises(DataError, match=r"holds translation pairs, not a token dataset: run `gpt prepare INPUT"):
         _read(tmp_path, metas["pairs"], "tokens")
-    with pytest.raises(
-        DataError, match=r"holds a token dataset, not translation pairs: run `python data/prepare.py --pairs"
-    ):
+    with pytest.raises(DataError, match=r"holds a token dataset, not translation pairs: run `gpt prepare --pairs"):
         _read(tmp_path, metas["tokens"], "pairs")
 
 

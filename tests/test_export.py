@@ -1,5 +1,6 @@
 """gpt export: ONNX (checked in onnxruntime) and torch.export .pt2, dynamic batch and sequence length."""
 
+import errno
 import json
 
 import numpy as np
@@ -9,6 +10,7 @@ import torch
 from gpt import GPT, GPTConfig, load_checkpoint
 from gpt.checkpoints import loader, native
 from gpt.cli.export import main
+from gpt.infer import export as export_module
 from gpt.infer.export import run_exported
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -104,3 +106,31 @@ def test_any_file_of_an_earlier_export_needs_force(trained_run, tmp_path, capsys
         f"error: {tmp_path / 'gpt_export.json'} exists already: choose another --out, or --force to replace it\n"
     )
     assert (tmp_path / "gpt_export.json").read_text() == "{}" and not (tmp_path / "model.pt2").exists()
+
+
+def test_an_out_that_is_a_file_or_a_full_disk_is_one_line(trained_run, tmp_path, capsys, monkeypatch):
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    code, _, err = export_cli(capsys, "--ckpt", trained_run, "--format", "pt2", "--out", afile, "--no-check")
+    assert code == 2 and err == f"error: --out {afile} is a file, not a directory; choose another --out\n"
+    assert afile.read_text() == "mine"
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(export_module, "write_text", full)
+    out = tmp_path / "out"
+    code, _, err = export_cli(capsys, "--ckpt", trained_run, "--format", "pt2", "--out", out, "--no-check")
+    assert code == 2 and err == (
+        f"error: could not write the export to {out}: the disk is full; free some space; no file there is half-written\n"
+    )
+    assert [p.name for p in out.iterdir()] == ["model.pt2"]  # the model file whole; no temporary file left
+
+
+def test_a_gguf_out_under_a_file_is_one_line(trained_run, tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    out = afile / "model.gguf"
+    code, _, err = export_cli(capsys, "--ckpt", trained_run, "--format", "gguf", "--out", out, "--no-check")
+    assert code == 2 and err == f"error: --out {out}: {afile} is a file, not a directory; choose another --out\n"
+    assert afile.read_text() == "mine"

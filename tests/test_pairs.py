@@ -184,12 +184,10 @@ def test_existing_output_is_refused_unless_forced(toy, tmp_path):
 
 
 def test_open_pairs_errors(tmp_path):
-    with pytest.raises(DataError, match="no meta.json in .*run `python data/prepare.py --pairs"):
+    with pytest.raises(DataError, match="no meta.json in .*run `gpt prepare --pairs"):
         open_pairs(tmp_path)
     (tmp_path / "meta.json").write_text(json.dumps({"format_version": 1, "kind": "tokens"}))
-    with pytest.raises(
-        DataError, match="holds a token dataset, not translation pairs: run `python data/prepare.py --pairs"
-    ):
+    with pytest.raises(DataError, match="holds a token dataset, not translation pairs: run `gpt prepare --pairs"):
         open_pairs(tmp_path)
 
 

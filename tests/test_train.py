@@ -476,7 +476,7 @@ def test_finetune_tokenizer_mismatch_is_an_error(char_data, tmp_path):
     other = prepare(other_src, tmp_path / "other", "--tokenizer", "char")
     with pytest.raises(TrainingError, match="tokenizer mismatch") as e:
         train_run("--data", other, "--out-dir", tmp_path / "ft", "--init-from", base, "--max-iters", "2")
-    assert str(e.value).endswith(f"(`python data/prepare.py ... --tokenizer-from {base}`)")
+    assert str(e.value).endswith(f"(`gpt prepare ... --tokenizer-from {base}`)")
     same = prepare(other_src, tmp_path / "same", "--tokenizer-from", base)  # what the message says to do
     assert train_run("--data", same, "--out-dir", tmp_path / "ft", "--init-from", base, "--max-iters", "2")["step"] == 2
 
@@ -553,7 +553,7 @@ def test_a_stop_finishes_the_step_saves_and_says_how_to_resume(char_data, tmp_pa
     else:
         proc.send_signal(getattr(signal, stop))
         stdout, stderr = proc.communicate(timeout=60)
-        assert f"stopped by {stop} at step" in stdout and f"resume with: python train.py --resume {out}" in stdout
+        assert f"stopped by {stop} at step" in stdout and f"resume with: gpt train --resume {out}" in stdout
     assert proc.returncode == 0 and "Traceback" not in stderr, stderr
     assert records(out, "summary")[-1]["interrupted"] is True
     meta = loader.read(out / "last.pt")["meta"]
@@ -799,11 +799,11 @@ def test_a_diverged_run_names_best_pt_and_the_command_that_continues_from_it_exa
     assert "\n" not in message and "last.pt still holds step 5" in message
     assert (
         f"or go back to best.pt, an earlier and better state (step 4, val {best['val_loss']:.4f}; last.pt: step 5, "
-        f"val {last['val_loss']:.4f}), and continue from it exactly with: python train.py --resume "
+        f"val {last['val_loss']:.4f}), and continue from it exactly with: gpt train --resume "
         f"{out / 'best.pt'} --max-iters 8"
     ) in message
     command = shlex.split(message.split("continue from it exactly with: ")[1])
-    assert command[:2] == ["python", "train.py"]
+    assert command[:2] == ["gpt", "train"]
     summary = train_run(*command[2:])
     assert summary["step"] == 8 and math.isfinite(summary["val_loss"])
     train_run("--resume", tmp_path / "twin", "--max-iters", "8")

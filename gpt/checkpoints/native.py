@@ -63,6 +63,7 @@ import json
 import os
 import pickle
 import shutil
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -218,6 +219,17 @@ def is_sharded(path: str | os.PathLike) -> bool:
     return (Path(path) / "meta.json").is_file() and (Path(path) / ".metadata").is_file()
 
 
+def unreadable(path: Path, e: Exception) -> str:
+    """Why torch.load could not read `path`, in words: an empty or truncated file (an interrupted copy)
+    says so; anything else gives torch's first line."""
+    size = path.stat().st_size
+    if size == 0:
+        return "the file is empty (0 bytes; an interrupted copy?)"
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive, whose directory is at its end
+        return f"the file is truncated or not a PyTorch file ({size:,} bytes, no complete archive)"
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}"
+
+
 def load_file(path: Path, map_location="cpu", mmap: bool = False) -> dict:
     """A .pt checkpoint: torch.load with weights_only (nothing is executed), as a dict that has a meta."""
     try:
@@ -230,8 +242,7 @@ def load_file(path: Path, map_location="cpu", mmap: bool = False) -> dict:
             f"data, whose code loading would run; refused"
         ) from None
     except Exception as e:  # not a torch file, a truncated one, ...
-        reason = (str(e).splitlines() or [""])[0][:120]
-        raise CheckpointError(f"{path} is not a gpt checkpoint ({type(e).__name__}: {reason})") from None
+        raise CheckpointError(f"{path} is not a gpt checkpoint: {unreadable(path, e)}") from None
     if not isinstance(ckpt, dict) or "meta" not in ckpt:
         holds = ", ".join(map(str, ckpt))[:120] if isinstance(ckpt, dict) else f"a {type(ckpt).__name__}"
         raise CheckpointError(f"{path} is not a gpt checkpoint: it has no meta (it holds {holds})")

@@ -14,6 +14,7 @@ from pathlib import Path
 from gpt.checkpoints.gguf import QUANTS as GGUF_QUANTS
 from gpt.checkpoints.outputs import check_targets, sources_of
 from gpt.cli import ArgumentParser, run_main
+from gpt.errors import storage_error
 from gpt.infer.export import FORMATS, ExportError, export, parity, targets
 
 
@@ -94,7 +95,14 @@ def run_gguf(args: argparse.Namespace, model, tokenizer, meta: dict) -> str:
     from gpt.infer import llamacpp  # optional: llama.cpp
 
     path = gguf_path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a part of the path is a file, no permission
+        if path.parent.is_file():
+            raise ExportError(
+                f"--out {args.out}: {path.parent} is a file, not a directory; choose another --out"
+            ) from None
+        raise storage_error(e, "write", path) from None
     start = time.perf_counter()
     counts = write_gguf(model, tokenizer, path, args.quant, meta.get("chat_template"))
     types = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))

@@ -52,9 +52,12 @@ def usage() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
+    if argv[:1] in (["-h"], ["--help"]):
         print(usage())
         return 0
+    if not argv:  # no verb is a mistake: the usage on stderr, and a status a script can test
+        print(f"{usage()}\n\nerror: no verb given: `gpt <verb> ...`", file=sys.stderr)
+        return 2
     verb, rest = argv[0], argv[1:]
     if verb not in VERBS:
         close = difflib.get_close_matches(verb, VERBS, n=1)

@@ -75,10 +75,10 @@ class DataError(UserError, ValueError):
 def prepare_hint(kind: str, path: str | os.PathLike) -> str:
     """The command that prepares a dataset of `kind` at `path`."""
     if kind == "pairs":
-        return f"run `python data/prepare.py --pairs SRC TGT --out {path}`"
+        return f"run `gpt prepare --pairs SRC TGT --out {path}`"
     if kind == "chat":
-        return f"run `python data/prepare.py --chat FILE.jsonl --out {path} --tokenizer-from BASE_RUN`"
-    return f"run `python data/prepare.py INPUT... --out {path} --tokenizer {{gpt2,char,bpe}}`"
+        return f"run `gpt prepare --chat FILE.jsonl --out {path} --tokenizer-from BASE_RUN`"
+    return f"run `gpt prepare INPUT... --out {path} --tokenizer {{gpt2,char,bpe}}`"
 
 
 def dtype_for_vocab(vocab_size: int) -> str:

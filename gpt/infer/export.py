@@ -36,7 +36,7 @@ import torch
 import torch.nn as nn
 
 from gpt.checkpoints.outputs import check_targets
-from gpt.errors import UserError
+from gpt.errors import UserError, storage_error
 from gpt.fsutil import replacing, write_text
 
 FORMATS = {"onnx": "model.onnx", "pt2": "model.pt2"}
@@ -100,6 +100,20 @@ def export(
     out_dir = Path(out_dir)
     path = out_dir / FORMATS[fmt]
     check_targets(targets(out_dir, fmt), force, sources)  # never over the checkpoint `sources` it exports
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ExportError(f"--out {out_dir} is a file, not a directory; choose another --out")
+    try:
+        write_export(model, tokenizer, out_dir, fmt, chat_template)
+    except OSError as e:  # a full disk, no permission: each file is whole or not there (replacing)
+        if isinstance(e, UserError):
+            raise
+        raise storage_error(e, "write the export to", out_dir, "no file there is half-written") from None
+    return path
+
+
+def write_export(model, tokenizer, out_dir: Path, fmt: str, chat_template: dict | None) -> None:
+    """The files of `export`, each written whole or not at all."""
+    path = out_dir / FORMATS[fmt]
     out_dir.mkdir(parents=True, exist_ok=True)
     block = model.config.block_size
     graph = Logits(model.float().cpu()).eval()
@@ -137,7 +151,6 @@ def export(
         **({"chat_template": chat_template} if chat_template else {}),
     }
     write_text(out_dir / META_FILE, json.dumps(meta, indent=2) + "\n")
-    return path
 
 
 def run_exported(path: str | Path, idx: torch.Tensor) -> torch.Tensor:

@@ -86,7 +86,7 @@ def flag(name: str) -> str:
 @dataclass
 class TrainConfig:
     # data and run directories
-    data: str = opt("", "prepared dataset directory (from data/prepare.py)")
+    data: str = opt("", "prepared dataset directory (from gpt prepare)")
     out_dir: str = opt("out/run", "run directory for checkpoints, config.json and log.jsonl")
     init_from: str = opt("", "fine-tune: start from the weights of a run dir, checkpoint file or HF GPT-2 dir")
     resume: str = opt(

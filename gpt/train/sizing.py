@@ -348,7 +348,7 @@ def size(
     if not minutes > 0 or not math.isfinite(minutes):
         problems.append(f"--minutes: must be > 0, got {minutes:g}")
     if not data:
-        problems.append("--data: the prepared dataset to size the run for (from data/prepare.py)")
+        problems.append("--data: the prepared dataset to size the run for (from gpt prepare)")
     if problems:
         raise SizingError("; ".join(problems))
     meta = read_meta(data, "tokens")

@@ -139,7 +139,7 @@ def check_tokenizer(source: str, spec: dict, task, data: str) -> None:
         raise TrainingError(
             f"tokenizer mismatch: {source} was trained with a {kind!r} tokenizer different from the one of "
             f"{data} ({task.tokenizer_spec.get('kind')!r}); use the dataset it was trained on, or prepare "
-            f"the text with the checkpoint's tokenizer (`python data/prepare.py ... --tokenizer-from {source}`)"
+            f"the text with the checkpoint's tokenizer (`gpt prepare ... --tokenizer-from {source}`)"
         )
 
 

@@ -56,7 +56,7 @@ class LanguageModelling:
     def check_model(self, cfg) -> None:
         if cfg.model.n_encoder_layer:
             raise ConfigError(
-                f"n_encoder_layer: {cfg.model.n_encoder_layer} needs a pairs dataset (data/prepare.py --pairs)"
+                f"n_encoder_layer: {cfg.model.n_encoder_layer} needs a pairs dataset (gpt prepare --pairs)"
             )
 
     def start(self, cfg, rt, accum: int) -> None:

@@ -1,7 +1,7 @@
 """The training loop: pretraining and fine-tuning with exact resume, mixed precision and DDP.
 
     python train.py --config shakespeare_char_cpu --data data/shakespeare_char --out-dir out/shakespeare_char
-    python train.py --resume out/shakespeare_char --max-iters 5000          # continue exactly
+    gpt train --resume out/shakespeare_char --max-iters 5000          # continue exactly
     torchrun --nproc-per-node 2 train.py --data ... --out-dir ...            # DistributedDataParallel
     torchrun --nproc-per-node 8 train.py ... --fsdp --activation-checkpointing  # sharded (gpt/train/parallel.py, gpt/checkpoints/dcp.py)
 
@@ -191,7 +191,7 @@ def train(plan: start.RunPlan) -> dict:
     t_start = time.time()
     cfg = plan.cfg
     if not cfg.data:
-        raise ConfigError("--data: no dataset given; pass --data data/NAME (prepare one with data/prepare.py)")
+        raise ConfigError("--data: no dataset given; pass --data data/NAME (prepare one with gpt prepare)")
     rt = setup(cfg.device, cfg.dtype, cfg.threads, cfg.deterministic)
     rt.compiled = cfg.compile
     run_dir = RunDir(cfg.out_dir, rt.master)
@@ -348,7 +348,7 @@ class Run:
         than = f"; last.pt: step {last['step']}, val {last_val:.4f}" if last_val is not None else ""
         return (
             f"; or go back to {best_path.name}, an earlier and better state (step {best['step']}, val "
-            f"{best_val:.4f}{than}), and continue from it exactly with: python train.py --resume {best_path} "
+            f"{best_val:.4f}{than}), and continue from it exactly with: gpt train --resume {best_path} "
             f"--max-iters {self.cfg.max_iters}"
         )
 
@@ -500,7 +500,7 @@ class Run:
                         self.save("last.pt", None, stop)
                     reason = signal.Signals(stop.signum).name if stop.signum else f"--max-minutes {cfg.max_minutes}"
                     log.print(
-                        f"stopped by {reason} at step {self.step}; resume with: python train.py --resume {self.out_dir}"
+                        f"stopped by {reason} at step {self.step}; resume with: gpt train --resume {self.out_dir}"
                     )
                     break
         return self._finish(last_eval, interrupted=stop.signum is not None)
