@@ -126,7 +126,9 @@ class Attention(nn.Module):
             y = att.to(v.dtype) @ v
         # (B, nh, T, hs) -> (B, T, C); one query (a decode step) is that layout already, read as a view
         y = y.reshape(B, T, C) if T == 1 else y.transpose(1, 2).contiguous().view(B, T, C)
-        if y.dtype != x.dtype:  # back from the cache's dtype (GPT.cache_dtype); training never casts here
+        # back from the cache's dtype (GPT.cache_dtype); never without a cache: under autocast (training) x is
+        # float32 and y bf16, which c_proj takes as it is (a cast would keep a float32 copy for backward)
+        if cache is not None and y.dtype != x.dtype:
             y = y.to(x.dtype)
         y = self.c_proj(y)
         return self.resid_dropout(y) if self.training else y
