@@ -29,7 +29,7 @@ VERBS = {
     "export": "a checkpoint as ONNX, a torch.export program, or a GGUF file for llama.cpp",
     "hf": "export to, or import from, a Hugging Face transformers directory",
     "lora": "merge a LoRA run's adapters into one plain checkpoint",
-    "plan": "the memory a model and a training setup need, before running it",
+    "plan": "memory per GPU for a config, or a whole run sized from --depth / --params",
     "plot": "draw runs' loss curves, learning rate and gradient norms into a PNG",
     "attention": "draw what a checkpoint attends to over a text",
     "dcp": "convert a sharded (DCP) checkpoint to a single file",
