@@ -345,14 +345,15 @@ def test_a_lora_run_from_an_untied_base_adapting_wte_trains_saves_and_loads(tiny
         torch.testing.assert_close(merged(x)[0], adapted(x)[0], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.precision
-def test_exact_resume_with_every_option_on(char_data, tmp_path):
+def resumed_exactly(char_data, tmp_path, options: str):
+    """Train 8 steps in one go and 4 + resume + 4 with `options`; assert the losses are the same, step by step;
+    return the resumed run's model."""
     common = [
         "--data",
         char_data,
         *"--n-layer 2 --n-head 2 --n-embd 32 --block-size 32 --batch-size 4 --eval-iters 2".split(),
         *"--log-interval 1 --warmup-iters 2 --device cpu --lr-decay-iters 8 --eval-interval 4".split(),
-        *"--activation relu2 --qk-norm --zero-init-proj --logit-softcap 15 --untied-head".split(),
+        *options.split(),
     ]
     train_run(*common, "--out-dir", tmp_path / "full", "--max-iters", "8")
     train_run(*common, "--out-dir", tmp_path / "split", "--max-iters", "4")
@@ -361,29 +362,23 @@ def test_exact_resume_with_every_option_on(char_data, tmp_path):
         [(r["step"], r["loss"]) for r in records(tmp_path / run) if r["kind"] == "train"] for run in ("full", "split")
     )
     assert [s for s, _ in split] == list(range(1, 9)) and split == full
-    model, _ = loader.load_model(tmp_path / "split")
+    assert math.isfinite(full[-1][1])
+    return loader.load_model(tmp_path / "split")[0]
+
+
+@pytest.mark.precision
+def test_exact_resume_with_every_option_on(char_data, tmp_path):
+    model = resumed_exactly(
+        char_data, tmp_path, "--activation relu2 --qk-norm --zero-init-proj --logit-softcap 15 --untied-head"
+    )
     assert (model.config.activation, model.config.qk_norm, model.config.logit_softcap) == ("relu2", True, 15.0)
     assert model.config.untied_head and model.lm_head.weight is not model.transformer.wte.weight
-    assert math.isfinite(full[-1][1])
 
 
 @pytest.mark.precision
 def test_exact_resume_with_x0_skip_value_embeds_and_muons_weight_decay_options(char_data, tmp_path):
-    common = [
-        "--data",
-        char_data,
-        *"--n-layer 2 --n-head 2 --n-embd 32 --block-size 32 --batch-size 4 --eval-iters 2".split(),
-        *"--log-interval 1 --warmup-iters 2 --device cpu --lr-decay-iters 8 --eval-interval 4".split(),
-        *"--x0-skip --value-embeds --optimizer muon --muon-cautious-wd --wd-schedule cosine".split(),
-    ]
-    train_run(*common, "--out-dir", tmp_path / "full", "--max-iters", "8")
-    train_run(*common, "--out-dir", tmp_path / "split", "--max-iters", "4")
-    train_run("--resume", tmp_path / "split", "--max-iters", "8")
-    full, split = (
-        [(r["step"], r["loss"]) for r in records(tmp_path / run) if r["kind"] == "train"] for run in ("full", "split")
-    )
-    assert [s for s, _ in split] == list(range(1, 9)) and split == full
-    model, _ = loader.load_model(tmp_path / "split")
+    options = "--x0-skip --value-embeds --optimizer muon --muon-cautious-wd --wd-schedule cosine"
+    model = resumed_exactly(char_data, tmp_path, options)
     assert model.config.x0_skip and model.config.value_embeds
     assert model.x0_lambdas.abs().min() > 0  # trained away from 0, at --scalar-lr
     saved = json.loads((tmp_path / "split" / "config.json").read_text())["train"]
