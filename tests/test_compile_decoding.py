@@ -1,41 +1,157 @@
-"""`GPT.compile_decoding` (`sample.py --compile`): one compiled one-token step, the same tokens as eager."""
+"""`GPT.compile_decoding` (`sample.py --compile`): one compiled one-token step, the same tokens as eager.
+
+On the CPU the step is compiled ahead of time into one C++ function (`AheadOfTimeStep`,
+gpt/model/compiled.py, ~15 s a compile: the compiled models are shared by module fixtures); elsewhere it
+is torch.compile's `DynamoStep`, tested here on the CPU by building it directly."""
 
 import pytest
 import torch
 import torch._dynamo
+import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 from gpt import GPT, GPTConfig
 from gpt.infer.sampling import Decoder
+from gpt.model import compiled
+from gpt.model.attention import one_query_attention
+from gpt.model.compiled import AheadOfTimeStep, CompileError, DynamoStep
 from gpt.model.packed import pack
+from gpt.model.quantize import quantize
+
+NATIVE_BF16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def tiny(dtype=torch.float32, **kw) -> GPT:
     torch.manual_seed(0)
     cfg = dict(vocab_size=23, block_size=16, n_layer=2, n_head=2, n_embd=32) | kw
-    return pack(GPT(GPTConfig(**cfg)).eval().to(dtype))
+    return GPT(GPTConfig(**cfg)).eval().to(dtype)
 
 
-def greedy(model: GPT, prompt: torch.Tensor, n: int, check=None) -> list[int]:
+def greedy(model: GPT, prompt: torch.Tensor, n: int, check=None) -> list[list[int]]:
     dec = Decoder(model, prompt, keep=8)
     out = []
     for _ in range(n):
         if check:
             check(dec)
         token = dec.logits.argmax(-1)
-        out.append(int(token))
+        out.append(token.tolist())
         dec.advance(token)
     return out
 
 
-def compiled_copy(model: GPT) -> GPT:
+def twin_of(model: GPT, step=None) -> GPT:
     twin = GPT.__new__(GPT)
     twin.__dict__ = dict(model.__dict__)  # the same weights, its own compiled step
-    twin.compile_decoding()
+    if step is None:
+        twin.compile_decoding()
+    else:
+        twin.decode_step = step(twin)
     return twin
 
 
-@pytest.fixture(autouse=True)
+def agrees_with_the_full_forward(model: GPT, atol: float = 1e-4):
+    def check(dec: Decoder) -> None:
+        logits = model(dec.tokens[:, dec.start :])[0][:, -1].float()
+        torch.testing.assert_close(dec.logits, logits, rtol=atol, atol=atol)
+
+    return check
+
+
+PROMPT = torch.tensor([[1, 2, 3, 4, 5], [5, 4, 3, 2, 1]])
+
+
+@pytest.fixture(scope="module")
+def learned() -> tuple[GPT, GPT]:
+    model = tiny()
+    twin = twin_of(model)
+    assert isinstance(twin.decode_step, AheadOfTimeStep)  # the CPU's kind
+    return model, twin
+
+
+def test_compiled_step_equals_eager_and_the_full_forward_at_every_length(learned):
+    model, compiled = learned
+    # 2 rows, 30 tokens in a 16-token context: every cache length, window slides (eager prefills) in between
+    assert greedy(compiled, PROMPT, 30, agrees_with_the_full_forward(model)) == greedy(model, PROMPT, 30)
+    # another decoder with another row count: the same compiled code; one row: a compile of its own, once
+    three = torch.tensor([[7, 1, 2], [3, 3, 3], [9, 8, 7]])
+    assert greedy(compiled, three, 20) == greedy(model, three, 20)
+    assert len(compiled.decode_step._runs) == 1
+    assert greedy(compiled, PROMPT[:1, :2], 20) == greedy(model, PROMPT[:1, :2], 20)
+    assert greedy(compiled, PROMPT[1:], 20) == greedy(model, PROMPT[1:], 20)
+    assert len(compiled.decode_step._runs) == 2
+
+
+def test_after_the_compile_a_step_never_runs_the_python_model(learned, monkeypatch):
+    model, compiled = learned
+    greedy(compiled, PROMPT, 2)  # compiled (by the test above, or now)
+
+    def python_step(*args):
+        raise AssertionError("the compiled step ran the model's Python code")
+
+    monkeypatch.setattr(compiled, "_logits_after", python_step)
+    assert greedy(compiled, PROMPT, 12) == greedy(model, PROMPT, 12)
+
+
+def test_rope_rolling_cache_compiled_equals_eager():
+    model = tiny(pos_encoding="rope")
+    prompt = torch.tensor([[3, 1, 4, 1, 5, 9], [2, 7, 1, 8, 2, 8]])
+    eager, compiled = Decoder(model, prompt), Decoder(twin_of(model), prompt)
+    for _ in range(24):  # past the full 16-slot cache: the rolling slots
+        torch.testing.assert_close(compiled.logits, eager.logits, rtol=1e-4, atol=1e-4)
+        token = eager.logits.argmax(-1)
+        eager.advance(token)
+        compiled.advance(token)
+
+
+@pytest.mark.skipif(not NATIVE_BF16, reason="oneDNN computes bf16 natively only")
+@pytest.mark.parametrize("template_below", [compiled.TEMPLATE_BF16_PARAMS, 0])  # small models' kernels; big ones'
+def test_bf16_compiled_step_equals_eager_to_bf16_rounding(template_below, monkeypatch):
+    monkeypatch.setattr(compiled, "TEMPLATE_BF16_PARAMS", template_below)
+    model = tiny(torch.bfloat16)
+    assert ("max_autotune" in compiled.inductor_options(model)) == bool(template_below)
+    greedy(twin_of(model), PROMPT, 20, agrees_with_the_full_forward(model, atol=3e-2))
+
+
+def test_the_step_run_eagerly_equals_the_full_forward():
+    """The exported module itself (the caches gathered to their written slots), without the compiler."""
+    model = tiny(pos_encoding="rope")
+    twin = twin_of(model, lambda m: AheadOfTimeStep(m, compiled=False))
+    prompt = torch.tensor([[3, 1, 4], [2, 7, 1]])
+    assert greedy(twin, prompt, 30) == greedy(model, prompt, 30)
+    twin = twin_of(tiny(), lambda m: AheadOfTimeStep(m, compiled=False))
+    greedy(twin, PROMPT, 30, agrees_with_the_full_forward(tiny()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_query_attention_is_sdpa(dtype):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 1, 8, dtype=dtype), torch.randn(2, 3, 6, 8, dtype=dtype), torch.randn(2, 3, 6, 8)
+    v = v.to(dtype)
+    for mask in ((torch.arange(6) <= 3).view(1, 1, 1, 6), torch.rand(2, 1, 1, 6) < 0.7):
+        mask[..., 0] = True
+        want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask).to(dtype)
+        got = one_query_attention(q, k, v, mask)
+        assert got.shape == want.shape and got.dtype == dtype
+        torch.testing.assert_close(got, want, atol=1e-5 if dtype == torch.float32 else 1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize(
+    "prepare, name",
+    [
+        (lambda m: pack(m, chunks=2, chunk_bytes=0), "ChunkedLinear"),
+        (lambda m: quantize(m, "int8"), "int8 Linear"),
+    ],
+)
+def test_packed_or_int8_layers_are_refused_in_one_line(prepare, name):
+    with pytest.raises(CompileError, match=f"plain nn.Linear layers, not .*{name}.*compile before packing") as e:
+        AheadOfTimeStep(prepare(tiny()))
+    assert "\n" not in str(e.value)
+
+
+# ---- DynamoStep: torch.compile's step (CUDA), on the CPU -------------------------------------------------
+
+
+@pytest.fixture()
 def fresh_dynamo():
     torch._dynamo.reset()
     counters.clear()
@@ -43,18 +159,11 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-def test_compiled_step_equals_eager_and_full_forward_and_compiles_once():
+def test_dynamo_step_equals_eager_and_full_forward_and_compiles_once(fresh_dynamo):
     model = tiny()
-    prompt = torch.tensor([[1, 2, 3, 4, 5]])
-    compiled = compiled_copy(model)
-
-    def full_forward_agrees(dec):
-        logits = model(dec.tokens[:, dec.start :])[0][:, -1].float()
-        torch.testing.assert_close(dec.logits, logits, rtol=1e-4, atol=1e-4)
-
-    # 30 tokens in a 16-token context: every length, and window slides (eager prefills) in between
-    eager = greedy(model, prompt, 30)
-    assert greedy(compiled, prompt, 30, full_forward_agrees) == eager
+    compiled = twin_of(model, DynamoStep)
+    prompt = PROMPT[:1]
+    assert greedy(compiled, prompt, 30, agrees_with_the_full_forward(model)) == greedy(model, prompt, 30)
     # one graph for every length, a second for the full (contiguous) cache; a new decoder adds none
     assert counters["stats"]["unique_graphs"] == 2
     assert greedy(compiled, prompt[:, :3], 20) == greedy(model, prompt[:, :3], 20)
@@ -62,36 +171,10 @@ def test_compiled_step_equals_eager_and_full_forward_and_compiles_once():
     assert not counters["graph_break"]
 
 
-def test_rope_rolling_cache_compiled_equals_eager():
-    model = tiny(pos_encoding="rope")
-    prompt = torch.tensor([[3, 1, 4, 1, 5, 9]])
-    assert greedy(compiled_copy(model), prompt, 24) == greedy(model, prompt, 24)  # past the full cache
-    assert counters["stats"]["unique_graphs"] == 2
-
-
-@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="oneDNN computes bf16 natively only")
-def test_bf16_packed_layers_compile_without_graph_breaks():
-    model = tiny(torch.bfloat16)
-    prompt = torch.tensor([[1, 2, 3]])
-    assert greedy(compiled_copy(model), prompt, 12) == greedy(model, prompt, 12)
-    assert not counters["graph_break"]  # PackedLinear goes through the gpt::packed_linear op
-    assert counters["stats"]["unique_graphs"] == 1  # 15 tokens: the 16-slot cache is never full
-
-
-def test_float32_column_blocks_compile_without_graph_breaks():
-    torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=23, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=True)
-    model = pack(GPT(cfg).eval(), chunks=2, chunk_bytes=0)  # every Linear a ChunkedLinear (23 ids: one padded)
-    prompt = torch.tensor([[1, 2, 3]])
-    assert greedy(compiled_copy(model), prompt, 12) == greedy(model, prompt, 12)
-    assert not counters["graph_break"]
-    assert counters["stats"]["unique_graphs"] == 1
-
-
-def test_the_cache_length_is_marked_dynamic_once_per_decoder_not_at_every_step(monkeypatch):
+def test_dynamo_step_marks_the_cache_length_dynamic_once_not_at_every_step(fresh_dynamo, monkeypatch):
     """Marking costs Python time at every token (~35 us, an eighth of the char model's compiled step);
-    once per decoder is enough: the symbolic-length graph then serves every length without recompiling."""
-    model = compiled_copy(tiny())
+    once is enough: the symbolic-length graph then serves every length without recompiling."""
+    model = twin_of(tiny(), DynamoStep)
     marked = []
     real = torch._dynamo.mark_dynamic
     monkeypatch.setattr(torch._dynamo, "mark_dynamic", lambda t, dim: (marked.append(dim), real(t, dim)))
@@ -99,4 +182,4 @@ def test_the_cache_length_is_marked_dynamic_once_per_decoder_not_at_every_step(m
     assert greedy(model, prompt, 10) == greedy(tiny(), prompt, 10)
     assert len(marked) == 2 * 2  # keys and values of 2 layers, at the first step only
     greedy(model, prompt, 10)
-    assert len(marked) == 2 * 2 * 2 and counters["stats"]["unique_graphs"] == 1
+    assert len(marked) == 2 * 2 and counters["stats"]["unique_graphs"] == 1

@@ -140,6 +140,7 @@ def test_empty_prompt_starts_from_end_of_text(run_dir, capsys):
         (["--dtype", "float16", "--device", "cpu"], "float16 needs a CUDA device"),
         (["--dtype", "float64"], "--dtype 'float64' is not one of"),
         (["--prompt", "ROMEO~"], "not in the char vocabulary: '~'"),
+        (["--compile", "--quantize", "int8"], "--compile runs float32 or bf16 weights, not --quantize int8"),
         (
             ["--prompt-file", "/nonexistent/prompt.txt"],
             "could not read --prompt-file /nonexistent/prompt.txt: no such file",

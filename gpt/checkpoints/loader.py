@@ -45,6 +45,7 @@ from gpt.data.format import is_dataset
 from gpt.data.tokenizer import get_tokenizer
 from gpt.data.vocab import Reused, dataset_spec
 from gpt.model import lora
+from gpt.model.compiled import CompileError
 from gpt.model.packed import pack
 from gpt.model.quantize import dtype_flag
 from gpt.model.quantize import quantize as quantize_model
@@ -185,12 +186,17 @@ def load_for_inference(
     threads: int = 0,
     quantize: str = "none",
     single_stream: bool = False,
+    compile_step: bool = False,
 ) -> Inference:
     """What sample.py, translation, evaluation and the server share: the runtime for --device / --dtype /
     --threads, the checkpoint in that precision, its Linear layers in int8 with --quantize int8, else on
     the CPU laid out for decoding (`gpt.model.packed`).
     `single_stream` (one sequence decoded at a time, sample.py): on CPU without --threads, the thread
-    count `decode_threads` picks for the model's size."""
+    count `decode_threads` picks for the model's size.
+    `compile_step` (`sample.py --compile`): the one-token decode step compiled (`GPT.compile_decoding`) and
+    the Linear layers left unpacked (on the CPU the compiled step lays its weights out itself)."""
+    if compile_step and quantize != "none":
+        raise CompileError(f"--compile runs float32 or bf16 weights, not --quantize {quantize} (int8 decodes eagerly)")
     dtype = dtype_flag(dtype, quantize)
     rt = setup(device, dtype, threads, distributed=False)
     model, meta = load_model(path, device=rt.device)
@@ -201,7 +207,11 @@ def load_for_inference(
     if single_stream and rt.device.type == "cpu" and not threads:
         torch.set_num_threads(decode_threads(n_params))
     model = quantize_model(model.to(rt.dtype), quantize)
-    return Inference(rt, pack(model) if quantize == "none" else model, tokenizer, meta, n_params)
+    if compile_step:
+        model.compile_decoding()
+    elif quantize == "none":
+        pack(model)
+    return Inference(rt, model, tokenizer, meta, n_params)
 
 
 def _adapted(ckpt: Fields, device="cpu", merge_adapters: bool = True, base=None, chain: tuple[Path, ...] = ()):

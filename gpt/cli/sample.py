@@ -49,6 +49,9 @@ from gpt.errors import storage_error
 
 SEPARATOR = "\n---------------\n"
 LM_DEFAULTS = {"temperature": 0.8, "max_new_tokens": 500}
+COMPILE_NOTE = (
+    "--compile: the second token waits for the compile (~10 s for a small model, 20-40 s for GPT-2 124M on 2 cores)"
+)
 # flags of one mode given in the other: dest -> (flag, the default that means "not given")
 TEXT_ONLY = {
     "num_samples": ("--num-samples", 1),
@@ -108,11 +111,12 @@ def parse_args(argv=None, prog: str = "gpt sample") -> argparse.Namespace:
     p.add_argument(
         "--compile",
         action="store_true",
-        help="torch.compile the one-token decode step (prefill stays eager; on CUDA it replaces the CUDA-graph "
-        "steps). The second token waits for the compile: 15-20 s on one CPU core, for the char model as for "
-        "GPT-2 124M (1-4 s once torch's on-disk cache holds the code). Then it decodes ~1.3x eager for small "
-        "float32 models and as fast as eager (0.98-1.01x) for GPT-2-sized ones, whose matrix products "
-        "dominate: worth it only for long generations of small models (default: off)",
+        help="compile the one-token decode step (prefill stays eager): on the CPU ahead of time into one C++ "
+        "function with the weights inside (a second copy of them in memory), torch.compile's graph on CUDA (it "
+        "replaces the CUDA-graph steps). The second token waits for the compile, ~10 s for the char model and "
+        "20-40 s for GPT-2 124M on 2 CPU cores, at every run. Then on the CPU it decodes ~4x eager for the char "
+        "model and 1.3-1.6x for GPT-2 124M (float32, bf16; not with --quantize int8): worth it for long "
+        "generations (default: off)",
     )
     p.add_argument(
         "--no-cuda-graph",
@@ -223,7 +227,7 @@ def run(args: argparse.Namespace) -> None:
             raise storage_error(e, "read --prompt-file", args.prompt_file) from None
 
     rt, model, tokenizer, meta, _ = load_for_inference(
-        args.ckpt, args.device, args.dtype, args.threads, args.quantize, single_stream=True
+        args.ckpt, args.device, args.dtype, args.threads, args.quantize, single_stream=True, compile_step=args.compile
     )
     device = rt.device
     if model.config.n_encoder_layer:
@@ -241,8 +245,6 @@ def run(args: argparse.Namespace) -> None:
         raise SamplingError(
             f"--system is for chat checkpoints; {args.ckpt} is a plain language model (no chat template)"
         )
-    if args.compile:
-        model.compile_decoding()
 
     out, safe = (sys.stdout if args.stream else io.StringIO()), for_terminal(sys.stdout)
 
@@ -251,6 +253,8 @@ def run(args: argparse.Namespace) -> None:
         if args.stream:
             out.flush()
 
+    if args.compile:
+        print(COMPILE_NOTE, file=sys.stderr)
     start = time.perf_counter()
     first = None
     n_tokens = 0

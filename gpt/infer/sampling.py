@@ -251,7 +251,6 @@ class Decoder:
         self.compiled = getattr(model, "decode_step", None)  # GPT.compile_decoding's step, if made
         self.graph = graph or self.compiled is not None
         self._static = None  # (ids, pos, logits, torch.cuda.CUDAGraph or None), made at the first step
-        self._marked = False  # the compiled step's cache length marked dynamic (`_static_step`)
         self.logits = self._prefill()
 
     @torch.no_grad()
@@ -297,20 +296,10 @@ class Decoder:
         for cache in self.caches:
             cache.pos = pos  # static mode until the next prefill resets it
         if self.compiled is not None:
-            # The caches cut to the written positions (the whole buffer would cost a 1024-slot attention per
-            # layer at every step: GPT-2 bf16 decoded 0.7x eager that way), that length symbolic in the one
-            # compiled graph; a full cache is contiguous, a second graph.
-            n = min(self.fed + 1, self.caches[0].max_len)
-            views = [cache.view(slice(None), n, pos) for cache in self.caches]
-            if n < self.caches[0].max_len and not self._marked:
-                # Marked once per decoder (marking at every step cost ~35 us a token, an eighth of the char
-                # model's step): the symbolic-length graph, once compiled, serves the unmarked views after.
-                self._marked = True
-                for view in views:
-                    torch._dynamo.mark_dynamic(view.k, 2)
-                    torch._dynamo.mark_dynamic(view.v, 2)
+            # over the written slots only (the whole buffer would cost a 1024-slot attention per layer at
+            # every step: GPT-2 bf16 decoded 0.7x eager that way); one compile serves every length
             with torch.no_grad():
-                return self.compiled(static_ids, views)
+                return self.compiled(static_ids, self.caches, min(self.fed + 1, self.caches[0].max_len))
         if ids.device.type != "cuda":
             return self._forward(static_ids)
         if graph is None:

@@ -7,7 +7,8 @@
   `block.py` `Block` and `MLP`, pre/post-norm residual sublayers; `positions.py` position ids, the
   sinusoidal table and rotary embeddings; `cache.py` the `KVCache`.
 - `lora.py` LoRA adapter layers (apply, merge); `quantize.py` dynamic int8 Linear layers; `packed.py` the
-  Linear weights laid out for CPU decoding (transposed float32, oneDNN-packed bf16).
+  Linear weights laid out for CPU decoding (transposed float32, oneDNN-packed bf16); `compiled.py` the
+  one-token decode step compiled (ahead of time on the CPU, `GPT.compile_decoding`).
 
 May import: the foundations only. Never data, checkpoints, training or inference.
 """

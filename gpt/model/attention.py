@@ -38,6 +38,15 @@ def explicit_attention(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | No
     return scores.softmax(-1)
 
 
+def one_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """SDPA for one query per row (B, nh, 1, hs) over keys and values (B, nh, L, hs) where `mask` (broadcastable
+    to (B, nh, 1, L)) allows, as products and sums a compiler fuses into its own loops (the fused SDPA
+    kernel costs ~10 us a call on the CPU whatever the length); scores and sums in float32."""
+    scores = (q * k).sum(-1, dtype=torch.float32) / math.sqrt(q.size(-1))  # (B, nh, L)
+    weights = scores.masked_fill(~mask[:, :, 0], float("-inf")).softmax(-1)
+    return (weights.unsqueeze(-1) * v).sum(-2, dtype=torch.float32, keepdim=True).to(v.dtype)  # (B, nh, 1, hs)
+
+
 class Attention(nn.Module):
     """Multi-head scaled dot-product attention, softmax(QK^T/sqrt(d_k) + M)V.
 
@@ -116,7 +125,9 @@ class Attention(nn.Module):
                 allowed = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
                 mask = allowed if mask is None else mask & allowed
             causal = False
-        if self.weights is None:  # the fast path (flash / memory-efficient kernels)
+        if T == 1 and isinstance(past, torch.Tensor) and torch.compiler.is_compiling():
+            y = one_query_attention(q, k, v, mask)  # a compiled decode step (gpt/model/compiled.py)
+        elif self.weights is None:  # the fast path (flash / memory-efficient kernels)
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=causal, dropout_p=self.dropout if self.training else 0.0
             )  # (B, nh, T, hs)

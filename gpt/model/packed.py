@@ -32,37 +32,16 @@ Footguns
 - bf16: the output head is tied to the token embedding, and packing it makes a second copy of that
   matrix (the embedding lookups keep the original), as int8 does.
 - Cross-attention slices its `c_attn` weight (`Attention.project_kv`): those layers stay nn.Linear.
-- torch.compile cannot trace the opaque oneDNN tensor: under compilation `PackedLinear` calls the custom
-  operator `gpt::packed_linear`, which looks the layer up by a key, so the compiled decode step
-  (`GPT.compile_decoding`) has no graph break at each Linear.
+- Compilers cannot trace the opaque oneDNN tensor: the compiled decode step (`GPT.compile_decoding`,
+  gpt/model/compiled.py) refuses a packed model and lays out the weights of an unpacked one itself.
 """
 
 from __future__ import annotations
-
-import itertools
-import weakref
 
 import torch
 import torch.nn as nn
 
 from gpt.model.transformer import GPT
-
-# PackedLinear layers by key, for the custom op below (weak: a layer leaves with its model)
-_LAYERS: weakref.WeakValueDictionary[int, PackedLinear] = weakref.WeakValueDictionary()
-_KEYS = itertools.count()
-
-
-@torch.library.custom_op("gpt::packed_linear", mutates_args=())
-def packed_linear(x: torch.Tensor, key: int, out_features: int) -> torch.Tensor:
-    """`PackedLinear` number `key` applied to x, as an operator torch.compile traces without a graph break:
-    the opaque oneDNN weight stays outside the graph (fake tensors cannot stand for it), the key is a
-    constant of the graph."""
-    return _LAYERS[key].onednn(x)
-
-
-@packed_linear.register_fake
-def _(x: torch.Tensor, key: int, out_features: int) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], out_features))
 
 
 class PackedLinear(nn.Module):
@@ -74,15 +53,8 @@ class PackedLinear(nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach()
         # a plain attribute, not a buffer: an opaque oneDNN tensor cannot go into a state dict or move
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().contiguous(), 1)
-        self.key = next(_KEYS)
-        _LAYERS[self.key] = self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():  # (dynamo cannot trace the oneDNN tensor itself: the op hides it)
-            return packed_linear(x, self.key, self.out_features)
-        return self.onednn(x)
-
-    def onednn(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:

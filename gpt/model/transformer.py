@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from gpt.model.attention import QK_NORM_SCALE, VE_GATE_CHANNELS, Attention, explicit_attention
 from gpt.model.block import MLP, Block, ReLU2
 from gpt.model.cache import KVCache
+from gpt.model.compiled import AheadOfTimeStep, DynamoStep
 from gpt.model.config import GPTConfig
 from gpt.model.positions import (
     ROPE_THETA,
@@ -429,13 +430,18 @@ class GPT(nn.Module):
     decode_step: Callable | None = None  # the compiled one-token step, once `compile_decoding` made it
 
     def compile_decoding(self) -> None:
-        """Compile the one-token decode step (`sample.py --compile`): `decode_step(ids, caches)`, the logits
-        (B, V) after ids (B, 1) over static caches (a tensor position: see `KVCache`) cut to their written
-        positions, a length the graph keeps symbolic: one compile serves every length (a second the full,
-        contiguous cache) and every `gpt.infer.sampling.Decoder`, which calls it; prefills stay eager. The
-        weights stay this module's. The first compiled step waits for the compile (seconds for a small
-        model, 20-30 s for GPT-2 124M on one CPU core)."""
-        self.decode_step = torch.compile(self._logits_after)
+        """Compile the one-token decode step (`sample.py --compile`): `decode_step(ids, caches, length)`, the
+        logits (B, V) after ids (B, 1) over static caches (a tensor position: see `KVCache`) of which the
+        first `length` slots are written, a length the compiled step keeps symbolic: one compile serves every
+        length and every
+        `gpt.infer.sampling.Decoder`, which calls it; prefills stay eager. The first compiled step waits
+        for the compile. On the CPU the step is compiled ahead of time into one C++ function with the
+        weights inside (`gpt.model.compiled`: the model must hold plain nn.Linear layers); elsewhere it is
+        torch.compile's, with this module's weights."""
+        if self.transformer.wte.weight.device.type == "cpu":
+            self.decode_step = AheadOfTimeStep(self)
+        else:
+            self.decode_step = DynamoStep(self)
 
     def _logits_after(self, idx: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
         return self.head(self.hidden(idx, caches)[:, -1]).float()

@@ -1,0 +1,181 @@
+"""The one-token decode step compiled ahead of time on the CPU (`GPT.compile_decoding`, `sample.py --compile`).
+
+    model.compile_decoding()                         # on the CPU: an `AheadOfTimeStep`, compiled at its first call
+    logits = model.decode_step(ids, caches, length)  # what gpt.infer.sampling.Decoder calls at each token
+
+A decode step of a small model is overhead bound: the char model's eager step dispatches 74 aten ops,
+~200 us a token, where its arithmetic takes a few. torch.compile fuses the small ops but keeps a Python
+wrapper, dynamo's guards and an MKL call per Linear (~120 us). This step is exported once (`torch.export`,
+the cache length symbolic, and the rows when there are several) and compiled by AOTInductor into one C++
+function; each token is then one call of it from Python, no guards. Timings of the step alone on a 2-core
+AMD EPYC (AVX512), 2 threads: the char model's ~28 us, GPT-2 124M float32 ~8-14 ms (eager: 30 unpacked,
+~17 packed), bf16 ~5 ms (eager packed ~10); bench/bench_llamacpp.py times it as sample.py runs it.
+Three choices make most of that (`inductor_options`; per-step times with 2 threads):
+- freezing: the weights are constants of the compiled code, laid out for their kernels when compiling;
+- float32 matrix products by Inductor's own C++ GEMM template (`max_autotune_gemm_backends="CPP"`): no
+  dispatcher and no MKL call per Linear (a 1x128 @ 128x384 MKL product costs ~3 us, most of it fixed).
+  GPT-2 float32: 8.3 ms with it, 18.5 ms with MKL on frozen weights. bf16: the template for small models
+  (char: 29 us, 119 us with oneDNN) but oneDNN's packed weights for big ones (GPT-2: 5.0 ms, 15.2 ms with
+  the template); the cut at 10M parameters lies between the two sizes measured, not at a measured crossover;
+- one query's attention spelled out (`one_query_attention`, under compilation) so the compiler fuses it
+  into its own loops; the fused SDPA kernel costs ~10 us a call whatever the length.
+
+Footguns
+- The weights are compiled into the step as constants (the GEMM template reorders them when compiling):
+  the step is a second copy of them in memory, and a change to the model's weights after the first
+  call is not seen by it. Compile after loading, decode, and compile again for other weights.
+- The model must hold plain `nn.Linear` layers: compile before `gpt.model.packed.pack` (the loader does
+  not pack a model loaded for compiling) and not with int8 layers (`gpt.model.quantize`).
+- The first call waits for the compile (~13 s for the char model, 20-35 s for GPT-2 124M on 2 cores),
+  at every start: nothing is cached on disk but what torch caches itself.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from gpt.errors import UserError
+from gpt.model.cache import KVCache
+
+TEMPLATE = {"max_autotune": True, "max_autotune_gemm_backends": "CPP"}  # Inductor's C++ GEMM template
+TEMPLATE_BF16_PARAMS = 10_000_000  # bf16 models under this many parameters use the template (module notes)
+
+
+class CompileError(UserError, ValueError):
+    """A model the ahead-of-time step cannot be built from."""
+
+
+class StepModule(nn.Module):
+    """What is exported: ids (B, 1), the shared position (0-dim) and each layer's cached keys and values
+    (B, nh, L, hs) -> the logits (B, V) after ids; the keys and values of ids are written in place."""
+
+    def __init__(self, model: nn.Module, rolling: bool):
+        super().__init__()
+        self.model, self.rolling = model, rolling
+
+    def forward(
+        self, ids: torch.Tensor, pos: torch.Tensor, written: torch.Tensor, kv: list[torch.Tensor]
+    ) -> torch.Tensor:
+        slots = torch.arange(written.size(0), device=ids.device)
+        caches = [_Written(k, v, pos, slots, self.rolling) for k, v in zip(kv[::2], kv[1::2], strict=True)]
+        return self.model._logits_after(ids, caches)
+
+
+class _Written(KVCache):
+    """A static cache seen through its first `len(slots)` slots, the written ones: what `KVCache.view`
+    makes, but gathered (`index_select`, which the compiler reads in place) rather than sliced, since
+    export cannot keep the length of a slice symbolic (it asks whether the slice is contiguous)."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, rolling: bool):
+        self.k, self.v, self.pos, self.slots, self.rolling = k, v, pos, slots, rolling
+
+    @property
+    def max_len(self) -> int:
+        return self.slots.size(0)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # position pos % length in the view is pos % buffer length here: pos < length until the view is whole
+        slot = (self.pos % self.k.size(2)).view(1)
+        self.k.index_copy_(2, slot, k)
+        self.v.index_copy_(2, slot, v)
+        return self.k.index_select(2, self.slots), self.v.index_select(2, self.slots)
+
+
+class AheadOfTimeStep:
+    """`decode_step(ids, caches, length)` of `GPT.compile_decoding` on the CPU. Compiled at the first call: one
+    compile serves every cache length, one row (the common case) its own and every larger row count another."""
+
+    def __init__(self, model: nn.Module, compiled: bool = True):
+        unsupported = sorted({_opaque(m) for m in model.modules()} - {None})
+        if unsupported:
+            raise CompileError(
+                f"the compiled decode step needs plain nn.Linear layers, not {', '.join(unsupported)}: "
+                "compile before packing or quantizing (int8 models decode without --compile)"
+            )
+        self.model, self.compiled = model, compiled  # compiled=False: the exported module run eagerly (tests)
+        self._runs = {}  # by the caches' shape but rows (the compiled code assumes it)
+        self._lengths: dict[int, torch.Tensor] = {}
+
+    def __call__(self, ids: torch.Tensor, caches: list[KVCache], length: int) -> torch.Tensor:
+        """The logits after ids (B, 1) over `caches` (static: a tensor position) of which the first `length`
+        slots are written (the position's included)."""
+        written = self._lengths.get(length)
+        if written is None:  # a tensor of that length, the one symbolic size: one per length, made once
+            written = self._lengths[length] = torch.empty(length, dtype=torch.bool)
+        tensors = [ids.contiguous(), caches[0].pos, written]  # (the compiled code assumes the layouts)
+        for cache in caches:
+            tensors += (cache.k, cache.v)
+        key = (ids.size(0) == 1, caches[0].k.shape[1:])  # one row (the common case) is a compile of its own
+        run = self._runs.get(key)
+        if run is None:
+            run = self._runs[key] = self._compile(tensors, one_row=key[0])
+        return run(tensors)[0]
+
+    def _compile(self, tensors: list[torch.Tensor], one_row: bool):
+        rolling = self.model.config.pos_encoding == "rope"
+        if not self.compiled:
+            step = StepModule(self.model, rolling)
+            return lambda t: [step(t[0], t[1], t[2], t[3:])]
+        ids, pos, _, *kv = tensors
+        # example inputs of 2 written slots (export takes a size of 1 for a constant) and 1 row or 2 (the rows
+        # symbolic, the template's matrix products run generic loops: GPT-2 float32 decoded 69.9 tokens/s
+        # that way, 76.0 with one row's code, in two runs on one machine)
+        rows = 1 if one_row else 2
+        ids = ids.new_zeros((rows, 1))
+        kv = [t.new_zeros((rows, *t.shape[1:])) for t in kv]
+        rows = None if one_row else {0: torch.export.Dim("rows", min=1, max=1 << 16)}
+        length = torch.export.Dim("length", min=1, max=kv[0].size(2))
+        shapes = (rows, None, {0: length}, [rows for _ in kv])
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch's own, from inside export
+            example = (ids, pos.new_zeros(()), torch.empty(2, dtype=torch.bool), kv)
+            program = torch.export.export(StepModule(self.model, rolling), example, dynamic_shapes=shapes)
+            with tempfile.TemporaryDirectory(prefix="gpt-step-") as tmp:
+                path = torch._inductor.aoti_compile_and_package(
+                    program, package_path=str(Path(tmp) / "step.pt2"), inductor_configs=inductor_options(self.model)
+                )
+                loaded = torch._inductor.aoti_load_package(path)
+        return loaded.loader.run
+
+
+class DynamoStep:
+    """`decode_step(ids, caches, length)` of `GPT.compile_decoding` off the CPU: torch.compile's graph of the
+    step over the caches cut to `length` (views), that length symbolic: one graph for every length but the
+    full cache (contiguous, a second graph)."""
+
+    def __init__(self, model: nn.Module):
+        self.step = torch.compile(model._logits_after)
+        self._marked = False
+
+    def __call__(self, ids: torch.Tensor, caches: list[KVCache], length: int) -> torch.Tensor:
+        views = [cache.view(slice(None), length, cache.pos) for cache in caches]
+        if length < caches[0].max_len and not self._marked:
+            # marked once (marking at every step cost ~35 us a token on the char model): the symbolic-length
+            # graph, once compiled, serves the unmarked views after
+            self._marked = True
+            for view in views:
+                torch._dynamo.mark_dynamic(view.k, 2)
+                torch._dynamo.mark_dynamic(view.v, 2)
+        return self.step(ids, views)
+
+
+def inductor_options(model: nn.Module) -> dict:
+    """Freezing (the weights are constants, laid out for their kernels when compiling) and, for float32 and small
+    bf16 models, Inductor's own GEMM template; a big bf16 model keeps oneDNN's kernels on packed weights, which
+    stream large bf16 matrices faster than the template (module notes)."""
+    weight = model.transformer.wte.weight
+    small = sum(p.numel() for p in model.parameters()) < TEMPLATE_BF16_PARAMS
+    return {"freezing": True} | (TEMPLATE if weight.dtype == torch.float32 or small else {})
+
+
+def _opaque(module: nn.Module) -> str | None:
+    """The name of a layer export cannot see through (packed: oneDNN, column blocks; int8), else None."""
+    kind = type(module)
+    if kind.__name__ in ("PackedLinear", "ChunkedLinear"):
+        return kind.__name__
+    return "int8 Linear" if kind.__module__.startswith("torch.ao.nn.quantized") else None
