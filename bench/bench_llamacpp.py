@@ -2,6 +2,7 @@
 
     python bench/bench_llamacpp.py                          # both models, 2 threads, 5 rounds; ~10 minutes
     python bench/bench_llamacpp.py --models char --rounds 1 --new-tokens 16      # a quick check that it runs
+    python bench/bench_llamacpp.py --no-compile                                   # without the --compile rows
     python bench/bench_llamacpp.py --models gpt2 --pairs f32 --out /tmp/f32      # one precision only
     python bench/bench_llamacpp.py --ckpt out/shakespeare-char --models char     # a trained run as the char model
 
@@ -11,11 +12,14 @@ Pairs, each at a comparable precision, on the same random weights (speed does no
 | float32                                                                                      | f32       |
 | bf16 weights (only on a CPU with native bf16: elsewhere it is emulated, not a fair pair)     | f16       |
 | `--quantize int8` (dynamic int8 Linear layers)                                               | q8_0      |
+| float32 `--compile` (the decode step compiled ahead of time: gpt/model/compiled.py)           | f32       |
+| bf16 `--compile`                                                                             | f16       |
 
 Models: `gpt2` is GPT-2 124M's shape (12 x 12 x 768, 50304 rows, block 1024, GPT-2's BPE); `char` is the
 main job's model (`--config shakespeare_char_cpu`: 2 x 4 x 128, block 64, no biases, erf GELU), or the run
 given with --ckpt. Each round runs every pair, ours then llama.cpp's, so both see the same load on a shared
-CPU; the report is the median over rounds. Prefill (a 22-token prompt to the first token) and decode (the
+CPU; the report is the median over rounds. Each of ours is loaded and warmed up once, before the rounds
+(with --compile that is the compile: its seconds are reported apart). Prefill (a 22-token prompt to the first token) and decode (the
 tokens after the first, in tokens/s) are timed apart. llama.cpp runs through llama-cpp-python (`eval` one
 token at a time, argmax in numpy: the same loop as ours, no sampling chain), with the same thread count
 (n_threads and n_threads_batch), its default float16 KV cache and flash attention left on auto. The decode
@@ -58,10 +62,12 @@ MODELS = {
     "char": (dict(n_layer=2, n_head=4, n_embd=128, block_size=64, vocab_size=128, bias=False, activation="gelu"), None),
 }
 PAIRS = [
-    ("float32", "none", "f32"),
-    ("bfloat16", "none", "f16"),
-    ("float32", "int8", "q8_0"),
-]  # ours dtype, quantize, theirs
+    ("float32", "none", False, "f32"),
+    ("bfloat16", "none", False, "f16"),
+    ("float32", "int8", False, "q8_0"),
+    ("float32", "none", True, "f32"),
+    ("bfloat16", "none", True, "f16"),
+]  # ours dtype, quantize, --compile; theirs
 PROMPT = "ROMEO:\nBut, soft! what light through yonder window breaks? It is the east"
 
 
@@ -75,11 +81,18 @@ def random_checkpoint(name: str, directory: Path) -> Path:
     return path
 
 
-def ours(ckpt: Path, dtype: str, quantize: str, threads: int, prompt: list[int], n: int) -> tuple[float, float]:
+def load_ours(ckpt: Path, dtype: str, quantize: str, compile_step: bool, threads: int, prompt: list[int]):
+    """sample.py's model and tokenizer, warmed up (with --compile: compiled), and the seconds that took."""
+    t0 = time.perf_counter()
+    _, model, tok, _, _ = load_for_inference(ckpt, "cpu", dtype, threads, quantize, compile_step=compile_step)
+    cfg = SampleConfig(max_new_tokens=4, temperature=0.0, stop_at_eot=False, num_samples=1)
+    list(generate(model, tok, prompt, cfg))  # warm-up; the compiled step compiles here
+    return model, tok, time.perf_counter() - t0
+
+
+def ours(model, tok, prompt: list[int], n: int) -> tuple[float, float]:
     """(prefill seconds to the first token, decode tokens/s after it) of sample.py's path, greedy."""
-    _, model, tok, _, _ = load_for_inference(ckpt, "cpu", dtype, threads, quantize)
     cfg = SampleConfig(max_new_tokens=n, temperature=0.0, stop_at_eot=False, num_samples=1)
-    list(generate(model, tok, prompt, cfg, max_new_tokens=4))  # warm-up
     t0 = time.perf_counter()
     first = None
     for _ in generate(model, tok, prompt, cfg):
@@ -109,27 +122,31 @@ def bench_model(name, ckpt, pairs, threads, rounds, new_tokens, tmp: Path) -> li
     prompt = tok.encode(PROMPT)[:22]
     n = min(new_tokens, model.config.block_size - len(prompt))
     files = {}
-    for _, _, quant in pairs:
+    for *_, quant in pairs:
         files[quant] = tmp / f"{name}-{quant}.gguf"
         write_gguf(model, tok, files[quant], quant, meta.get("chat_template"))
     del model
     llms = {
         q: llamacpp.open_gguf(p, n_ctx=len(prompt) + n, n_threads=threads, logits_all=False) for q, p in files.items()
     }
+    loaded = {}
+    for pair in pairs:  # each loaded (and compiled) once; the rounds decode
+        loaded[pair] = load_ours(ckpt, *pair[:3], threads, prompt)
+        print(f"{name}: {pair[:3]} loaded and warmed up in {loaded[pair][2]:.1f} s", file=sys.stderr)
     runs = {pair: [] for pair in pairs}
     for r in range(rounds):
         for pair in pairs:
-            dtype, quantize, quant = pair
-            runs[pair].append((ours(ckpt, dtype, quantize, threads, prompt, n), theirs(llms[quant], prompt, n)))
-            print(f"{name} round {r + 1}: {dtype}/{quantize} vs {quant}: {runs[pair][-1]}", file=sys.stderr)
+            runs[pair].append((ours(*loaded[pair][:2], prompt, n), theirs(llms[pair[3]], prompt, n)))
+            print(f"{name} round {r + 1}: {pair} : {runs[pair][-1]}", file=sys.stderr)
     rows = []
-    for (dtype, quantize, quant), got in runs.items():
+    for (dtype, quantize, compiled, quant), got in runs.items():
         med = [statistics.median(x[i][j] for x in got) for i in (0, 1) for j in (0, 1)]
         rows.append(
             {
                 "model": name,
-                "ours": dtype if quantize == "none" else quantize,
+                "ours": (dtype if quantize == "none" else quantize) + (" --compile" if compiled else ""),
                 "llama_cpp": quant,
+                "ours_load_and_warmup_s": loaded[dtype, quantize, compiled, quant][2],
                 "prompt_tokens": len(prompt),
                 "new_tokens": n,
                 "ours_prefill_s": med[0],
@@ -149,14 +166,14 @@ def markdown(rows: list[dict], info: dict) -> str:
         f"llama-cpp-python {info['llama_cpp_python']}; medians of {info['rounds']} interleaved rounds.",
         "",
         "| model | ours | llama.cpp | new tokens | ours decode tok/s | llama.cpp decode tok/s | ours / llama.cpp "
-        "| ours prefill ms | llama.cpp prefill ms |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| ours prefill ms | llama.cpp prefill ms | ours load + warm-up s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['ours']} | {r['llama_cpp']} | {r['new_tokens']} | {r['ours_decode_tok_s']:.1f} | "
             f"{r['llama_decode_tok_s']:.1f} | **{r['decode_ratio']:.2f}x** | {1000 * r['ours_prefill_s']:.1f} | "
-            f"{1000 * r['llama_prefill_s']:.1f} |"
+            f"{1000 * r['llama_prefill_s']:.1f} | {r['ours_load_and_warmup_s']:.1f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -171,6 +188,9 @@ def main() -> None:
     p.add_argument(
         "--pairs", default="f32,f16,q8_0", help="comma-separated, by llama.cpp's side: f32, f16 (bf16 ours), q8_0"
     )
+    p.add_argument(
+        "--no-compile", action="store_true", help="leave out the --compile rows (their compiles take minutes)"
+    )
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--new-tokens", type=int, default=256, help="greedy tokens (capped at block_size - prompt)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "llamacpp"), help="writes OUT.json and OUT.md")
@@ -179,9 +199,11 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     wanted = set(args.pairs.split(","))
-    if not wanted <= {pair[2] for pair in PAIRS}:
+    if not wanted <= {pair[3] for pair in PAIRS}:
         p.error(f"--pairs: {args.pairs!r}: each one of f32, f16, q8_0")
-    pairs = [pair for pair in PAIRS if pair[2] in wanted and (pair[0] != "bfloat16" or cpu_has_native_bf16())]
+    pairs = [pair for pair in PAIRS if pair[3] in wanted and (pair[0] != "bfloat16" or cpu_has_native_bf16())]
+    if args.no_compile:
+        pairs = [pair for pair in pairs if not pair[2]]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):

@@ -35,10 +35,11 @@ top-k 200, after a short warm-up:
   float32 (at 2+ threads also the transposed layout without packed's column blocks, `pack(chunks=1)`), in bf16 where oneDNN computes it natively, and int8 for reference; the variants alternated `--repeats` times in one process, prefill (time to the
   first logits) and decode tokens/s separately, medians and the median of the after / before ratios.
 - `compile` (`--models gpt2-124m,char-cpu`): batch-1 greedy decode as `layout` (22-token prompt,
-  `--layout-tokens` new tokens), the packed model eager against the same model with
+  `--layout-tokens` new tokens), the packed model eager against the same model unpacked with
   `GPT.compile_decoding` (what `sample.py --compile` runs), float32 and bf16 where native: the first
   compiled step's seconds (the compile) against eager's, then `--repeats` interleaved rounds, medians of
-  the decode tokens/s and of the compiled / eager ratios; dynamo's graph count (one per length is a bug).
+  the decode tokens/s and of the compiled / eager ratios; dynamo's graph count (off the CPU only: there the
+  step is compiled ahead of time; one graph per length is a bug).
 - `val-loss`: the same shapes trained briefly on tiny-shakespeare (bench/models.py, cached in
   out/bench-models/; trained on first use, about 12 minutes), mean loss over up to `--val-windows`
   evenly spaced block_size windows of the validation split, float32 and int8 on the same windows.
@@ -250,7 +251,8 @@ def run_layouts(model, prompt: list[int], new_tokens: int, repeats: int) -> dict
 
 
 def run_compiled(model, prompt: list[int], new_tokens: int, repeats: int) -> dict:
-    """`decode_speed` of the packed model eager against `compile_decoding`'s step, alternated (see `compile`)."""
+    """`decode_speed` of the packed model eager against `compile_decoding`'s step (on the unpacked model), alternated
+    (see `compile`)."""
     import statistics
 
     from torch._dynamo.utils import counters
@@ -258,14 +260,15 @@ def run_compiled(model, prompt: list[int], new_tokens: int, repeats: int) -> dic
     from gpt.infer.sampling import Decoder
     from gpt.model.packed import can_pack, pack
 
-    models = {"float32": pack(copy.deepcopy(model))}
+    models = {"float32": copy.deepcopy(model)}
     bf16 = copy.deepcopy(model).to(torch.bfloat16)
     if can_pack(bf16):
-        models["bf16"] = pack(bf16)
+        models["bf16"] = bf16
     variants, first_step = {}, {}
     for dt, m in models.items():
-        compiled = copy.copy(m)  # the same weights and modules, its own compiled step
+        compiled = copy.deepcopy(m)  # unpacked: the compiled step lays its weights out itself
         compiled.compile_decoding()
+        m = pack(m)
         variants |= {dt: m, f"{dt}-compiled": compiled}
         for name in (dt, f"{dt}-compiled"):
             with torch.no_grad():
