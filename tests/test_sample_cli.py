@@ -1,5 +1,6 @@
 """sample.py: streaming output, separators and summary, reproducibility, one-line errors."""
 
+import re
 import subprocess
 import sys
 
@@ -80,8 +81,9 @@ def test_compile_prints_what_eager_prints(run_dir, capsys):
     in one batch, past the 16-token context (window slides), the same greedy text as eager."""
     args = ["--ckpt", run_dir, "--prompt", "KING", "--max-new-tokens", 30, "--num-samples", 2, "--temperature", 0]
     args += ["--no-stop-at-eot"]
-    code, out, _ = cli(capsys, *args, "--compile")
+    code, out, err = cli(capsys, *args, "--compile")
     assert code == 0 and out == cli(capsys, *args)[1] and len(out) > 2 * 30
+    assert re.search(r"tokens in [\d.]+ s: [\d.]+ s of it compiling, [\d.]+ tokens/s without", err)
 
 
 def test_no_stream_prints_the_same_text(run_dir, capsys):

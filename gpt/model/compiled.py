@@ -33,6 +33,7 @@ Footguns
 from __future__ import annotations
 
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -99,6 +100,7 @@ class AheadOfTimeStep:
             )
         self.model, self.compiled = model, compiled  # compiled=False: the exported module run eagerly (tests)
         self._runs = {}  # by the caches' shape but rows (the compiled code assumes it)
+        self.compile_seconds = 0.0  # spent compiling so far (sample.py reports the decode speed without it)
         self._lengths: dict[int, torch.Tensor] = {}
 
     def __call__(self, ids: torch.Tensor, caches: list[KVCache], length: int) -> torch.Tensor:
@@ -113,7 +115,9 @@ class AheadOfTimeStep:
         key = (ids.size(0) == 1, caches[0].k.shape[1:])  # one row (the common case) is a compile of its own
         run = self._runs.get(key)
         if run is None:
+            start = time.perf_counter()
             run = self._runs[key] = self._compile(tensors, one_row=key[0])
+            self.compile_seconds += time.perf_counter() - start
         return run(tensors)[0]
 
     def _compile(self, tensors: list[torch.Tensor], one_row: bool):
