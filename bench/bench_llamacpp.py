@@ -1,6 +1,6 @@
 """Batch-1 greedy decoding on CPU: sample.py's path against llama.cpp on the same weights (our GGUF export).
 
-    python bench/bench_llamacpp.py                          # both models, 2 threads, 5 rounds; ~10 minutes
+    python bench/bench_llamacpp.py                          # both models, 2 threads, 5 rounds; ~5 minutes
     python bench/bench_llamacpp.py --models char --rounds 1 --new-tokens 16      # a quick check that it runs
     python bench/bench_llamacpp.py --no-compile                                   # without the --compile rows
     python bench/bench_llamacpp.py --models gpt2 --pairs f32 --out /tmp/f32      # one precision only
@@ -19,8 +19,8 @@ Models: `gpt2` is GPT-2 124M's shape (12 x 12 x 768, 50304 rows, block 1024, GPT
 main job's model (`--config shakespeare_char_cpu`: 2 x 4 x 128, block 64, no biases, erf GELU), or the run
 given with --ckpt. Each round runs every pair, ours then llama.cpp's, so both see the same load on a shared
 CPU; the report is the median over rounds. Each of ours is loaded and warmed up once, before the rounds
-(with --compile that is the compile: its seconds are reported apart). Prefill (a 22-token prompt to the first token) and decode (the
-tokens after the first, in tokens/s) are timed apart. llama.cpp runs through llama-cpp-python (`eval` one
+(with --compile that is the compile: its seconds are reported apart). Prefill (a 22-token prompt to the
+first token) and decode (the tokens after the first, in tokens/s) are timed apart. llama.cpp runs through llama-cpp-python (`eval` one
 token at a time, argmax in numpy: the same loop as ours, no sampling chain), with the same thread count
 (n_threads and n_threads_batch), its default float16 KV cache and flash attention left on auto. The decode
 length is capped at block_size - prompt (llama.cpp's learned positions end there; ours would slide).

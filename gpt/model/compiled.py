@@ -40,9 +40,10 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from gpt.errors import UserError
+from gpt.errors import UserError, storage_error
 from gpt.model.cache import KVCache
 
+NO_COMPILE = "or decode without --compile"
 TEMPLATE = {"max_autotune": True, "max_autotune_gemm_backends": "CPP"}  # Inductor's C++ GEMM template
 TEMPLATE_BF16_PARAMS = 10_000_000  # bf16 models under this many parameters use the template (module notes)
 
@@ -112,8 +113,10 @@ class AheadOfTimeStep:
         tensors = [ids.contiguous(), caches[0].pos, written]  # (the compiled code assumes the layouts)
         for cache in caches:
             tensors += (cache.k, cache.v)
-        key = (ids.size(0) == 1, caches[0].k.shape[1:])  # one row (the common case) is a compile of its own
-        run = self._runs.get(key)
+        # one row (the common case) is a compile of its own, unless a program for many rows exists: samples
+        # that finish leave the batch, and the last one must not wait for a second compile
+        key = (ids.size(0) == 1, caches[0].k.shape[1:])
+        run = self._runs.get(key) or self._runs.get((False, key[1]))
         if run is None:
             start = time.perf_counter()
             run = self._runs[key] = self._compile(tensors, one_row=key[0])
@@ -139,11 +142,19 @@ class AheadOfTimeStep:
             warnings.simplefilter("ignore", FutureWarning)  # torch's own, from inside export
             example = (ids, pos.new_zeros(()), torch.empty(2, dtype=torch.bool), kv)
             program = torch.export.export(StepModule(self.model, rolling), example, dynamic_shapes=shapes)
-            with tempfile.TemporaryDirectory(prefix="gpt-step-") as tmp:
-                path = torch._inductor.aoti_compile_and_package(
-                    program, package_path=str(Path(tmp) / "step.pt2"), inductor_configs=inductor_options(self.model)
-                )
-                loaded = torch._inductor.aoti_load_package(path)
+            try:
+                with tempfile.TemporaryDirectory(prefix="gpt-step-") as tmp:
+                    path = torch._inductor.aoti_compile_and_package(
+                        program, package_path=str(Path(tmp) / "step.pt2"), inductor_configs=inductor_options(self.model)
+                    )
+                    loaded = torch._inductor.aoti_load_package(path)
+            except OSError as e:  # the compiler's files (the temporary directory, torch's cache) did not fit
+                raise storage_error(e, "compile the decode step in", tempfile.gettempdir(), NO_COMPILE) from None
+            except Exception as e:  # a C++ compiler missing or failing: one line, not Inductor's pages
+                first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+                raise CompileError(
+                    f"could not compile the decode step ({first.strip()[:200]}); it needs a C++ compiler (g++), {NO_COMPILE}"
+                ) from None
         return loaded.loader.run
 
 
