@@ -26,7 +26,7 @@ Footguns
   call is not seen by it. Compile after loading, decode, and compile again for other weights.
 - The model must hold plain `nn.Linear` layers: compile before `gpt.model.packed.pack` (the loader does
   not pack a model loaded for compiling) and not with int8 layers (`gpt.model.quantize`).
-- The first call waits for the compile (~13 s for the char model, 20-35 s for GPT-2 124M on 2 cores),
+- The first call waits for the compile (~10 s for the char model, 20-40 s for GPT-2 124M on 2 cores),
   at every start: nothing is cached on disk but what torch caches itself.
 """
 
