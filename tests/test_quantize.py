@@ -10,7 +10,7 @@ import torch.nn as nn
 from gpt import GPT, GPTConfig, load_checkpoint
 from gpt.infer.batching import BatchEngine, Request
 from gpt.infer.sampling import SampleConfig, complete
-from gpt.model.quantize import QuantizeError, dtype_flag, linear_names, quantize
+from gpt.model.quantize import Int8Linear, QuantizeError, dtype_flag, linear_names, quantize
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -32,12 +32,44 @@ def test_int8_changes_every_linear_layer_and_keeps_the_trained_model_within_one_
     assert len(names) == 2 * 4 + 1  # per block c_attn, attn.c_proj, c_fc, mlp.c_proj; and lm_head
     quantize(model, "int8")
     modules = dict(model.named_modules())
-    assert all(type(modules[n]).__name__ == "Linear" and "quantized" in type(modules[n]).__module__ for n in names)
+    assert all(isinstance(modules[n], Int8Linear) for n in names)
+    assert all(modules[n].weight_int8.dtype == torch.int8 and not list(modules[n].parameters()) for n in names)
     assert isinstance(model.transformer.wte, nn.Embedding) and model.transformer.wte.weight.dtype == torch.float32
     held_out = torch.tensor(tok.encode(shakespeare_text[-20_000:]))
     fp32, int8 = val_loss(reference, held_out, 64), val_loss(model, held_out, 64)
     assert abs(int8 - fp32) / fp32 < 0.01, (fp32, int8)
     assert int8 != fp32  # the weights did change
+
+
+def test_an_int8_layer_is_the_exact_integer_product_of_its_quantised_rows_and_channels():
+    torch.manual_seed(0)
+    linear = nn.Linear(40, 24)
+    layer = Int8Linear(linear)
+    x = torch.randn(2, 3, 40) * torch.tensor([1.0, 100.0, 1e-3]).view(1, 3, 1)  # rows of very different scales
+    x[1, 2] = 0  # an all-zero row
+    y = layer(x)
+    w_scale = linear.weight.abs().amax(1) / 127
+    w_q = torch.round(linear.weight / w_scale[:, None]).clamp(-127, 127)
+    rows = x.reshape(-1, 40)
+    x_scale = rows.abs().amax(1, keepdim=True).clamp_min(1e-30) / 127
+    x_q = torch.round(rows / x_scale)
+    assert x_q.abs().max() == 127 and w_q.abs().max() == 127
+    expected = (x_q.double() @ w_q.double().t()) * x_scale.double() * w_scale.double() + linear.bias.double()
+    torch.testing.assert_close(y.reshape(-1, 24).double(), expected, rtol=1e-5, atol=1e-6)
+    assert torch.equal(y[1, 2], linear.bias.detach())  # zeros in, the bias out: no NaN
+    assert ((y - linear(x)).abs() / linear(x).abs().amax(-1, keepdim=True)).max() < 0.02  # 8 bits either side
+
+
+def test_a_row_decodes_the_same_alone_or_in_a_batch(trained_run):
+    model, _, _ = load_checkpoint(trained_run)
+    quantize(model, "int8")
+    torch.manual_seed(0)
+    batch = torch.randint(0, model.config.vocab_size, (4, 20))
+    batch[1] *= 0  # rows of different activation ranges: each has its own scale
+    with torch.no_grad():
+        together = model(batch)[0]
+        for i in range(4):
+            assert torch.equal(model(batch[i : i + 1])[0], together[i : i + 1])
 
 
 def test_int8_models_generate_and_batch(trained_run):

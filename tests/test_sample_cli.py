@@ -76,11 +76,12 @@ def test_fixed_seed_reproduces_and_greedy_ignores_the_seed(run_dir, capsys):
     assert cli(capsys, *greedy, "--seed", 1)[1] == cli(capsys, *greedy, "--seed", 2)[1]
 
 
-def test_compile_prints_what_eager_prints(run_dir, capsys):
+@pytest.mark.parametrize("quantize", [[], ["--quantize", "int8"]])
+def test_compile_prints_what_eager_prints(run_dir, capsys, quantize):
     """`--compile` (the compiled one-token step, tests/test_compile_decoding.py) through the script: two rows
-    in one batch, past the 16-token context (window slides), the same greedy text as eager."""
+    in one batch, past the 16-token context (window slides), the same greedy text as eager, in int8 too."""
     args = ["--ckpt", run_dir, "--prompt", "KING", "--max-new-tokens", 30, "--num-samples", 2, "--temperature", 0]
-    args += ["--no-stop-at-eot"]
+    args += ["--no-stop-at-eot", *quantize]
     code, out, err = cli(capsys, *args, "--compile")
     assert code == 0 and out == cli(capsys, *args)[1] and len(out) > 2 * 30
     assert re.search(r"tokens in [\d.]+ s: [\d.]+ s of it compiling, [\d.]+ tokens/s without", err)
@@ -142,7 +143,6 @@ def test_empty_prompt_starts_from_end_of_text(run_dir, capsys):
         (["--dtype", "float16", "--device", "cpu"], "float16 needs a CUDA device"),
         (["--dtype", "float64"], "--dtype 'float64' is not one of"),
         (["--prompt", "ROMEO~"], "not in the char vocabulary: '~'"),
-        (["--compile", "--quantize", "int8"], "--compile runs float32 or bf16 weights, not --quantize int8"),
         (
             ["--prompt-file", "/nonexistent/prompt.txt"],
             "could not read --prompt-file /nonexistent/prompt.txt: no such file",

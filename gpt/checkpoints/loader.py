@@ -45,7 +45,6 @@ from gpt.data.format import is_dataset
 from gpt.data.tokenizer import get_tokenizer
 from gpt.data.vocab import Reused, dataset_spec
 from gpt.model import lora
-from gpt.model.compiled import CompileError
 from gpt.model.packed import pack
 from gpt.model.quantize import dtype_flag
 from gpt.model.quantize import quantize as quantize_model
@@ -195,8 +194,6 @@ def load_for_inference(
     count `decode_threads` picks for the model's size.
     `compile_step` (`sample.py --compile`): the one-token decode step compiled (`GPT.compile_decoding`) and
     the Linear layers left unpacked (on the CPU the compiled step lays its weights out itself)."""
-    if compile_step and quantize != "none":
-        raise CompileError(f"--compile runs float32 or bf16 weights, not --quantize {quantize} (int8 decodes eagerly)")
     dtype = dtype_flag(dtype, quantize)
     rt = setup(device, dtype, threads, distributed=False)
     model, meta = load_model(path, device=rt.device)

@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--quantize",
         default="none",
         choices=["none", "int8"],
-        help="int8: dynamic int8 Linear layers, CPU only (gpt/model/quantize.py)",
+        help="int8: int8 Linear layers (weights and activations), CPU only (gpt/model/quantize.py)",
     )
     return p
 

@@ -73,7 +73,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "--quantize",
         default="none",
         choices=["none", "int8"],
-        help="int8: dynamic int8 Linear layers, CPU and float32 only (gpt/model/quantize.py) (default: none)",
+        help="int8: int8 Linear layers (weights and activations), CPU and float32 only (gpt/model/quantize.py) (default: none)",
     )
 
 

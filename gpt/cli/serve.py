@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--quantize",
         default="none",
         choices=["none", "int8"],
-        help="int8: dynamic int8 Linear layers (CPU, float32; see gpt/model/quantize.py)",
+        help="int8: int8 Linear layers, weights and activations (CPU, float32; see gpt/model/quantize.py)",
     )
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument(

@@ -9,7 +9,9 @@ wrapper, dynamo's guards and an MKL call per Linear (~120 us). This step is expo
 the cache length symbolic, and the rows when there are several) and compiled by AOTInductor into one C++
 function; each token is then one call of it from Python, no guards. Timings of the step alone on a 2-core
 AMD EPYC (AVX512), 2 threads: the char model's ~28 us, GPT-2 124M float32 ~8-14 ms (eager: 30 unpacked,
-~17 packed), bf16 ~5 ms (eager packed ~10); bench/bench_llamacpp.py times it as sample.py runs it.
+~17 packed), bf16 ~5 ms (eager packed ~10), int8 ~3.7 ms (eager ~6.5) and the char model in int8 ~37 us (both
+through the Decoder, greedy);
+bench/bench_llamacpp.py times it as sample.py runs it.
 Three choices make most of that (`inductor_options`; per-step times with 2 threads):
 - freezing: the weights are constants of the compiled code, laid out for their kernels when compiling;
 - float32 matrix products by Inductor's own C++ GEMM template (`max_autotune_gemm_backends="CPP"`): no
@@ -24,8 +26,9 @@ Footguns
 - The weights are compiled into the step as constants (the GEMM template reorders them when compiling):
   the step is a second copy of them in memory, and a change to the model's weights after the first
   call is not seen by it. Compile after loading, decode, and compile again for other weights.
-- The model must hold plain `nn.Linear` layers: compile before `gpt.model.packed.pack` (the loader does
-  not pack a model loaded for compiling) and not with int8 layers (`gpt.model.quantize`).
+- The model must hold plain `nn.Linear` layers, or `Int8Linear` (`gpt.model.quantize`, plain PyTorch too:
+  its `torch._int_mm` products stay calls of that op, which the GEMM template does not make): compile
+  before `gpt.model.packed.pack` (the loader does not pack a model loaded for compiling).
 - The first call waits for the compile (~10 s for the char model, 20-40 s for GPT-2 124M on 2 cores),
   at every start: nothing is cached on disk but what torch caches itself.
 """
@@ -42,6 +45,7 @@ import torch.nn as nn
 
 from gpt.errors import UserError, storage_error
 from gpt.model.cache import KVCache
+from gpt.model.quantize import Int8Linear
 
 NO_COMPILE = "or decode without --compile"
 TEMPLATE = {"max_autotune": True, "max_autotune_gemm_backends": "CPP"}  # Inductor's C++ GEMM template
@@ -96,8 +100,8 @@ class AheadOfTimeStep:
         unsupported = sorted({_opaque(m) for m in model.modules()} - {None})
         if unsupported:
             raise CompileError(
-                f"the compiled decode step needs plain nn.Linear layers, not {', '.join(unsupported)}: "
-                "compile before packing or quantizing (int8 models decode without --compile)"
+                f"the compiled decode step needs plain nn.Linear (or Int8Linear) layers, not {', '.join(unsupported)}: "
+                "compile before packing"
             )
         self.model, self.compiled = model, compiled  # compiled=False: the exported module run eagerly (tests)
         self._runs = {}  # by the caches' shape but rows (the compiled code assumes it)
@@ -182,15 +186,15 @@ class DynamoStep:
 def inductor_options(model: nn.Module) -> dict:
     """Freezing (the weights are constants, laid out for their kernels when compiling) and, for float32 and small
     bf16 models, Inductor's own GEMM template; a big bf16 model keeps oneDNN's kernels on packed weights, which
-    stream large bf16 matrices faster than the template (module notes)."""
+    stream large bf16 matrices faster than the template, and int8 layers keep their `torch._int_mm` calls,
+    which the template does not make (module notes)."""
     weight = model.transformer.wte.weight
     small = sum(p.numel() for p in model.parameters()) < TEMPLATE_BF16_PARAMS
-    return {"freezing": True} | (TEMPLATE if weight.dtype == torch.float32 or small else {})
+    int8 = any(isinstance(m, Int8Linear) for m in model.modules())
+    return {"freezing": True} | (TEMPLATE if (weight.dtype == torch.float32 or small) and not int8 else {})
 
 
 def _opaque(module: nn.Module) -> str | None:
-    """The name of a layer export cannot see through (packed: oneDNN, column blocks; int8), else None."""
-    kind = type(module)
-    if kind.__name__ in ("PackedLinear", "ChunkedLinear"):
-        return kind.__name__
-    return "int8 Linear" if kind.__module__.startswith("torch.ao.nn.quantized") else None
+    """The name of a layer export cannot see through (packed: oneDNN, column blocks), else None."""
+    kind = type(module).__name__
+    return kind if kind in ("PackedLinear", "ChunkedLinear") else None
