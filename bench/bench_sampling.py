@@ -24,7 +24,7 @@ top-k 200, after a short warm-up:
   seconds (at most 500 tokens) and tokens/s is measured over what it generated.
 - `cached-in-context` and `hf`: a 16-token prompt and block_size - 16 new tokens (transformers'
   GPT-2 cannot go past n_positions), ours vs `generate(do_sample=True, top_k=200, use_cache=True)`.
-- `int8`: `cached` with the Linear layers in dynamic int8 (`gpt.model.quantize`, what `--quantize int8`
+- `int8`: `cached` with the Linear layers in int8 (`gpt.model.quantize`, what `--quantize int8`
   does), on the same random weights.
 - `dtype`: `cached` in float32 and in bf16 weights (what `sample.py --dtype bfloat16` runs), alternated
   `--repeats` times in one process so both see the same load on a shared CPU; medians and the
@@ -70,6 +70,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))  # bench/models.py
 import harness  # noqa: E402
+from models import MODELS as TRAINED  # noqa: E402  (the models val-loss trains)
 
 SHARED = harness.SHARED_DATA
 
@@ -635,6 +636,9 @@ def main() -> None:
                             f"nanoGPT's sample.py {scripts_result[name]['nanogpt']['tokens_per_s']:.0f} tokens/s",
                             flush=True,
                         )
+                    continue
+                if run == "val-loss" and name not in TRAINED:  # (gpt2-124m: random weights only)
+                    print(f"{name:10s} val-loss           skipped: no trained model (bench/models.py)", flush=True)
                     continue
                 job = dict(model=name, run=run, prompt=RUNS[run] or block, hf_dir=str(hf_dir))
                 cmd = [
