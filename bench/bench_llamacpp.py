@@ -11,9 +11,10 @@ Pairs, each at a comparable precision, on the same random weights (speed does no
 |----------------------------------------------------------------------------------------------|-----------|
 | float32                                                                                      | f32       |
 | bf16 weights (only on a CPU with native bf16: elsewhere it is emulated, not a fair pair)     | f16       |
-| `--quantize int8` (dynamic int8 Linear layers)                                               | q8_0      |
+| `--quantize int8` (int8 Linear layers, weights and activations: gpt/model/quantize.py)        | q8_0      |
 | float32 `--compile` (the decode step compiled ahead of time: gpt/model/compiled.py)           | f32       |
 | bf16 `--compile`                                                                             | f16       |
+| `--quantize int8 --compile`                                                                  | q8_0      |
 
 Models: `gpt2` is GPT-2 124M's shape (12 x 12 x 768, 50304 rows, block 1024, GPT-2's BPE); `char` is the
 main job's model (`--config shakespeare_char_cpu`: 2 x 4 x 128, block 64, no biases, erf GELU), or the run
@@ -67,6 +68,7 @@ PAIRS = [
     ("float32", "int8", False, "q8_0"),
     ("float32", "none", True, "f32"),
     ("bfloat16", "none", True, "f16"),
+    ("float32", "int8", True, "q8_0"),
 ]  # ours dtype, quantize, --compile; theirs
 PROMPT = "ROMEO:\nBut, soft! what light through yonder window breaks? It is the east"
 

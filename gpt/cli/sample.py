@@ -114,9 +114,9 @@ def parse_args(argv=None, prog: str = "gpt sample") -> argparse.Namespace:
         help="compile the one-token decode step (prefill stays eager): on the CPU ahead of time into one C++ "
         "function with the weights inside (a second copy of them in memory), torch.compile's graph on CUDA (it "
         "replaces the CUDA-graph steps). The second token waits for the compile, ~10 s for the char model and "
-        "20-40 s for GPT-2 124M on 2 CPU cores, at every run. Then on the CPU it decodes ~4x eager for the char "
-        "model and 1.3-1.6x for GPT-2 124M (float32, bf16), ~7x and ~1.8x with --quantize int8: worth it for long "
-        "generations (default: off)",
+        "20-40 s for GPT-2 124M on 2 CPU cores, at every run. Then on the CPU it decodes 4-8x eager for the char "
+        "model and 1.3-1.9x for GPT-2 124M (float32, bf16), 7-10x and 1.8-2x with --quantize int8: worth it for "
+        "long generations (default: off)",
     )
     p.add_argument(
         "--no-cuda-graph",

@@ -29,7 +29,7 @@ Footguns
 - Eager, each Int8Linear is ten small ops (quantise the row, multiply, scale back): GPT-2 124M decoded
   ~12% slower eager than with the fused fbgemm kernel of `torch.ao` this layer replaced (6.5 against
   5.8 ms a token, 2 threads, same run), and a model as small as the char one runs int8 slower than
-  float32 eager. `--compile` fuses them: GPT-2 int8 ~1.8x eager, the char model ~7x.
+  float32 eager. `--compile` fuses them: GPT-2 int8 1.8-2x eager, the char model 7-10x.
 - A row with one huge activation (an outlier channel) quantises its other entries coarsely: llama.cpp's
   q8_0 scales every 32 entries instead, which this layer's single int8 product cannot.
 - Why not PyTorch's own tooling: `torch.ao.quantization` (deprecated) shares one activation scale across
