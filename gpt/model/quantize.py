@@ -7,8 +7,9 @@
     model = quantize(model, "int8")          # in place; float32 on the CPU only
 
 `quantize` swaps every `nn.Linear` for an `Int8Linear`: its weight stored as int8 with one scale per
-output channel (symmetric, the channel's largest magnitude maps to 127); at each call every input row is
-quantised the same way with a scale of its own, the int8 x int8 product accumulates exactly in int32
+output channel (symmetric, the channel's largest magnitude maps to 64); at each call every input row is
+quantised with a scale of its own (its largest magnitude maps to 127), the int8 x int8 product accumulates
+exactly in int32
 (`torch._int_mm`) and the result is scaled back to float32 and the bias
 added. Embeddings, LayerNorms and attention itself stay float32. The weights of the Linear layers take a
 quarter of the memory, which is what makes decoding faster: a decode step reads every weight once for a
@@ -26,6 +27,11 @@ Footguns
 - Cross-attention (encoder-decoder models) slices its `c_attn` weight into query and key/value parts
   (`Attention.project_kv`), which an Int8Linear cannot do: those stay float32.
 - A quantised model is for inference only: no training, no checkpoint saving, no CUDA.
+- Weights take 129 levels, not 255: oneDNN's int8 product on CPUs without VNNI (AVX2, AVX-512 before
+  Cascade Lake) adds pairs of u8 x s8 products in int16 and saturates, which weights up to 64 in magnitude
+  never reach (with 127 a product was off by millions: tests/test_quantize.py runs it with oneDNN capped
+  at AVX2). One bit of weight precision for the same numbers on every x86 CPU; val loss stayed within
+  0.01% of float32 (bench/README.md).
 - Eager, each Int8Linear is ten small ops (quantise the row, multiply, scale back): GPT-2 124M decoded
   ~12% slower eager than with the fused fbgemm kernel of `torch.ao` this layer replaced (6.5 against
   5.8 ms a token, 2 threads, same run), and a model as small as the char one runs int8 slower than
@@ -46,6 +52,7 @@ from gpt.errors import UserError
 
 MODES = ("none", "int8")
 TINY = 1e-30  # the smallest scale (an all-zero row or channel quantises to zeros, not to NaN)
+WEIGHT_LEVELS = 64  # weights in [-64, 64]: exact on CPUs without VNNI (module notes); rows use [-127, 127]
 
 
 class QuantizeError(UserError, ValueError):
@@ -60,9 +67,9 @@ class Int8Linear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().float()
-        scale = weight.abs().amax(dim=1).clamp_min(TINY) / 127
+        scale = weight.abs().amax(dim=1).clamp_min(TINY) / WEIGHT_LEVELS
         self.register_buffer("weight_int8", torch.round(weight / scale[:, None]).to(torch.int8))  # (out, in)
-        self.register_buffer("weight_scale", scale / 127)  # a row's scale is its largest magnitude / 127 too
+        self.register_buffer("weight_scale", scale / 127)  # a row's scale is its largest magnitude / 127
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
