@@ -166,7 +166,8 @@ def test_sample_script_quantize_flag(trained_run, capsys):
         )
         == 0
     )
-    assert capsys.readouterr().out == "ROMEO:" + expected + "\n"
+    out, err = capsys.readouterr()
+    assert out == "ROMEO:" + expected + "\n" and "cpu, float32 (int8 Linear layers)" in err
     assert main(["--ckpt", str(trained_run), "--quantize", "int8", "--dtype", "bfloat16"]) == 2
     assert (
         capsys.readouterr().err == "error: --quantize int8 starts from float32 weights, not bfloat16: use "

@@ -204,6 +204,8 @@ def load_for_inference(
     if single_stream and rt.device.type == "cpu" and not threads:
         torch.set_num_threads(decode_threads(n_params))
     model = quantize_model(model.to(rt.dtype), quantize)
+    if quantize != "none":  # the run's header and summary: "float32 (int8 Linear layers)"
+        rt.reason = f"{quantize} Linear layers"
     if compile_step:
         model.compile_decoding()
     elif quantize == "none":
