@@ -9,9 +9,8 @@ wrapper, dynamo's guards and an MKL call per Linear (~120 us). This step is expo
 the cache length symbolic, and the rows when there are several) and compiled by AOTInductor into one C++
 function; each token is then one call of it from Python, no guards. Timings of the step alone on a 2-core
 AMD EPYC (AVX512), 2 threads: the char model's ~28 us, GPT-2 124M float32 ~8-14 ms (eager: 30 unpacked,
-~17 packed), bf16 ~5 ms (eager packed ~10), int8 ~3.7 ms (eager ~6.5) and the char model in int8 ~37 us (both
-through the Decoder, greedy);
-bench/bench_llamacpp.py times it as sample.py runs it.
+~17 packed), bf16 ~5 ms (eager packed ~10), int8 ~3.7 ms (eager ~6.5) and the char model in int8 ~37 us
+(these two through the Decoder's loop); bench/bench_llamacpp.py times it as sample.py runs it.
 Three choices make most of that (`inductor_options`; per-step times with 2 threads):
 - freezing: the weights are constants of the compiled code, laid out for their kernels when compiling;
 - float32 matrix products by Inductor's own C++ GEMM template (`max_autotune_gemm_backends="CPP"`): no

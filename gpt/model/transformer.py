@@ -436,8 +436,8 @@ class GPT(nn.Module):
         length and every
         `gpt.infer.sampling.Decoder`, which calls it; prefills stay eager. The first compiled step waits
         for the compile. On the CPU the step is compiled ahead of time into one C++ function with the
-        weights inside (`gpt.model.compiled`: the model must hold plain nn.Linear or Int8Linear layers); elsewhere it is
-        torch.compile's, with this module's weights."""
+        weights inside (`gpt.model.compiled`: the model must hold plain nn.Linear or Int8Linear layers);
+        elsewhere it is torch.compile's, with this module's weights."""
         if self.transformer.wte.weight.device.type == "cpu":
             self.decode_step = AheadOfTimeStep(self)
         else:
