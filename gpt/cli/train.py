@@ -12,6 +12,7 @@ resolves a command line into a run once).
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -25,10 +26,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "gpt train") -> int:
         print(help_text(prog))
         return 0
 
+    stopped_by = []
+
     def body():
         from gpt.train.start import resolve_run  # torch: after --help
         from gpt.train.trainer import train  # torch: after --help
 
-        train(resolve_run(argv))
+        stopped_by.append(train(resolve_run(argv))["stopped_by"])
 
-    return run_main(body)
+    # a run stopped by a signal saved its work but is not done: 128 + the signal, as a shell reports a killed
+    # command (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP, 141 a closed stdout), so `gpt train ... && gpt sample` waits
+    status = run_main(body)
+    return status or (128 + signal.Signals[stopped_by[0]] if stopped_by and stopped_by[0] else 0)

@@ -503,7 +503,7 @@ class Run:
                         f"stopped by {reason} at step {self.step}; resume with: gpt train --resume {self.out_dir}"
                     )
                     break
-        return self._finish(last_eval, interrupted=stop.signum is not None)
+        return self._finish(last_eval, stop.signum)
 
     def _is_log_step(self, step: int) -> bool:
         return step % self.cfg.log_interval == 0 or step in (self.cfg.max_iters, self.first_step)
@@ -560,7 +560,7 @@ class Run:
         )
         self.health.update_ratio = None
 
-    def _finish(self, last_eval: dict, interrupted: bool) -> dict:
+    def _finish(self, last_eval: dict, signum: int | None) -> dict:
         self.figure.close()  # the final figure, with every evaluation
         elapsed = time.time() - self.t_start
         summary = dict(
@@ -569,7 +569,8 @@ class Run:
             best_val_loss=self.best_val,
             skipped_steps=self.skipped,
             peak_mem_gib=self.rt.peak_memory_gib(),
-            interrupted=interrupted,
+            interrupted=signum is not None,
+            stopped_by=signal.Signals(signum).name if signum is not None else None,  # the exit status: 128 + it
             **{f"{k}_loss": v for k, v in last_eval.items()},
         )
         self.log.record("summary", self.step, **{k: v for k, v in summary.items() if k != "step"})
