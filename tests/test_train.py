@@ -556,6 +556,7 @@ def test_a_stop_finishes_the_step_saves_and_says_how_to_resume(char_data, tmp_pa
         proc.send_signal(signum)
         stdout, stderr = proc.communicate(timeout=60)
         assert f"stopped by {stop} at step" in stdout and f"resume with: gpt train --resume {out}" in stdout
+        assert "| not evaluated yet |" in stdout and "inf" not in stdout  # (--eval-interval 100000)
     # saved, but not done: the status a shell gives a killed command, so `train.py && sample.py` does not go on
     assert proc.returncode == 128 + signum and "Traceback" not in stderr, stderr
     assert records(out, "summary")[-1]["interrupted"] is True

@@ -575,7 +575,8 @@ class Run:
         )
         self.log.record("summary", self.step, **{k: v for k, v in summary.items() if k != "step"})
         self.log.print(
-            f"done: {self.step} steps in {format_duration(elapsed)} | best val {self.best_val:.4f}"
+            f"done: {self.step} steps in {format_duration(elapsed)} | "
+            + (f"best val {self.best_val:.4f}" if self.best_val < float("inf") else "not evaluated yet")
             + (f" | {self.skipped} non-finite steps skipped" if self.skipped else "")
             + f" | checkpoints in {self.out_dir}"
         )
