@@ -19,6 +19,7 @@ from gpt.errors import ConfigError
 from gpt.infer.sampling import Decoder
 from gpt.model import lora
 from gpt.model.compiled import AheadOfTimeStep
+from gpt.model.quantize import quantize
 from gpt.model.transformer import QK_NORM_SCALE
 from gpt.train import parallel
 from gpt.train.config import build_config
@@ -96,14 +97,16 @@ def test_invalid_values_name_the_field(field, value):
 
 # the dynamic cache; the static one (CUDA-graph steps); the one-token step `compile_decoding` compiles, run eagerly
 # (gpt/model/compiled.py's exported module, the caches gathered to their written slots)
-@pytest.mark.parametrize("graph", [False, True, "step"])
+@pytest.mark.parametrize("graph", [False, True, "step", "int8 step"])
 @pytest.mark.parametrize("name", list(OPTIONS))
 def test_shapes_and_a_cached_decode_equal_the_full_forward(name, graph):
     model = model_with(**OPTIONS[name])
-    if graph == "step":
+    if graph == "int8 step":  # every option through int8 layers, decoded by the exported step
+        quantize(model, "int8")
+    if graph in ("step", "int8 step"):
         model.decode_step = AheadOfTimeStep(model, compiled=False)
     idx = torch.randint(0, 40, (2, 5))
-    dec = Decoder(model, idx, graph=graph == "step" or graph)
+    dec = Decoder(model, idx, graph=bool(graph))
     for _ in range(8):
         with torch.no_grad():
             full, _ = model(dec.tokens)
