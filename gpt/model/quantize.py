@@ -9,12 +9,11 @@
 `quantize` swaps every `nn.Linear` for an `Int8Linear`: its weight stored as int8 with one scale per
 output channel (symmetric, the channel's largest magnitude maps to 64); at each call every input row is
 quantised with a scale of its own (its largest magnitude maps to 127), the int8 x int8 product accumulates
-exactly in int32
-(`torch._int_mm`) and the result is scaled back to float32 and the bias
-added. Embeddings, LayerNorms and attention itself stay float32. The weights of the Linear layers take a
-quarter of the memory, which is what makes decoding faster: a decode step reads every weight once for a
-handful of rows, so it is bound by memory traffic (GPT-2 124M's output head: 1x768 @ 768x50304 in ~0.6 ms
-against ~9 ms in float32 on a 2-core AMD EPYC). The layer is plain PyTorch, so the compiled decode step
+exactly in int32 (`torch._int_mm`) and the result is scaled back to float32 and the bias added.
+Embeddings, LayerNorms and attention itself stay float32. The weights of the Linear layers take a quarter
+of the memory, which is what makes decoding faster: a decode step reads every weight once for a handful
+of rows, so it is bound by memory traffic (GPT-2 124M's output head: 1x768 @ 768x50304 in ~0.6 ms against
+~9 ms in float32 on a 2-core AMD EPYC). The layer is plain PyTorch, so the compiled decode step
 (`gpt.model.compiled`, `--compile`) takes it as it is, with the same numbers as eager decoding.
 
 One scale per row (not per batch) makes a row's result independent of the rows decoded beside it: a
@@ -32,7 +31,7 @@ Footguns
   never reach (with 127 a product was off by millions: tests/test_quantize.py runs it with oneDNN capped
   at AVX2). One bit of weight precision for the same numbers on every x86 CPU; val loss stayed within
   0.01% of float32 (bench/README.md).
-- Eager, each Int8Linear is ten small ops (quantise the row, multiply, scale back): GPT-2 124M decoded
+- Eager, each Int8Linear is about ten small ops (quantise the row, multiply, scale back): GPT-2 124M decoded
   ~12% slower eager than with the fused fbgemm kernel of `torch.ao` this layer replaced (6.5 against
   5.8 ms a token, 2 threads, same run), and a model as small as the char one runs int8 slower than
   float32 eager. `--compile` fuses them: GPT-2 int8 1.8-2x eager, the char model 7-10x.
@@ -69,7 +68,7 @@ class Int8Linear(nn.Module):
         weight = linear.weight.detach().float()
         scale = weight.abs().amax(dim=1).clamp_min(TINY) / WEIGHT_LEVELS
         self.register_buffer("weight_int8", torch.round(weight / scale[:, None]).to(torch.int8))  # (out, in)
-        self.register_buffer("weight_scale", scale / 127)  # a row's scale is its largest magnitude / 127
+        self.register_buffer("weight_scale", scale / 127)  # times a row's largest magnitude: the product's scale
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
