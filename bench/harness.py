@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("GPT_SHARED_DATA", ROOT.parent / "shared" / "data"))  # as tests/conftest.py
 if (SHARED_DATA / "gpt2.tiktoken").exists():  # offline: GPT-2's BPE ranks for this process and its children
     os.environ.setdefault("GPT2_TIKTOKEN_FILE", str(SHARED_DATA / "gpt2.tiktoken"))
+# --compile timings are compiles, not loads of a step an earlier run kept (gpt/model/stepcache.py)
+os.environ.setdefault("GPT_COMPILE_CACHE", "off")
 
 
 def machine() -> dict:

@@ -19,6 +19,8 @@ SHAKESPEARE = SHARED_DATA / "tinyshakespeare.txt"
 # Offline GPT-2 BPE for every test (the connected-machine path is tiktoken's own download).
 if GPT2_RANKS.exists():
     os.environ.setdefault("GPT2_TIKTOKEN_FILE", str(GPT2_RANKS))
+# No compiled decode step is read from or kept in the user's cache (tests/test_step_cache.py sets its own).
+os.environ["GPT_COMPILE_CACHE"] = "off"
 
 
 @pytest.fixture(autouse=True)

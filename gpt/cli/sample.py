@@ -50,7 +50,8 @@ from gpt.errors import storage_error
 SEPARATOR = "\n---------------\n"
 LM_DEFAULTS = {"temperature": 0.8, "max_new_tokens": 500}
 COMPILE_NOTE = (
-    "--compile: the second token waits for the compile (~10 s for a small model, 20-40 s for GPT-2 124M on 2 cores)"
+    "--compile: the second token waits for the compile (~10 s for a small model, 20-40 s for GPT-2 124M on 2 cores), "
+    "or a few seconds to load it when an earlier run compiled these weights (GPT_COMPILE_CACHE)"
 )
 # flags of one mode given in the other: dest -> (flag, the default that means "not given")
 TEXT_ONLY = {
@@ -114,7 +115,8 @@ def parse_args(argv=None, prog: str = "gpt sample") -> argparse.Namespace:
         help="compile the one-token decode step (prefill stays eager): on the CPU ahead of time into one C++ "
         "function with the weights inside (a second copy of them in memory), torch.compile's graph on CUDA (it "
         "replaces the CUDA-graph steps). The second token waits for the compile, ~10 s for the char model and "
-        "20-40 s for GPT-2 124M on 2 CPU cores, at every run. Then on the CPU it decodes 4-8x eager for the char "
+        "20-40 s for GPT-2 124M on 2 CPU cores; later runs on the same weights load it from a disk cache in seconds "
+        "(GPT_COMPILE_CACHE=DIR, or off). Then on the CPU it decodes 4-8x eager for the char "
         "model and 1.3-1.9x for GPT-2 124M (float32, bf16), 7-10x and 1.8-2x with --quantize int8: worth it for "
         "long generations (default: off)",
     )
@@ -280,7 +282,8 @@ def run(args: argparse.Namespace) -> None:
     compiling = getattr(model.decode_step, "compile_seconds", 0.0)  # the CPU's compiled step times its compile
     rate = f"{n_tokens / elapsed:.1f} tokens/s"
     if compiling:
-        rate = f"{compiling:.1f} s of it compiling, {n_tokens / max(elapsed - compiling, 1e-9):.1f} tokens/s without"
+        what = "loading the compiled step" if getattr(model.decode_step, "cache_hits", 0) else "compiling"
+        rate = f"{compiling:.1f} s of it {what}, {n_tokens / max(elapsed - compiling, 1e-9):.1f} tokens/s without"
     print(
         f"{cfg.num_samples} sample(s), {n_tokens} tokens in {elapsed:.2f} s: {rate} "
         f"(first token after {1000 * (first or 0):.0f} ms); seed {seed}, {device}, {rt.precision()}"

@@ -8,7 +8,8 @@
   sinusoidal table and rotary embeddings; `cache.py` the `KVCache`.
 - `lora.py` LoRA adapter layers (apply, merge); `quantize.py` int8 Linear layers; `packed.py` the
   Linear weights laid out for CPU decoding (transposed float32, oneDNN-packed bf16); `compiled.py` the
-  one-token decode step compiled (ahead of time on the CPU, `GPT.compile_decoding`).
+  one-token decode step compiled (ahead of time on the CPU, `GPT.compile_decoding`); `stepcache.py` those
+  compiled steps kept on disk for the next run on the same weights.
 
 May import: the foundations only. Never data, checkpoints, training or inference.
 """

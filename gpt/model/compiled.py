@@ -28,8 +28,9 @@ Footguns
 - The model must hold plain `nn.Linear` layers, or `Int8Linear` (`gpt.model.quantize`, plain PyTorch too:
   its `torch._int_mm` products stay calls of that op, which the GEMM template does not make): compile
   before `gpt.model.packed.pack` (the loader does not pack a model loaded for compiling).
-- The first call waits for the compile (~10 s for the char model, 20-40 s for GPT-2 124M on 2 cores),
-  at every start: nothing is cached on disk but what torch caches itself.
+- The first call waits for the compile (~10 s for the char model, 20-40 s for GPT-2 124M on 2 cores), or
+  for loading the step an earlier run compiled from the same weights (`gpt.model.stepcache`, GPT_COMPILE_CACHE;
+  GPT-2 float32 ~3 s).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import torch
 import torch.nn as nn
 
 from gpt.errors import UserError, storage_error
+from gpt.model import stepcache
 from gpt.model.cache import KVCache
 from gpt.model.quantize import Int8Linear
 
@@ -104,7 +106,8 @@ class AheadOfTimeStep:
             )
         self.model, self.compiled = model, compiled  # compiled=False: the exported module run eagerly (tests)
         self._runs = {}  # by the caches' shape but rows (the compiled code assumes it)
-        self.compile_seconds = 0.0  # spent compiling so far (sample.py reports the decode speed without it)
+        self.compile_seconds = 0.0  # spent compiling (or loading) so far (sample.py reports the speed without it)
+        self.cache_hits = 0  # steps loaded from the disk cache instead of compiled (gpt.model.stepcache)
         self._lengths: dict[int, torch.Tensor] = {}
 
     def __call__(self, ids: torch.Tensor, caches: list[KVCache], length: int) -> torch.Tensor:
@@ -132,6 +135,20 @@ class AheadOfTimeStep:
             step = StepModule(self.model, rolling)
             return lambda t: [step(t[0], t[1], t[2], t[3:])]
         ids, pos, _, *kv = tensors
+        options = inductor_options(self.model)
+        layout = (
+            f"rows {'one' if one_row else 'any'}, rolling {rolling}, ids {ids.dtype}, pos {pos.dtype}, "
+            + ", ".join(f"{t.dtype}{tuple(t.shape[1:])}" for t in kv)
+        )
+        name = stepcache.key(self.model, layout, options) if stepcache.directory() else None
+        cached = stepcache.lookup(name) if name else None
+        if cached is not None:  # this step compiled by an earlier run (gpt.model.stepcache)
+            try:
+                run = torch._inductor.aoti_load_package(str(cached)).loader.run
+                self.cache_hits += 1
+                return run
+            except Exception:  # a damaged or foreign entry: compiled again below, and replaced
+                stepcache.forget(cached)
         # example inputs of 2 written slots (export takes a size of 1 for a constant) and 1 row or 2 (the rows
         # symbolic, the template's matrix products run generic loops: GPT-2 float32 decoded 69.9 tokens/s
         # that way, 76.0 with one row's code, in two runs on one machine)
@@ -148,9 +165,11 @@ class AheadOfTimeStep:
             try:
                 with tempfile.TemporaryDirectory(prefix="gpt-step-") as tmp:
                     path = torch._inductor.aoti_compile_and_package(
-                        program, package_path=str(Path(tmp) / "step.pt2"), inductor_configs=inductor_options(self.model)
+                        program, package_path=str(Path(tmp) / "step.pt2"), inductor_configs=options
                     )
                     loaded = torch._inductor.aoti_load_package(path)
+                    if name:
+                        stepcache.keep(path, name)
             except OSError as e:  # the compiler's files (the temporary directory, torch's cache) did not fit
                 raise storage_error(e, "compile the decode step in", tempfile.gettempdir(), NO_COMPILE) from None
             except Exception as e:  # a C++ compiler missing or failing: one line, not Inductor's pages
