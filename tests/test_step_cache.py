@@ -6,28 +6,10 @@ import os
 
 import pytest
 import torch
+from test_compile_decoding import PROMPT, greedy, tiny, twin_of
 
-from gpt import GPT, GPTConfig
-from gpt.infer.sampling import Decoder
 from gpt.model import stepcache
 from gpt.model.compiled import inductor_options
-
-PROMPT = torch.tensor([[1, 2, 3, 4, 5]])
-
-
-def tiny(seed=0) -> GPT:
-    torch.manual_seed(seed)
-    return GPT(GPTConfig(vocab_size=23, block_size=16, n_layer=1, n_head=2, n_embd=16)).eval()
-
-
-def greedy(model: GPT, n: int = 20) -> list[int]:
-    dec = Decoder(model, PROMPT, keep=8)
-    out = []
-    for _ in range(n):
-        token = dec.logits.argmax(-1)
-        out.append(token.item())
-        dec.advance(token)
-    return out
 
 
 @pytest.fixture()
@@ -49,22 +31,17 @@ def compiles(monkeypatch):
     return calls
 
 
-def compiled(model: GPT) -> GPT:
-    model.compile_decoding()
-    return model
-
-
 def test_the_same_weights_load_the_kept_step_and_a_damaged_entry_compiles_again(cache, compiles):
-    eager = greedy(tiny())
-    assert greedy(compiled(tiny())) == eager and len(compiles) == 1
+    eager = greedy(tiny(), PROMPT, 20)
+    assert greedy(twin_of(tiny()), PROMPT, 20) == eager and len(compiles) == 1
     (entry,) = cache.glob("*.pt2")
     assert oct(cache.stat().st_mode & 0o777) == "0o700"
 
-    again = compiled(tiny())  # a new process would do the same: a new model, the same weights
-    assert greedy(again) == eager and len(compiles) == 1 and again.decode_step.cache_hits == 1
+    again = twin_of(tiny())  # a new process would do the same: a new model, the same weights
+    assert greedy(again, PROMPT, 20) == eager and len(compiles) == 1 and again.decode_step.cache_hits == 1
 
     entry.write_bytes(b"not a package")  # damaged (a disk error, a foreign file): compiled again, replaced
-    assert greedy(compiled(tiny())) == eager and len(compiles) == 2
+    assert greedy(twin_of(tiny()), PROMPT, 20) == eager and len(compiles) == 2
     assert entry.stat().st_size > 1000
     assert not list(cache.glob("*.part"))
 

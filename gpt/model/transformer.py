@@ -433,8 +433,7 @@ class GPT(nn.Module):
         """Compile the one-token decode step (`sample.py --compile`): `decode_step(ids, caches, length)`, the
         logits (B, V) after ids (B, 1) over static caches (a tensor position: see `KVCache`) of which the
         first `length` slots are written, a length the compiled step keeps symbolic: one compile serves every
-        length and every
-        `gpt.infer.sampling.Decoder`, which calls it; prefills stay eager. The first compiled step waits
+        length and every `gpt.infer.sampling.Decoder`, which calls it; prefills stay eager. The first compiled step waits
         for the compile. On the CPU the step is compiled ahead of time into one C++ function with the
         weights inside (`gpt.model.compiled`: the model must hold plain nn.Linear or Int8Linear layers);
         elsewhere it is torch.compile's, with this module's weights."""
