@@ -18,24 +18,32 @@ Pairs, each at a comparable precision, on the same random weights (speed does no
 
 Models: `gpt2` is GPT-2 124M's shape (12 x 12 x 768, 50304 rows, block 1024, GPT-2's BPE); `char` is the
 main job's model (`--config shakespeare_char_cpu`: 2 x 4 x 128, block 64, no biases, erf GELU), or the run
-given with --ckpt. Each round runs every pair, ours then llama.cpp's, so both see the same load on a shared
-CPU; the report is the median over rounds. Each of ours is loaded and warmed up once, before the rounds
-(with --compile that is the compile: its seconds are reported apart). Prefill (a 22-token prompt to the
-first token) and decode (the tokens after the first, in tokens/s) are timed apart. llama.cpp runs through llama-cpp-python (`eval` one
-token at a time, argmax in numpy: the same loop as ours, no sampling chain), with the same thread count
-(n_threads and n_threads_batch), its default float16 KV cache and flash attention left on auto. The decode
-length is capped at block_size - prompt (llama.cpp's learned positions end there; ours would slide).
+given with --ckpt. Each of ours is loaded and warmed up once, before the rounds (with --compile that is the
+compile: its seconds are reported apart). Prefill (a 22-token prompt to the first token) and decode (the
+tokens after the first, in tokens/s) are timed apart.
 
-Writes bench/results/llamacpp.{json,md} (or --out). The goal (issue 32): ours / llama.cpp >= 0.8 at each
-precision. Note which llama.cpp build ran: the wheel .ci/run builds is portable AVX2 (GGML_NATIVE=OFF), so
-on an AVX-512 machine llama.cpp is slower than a native build would be.
+The peer is llama.cpp as its users run it: built for this CPU (`bench/llamacpp_native.py`: the sources the
+installed llama-cpp-python vendors, -march=native, in a folder of its own; `--portable` uses the installed
+wheel instead, which .ci/run builds for any AVX2 CPU), with its defaults (float16 KV cache, flash attention
+on auto), the same thread count. Two front ends over that one build, both in every round:
+- `llama-bench -p 0 -n N -d P` (llama.cpp's own C++ benchmark: N tokens generated after a P-token context,
+  no Python per token): the figure the README quotes;
+- llama-cpp-python on the native libraries (`eval` one token at a time, argmax in numpy: the same loop as
+  ours), which adds a Python call and a copy of the logits per token.
+Each round runs every pair, ours then both of theirs, so all see the same load; each figure is the median
+over rounds with its min and max. The decode length is capped at block_size - prompt (llama.cpp's learned
+positions end there; ours would slide).
+
+Writes bench/results/llamacpp.{json,md} (or --out). The goal (issue 43), GPT-2 124M, 2 threads, against
+llama-bench: ours / llama.cpp >= 1.0 with --compile at each precision, >= 0.8 eager.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 import harness  # noqa: E402
+import llamacpp_native  # noqa: E402
 
 from gpt import GPT, GPTConfig  # noqa: E402
 from gpt.checkpoints import native  # noqa: E402
@@ -104,7 +113,7 @@ def ours(model, tok, prompt: list[int], n: int) -> tuple[float, float]:
 
 
 def theirs(llm, prompt: list[int], n: int) -> tuple[float, float]:
-    """The same for llama.cpp: eval the prompt, then one token at a time, argmax of the last logits."""
+    """The same for llama-cpp-python: eval the prompt, then one token at a time, argmax of the last logits."""
     llm.reset()
     llm.eval(prompt[:4])  # warm-up
     llm.reset()
@@ -119,7 +128,17 @@ def theirs(llm, prompt: list[int], n: int) -> tuple[float, float]:
     return first - t0, (n - 1) / (end - first)
 
 
-def bench_model(name, ckpt, pairs, threads, rounds, new_tokens, tmp: Path) -> list[dict]:
+def llama_bench(binary: Path, gguf: Path, depth: int, n: int, threads: int) -> float:
+    """llama.cpp's own benchmark: tokens/s generating `n` tokens after a `depth`-token context (one repetition
+    after its warm-up run)."""
+    cmd = [binary, "-m", gguf, "-p", "0", "-n", str(n), "-d", str(depth), "-t", str(threads), "-r", "1", "-o", "json"]
+    env = {**os.environ, "LD_LIBRARY_PATH": str(binary.parent)}
+    out = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, check=True).stdout
+    (result,) = json.loads(out)
+    return float(result["avg_ts"])
+
+
+def bench_model(name, ckpt, pairs, threads, rounds, new_tokens, tmp: Path, bench_bin: Path | None) -> list[dict]:
     model, tok, meta = load_checkpoint(ckpt)
     prompt = tok.encode(PROMPT)[:22]
     n = min(new_tokens, model.config.block_size - len(prompt))
@@ -129,7 +148,8 @@ def bench_model(name, ckpt, pairs, threads, rounds, new_tokens, tmp: Path) -> li
         write_gguf(model, tok, files[quant], quant, meta.get("chat_template"))
     del model
     llms = {
-        q: llamacpp.open_gguf(p, n_ctx=len(prompt) + n, n_threads=threads, logits_all=False) for q, p in files.items()
+        q: llamacpp.open_gguf(p, n_ctx=len(prompt) + n, n_threads=threads, logits_all=False, kv_f32=False)
+        for q, p in files.items()
     }
     loaded = {}
     for pair in pairs:  # each loaded (and compiled) once; the rounds decode
@@ -138,44 +158,60 @@ def bench_model(name, ckpt, pairs, threads, rounds, new_tokens, tmp: Path) -> li
     runs = {pair: [] for pair in pairs}
     for r in range(rounds):
         for pair in pairs:
-            runs[pair].append((ours(*loaded[pair][:2], prompt, n), theirs(llms[pair[3]], prompt, n)))
-            print(f"{name} round {r + 1}: {pair} : {runs[pair][-1]}", file=sys.stderr)
+            quant = pair[3]
+            got = {
+                "ours": ours(*loaded[pair][:2], prompt, n),
+                "python": theirs(llms[quant], prompt, n),
+                # n - 1: the tokens ours and llama-cpp-python time, after the first
+                "bench": llama_bench(bench_bin, files[quant], len(prompt), n - 1, threads) if bench_bin else None,
+            }
+            runs[pair].append(got)
+            print(f"{name} round {r + 1}: {pair}: {got}", file=sys.stderr)
     rows = []
     for (dtype, quantize, compiled, quant), got in runs.items():
-        med = [statistics.median(x[i][j] for x in got) for i in (0, 1) for j in (0, 1)]
-        rows.append(
-            {
-                "model": name,
-                "ours": (dtype if quantize == "none" else quantize) + (" --compile" if compiled else ""),
-                "llama_cpp": quant,
-                "ours_load_and_warmup_s": loaded[dtype, quantize, compiled, quant][2],
-                "prompt_tokens": len(prompt),
-                "new_tokens": n,
-                "ours_prefill_s": med[0],
-                "ours_decode_tok_s": med[1],
-                "llama_prefill_s": med[2],
-                "llama_decode_tok_s": med[3],
-                "decode_ratio": med[1] / med[3],
-                "rounds": [[list(o), list(t)] for o, t in got],
-            }
-        )
+        row = {
+            "model": name,
+            "ours": (dtype if quantize == "none" else quantize) + (" --compile" if compiled else ""),
+            "llama_cpp": quant,
+            "ours_load_and_warmup_s": loaded[dtype, quantize, compiled, quant][2],
+            "prompt_tokens": len(prompt),
+            "new_tokens": n,
+            "ours_prefill_s": harness.spread(g["ours"][0] for g in got),
+            "ours_tok_s": harness.spread(g["ours"][1] for g in got),
+            "python_prefill_s": harness.spread(g["python"][0] for g in got),
+            "python_tok_s": harness.spread(g["python"][1] for g in got),
+            "ratio_python": harness.spread(g["ours"][1] / g["python"][1] for g in got),
+            "rounds": got,
+        }
+        if bench_bin:
+            row["bench_tok_s"] = harness.spread(g["bench"] for g in got)
+            row["ratio"] = harness.spread(g["ours"][1] / g["bench"] for g in got)
+        rows.append(row)
     return rows
 
 
+def _spread(s: dict, fmt: str = "{:.1f}", scale: float = 1.0) -> str:
+    return f"{fmt.format(scale * s['median'])} ({fmt.format(scale * s['min'])}-{fmt.format(scale * s['max'])})"
+
+
 def markdown(rows: list[dict], info: dict) -> str:
+    m = info["machine"]
     lines = [
-        f"Batch-1 greedy decode, {info['threads']} threads, {info['machine']['cpu']} (load {info['machine']['load_avg']}); "
-        f"llama-cpp-python {info['llama_cpp_python']}; medians of {info['rounds']} interleaved rounds.",
+        f"Batch-1 greedy decode, {info['threads']} threads, {m['cpu']} ({m.get('cpu_family_model', '')}, torch "
+        f"capability {m['capability']}, native bf16 {m['native_bf16']}), torch {m['torch']}, commit "
+        f"{m.get('commit', '?')}, {m.get('date', '?')}; llama.cpp {info['llama_cpp']}; medians (min-max) of "
+        f"{info['rounds']} interleaved rounds; ratios are the median of each round's ratio.",
         "",
-        "| model | ours | llama.cpp | new tokens | ours decode tok/s | llama.cpp decode tok/s | ours / llama.cpp "
-        "| ours prefill ms | llama.cpp prefill ms | ours load + warm-up s |",
+        "| model | ours | llama.cpp | new tokens | ours tok/s | llama-bench tok/s | ours / llama-bench "
+        "| llama-cpp-python tok/s | ours / llama-cpp-python | ours load + warm-up s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        bench = (_spread(r["bench_tok_s"]), f"**{_spread(r['ratio'], '{:.2f}')}x**") if "ratio" in r else ("-", "-")
         lines.append(
-            f"| {r['model']} | {r['ours']} | {r['llama_cpp']} | {r['new_tokens']} | {r['ours_decode_tok_s']:.1f} | "
-            f"{r['llama_decode_tok_s']:.1f} | **{r['decode_ratio']:.2f}x** | {1000 * r['ours_prefill_s']:.1f} | "
-            f"{1000 * r['llama_prefill_s']:.1f} | {r['ours_load_and_warmup_s']:.1f} |"
+            f"| {r['model']} | {r['ours']} | {r['llama_cpp']} | {r['new_tokens']} | {_spread(r['ours_tok_s'])} | "
+            f"{bench[0]} | {bench[1]} | {_spread(r['python_tok_s'])} | {_spread(r['ratio_python'], '{:.2f}')}x | "
+            f"{r['ours_load_and_warmup_s']:.1f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -194,9 +230,19 @@ def main() -> None:
         "--no-compile", action="store_true", help="leave out the --compile rows (their compiles take minutes)"
     )
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument(
+        "--portable",
+        action="store_true",
+        help="llama.cpp as the installed llama-cpp-python wheel has it (no llama-bench) instead of the native build",
+    )
     p.add_argument("--new-tokens", type=int, default=256, help="greedy tokens (capped at block_size - prompt)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "llamacpp"), help="writes OUT.json and OUT.md")
     args = p.parse_args()
+    bench_bin = None
+    if not args.portable:  # the native libraries, loaded by llama-cpp-python instead of its own
+        native_bin = llamacpp_native.ensure() / "bin"
+        os.environ["LLAMA_CPP_LIB_PATH"] = str(native_bin)
+        bench_bin = native_bin / "llama-bench"
     import llama_cpp
 
     torch.set_num_threads(args.threads)
@@ -210,12 +256,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             ckpt = Path(args.ckpt) if (args.ckpt and name == "char") else random_checkpoint(name, Path(tmp))
-            rows += bench_model(name, ckpt, pairs, args.threads, args.rounds, args.new_tokens, Path(tmp))
+            rows += bench_model(name, ckpt, pairs, args.threads, args.rounds, args.new_tokens, Path(tmp), bench_bin)
     info = {
         "machine": harness.machine(),
         "threads": args.threads,
         "rounds": args.rounds,
-        "llama_cpp_python": llama_cpp.__version__,
+        "llama_cpp": f"{llama_cpp.__version__}'s sources, "
+        + ("the installed wheel (llama-cpp-python only)" if args.portable else "built natively (-march=native)"),
         "bf16_pair": "run" if any(p[0] == "bfloat16" for p in pairs) else "skipped: no native bf16 on this CPU",
     }
     out = Path(args.out)

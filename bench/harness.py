@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -25,7 +27,8 @@ os.environ.setdefault("GPT_COMPILE_CACHE", "off")
 
 
 def machine() -> dict:
-    """The CPU (model, capability, native bf16), cores, threads, torch and Python, and the load."""
+    """The CPU (model, capability, native bf16, the vector flags that pick kernels), cores, threads, torch
+    and Python, the load, the commit measured and the date: what every results file records."""
     import torch
 
     sys.path.insert(0, str(ROOT))
@@ -41,7 +44,49 @@ def machine() -> dict:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "load_avg": [round(x, 2) for x in os.getloadavg()],
+        "cpu_family_model": cpu_family_model(),
+        "cpu_flags": cpu_flags(),
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%d"),
     }
+
+
+def cpu_flags() -> list[str]:
+    """The CPU's vector-instruction flags that decide which kernels run (AVX2, AVX-512 and its BF16 / VNNI,
+    AMX), from /proc/cpuinfo; empty where there is none (not Linux)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = set(re.search(r"^flags\s*:(.*)$", text, re.M).group(1).split()) if "flags" in text else set()
+    return sorted(f for f in flags if re.fullmatch(r"avx2|fma|f16c|avx512\w*|avx_vnni\w*|amx\w*", f))
+
+
+def cpu_family_model() -> str:
+    """`family F model M` from /proc/cpuinfo (a VM often names its CPU only "AMD EPYC"; the family tells Zen 4
+    from Zen 5), or "" where there is none."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    fields = dict(re.findall(r"^(cpu family|model)\s*:\s*(\S+)$", text, re.M))
+    return f"family {fields.get('cpu family', '?')} model {fields.get('model', '?')}" if fields else ""
+
+
+def commit() -> str:
+    """The checkout's commit, with `+dirty` when it has uncommitted changes to tracked files."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "gpt", "bench"], cwd=ROOT).returncode
+    except OSError:
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty else "") if head.returncode == 0 else "unknown"
+
+
+def spread(values) -> dict:
+    """The median of `values` with its min, max and count: how a results file states a repeated figure."""
+    values = sorted(values)
+    return {"median": statistics.median(values), "min": values[0], "max": values[-1], "n": len(values)}
 
 
 def launch(cmd: list, cwd: Path, log_path: Path, timeout: float, stop_when=None, env=None, on_start=None) -> dict:

@@ -5,8 +5,8 @@ bench/bench_llamacpp.py compare our model against.
     logits(llm, ids)                 # (len(ids), vocab) float32, one row per position
     greedy(llm, ids, 20)             # the next 20 ids at temperature 0
 
-The KV cache is float32 (llama.cpp's default is float16), so an f32 file computes what PyTorch does up to
-llama.cpp's float16 GELU table and summation order.
+The KV cache is float32 unless asked otherwise (llama.cpp's default is float16), so an f32 file computes what
+PyTorch does up to llama.cpp's float16 GELU table and summation order.
 """
 
 from __future__ import annotations
@@ -23,8 +23,13 @@ class LlamaCppError(UserError, RuntimeError):
     """llama-cpp-python is missing, or llama.cpp could not load a file."""
 
 
-def open_gguf(path, n_ctx: int = 0, n_threads: int | None = None, logits_all: bool = True, **kwargs):
-    """A `llama_cpp.Llama` over the GGUF file at `path` (n_ctx 0: the file's context length)."""
+def open_gguf(
+    path, n_ctx: int = 0, n_threads: int | None = None, logits_all: bool = True, kv_f32: bool = True, **kwargs
+):
+    """A `llama_cpp.Llama` over the GGUF file at `path` (n_ctx 0: the file's context length); `kv_f32=False`
+    keeps llama.cpp's own default KV cache type (float16), as its users run it."""
+    if kv_f32:
+        kwargs.update(type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32)
     try:
         import llama_cpp  # optional: llama.cpp
     except ImportError:
@@ -38,8 +43,6 @@ def open_gguf(path, n_ctx: int = 0, n_threads: int | None = None, logits_all: bo
             n_threads=n_threads,
             n_threads_batch=n_threads,
             logits_all=logits_all,
-            type_k=GGML_TYPE_F32,
-            type_v=GGML_TYPE_F32,
             verbose=False,
             **kwargs,
         )
