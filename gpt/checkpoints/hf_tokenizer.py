@@ -137,8 +137,9 @@ def dumps(data: dict) -> str:
 def spec_from_tokenizer_json(data: dict, source) -> tuple[dict, dict | None]:
     """(our tokenizer spec, chat template spec or None) from a tokenizer.json of the shapes `tokenizer_json`
     writes, e.g. after transformers saved the tokenizer again without our own files: a byte-level BPE whose
-    ids are its ranks and whose regex is GPT-2's (gpt.data.tokenizer.KNOWN_PATTERNS), or a char WordLevel; end-of-text right after the vocabulary, then the chat markers
-    (four of them: system, user, assistant, end). TokenizerExportError for any other tokenizer."""
+    ids are its ranks and whose regex is GPT-2's (gpt.data.tokenizer.KNOWN_PATTERNS), or a char WordLevel;
+    end-of-text right after the vocabulary, then the chat markers (four of them: system, user, assistant,
+    end). TokenizerExportError for any other tokenizer, one line naming `source`."""
 
     def refuse(why: str):
         return TokenizerExportError(f"{source}: cannot read this tokenizer back ({why}); only the shapes gpt exports")

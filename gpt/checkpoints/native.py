@@ -24,7 +24,7 @@ reader, `check_meta` (every load goes through it):
 | `format`        | FORMAT_VERSION (1); required                                                  |
 | `model_config`  | `GPTConfig.to_dict()`, the architecture the weights belong to; required       |
 | `tokenizer`     | the spec `gpt.data.tokenizer.get_tokenizer` takes (`{"kind": ...}`); required      |
-|                 | (a bpe's `pattern` one of its KNOWN_PATTERNS, `check_spec`)                   |
+|                 | (a bpe's `pattern` is one of its KNOWN_PATTERNS: `check_spec`)                    |
 | `step`          | optimizer steps taken (0 for an import)                                       |
 | `train_config`  | `TrainConfig.to_dict()`: what `train.py --resume` continues                   |
 | `val_loss`      | val loss at this step (absent when saved without an evaluation)               |
