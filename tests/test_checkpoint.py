@@ -2,6 +2,7 @@
 atomic saves that survive a full disk, stale temporary files cleaned up, and the scripts' messages."""
 
 import ast
+import base64
 import datetime
 import errno
 import json
@@ -153,6 +154,17 @@ def test_weights_that_do_not_match_the_config(tmp_path, capsys, change, message)
     with pytest.raises(CheckpointError, match=f"^{path}: the weights do not match its model config: {message}"):
         loader.load_checkpoint(path)
     assert message.replace("\\", "") in one_line_error(capsys, sample_script.main, "--ckpt", tmp_path / "run")
+
+
+@pytest.mark.parametrize("pattern", [r"((a+)+)\1b|.", r"(?<=a)"])  # seconds per encode; a panic on every encode
+def test_a_tokenizer_pattern_gpt_does_not_know_is_one_line_naming_the_file(tmp_path, capsys, pattern):
+    ranks = "".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256))
+    spec = {"kind": "bpe", "pattern": pattern, "ranks": ranks}
+    path = save_tiny(tmp_path / "run" / "best.pt", dict(meta(), tokenizer=spec))
+    with pytest.raises(CheckpointError, match=f"^{path}: pre-tokenizer pattern '.*' is not one gpt knows"):
+        loader.load_checkpoint(path)
+    err = one_line_error(capsys, sample_script.main, "--ckpt", tmp_path / "run", "--prompt", "a")
+    assert f"{path}: pre-tokenizer pattern" in err
 
 
 def test_resume_needs_a_training_checkpoint(tmp_path, capsys):

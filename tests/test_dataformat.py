@@ -125,6 +125,16 @@ def test_every_wrong_field_of_a_pairs_dataset_is_one_line_naming_it(metas, tmp_p
     assert str(e.value).startswith(str(tmp_path / "meta.json")) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("pattern", [r"((a+)+)\1b|.", r"(?<=a)"])  # seconds per encode; a panic on every encode
+def test_a_tokenizer_pattern_gpt_does_not_know_is_one_line_naming_meta_json(metas, tmp_path, pattern):
+    bpe = {"kind": "bpe", "pattern": pattern, "ranks_file": "tokenizer.tiktoken", "ranks_sha256": "0" * 64}
+    (tmp_path / "tokenizer.tiktoken").write_text("")  # there: the pattern is what is wrong
+    for spec in (bpe, {"kind": "specials", "base": bpe, "specials": ["<|end|>"]}):
+        with pytest.raises(DataError, match="pre-tokenizer pattern '.*' is not one gpt knows") as e:
+            _read(tmp_path, _edited(metas["tokens"], tokenizer=spec), "tokens")
+        assert str(e.value).startswith(f"{tmp_path / 'meta.json'}: ") and "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("kind", ["tokens", "pairs"])
 def test_meta_json_that_is_not_an_object(tmp_path, kind):
     for text, name in (("[]", "list"), ('"dataset"', "str"), ("null", "NoneType")):

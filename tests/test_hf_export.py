@@ -15,7 +15,7 @@ from gpt.checkpoints.hf_tokenizer import TokenizerExportError, tokenizer_json, v
 from gpt.cli.hf import main as hf_main
 from gpt.data.bpe import train_bpe
 from gpt.data.chat import ChatTemplate
-from gpt.data.tokenizer import CharTokenizer, get_tokenizer
+from gpt.data.tokenizer import CharTokenizer, bpe_tokenizer, get_tokenizer
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
@@ -391,3 +391,23 @@ def test_a_tokenizer_of_another_shape_is_refused_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "tokenizer.json: cannot read this tokenizer back (end-of-text <|endoftext|> is not id 64" in err
     assert err.startswith("error: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("pattern", [r"((a+)+)\1b|.", r"(?<=a)"])  # seconds per encode; a panic on every encode
+@pytest.mark.parametrize("file", ["tokenizer.json", "gpt_tokenizer.json"])
+def test_a_tokenizer_pattern_gpt_does_not_know_is_refused_naming_the_file(tmp_path, capsys, file, pattern):
+    tok = bpe_tokenizer({bytes([b]): b for b in range(256)})
+    export_hf(random_model(tok.vocab_size, "rope"), tok, tmp_path / "hf")
+    if file == "tokenizer.json":  # a directory transformers saved again: the Split's regex is the pattern
+        (tmp_path / "hf" / "gpt_tokenizer.json").unlink()
+        data = json.loads((tmp_path / "hf" / file).read_text())
+        data["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = pattern
+    else:
+        data = dict(json.loads((tmp_path / "hf" / file).read_text()), pattern=pattern)
+    (tmp_path / "hf" / file).write_text(json.dumps(data))
+    with pytest.raises(HFError, match=f"^{tmp_path / 'hf' / file}: pre-tokenizer pattern '.*' is not one gpt knows"):
+        load_checkpoint(tmp_path / "hf")
+    capsys.readouterr()
+    assert hf_main(["import", "--hf-dir", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'hf' / file}: pre-tokenizer pattern") and err.count("\n") == 1

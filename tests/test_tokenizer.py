@@ -2,6 +2,7 @@ import json
 import re
 
 import pytest
+from conftest import SHAKESPEARE
 
 from gpt.data.tokenizer import (
     MAX_WHITESPACE_RUN,
@@ -10,6 +11,7 @@ from gpt.data.tokenizer import (
     StreamDecoder,
     TokenizerError,
     bpe_tokenizer,
+    dump_ranks,
     get_tokenizer,
     safe_pieces,
 )
@@ -207,3 +209,41 @@ def test_any_text_encodes_whatever_its_whitespace_runs(kinds, kind):
     ids = tok.encode(text)
     assert tok.decode(ids) == text
     assert tok.encode_batch(["x", text]) == [tok.encode("x"), ids]
+
+
+# ---- the pre-tokenizer pattern a spec names: GPT-2's only ------------------------------------------------
+
+SLOW = r"((a+)+)\1b|."  # tiktoken's backtracking engine: 20,000 characters of "a" take seconds to encode
+EMPTY = r"(?<=a)"  # a lone lookbehind matches empty text: tiktoken panics on every encode
+BYTES = dump_ranks({bytes([b]): b for b in range(256)})
+
+
+@pytest.mark.parametrize("pattern", [SLOW, EMPTY])
+def test_a_spec_naming_a_pattern_gpt_does_not_know_builds_no_tokenizer(pattern):
+    for spec in (
+        {"kind": "bpe", "pattern": pattern, "ranks": BYTES},
+        {"kind": "specials", "base": {"kind": "bpe", "pattern": pattern, "ranks": BYTES}, "specials": ["<|end|>"]},
+    ):
+        with pytest.raises(TokenizerError, match=r"^the bpe tokenizer spec: pre-tokenizer pattern '.*' is not one gpt"):
+            get_tokenizer(spec)
+
+
+def test_gpt2s_pattern_splits_alike_in_each_spelling_a_file_may_carry(gpt2):
+    """The known patterns are GPT-2's as gpt, tiktoken and Hugging Face's ByteLevel (use_regex) write it: the
+    same ids from GPT-2's ranks, the same words as ByteLevel's own regex splits."""
+    import tiktoken_ext.openai_public
+    from tokenizers import Regex, pre_tokenizers
+
+    from gpt.data.tokenizer import KNOWN_PATTERNS
+
+    assert tiktoken_ext.openai_public.r50k_pat_str in KNOWN_PATTERNS
+    text = (
+        SHAKESPEARE.read_text(encoding="utf-8")[:50_000]
+        + "".join(SAMPLES)
+        + " 'll 've 're 's 'd 'm 't 'x '\n\n  a\t\t\n b   "
+    )
+    words = [at for _, at in pre_tokenizers.ByteLevel(add_prefix_space=False).pre_tokenize_str(text)]
+    ranks = dict(gpt2.enc._mergeable_ranks)
+    for pattern in KNOWN_PATTERNS:
+        assert get_tokenizer(bpe_tokenizer(ranks, pattern).spec).encode(text) == gpt2.encode(text)
+        assert [at for _, at in pre_tokenizers.Split(Regex(pattern), "isolated").pre_tokenize_str(text)] == words

@@ -59,6 +59,7 @@ import torch
 
 from gpt.checkpoints import hf_card, hf_neox, hf_tokenizer
 from gpt.data.chat import ChatTemplate
+from gpt.data.tokenizer import check_spec
 from gpt.errors import UserError, storage_error
 from gpt.fsutil import replacing
 from gpt.model.transformer import sinusoidal_positions
@@ -327,7 +328,9 @@ def tokenizer_spec(path, vocab_size: int) -> dict:
     when the vocabulary is GPT-2's."""
     path = Path(path)
     if (path / TOKENIZER_SPEC_FILE).is_file():
-        return _read_json(path / TOKENIZER_SPEC_FILE)
+        spec = _read_json(path / TOKENIZER_SPEC_FILE)
+        check_spec(spec, path / TOKENIZER_SPEC_FILE, HFError)
+        return spec
     if (path / "tokenizer.json").is_file() and vocab_size != GPT2_VOCAB:
         return _from_tokenizer_json(path)[0]
     if vocab_size == GPT2_VOCAB:

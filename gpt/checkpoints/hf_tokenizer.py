@@ -40,7 +40,7 @@ from gpt.data.bytelevel import (
 )
 from gpt.data.chat import ChatTemplate
 from gpt.data.chat_jinja import chat_template_jinja, check_escapable, escaped
-from gpt.data.tokenizer import EOT_TEXT, GPT2_PATTERN
+from gpt.data.tokenizer import EOT_TEXT, GPT2_PATTERN, check_pattern
 
 UNKNOWN_CHAR = "<unknown character: not in this char vocabulary>"  # a WordLevel unk_token absent from the vocabulary
 CHAR_SPLIT = r"[\s\S]"  # every single character (Oniguruma: `.` skips newlines)
@@ -137,8 +137,9 @@ def dumps(data: dict) -> str:
 def spec_from_tokenizer_json(data: dict, source) -> tuple[dict, dict | None]:
     """(our tokenizer spec, chat template spec or None) from a tokenizer.json of the shapes `tokenizer_json`
     writes, e.g. after transformers saved the tokenizer again without our own files: a byte-level BPE whose
-    ids are its ranks, or a char WordLevel; end-of-text right after the vocabulary, then the chat markers
-    (four of them: system, user, assistant, end). TokenizerExportError for any other tokenizer."""
+    ids are its ranks and whose regex is GPT-2's (gpt.data.tokenizer.KNOWN_PATTERNS), or a char WordLevel;
+    end-of-text right after the vocabulary, then the chat markers (four of them: system, user, assistant,
+    end). TokenizerExportError for any other tokenizer, one line naming `source`."""
 
     def refuse(why: str):
         return TokenizerExportError(f"{source}: cannot read this tokenizer back ({why}); only the shapes gpt exports")
@@ -155,7 +156,7 @@ def spec_from_tokenizer_json(data: dict, source) -> tuple[dict, dict | None]:
     if model.get("type") == "WordLevel" and all(len(t) == 1 for t in tokens):
         base = {"kind": "char", "chars": "".join(tokens)}
     elif model.get("type") == "BPE":
-        base = _bpe_spec(tokens, data.get("pre_tokenizer"), refuse)
+        base = _bpe_spec(tokens, data.get("pre_tokenizer"), refuse, source)
     else:
         raise refuse(f"a {model.get('type')} model")
     specials = [t for _, t in added[1:]]
@@ -165,7 +166,7 @@ def spec_from_tokenizer_json(data: dict, source) -> tuple[dict, dict | None]:
     return spec, dict(zip(("system", "user", "assistant", "end"), specials)) if len(specials) == 4 else None
 
 
-def _bpe_spec(tokens: list[str], pre_tokenizer, refuse) -> dict:
+def _bpe_spec(tokens: list[str], pre_tokenizer, refuse, source) -> dict:
     from gpt.data.tokenizer import TokenizerError, dump_ranks, get_tokenizer  # (gpt2's ranks: only to compare)
 
     alphabet = byte_level_alphabet()
@@ -181,6 +182,7 @@ def _bpe_spec(tokens: list[str], pre_tokenizer, refuse) -> dict:
         pattern = GPT2_PATTERN  # GPT-2's own tokenizer.json: ByteLevel with its built-in regex, which is GPT-2's
     if pattern is None:
         raise refuse("its pre-tokenizer is not a Split on a regex, then ByteLevel")
+    check_pattern(pattern, source, TokenizerExportError)  # tiktoken will run it: only GPT-2's
     if pattern == GPT2_PATTERN and len(raw) == 50256:
         try:
             gpt2 = get_tokenizer("gpt2")

@@ -24,6 +24,7 @@ reader, `check_meta` (every load goes through it):
 | `format`        | FORMAT_VERSION (1); required                                                  |
 | `model_config`  | `GPTConfig.to_dict()`, the architecture the weights belong to; required       |
 | `tokenizer`     | the spec `gpt.data.tokenizer.get_tokenizer` takes (`{"kind": ...}`); required      |
+|                 | (a bpe's `pattern` is one of its KNOWN_PATTERNS: `check_spec`)                    |
 | `step`          | optimizer steps taken (0 for an import)                                       |
 | `train_config`  | `TrainConfig.to_dict()`: what `train.py --resume` continues                   |
 | `val_loss`      | val loss at this step (absent when saved without an evaluation)               |
@@ -69,6 +70,7 @@ from pathlib import Path
 
 import torch
 
+from gpt.data.tokenizer import check_spec
 from gpt.errors import UserError, storage_error
 from gpt.fsutil import fsync_path, remove_stale_temps, replacing
 from gpt.model.transformer import GPT, GPTConfig
@@ -159,6 +161,7 @@ def check_meta(meta: dict | str, source: str | os.PathLike) -> Fields:
         raise CheckpointError(
             f'{source}: its tokenizer {meta["tokenizer"]!r} is not a tokenizer spec (a JSON object with a "kind")'
         )
+    check_spec(meta["tokenizer"], source, CheckpointError)  # a bpe's pattern is one gpt knows
     return Fields(meta, source)
 
 

@@ -19,12 +19,13 @@ gpt/data/sft.py chat datasets):
 | `tokenizer.tiktoken` | a trained BPE's ranks in tiktoken's format; meta.json names it with its sha256 |
 
 meta.json, every kind: `format_version` (1), `kind` (`tokens`, `pairs` or `chat`), `dtype`, `vocab_size`,
-`tokenizer` (the spec gpt.data.tokenizer.get_tokenizer takes) and `splits`, where each split records
-`max_id`, its largest token id, so opening a dataset checks every id against the vocabulary without a
-pass over the files; a token dataset's split also records `bytes`, the UTF-8 bytes of the text it was
-encoded from (bits per byte). Older datasets still open: pairs datasets named the version `format`,
-token datasets had no `kind`, a split without `max_id` has its ids read once when opened, and one
-without `bytes` is decoded once when its bits per byte are first asked for (`TokenDataset.text_bytes`).
+`tokenizer` (the spec gpt.data.tokenizer.get_tokenizer takes; a bpe's pattern is one of its KNOWN_PATTERNS)
+and `splits`, where each split records `max_id`, its largest token id, so opening a dataset checks every
+id against the vocabulary without a pass over the files; a token dataset's split also records `bytes`, the
+UTF-8 bytes of the text it was encoded from (bits per byte). Older datasets still open: pairs datasets
+named the version `format`, token datasets had no `kind`, a split without `max_id` has its ids read once
+when opened, and one without `bytes` is decoded once when its bits per byte are first asked for
+(`TokenDataset.text_bytes`).
 A chat dataset also holds `eot_token`, `chat_template` (gpt/data/chat.py), `block_size` (conversations
 were cut or left out to fit block_size + 1 tokens) and per split `file`, `mask`, `index`, `tokens`,
 `conversations`, `targets` (tokens under the mask), `sha256` of the .bin and `max_id`.
@@ -52,6 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt.data.tokenizer import GPT2_PATTERN, check_pattern
 from gpt.errors import StorageError, UserError, storage_error
 from gpt.fsutil import fsync_path, remove_stale_temps, temp_prefix, write_text
 
@@ -278,9 +280,11 @@ def _check_fields(m: _Fields, kind: str) -> None:
     tokenizer = tok.str("kind", TOKENIZERS)
     if tokenizer == "char":
         tok.str("chars")
-    elif tokenizer == "bpe" and tok.str("ranks", default=None) is None:
-        tok.name("ranks_file")
-        tok.str("ranks_sha256")
+    elif tokenizer == "bpe":
+        check_pattern(tok.data.get("pattern", GPT2_PATTERN), m.file, DataError)
+        if tok.str("ranks", default=None) is None:
+            tok.name("ranks_file")
+            tok.str("ranks_sha256")
     splits = m.obj("splits")
     if kind == "tokens":
         m.int("eot_token", below=vocab)

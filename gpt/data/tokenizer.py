@@ -26,6 +26,12 @@ Policies
 - `gpt2` offline: set GPT2_TIKTOKEN_FILE (or pass `ranks_file`) to a `.tiktoken` ranks file;
   otherwise tiktoken downloads and caches its files the normal way. A file that is not a ranks file
   is a TokenizerError naming it and where it came from (the variable, or the caller's flag).
+- A `bpe` spec's pattern is one of `KNOWN_PATTERNS` (GPT-2's pre-tokenizer in the three spellings files
+  carry), else a one-line TokenizerError (`check_pattern`). tiktoken runs the pattern on a backtracking
+  engine: any other pattern a file could hold might make one encode take seconds (`((a+)+)\\1b|.` on
+  20,000 characters) or panic (one that matches empty text, e.g. a lone lookbehind). Every reader of a
+  file that holds a spec (checkpoint meta, dataset meta.json, a Hugging Face directory) calls
+  `check_spec` with the file's name; `bpe_tokenizer` checks again, so no other way in reaches tiktoken.
 """
 
 from __future__ import annotations
@@ -43,6 +49,13 @@ from gpt.errors import UserError
 EOT_TEXT = "<|endoftext|>"
 # GPT-2's pre-tokenizer: contractions, letters, digits, other symbols, whitespace.
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# The same splits as GPT-2's release (encoder.py) and Hugging Face's ByteLevel pre-tokenizer (use_regex) spell them,
+GPT2_RELEASE_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# and as tiktoken 0.14 spells them for its gpt2 (possessive quantifiers: less backtracking, the same splits).
+TIKTOKEN_GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+# The patterns a spec may name (module docs). GPT2_PATTERN is the one gpt writes: its own BPE trains with it and
+# every spec and tokenizer.json it has written carries it (a spec without a pattern means it too).
+KNOWN_PATTERNS = (GPT2_PATTERN, GPT2_RELEASE_PATTERN, TIKTOKEN_GPT2_PATTERN)
 GPT2_RANKS_ENV = "GPT2_TIKTOKEN_FILE"
 # The longest run of whitespace tiktoken 0.14 encodes (measured: 999,999 of ' ', '\n', '\u3000' or a mix
 # panic with "StackOverflow", at the start, middle or end of a text); tests/test_tokenizer.py checks it.
@@ -264,6 +277,28 @@ def dump_ranks(ranks: dict[bytes, int]) -> str:
     return "".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in sorted(ranks.items(), key=lambda kv: kv[1]))
 
 
+def check_pattern(pattern, source, error: type[Exception] = TokenizerError) -> str:
+    """`pattern` if it is one of KNOWN_PATTERNS, else `error`, one line naming `source` (the file it came from)."""
+    if isinstance(pattern, str) and pattern in KNOWN_PATTERNS:
+        return pattern
+    shown = repr(pattern) if len(repr(pattern)) <= 60 else repr(pattern)[:57] + "..."
+    raise error(
+        f"{source}: pre-tokenizer pattern {shown} is not one gpt knows (it splits text only with GPT-2's "
+        f"pattern, which its own BPE uses too)"
+    )
+
+
+def check_spec(spec, source, error: type[Exception] = TokenizerError) -> None:
+    """A tokenizer spec read from `source` (a file): a bpe's pattern, a chat base's included, checked
+    (`check_pattern`). Other problems with the spec are left to its reader and to `get_tokenizer`."""
+    if not isinstance(spec, dict):
+        return
+    if spec.get("kind") == "specials":
+        check_spec(spec.get("base"), source, error)
+    elif spec.get("kind") == "bpe":
+        check_pattern(spec.get("pattern", GPT2_PATTERN), source, error)
+
+
 def _encoding(name: str, pattern: str, ranks: dict[bytes, int]):
     import tiktoken  # lazy: BPE only
 
@@ -306,7 +341,9 @@ def gpt2_tokenizer(ranks_file: str | None = None, file_flag: str | None = None) 
 
 
 def bpe_tokenizer(ranks: dict[bytes, int] | str, pattern: str = GPT2_PATTERN) -> TiktokenTokenizer:
-    """A byte-level BPE trained on a corpus; `ranks` as a dict or in `.tiktoken` text form."""
+    """A byte-level BPE trained on a corpus; `ranks` as a dict or in `.tiktoken` text form; `pattern` one of
+    KNOWN_PATTERNS (TokenizerError otherwise: callers that read a spec from a file check it first, naming it)."""
+    check_pattern(pattern, "the bpe tokenizer spec")
     if isinstance(ranks, str):
         text = ranks
         try:
