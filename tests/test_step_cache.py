@@ -70,6 +70,8 @@ def test_keep_evicts_the_least_recently_used_past_the_budget_and_never_fails(cac
     package.write_bytes(b"x" * 1000)
     root = stepcache.usable()
     a, b, c, d, e = (letter * 40 for letter in "abcde")  # names as stepcache.key gives them
+    (root / "export.pt2").write_bytes(b"y" * 5000)  # the user's own package, the oldest file there
+    os.utime(root / "export.pt2", (1, 1))
     for i, name in enumerate([a, b, c]):
         stepcache.keep(root, package, name)
         os.utime(root / f"{name}{stepcache.SUFFIX}", (1000 + i, 1000 + i))
@@ -77,14 +79,14 @@ def test_keep_evicts_the_least_recently_used_past_the_budget_and_never_fails(cac
     assert stepcache.load(root, a) == "loaded"  # used now: the most recent
     monkeypatch.setattr(stepcache, "BUDGET_BYTES", 2500)
     stepcache.keep(root, package, d)
-    assert {p.name for p in cache.iterdir()} == {a + stepcache.SUFFIX, d + stepcache.SUFFIX}
+    assert {p.name for p in cache.iterdir()} == {"export.pt2", a + stepcache.SUFFIX, d + stepcache.SUFFIX}
 
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", full)
     stepcache.keep(root, package, e)  # nothing kept, nothing raised, no partial file left
-    assert {p.name for p in cache.iterdir()} == {a + stepcache.SUFFIX, d + stepcache.SUFFIX}
+    assert {p.name for p in cache.iterdir()} == {"export.pt2", a + stepcache.SUFFIX, d + stepcache.SUFFIX}
     monkeypatch.setenv("GPT_COMPILE_CACHE", "off")
     assert stepcache.directory() is None and stepcache.usable() is None
 

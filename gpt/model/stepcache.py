@@ -5,12 +5,13 @@ weights loads its step instead of compiling it again (GPT-2 124M float32: 3.3 s 
     GPT_COMPILE_CACHE=DIR      # where (default: $XDG_CACHE_HOME/gpt/compiled-steps, else ~/.cache/gpt/...)
     GPT_COMPILE_CACHE=off      # never read or write one: every run compiles, as before the cache
 
-An entry is the AOTInductor package AOTInductor wrote (`<key>.pt2`: the C++ step with the weights inside),
+An entry is the AOTInductor package AOTInductor wrote (`<key>.step.pt2`: the C++ step with the weights inside),
 named by a hash of everything the compile read: the weights and buffers, the model's config, the cache layout and
 row kind, the compiler options, torch's version, the source of gpt/model (the traced code), and this CPU (its
 model, flags and the ISA caps in the environment: the code is built for them, so a home directory shared by
 different machines keeps one entry per kind of CPU). Entries are written whole (a temporary name, then a rename);
-the least recently used are removed past `BUDGET_BYTES`.
+the least recently used are removed past `BUDGET_BYTES`, and only names of that form: other files there (a
+`.pt2` export of your own) are never counted or removed.
 
 Trust: an entry is native code, run when it is loaded (its shared library's constructors run at `dlopen`), so
 whoever can write the cache can run code as you. The cache is used only when the directory and every directory
@@ -28,6 +29,7 @@ Footguns
 - A group-writable ~/.cache (made under a umask of 002) turns the cache off, with the warning: `chmod g-w` it.
 - Loading copies the entry into the temporary directory (GPT-2 float32 ~660 MB) for the moment of the load.
 - Only whole runs of the same weights hit: a checkpoint trained further is another entry (GPT-2 float32 ~660 MB).
+- Entries named `<key>.pt2` by versions before the `.step.pt2` suffix are neither loaded nor removed.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import stat
 import tempfile
@@ -46,7 +49,8 @@ import torch
 import torch.nn as nn
 
 BUDGET_BYTES = 4 << 30  # about six GPT-2 124M float32 steps
-SUFFIX = ".pt2"
+SUFFIX = ".step.pt2"
+ENTRY = re.compile(r"[0-9a-f]{40}" + re.escape(SUFFIX))  # the names `keep` gives; nothing else is evicted
 _SAFE = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)  # never through a link, never inherited
 _READ = os.O_RDONLY | _SAFE | getattr(os, "O_NONBLOCK", 0)  # (a FIFO there does not block the open)
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _SAFE
@@ -171,14 +175,19 @@ def keep(root: Path, package: str | os.PathLike, name: str) -> None:
 
 
 def evict(root: Path, budget: int, keep_name: str = "") -> None:
-    """Remove the least recently used entries until the cache holds at most `budget` bytes (never `keep_name`)."""
-    entries = sorted((p.stat().st_mtime, p) for p in root.glob(f"*{SUFFIX}"))
-    total = sum(p.stat().st_size for _, p in entries)
-    for _, path in entries:
+    """Remove the least recently used entries until they hold at most `budget` bytes (never `keep_name`'s).
+    Only the names `keep` gives are entries."""
+    entries = []
+    for path in root.iterdir():
+        st = path.lstat()
+        if ENTRY.fullmatch(path.name) and stat.S_ISREG(st.st_mode):
+            entries.append((st.st_mtime, st.st_size, path))
+    total = sum(size for _, size, _ in entries)
+    for _, size, path in sorted(entries):
         if total <= budget:
             break
-        if path.stem != keep_name:
-            total -= path.stat().st_size
+        if path.name != f"{keep_name}{SUFFIX}":
+            total -= size
             path.unlink(missing_ok=True)
 
 
