@@ -205,7 +205,7 @@ def _distrust(root: Path) -> str | None:
                 return f"{d} is owned by another user (uid {st.st_uid})"
             mode = stat.S_IMODE(st.st_mode)
             if mode & 0o022 and (d == root or not mode & stat.S_ISVTX):  # sticky (/tmp): only a parent
-                return f"{d} is writable by {'its group' if mode & 0o020 else 'others'} (mode {mode:04o})"
+                return f"{d} is writable by {'others' if mode & 0o002 else 'its group'} (mode {mode:04o})"
     except OSError as e:
         return f"{e.filename} cannot be checked ({e.strerror})"
     return None
