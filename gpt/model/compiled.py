@@ -140,15 +140,12 @@ class AheadOfTimeStep:
             f"rows {'one' if one_row else 'any'}, rolling {rolling}, ids {ids.dtype}, pos {pos.dtype}, "
             + ", ".join(f"{t.dtype}{tuple(t.shape[1:])}" for t in kv)
         )
-        name = stepcache.key(self.model, layout, options) if stepcache.directory() else None
-        cached = stepcache.lookup(name) if name else None
+        cache = stepcache.usable()  # None: off, or not trusted (a warning says why)
+        name = stepcache.key(self.model, layout, options) if cache else None
+        cached = stepcache.load(cache, name) if name else None
         if cached is not None:  # this step compiled by an earlier run (gpt.model.stepcache)
-            try:
-                run = torch._inductor.aoti_load_package(str(cached)).loader.run
-                self.cache_hits += 1
-                return run
-            except Exception:  # a damaged or foreign entry: compiled again below, and replaced
-                stepcache.forget(cached)
+            self.cache_hits += 1
+            return cached.loader.run
         # example inputs of 2 written slots (export takes a size of 1 for a constant) and 1 row or 2 (the rows
         # symbolic, the template's matrix products run generic loops: GPT-2 float32 decoded 69.9 tokens/s
         # that way, 76.0 with one row's code, in two runs on one machine)
@@ -168,8 +165,8 @@ class AheadOfTimeStep:
                         program, package_path=str(Path(tmp) / "step.pt2"), inductor_configs=options
                     )
                     loaded = torch._inductor.aoti_load_package(path)
-                    if name:
-                        stepcache.keep(path, name)
+                    if name:  # (an entry refused or damaged above is replaced)
+                        stepcache.keep(cache, path, name)
             except OSError as e:  # the compiler's files (the temporary directory, torch's cache) did not fit
                 raise storage_error(e, "compile the decode step in", tempfile.gettempdir(), NO_COMPILE) from None
             except Exception as e:  # a C++ compiler missing or failing: one line, not Inductor's pages
