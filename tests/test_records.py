@@ -137,14 +137,14 @@ def prepare_rss(*args, timeout=120):
     return code, out, err, kb // 1024
 
 
-def lorem(nbytes):
-    return (LOREM * (nbytes // len(LOREM) + 1))[:nbytes]
+def lorem(nbytes, unit=LOREM):
+    return (unit * (nbytes // len(unit) + 1))[:nbytes]
 
 
-def parquet_bomb(path, row_bytes, rows):
+def parquet_bomb(path, row_bytes, rows, unit=LOREM):
     """One string of `row_bytes` in every row, dictionary-encoded: a few KB on disk, rows x row_bytes decoded."""
-    column = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array([lorem(row_bytes)]))
-    pq.write_table(pa.table({"text": column}), path, compression="zstd")
+    column = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array([lorem(row_bytes, unit)]))
+    pq.write_table(pa.table({"text": column}), path, compression="zstd", write_statistics=False)
     return path
 
 
@@ -184,6 +184,61 @@ def test_a_parquet_dictionary_bomb_is_never_decoded_whole(tmp_path):
     code, out, err, mb = prepare_rss(src, good, *args, "--skip-bad-rows")
     assert code == 0 and "300 documents" in out and "4,096 bad rows skipped" in out, err
     assert mb < RSS_BOUND_MB
+
+
+# ---- and bounded on disk: a dataset takes at most --max-output-bytes ------------------------------------------
+# "a!" is one GPT-2 token a byte: the fastest text to tokenize into many ids
+
+
+def test_a_523_byte_parquet_stops_at_the_default_output_limit_and_leaves_nothing(tmp_path):
+    """The issue's file: 8,192 rows holding one 64 KiB string, 537 MB of text (1 GB of uint16 ids) from a few
+    hundred bytes. The default --max-output-bytes (32 times the inputs' bytes, at least 16 MiB) stops it."""
+    src = parquet_bomb(tmp_path / "bomb.parquet", 1 << 16, 8192, unit="a!")
+    assert src.stat().st_size < 600
+    code, _, err, mb = prepare_rss(src, "--out", tmp_path / "o", "--block-size", "64", timeout=60)
+    assert (code, err) == (
+        2,
+        f"error: the dataset would take more than 16,777,216 bytes, the default --max-output-bytes (32 times the "
+        f"inputs' {src.stat().st_size:,} bytes on disk, at least 16 MiB): a record file that decodes to far more "
+        f"than it stores (a Parquet or gzip bomb)? If the corpus is real, pass a larger --max-output-bytes; "
+        f"{tmp_path / 'o'} was left as it was\n",
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bomb.parquet"]  # no dataset, no temporary directory
+    assert mb < RSS_BOUND_MB
+
+
+def test_a_bomb_stops_at_max_output_bytes_and_the_dataset_it_would_replace_stays(tmp_path):
+    good = write(tmp_path / "good.jsonl", rows()[:300])
+    out = tmp_path / "o"
+    code, _, err = prepare_cli(good, "--out", out, "--block-size", "16")
+    assert code == 0, err
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    parquet = parquet_bomb(tmp_path / "bomb.parquet", 1 << 16, 8192, unit="a!")
+    line = b'{"text": "' + b"a!" * (1 << 19) + b'"}\n'  # 1 MiB rows, 256 of them: 256 MiB from about 256 KB of gzip
+    gz = tmp_path / "bomb.jsonl.gz"
+    gz.write_bytes(gzip.compress(line, compresslevel=9) * 256)
+    for bomb in (parquet, gz):
+        code, _, err = prepare_cli(bomb, "--out", out, "--block-size", "16", "--force", "--max-output-bytes", 100_000)
+        assert (code, err) == (
+            2,
+            f"error: the dataset would take more than --max-output-bytes 100,000 bytes; raise it if the corpus is "
+            f"that large; {out} was left as it was\n",
+        )
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["bomb.jsonl.gz", "bomb.parquet", "good.jsonl", "o"]
+
+
+def test_max_output_bytes_is_the_most_train_bin_and_val_bin_may_take(tmp_path):
+    good = write(tmp_path / "good.jsonl", rows()[:300])
+    code, _, err = prepare_cli(good, "--out", tmp_path / "a", "--block-size", "16")
+    assert code == 0, err
+    size = sum((tmp_path / "a" / f"{s}.bin").stat().st_size for s in ("train", "val"))
+    code, _, err = prepare_cli(good, "--out", tmp_path / "b", "--block-size", "16", "--max-output-bytes", size)
+    assert code == 0, err
+    code, _, err = prepare_cli(good, "--out", tmp_path / "c", "--block-size", "16", "--max-output-bytes", size - 1)
+    assert code == 2 and f"more than --max-output-bytes {size - 1:,} bytes" in err, err
+    code, _, err = prepare_cli(good, "--out", tmp_path / "c", "--max-output-bytes", 0)
+    assert (code, err) == (2, "error: --max-output-bytes must be at least 1, got 0\n")
 
 
 def test_rows_longer_than_a_chunk_are_encoded_in_pieces_with_the_ids_of_the_whole(tmp_path):

@@ -1,5 +1,6 @@
 """Chat fine-tuning: chat files -> a masked, packed dataset -> a model trained on the assistant's tokens."""
 
+import gzip
 import json
 import subprocess
 import sys
@@ -174,6 +175,8 @@ def test_cli_mistakes_are_one_line(base_data, tmp_path):
         (["--pairs", src, src, "--val-pairs", src, src, "--seed", "3"], "--seed: only without --val-pairs"),
         (["--pairs", src, src, "--max-row-bytes", "9"], "--max-row-bytes is for INPUT text and --chat datasets"),
         (["--chat", src, "--max-row-bytes", "0"], "--max-row-bytes must be at least 1, got 0"),
+        (["--pairs", src, src, "--max-output-bytes", "9"], "--max-output-bytes is for INPUT text and --chat datasets"),
+        (["--chat", src, "--max-output-bytes", "0"], "--max-output-bytes must be at least 1, got 0"),
         (
             ["--chat", deep_json, "--tokenizer-from", base_data],
             "d.json is not JSON this reader takes (nested too deeply)",
@@ -358,6 +361,30 @@ def test_bad_chat_rows_of_every_kind_name_file_and_row_or_are_skipped(base_data,
     args = ("--chat", src, "--val-chat", val, "--tokenizer-from", base_data, "--out", tmp_path / "p", "--skip-bad-rows")
     code, _, err = prepare_cli(*args)
     assert code == 2 and err.endswith(f"error: --val-chat {val}: no conversation (all 2 rows were bad)\n"), err
+
+
+def test_a_gzip_chat_file_of_one_conversation_repeated_stops_at_max_output_bytes(tmp_path):
+    """A few KB of gzip holding 2,000 copies of one conversation: the chat dataset stops at its limit too, and
+    a chat dataset already there stays as it was."""
+    out = tmp_path / "o"
+    code, _, err = prepare_cli("--chat", write_jsonl(tmp_path / "c.jsonl", chat_rows(40)), "--tokenizer", "gpt2",
+                               "--block-size", "128", "--out", out)  # fmt: skip
+    assert code == 0, err
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    row = {"messages": [{"role": "user", "content": "a!" * 10}, {"role": "assistant", "content": "a!" * 100}]}
+    bomb = tmp_path / "bomb.jsonl.gz"
+    bomb.write_bytes(gzip.compress((json.dumps(row) + "\n").encode() * 2000, compresslevel=9))
+    assert bomb.stat().st_size < 10_000
+    args = ("--chat", bomb, "--tokenizer", "gpt2", "--block-size", "128", "--out", out, "--force")
+    code, _, err = prepare_cli(*args, "--max-output-bytes", 100_000)
+    assert (code, err) == (
+        2,
+        f"error: the dataset would take more than --max-output-bytes 100,000 bytes; raise it if the corpus is that "
+        f"large; {out} was left as it was\n",
+    )
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    code, out_line, err = prepare_cli(*args)  # the default: 32 times its bytes, at least 16 MiB
+    assert code == 0 and "2,000 conversations" in out_line, err
 
 
 def test_a_chat_row_with_a_whitespace_run_tiktoken_cannot_take_whole_prepares(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpt.checkpoints.outputs import check_targets
 from gpt.cli import ArgumentParser, run_main
 from gpt.errors import UserError
 
@@ -34,6 +35,7 @@ def run(args) -> str:
         raise AttentionError(f"--out {args.out}: name a .png file")
     if not out.parent.is_dir():
         raise AttentionError(f"--out {args.out}: there is no directory {out.parent}")
+    check_targets([out], force=True)  # a figure is replaced, a run's own file never (its .png: inside tensorboard/)
     if not args.text:
         raise AttentionError("--text is empty: give the text whose attention to draw")
     _, model, tok, meta, _ = load_for_inference(args.ckpt, "cpu", "float32")

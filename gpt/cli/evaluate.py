@@ -17,6 +17,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from gpt.checkpoints.outputs import check_targets
 from gpt.cli import ArgumentParser, run_main
 from gpt.cli.lmeval import DEFAULT_SEED, run_lm_eval
 from gpt.data.pairs import read_lines
@@ -120,6 +121,7 @@ def check_output(path: str, flag: str = "--output") -> None:
         raise EvaluateError(f"{flag} {path}: there is no directory {parent}; create it first (mkdir -p {parent})")
     if not os.access(parent, os.W_OK):
         raise EvaluateError(f"{flag} {path}: {parent} is not writable; choose another place")
+    check_targets([out], force=True, flag=flag)  # replaced if it exists, but never a run's own file
 
 
 def check_mode(args: argparse.Namespace) -> None:

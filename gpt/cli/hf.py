@@ -40,6 +40,7 @@ def main(argv=None) -> int:
         if not is_hf_dir(args.hf_dir):
             raise HFError(f"{args.hf_dir} is not a Hugging Face model directory (config.json and model weights)")
         target = Path(args.out) / "best.pt"
+        check_targets([target], force=True)  # never a run's own best.pt (an existing file: refused below)
         if target.exists():
             raise HFError(f"{target} exists; choose another --out (nothing was written)")
         model, _, meta = load_checkpoint(args.hf_dir)

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from gpt.cli import ArgumentParser, fail, run_main
 from gpt.cli.pairs import add_pairs_options, run_cli
 from gpt.data.chat import FORMATS
+from gpt.data.format import OUTPUT_FLOOR, OUTPUT_RATIO
 from gpt.data.pairs import DEFAULT_VAL_FRACTION
 from gpt.data.prepare import TOKENIZERS, prepare
 from gpt.data.records import DEFAULT_MAX_ROW_BYTES
@@ -45,6 +46,7 @@ ONLY_FOR = {
     "replacement": ("--replacement", {"text"}),
     "skip_bad_rows": ("--skip-bad-rows", {"text", "chat"}),
     "max_row_bytes": ("--max-row-bytes", {"text", "chat"}),
+    "max_output_bytes": ("--max-output-bytes", {"text", "chat"}),
     "vocab_size": ("--vocab-size", {"text", "pairs"}),
     "text_field": ("--text-field", {"text"}),
     "val_pairs": ("--val-pairs", {"pairs"}),
@@ -145,6 +147,16 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = "gpt prepare") -> 
         help="a row of a record file (a --chat file too) longer than this (JSONL: its line; Parquet: its decoded "
         f"strings) is a bad row: an error, or skipped with --skip-bad-rows (default: {DEFAULT_MAX_ROW_BYTES:,})",
     )
+    text.add_argument(
+        "--max-output-bytes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the dataset's files (a --chat dataset's too) may take at most N bytes: past it the prepare stops, "
+        f"writes nothing and says so (default: {OUTPUT_RATIO} times the inputs' bytes on disk, at least "
+        f"{OUTPUT_FLOOR >> 20} MiB; real text never nears it, a Parquet or gzip file that decodes to GBs stops "
+        "there). Give N to cap a big corpus, or to pass one that compresses better than text does",
+    )
     add_pairs_options(p.add_argument_group("pairs datasets (--pairs SRC TGT)"))
     chat = p.add_argument_group("chat datasets (--chat FILE ...; also --block-size, --tokenizer-from, --seed)")
     chat.add_argument(
@@ -210,6 +222,8 @@ def mode_error(args: argparse.Namespace) -> str | None:
         return f"{', '.join(ignored)}: only without {given} (they choose the share held out for val; {given} is it)"
     if args.max_row_bytes is not None and args.max_row_bytes < 1:
         return f"--max-row-bytes must be at least 1, got {args.max_row_bytes}"
+    if args.max_output_bytes is not None and args.max_output_bytes < 1:
+        return f"--max-output-bytes must be at least 1, got {args.max_output_bytes}"
     return None
 
 
@@ -249,6 +263,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "gpt prepare") -> int:
                 seed=args.seed or 0,
                 skip_bad_rows=args.skip_bad_rows,
                 max_row_bytes=args.max_row_bytes or DEFAULT_MAX_ROW_BYTES,
+                max_output_bytes=args.max_output_bytes,
                 force=args.force,
                 progress=False if args.quiet else None,
             ).line(),
@@ -270,6 +285,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "gpt prepare") -> int:
             text_field=args.text_field or "text",
             skip_bad_rows=args.skip_bad_rows,
             max_row_bytes=args.max_row_bytes or DEFAULT_MAX_ROW_BYTES,
+            max_output_bytes=args.max_output_bytes,
             workers=args.workers,
             force=args.force,
             progress=False if args.quiet else None,

@@ -35,6 +35,8 @@ Footguns
   never a KeyError or TypeError later on: `read_meta` checks the shape of every field the code reads.
 - Publishing replaces only the dataset's own files (DATASET_FILES): a recipe's directory keeps its
   prepare.py, and a directory that is not a dataset is never replaced wholesale.
+- A dataset's files are bounded on disk (`OutputBudget`, `--max-output-bytes`): by default a small multiple of
+  the inputs' own size, so a few hundred bytes of Parquet or gzip that decode to GBs stop early.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ META_FILE = "meta.json"
 RANKS_FILE = "tokenizer.tiktoken"
 DATASET_FILES = (*(f"{s}.{ext}" for s in SPLITS for ext in ("bin", "idx", "mask.bin")), RANKS_FILE, META_FILE)
 REPREPARE = "prepare the dataset again with --force"
+OUTPUT_RATIO = 32  # --max-output-bytes by default: this many times the inputs' bytes on disk,
+OUTPUT_FLOOR = 16 << 20  # and at least this many bytes
 
 
 class DataError(UserError, ValueError):
@@ -471,6 +475,43 @@ def staged(out: str | os.PathLike, force: bool = False, log: Callable[[str], Non
             )
             raise storage_error(e, "write", out, left) from None
         raise
+
+
+class OutputBudget:
+    """The bytes a dataset's files may take (`--max-output-bytes`), counted as they are written: the writer
+    stops at the first write past it, and `staged` removes what was written (an old dataset stays as it was).
+
+    By default `OUTPUT_RATIO` times the inputs' bytes on disk, at least `OUTPUT_FLOOR`. Text encodes to about 2
+    bytes per byte at most (4 with uint32 ids), and a compressed record file of real text to a few times its
+    size; but a few hundred bytes of Parquet hold one long string repeated in a million rows (a dictionary
+    and run-length encoding), and gzip expands up to 1032-fold. The rule stops those after a small multiple
+    of what they store, and never nears a real corpus of any size, which a fixed cap would stop hours into its
+    work. A `limit` given replaces the rule: a cap for a small disk, or room for a corpus that compresses
+    better than real text does.
+    """
+
+    def __init__(self, out: str | os.PathLike, input_bytes: int, limit: int | None = None):
+        self.out, self.input_bytes, self.given = Path(out), input_bytes, limit is not None
+        self.limit = limit if limit is not None else max(OUTPUT_FLOOR, OUTPUT_RATIO * input_bytes)
+        self.spent = 0
+
+    def spend(self, nbytes: int) -> None:
+        """Count `nbytes` about to be written: a DataError naming the limit once they would pass it."""
+        self.spent += nbytes
+        if self.spent <= self.limit:
+            return
+        left = f"{self.out} was left as it was"
+        if self.given:
+            raise DataError(
+                f"the dataset would take more than --max-output-bytes {self.limit:,} bytes; raise it if the corpus "
+                f"is that large; {left}"
+            )
+        raise DataError(
+            f"the dataset would take more than {self.limit:,} bytes, the default --max-output-bytes ({OUTPUT_RATIO} "
+            f"times the inputs' {self.input_bytes:,} bytes on disk, at least {OUTPUT_FLOOR >> 20} MiB): a record file "
+            f"that decodes to far more than it stores (a Parquet or gzip bomb)? If the corpus is real, pass a larger "
+            f"--max-output-bytes; {left}"
+        )
 
 
 def _check_out(out: Path, force: bool) -> None:

@@ -24,6 +24,9 @@ writing in gpt/data/format.py)
   split's largest id goes into meta.json (`max_id`) for the loader to check, and the UTF-8 bytes of its
   text (`bytes`), which turn its loss into bits per byte.
 - Each split must hold at least one training window (block_size + 1 tokens).
+- train.bin and val.bin together may take at most `max_output_bytes` (default: 32 times the inputs' bytes
+  on disk, at least 16 MiB; format.OutputBudget): past it the prepare stops with one error and writes
+  nothing, so a record file that decodes to GBs (a Parquet or gzip bomb) never fills the disk.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from gpt.data.format import (
     SPLITS,
     TOKENIZERS,
     DataError,
+    OutputBudget,
     dtype_for_vocab,
     new_meta,
     staged,
@@ -129,6 +133,7 @@ def prepare(
     text_field: str = "text",
     skip_bad_rows: bool = False,
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
+    max_output_bytes: int | None = None,
     workers: int | None = None,
     chunk_bytes: int = 1 << 20,
     progress: bool | None = None,
@@ -136,10 +141,11 @@ def prepare(
 ) -> PrepareSummary:
     """Tokenize the text files, record files (`.jsonl`, `.jsonl.gz`, `.parquet`: `text_field` of each row,
     bad rows (rows longer than `max_row_bytes` too) an error or, with `skip_bad_rows`, skipped and counted)
-    and directories in `inputs` into the
-    dataset directory `out`, with a new
-    tokenizer of kind `tokenizer` (default gpt2), or the one of `tokenizer_from` (a dataset, or the `vocab.Reused` of a run or
-    checkpoint from `gpt.checkpoints.loader.tokenizer_source`: see gpt/data/vocab.py for it and the `unknown` / `replacement` policy).
+    and directories in `inputs` into the dataset directory `out` (train.bin and val.bin at most
+    `max_output_bytes` together; None: format.OutputBudget's rule), with a new tokenizer of kind `tokenizer`
+    (default gpt2), or the one of `tokenizer_from` (a dataset, or the `vocab.Reused` of a run or checkpoint
+    from `gpt.checkpoints.loader.tokenizer_source`: see gpt/data/vocab.py for it and the `unknown` /
+    `replacement` policy).
 
     Raises DataError for every user mistake and a StorageError for an `out` that cannot be written or
     a full disk (the CLI prints either as one line); nothing is left behind.
@@ -179,7 +185,8 @@ def prepare(
                 replace_with = vocab.unknown_policy(missing, tok.chars, unknown, replacement, tokenizer_from)
         dtype = dtype_for_vocab(tok.vocab_size)
         stats = ReadStats()
-        writers = {s: _SplitWriter(tmp / f"{s}.bin", dtype, tok.vocab_size) for s in SPLITS}
+        budget = OutputBudget(out, sum(d.size for d in docs), max_output_bytes)  # train.bin and val.bin together
+        writers = {s: _SplitWriter(tmp / f"{s}.bin", dtype, tok.vocab_size, budget) for s in SPLITS}
         try:
             _encode(segments, tok, writers, stats, workers, reading, progress, replace_with)
         finally:
@@ -394,10 +401,11 @@ def _encoder(tok, replace_with: str | None = None) -> Callable[[str], np.ndarray
 
 
 class _SplitWriter:
-    def __init__(self, path: Path, dtype: str, vocab_size: int):
+    def __init__(self, path: Path, dtype: str, vocab_size: int, budget: OutputBudget):
         self.f = open_new(path)  # (in the fresh directory format.staged made)
         self.dtype = np.dtype(dtype).newbyteorder("<")
         self.vocab_size = vocab_size
+        self.budget = budget
         self.sha256 = hashlib.sha256()
         self.tokens = 0
         self.documents = 0
@@ -410,6 +418,7 @@ class _SplitWriter:
         if self.max_id >= self.vocab_size:  # a bug, never narrowed silently
             raise RuntimeError(f"tokenizer produced id {self.max_id} outside its vocabulary of {self.vocab_size}")
         data = ids.astype(self.dtype, copy=False).tobytes()
+        self.budget.spend(len(data))  # before the write: a bomb stops at the limit
         self.sha256.update(data)
         self.f.write(data)
         self.tokens += len(ids)

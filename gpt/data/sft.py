@@ -19,6 +19,9 @@ Policies
 - A conversation longer than a window (`block_size + 1` tokens) is cut to the window (`long="truncate"`)
   or left out (`long="skip"`); both are counted. One whose cut leaves no assistant token is left out.
 - Without `val_inputs`, `val_fraction` of the conversations (at least one) is held out, chosen by `seed`.
+- The dataset's files may take at most `max_output_bytes` (default: format.OutputBudget's rule, a multiple of
+  the chat files' bytes on disk): a Parquet or gzip chat file of a million copies of one conversation stops
+  at it with one error. (The conversations are read into memory first: RAM bounds them, not this.)
 - Written to a hidden directory and moved into place at the end, as every dataset (format.staged).
 """
 
@@ -37,7 +40,16 @@ import numpy as np
 from gpt.data import vocab
 from gpt.data.chat import ChatError, ChatTemplate, conversation
 from gpt.data.corpus import BadRowError, CorpusError
-from gpt.data.format import SPLITS, DataError, dtype_for_vocab, new_meta, staged, store_ranks, write_meta
+from gpt.data.format import (
+    SPLITS,
+    DataError,
+    OutputBudget,
+    dtype_for_vocab,
+    new_meta,
+    staged,
+    store_ranks,
+    write_meta,
+)
 from gpt.data.prepare import reused_spec, reused_tokenizer
 from gpt.data.records import DEFAULT_MAX_ROW_BYTES, BadJSONError, jsonl_rows, parquet_rows, parse_json_line
 from gpt.data.tokenizer import CharTokenizer, TokenizerError, gpt2_tokenizer
@@ -150,8 +162,8 @@ def hold_out(n: int, fraction: float, seed: int) -> np.ndarray:
 class _Split:
     """The .bin, .mask.bin and .idx of one split, filled one conversation at a time."""
 
-    def __init__(self, tmp: Path, name: str, dtype: str):
-        self.name, self.dtype = name, np.dtype(dtype).newbyteorder("<")
+    def __init__(self, tmp: Path, name: str, dtype: str, budget: OutputBudget):
+        self.name, self.dtype, self.budget = name, np.dtype(dtype).newbyteorder("<"), budget
         self.ids = open_new(tmp / f"{name}.bin")  # (in the fresh directory format.staged made)
         self.mask = open_new(tmp / f"{name}.mask.bin")
         self.starts = [0]
@@ -161,6 +173,7 @@ class _Split:
 
     def add(self, ids: list[int], mask: list[int]) -> None:
         data = np.asarray(ids, dtype=self.dtype).tobytes()
+        self.budget.spend(len(data) + len(mask) + 8)  # its ids, mask bytes and entry in the index
         self.sha256.update(data)
         self.ids.write(data)
         self.mask.write(np.asarray(mask, dtype=np.uint8).tobytes())
@@ -201,6 +214,7 @@ def prepare_chat(
     seed: int = 0,
     skip_bad_rows: bool = False,
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
+    max_output_bytes: int | None = None,
     force: bool = False,
     progress: bool | None = None,
     log: Callable[[str], None] = _stderr,
@@ -224,8 +238,9 @@ def prepare_chat(
     with staged(out, force, log) as tmp:
         bad, bad_val = [], []
         files = [Path(p) for p in [*inputs, *(val_inputs or [])]]
+        input_bytes = sum(p.stat().st_size for p in files if p.is_file())  # (a missing file: read_conversations says)
         try:
-            with Progress("read", sum(p.stat().st_size for p in files if p.is_file()), enabled=progress) as bar:
+            with Progress("read", input_bytes, enabled=progress) as bar:
                 read = (fmt, skip_bad_rows)
                 train = list(read_conversations(inputs, *read, bad.append, bar.update, max_row_bytes, check))
                 val = (
@@ -250,8 +265,9 @@ def prepare_chat(
         if val is None:
             held = hold_out(len(train), val_fraction, seed)
             train, val = [c for c, h in zip(train, held) if not h], [c for c, h in zip(train, held) if h]
+        budget = OutputBudget(out, input_bytes, max_output_bytes)
         with Progress("render", len(train) + len(val), unit="conversations", scale=1, enabled=progress) as bar:
-            splits, counts = _write_splits(tmp, (train, val), template, tok, block_size, long, bar)
+            splits, counts = _write_splits(tmp, (train, val), template, tok, block_size, long, bar, budget)
         meta = new_meta(
             "chat",
             tok.vocab_size,
@@ -286,12 +302,12 @@ def prepare_chat(
     )
 
 
-def _write_splits(tmp: Path, conversations, template, tok, block_size: int, long: str, bar: Progress):
+def _write_splits(tmp: Path, conversations, template, tok, block_size: int, long: str, bar: Progress, budget):
     """Render (train, val) into `tmp`: (the splits' meta, counts of conversations truncated / skipped)."""
     counts = {"truncated": 0, "skipped_long": 0}
     splits = {}
     for name, split_conversations in zip(SPLITS, conversations):
-        split = _Split(tmp, name, dtype_for_vocab(tok.vocab_size))
+        split = _Split(tmp, name, dtype_for_vocab(tok.vocab_size), budget)
         try:
             for ids, mask in render_all(split_conversations, template, tok):
                 bar.update()

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpt.checkpoints.outputs import check_targets
 from gpt.errors import UserError, storage_error
 from gpt.fsutil import remove_stale_temps, replacing
 
@@ -195,7 +196,9 @@ def save_figure(fig, out: str | os.PathLike) -> Path:
 
 
 def plot_runs(runs: list[str | os.PathLike], out: str | os.PathLike) -> Path:
-    """Draw the runs (directories or log.jsonl files) into the PNG `out`."""
+    """Draw the runs (directories or log.jsonl files) into the PNG `out` (replaced if it exists, but never a run's
+    own file: gpt/checkpoints/outputs.py)."""
+    check_targets([out], force=True)
     logs = [read_log(run) for run in runs]
     names = [log.name for log in logs]
     for log, run in zip(logs, runs):

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from gpt.checkpoints.native import is_sharded
-from gpt.checkpoints.outputs import RUN_FILES
+from gpt.checkpoints.outputs import LOCK_FILE, RUN_FILES
 from gpt.errors import UserError, storage_error
 from gpt.fsutil import remove_stale_temps, write_text
 
@@ -122,7 +122,7 @@ class RunDir:
             raise RunDirError(f"--out-dir {self.path} is not writable; choose a writable location")
 
     def _acquire(self) -> None:
-        path = self.path / ".lock"
+        path = self.path / LOCK_FILE
         try:  # never through a symbolic link, never truncated before it is ours: the file may be someone else's
             fd = os.open(
                 path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o644
