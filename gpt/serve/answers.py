@@ -19,6 +19,7 @@ import logging
 
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 
 from gpt.infer.batching import Request
 from gpt.serve.api import APIError, Completion, logprobs_object
@@ -26,29 +27,40 @@ from gpt.serve.api import APIError, Completion, logprobs_object
 log = logging.getLogger("gpt.serve")
 
 
-async def read_body(request: HTTPRequest, limit: int, timeout: float) -> bytes:
+async def read_body(request: HTTPRequest, limit: int, timeout: float, idle_timeout: float) -> bytes:
     """The request body; a 413 as soon as it is known to be longer than `limit` bytes, a 408 when it has not
-    all arrived after `timeout` seconds."""
+    all arrived after `timeout` seconds or no byte of it has for `idle_timeout` seconds."""
     too_long = APIError(
-        413, f"The request body is larger than this server's limit of {limit} bytes.", code="request_too_large"
+        413,
+        f"The request body is larger than this server's limit of {limit} bytes (--max-body-bytes).",
+        code="request_too_large",
     )
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise too_long
-
-    async def read() -> bytes:
-        chunks, size = [], 0
-        async for chunk in request.stream():
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    chunks, size = [], 0
+    stream = request.stream()
+    try:
+        while True:
+            left = deadline - loop.time()
+            try:
+                chunk = await asyncio.wait_for(anext(stream, None), min(left, idle_timeout))
+            except asyncio.TimeoutError:
+                if left <= idle_timeout:
+                    why = f"did not all arrive within {timeout:g} s (--body-timeout)"
+                else:
+                    why = f"sent no byte for {idle_timeout:g} s (--body-idle-timeout)"
+                raise APIError(408, f"The request body {why}.", code="request_timeout") from None
+            if chunk is None:
+                return b"".join(chunks)
             size += len(chunk)
             if size > limit:
                 raise too_long
             chunks.append(chunk)
-        return b"".join(chunks)
-
-    try:
-        return await asyncio.wait_for(read(), timeout)
-    except asyncio.TimeoutError:
-        raise APIError(408, f"The request body did not arrive within {timeout:g} s.", code="request_timeout") from None
+    except ClientDisconnect:  # it went away, or was closed to make room (guards.Deadlines): no one reads this
+        raise APIError(499, "The client closed the connection before its request body arrived.") from None
 
 
 def emit_to(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, first_index: int):

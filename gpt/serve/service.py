@@ -189,7 +189,8 @@ class Service:
                 f"{repr(media_type) if media_type else 'no Content-Type'}).",
                 code="unsupported_media_type",
             )
-        body = await read_body(request, self.config.max_body_bytes, self.config.body_timeout)
+        config = self.config
+        body = await read_body(request, config.max_body_bytes, config.body_timeout, config.body_idle_timeout)
         try:
             return schema.model_validate_json(body)
         except ValidationError as e:
