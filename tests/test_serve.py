@@ -296,6 +296,13 @@ def test_without_a_key_only_the_servers_own_host_names_are_answered(server, load
         (("My.Lan",), "my.lan:8000", True),
         (("*",), "anything", True),
         (("::",), "[fe80::1]:8000", True),
+        ((), "[0:0::1]:8000", True),  # (an address in another spelling)
+        ((), "127.0.0.1:80@evil.example", False),  # (before: read as 127.0.0.1) malformed: no browser sends these,
+        ((), "[::1]evil.example", False),  # but nothing that starts with a loopback name passes
+        ((), "localhost:evil", False),
+        ((), "localhost:8000:8000", False),
+        ((), "localhost:", False),
+        (("0.0.0.0",), "10.0.0.1:80@evil.example", False),
     ],
 )
 def test_host_check(allowed, host, ok):

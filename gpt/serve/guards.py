@@ -26,7 +26,8 @@
   in answers.read_body); h11 answers 400 to a head it cannot finish within 16 KiB of buffer (one read of
   up to 256 KiB may pass whole). The h11 protocol is named, not uvicorn's `auto`, so installing httptools
   changes nothing here.
-- `HostCheck`: without an API key, only a `Host` naming this server is answered (DNS rebinding).
+- `HostCheck`: without an API key, only a `Host` naming this server is answered (DNS rebinding); the
+  header is parsed strictly (a name or an address, then at most a numeric port).
 - `Hardened`, the outermost wrapper: every response carries `X-Frame-Options: DENY`,
   `Content-Security-Policy: frame-ancestors 'none'` (no page can frame the playground) and
   `X-Content-Type-Options: nosniff`; and anything a route raises that nothing else answered (a
@@ -40,6 +41,7 @@ import asyncio
 import collections
 import ipaddress
 import logging
+import re
 
 from fastapi.responses import JSONResponse
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -268,15 +270,14 @@ class HostCheck:
 
     def __init__(self, app, allowed: tuple[str, ...] = ()):
         self.app = app
-        self.names = {name.lower().strip("[]") for name in (*LOOPBACK_NAMES, *allowed)}
+        self.names = {_compressed(name.lower().strip("[]")) for name in (*LOOPBACK_NAMES, *allowed)}
         self.any_ip = any(_is_ip(name) and ipaddress.ip_address(name).is_unspecified for name in self.names)
 
     def allows(self, host: str) -> bool:
         if "*" in self.names:
             return True
-        name = host.lower()
-        name = name[1 : name.find("]")] if name.startswith("[") else name.rpartition(":")[0] if ":" in name else name
-        return name in self.names or (self.any_ip and _is_ip(name))
+        name = host_name(host)
+        return name is not None and (name in self.names or (self.any_ip and _is_ip(name)))
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
@@ -291,6 +292,33 @@ class HostCheck:
                 await JSONResponse(error.body(), status_code=400)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+HOST = re.compile(r"(?:\[([0-9a-f:.]+)\]|([a-z0-9._~-]+))(?::[0-9]{1,5})?")  # RFC 3986's host [":" port], strictly
+
+
+def host_name(host: str) -> str | None:
+    """The name (or address, without brackets) in a `Host` header, lower-cased; None unless the whole header is
+    a name or an address and at most a numeric port: `127.0.0.1:80@evil.com`, `[::1]evil.com` and
+    `localhost:evil` name nothing."""
+    match = HOST.fullmatch(host.lower())
+    if match is None:
+        return None
+    ipv6, name = match.groups()
+    if ipv6 is not None:
+        try:
+            return str(ipaddress.IPv6Address(ipv6))  # (compressed, as the allowed names are)
+        except ValueError:
+            return None
+    return name
+
+
+def _compressed(name: str) -> str:
+    """An IPv6 address in its one short form (`0::1` is `::1`); any other name as it is."""
+    try:
+        return str(ipaddress.IPv6Address(name))
+    except ValueError:
+        return name
 
 
 def _is_ip(name: str) -> bool:
