@@ -4,6 +4,7 @@ share never shut another client out. A tiny random model: these are the connecti
 
 import contextlib
 import socket
+import threading
 import time
 
 import pytest
@@ -98,3 +99,32 @@ def test_at_the_limit_the_address_holding_the_most_makes_room_not_an_idle_keep_a
             finally:
                 for sock in attacker:
                     sock.close()
+
+
+def test_one_address_holds_at_most_its_share_and_the_rest_is_a_429_naming_the_option(monkeypatch):
+    model, tok, meta = tiny_bpe_model()
+    app = create_app(model, tok, meta, ServeConfig(model_name="m", max_connections=8, max_connections_per_client=2))
+    encode = tok.encode
+    monkeypatch.setattr(tok, "encode", lambda text: time.sleep(2.0) or encode(text))  # requests under way a while
+    with running(app) as url:
+        busy = []
+        attacker = httpx.Client(transport=httpx.HTTPTransport(local_address=ATTACKER), timeout=30)
+        threads = [
+            threading.Thread(target=lambda: busy.append(attacker.post(url + "/tokenize", json={"prompt": "x"})))
+            for _ in range(2)
+        ]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.5)  # both under way
+        with httpx.Client(transport=httpx.HTTPTransport(local_address=ATTACKER), timeout=30) as more:
+            r = more.get(url + "/health")
+        assert r.status_code == 429 and r.headers["retry-after"] == "1", r.text
+        error = r.json()["error"]
+        assert error["code"] == "rate_limit_exceeded" and "(--max-connections-per-client)" in error["message"]
+        assert httpx.get(url + "/health").status_code == 200  # another address is answered
+        for thread in threads:
+            thread.join(30)
+        assert [b.status_code for b in busy] == [200, 200]
+        with httpx.Client(transport=httpx.HTTPTransport(local_address=ATTACKER), timeout=30) as again:
+            assert again.get(url + "/health").status_code == 200  # its requests done: room again
+        attacker.close()

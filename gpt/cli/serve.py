@@ -107,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
         "can fill the batch and the queue, never every place)",
     )
     p.add_argument(
+        "--max-logprob-values",
+        type=int,
+        default=1 << 17,
+        help="log-probabilities one completion's answer may carry, summed over its choices: tokens (the prompt's "
+        "with echo, plus max_tokens) x (logprobs + 1); more is a 400",
+    )
+    p.add_argument(
         "--docs",
         action="store_true",
         help="serve the OpenAPI docs at /docs (Swagger UI, whose script and style the browser loads from a CDN "
@@ -165,6 +172,7 @@ def run(args: argparse.Namespace) -> None:
         send_timeout=args.send_timeout,
         max_connections=args.max_connections,
         max_connections_per_client=args.max_connections_per_client,
+        max_logprob_values=args.max_logprob_values,
         allowed_hosts=(args.host, *(args.allowed_hosts or ())),
         docs=args.docs,
     )  # checked before anything slow

@@ -134,10 +134,12 @@ async def respond(
     total: int,
     echoes: list[str],
     prompt_tokens: int,
-    token_text=None,
+    off_loop,
+    decode=None,
 ):
-    """The whole completion as one JSON body; gives up (and frees the rows) if the client disconnects.
-    With `token_text` (id -> its text), each choice carries its logprobs."""
+    """The whole completion as one JSON response, built by `off_loop` (`Service.off_loop`: a scored answer can
+    be megabytes); gives up (and frees the rows) if the client disconnects. With `decode` (the tokenizer's),
+    each choice carries its logprobs."""
     n = total // len(requests)
     texts = [echoes[i // n] for i in range(total)]
     finishes: list[str] = [""] * total
@@ -164,10 +166,19 @@ async def respond(
         waiting.cancel()
         for request in requests:
             request.cancel()
-    if token_text is None:
-        return completion.body(texts, finishes, prompt_tokens, generated)
-    logprobs = [logprobs_object(s, token_text) for s in scores]
-    return completion.body(texts, finishes, prompt_tokens, generated, logprobs)
+    return await off_loop(answer_json, completion, texts, finishes, prompt_tokens, generated, scores, decode)
+
+
+def answer_json(completion: Completion, texts, finishes, prompt_tokens: int, generated: int, scores, decode=None):
+    """The answer as a JSONResponse (its bytes made here, on a text thread); with `decode`, with each choice's
+    logprobs, every distinct id among them decoded once."""
+    if decode is None:
+        return JSONResponse(completion.body(texts, finishes, prompt_tokens, generated))
+    ids = {e.id for entries in scores for e in entries}
+    ids.update(i for entries in scores for e in entries if e.top is not None for i in e.top)
+    token_text = {i: decode([i]) for i in ids}.__getitem__
+    logprobs = [logprobs_object(entries, token_text) for entries in scores]
+    return JSONResponse(completion.body(texts, finishes, prompt_tokens, generated, logprobs))
 
 
 async def _disconnected(http: HTTPRequest) -> None:

@@ -24,6 +24,7 @@ class ServeConfig:
     send_timeout: float = 30.0  # seconds an answer may sit unread (the send buffer full); then the connection drops
     max_connections: int | None = None  # uvicorn's limit_concurrency (503 beyond); None: 2 x (max_batch + max_queue)
     max_connections_per_client: int | None = None  # connections one client address may hold; None: half the above + 1
+    max_logprob_values: int = 1 << 17  # log-probabilities one answer may carry: tokens x (logprobs + 1); beyond, 400
     allowed_hosts: tuple[str, ...] = ()  # Host names answered without an API key besides the loopback ones; "*": any
     docs: bool = False  # serve /docs and /openapi.json (Swagger UI loads its script from a CDN)
     fingerprint: str = ""  # system_fingerprint: what the backend runs (device, dtype, quantisation)
@@ -31,7 +32,7 @@ class ServeConfig:
     def __post_init__(self):
         problems = [
             f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(self, name)!r}"
-            for name in ("max_batch", "max_queue", "max_tokens", "max_body_bytes")
+            for name in ("max_batch", "max_queue", "max_tokens", "max_body_bytes", "max_logprob_values")
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1
         ]
         for name in ("max_prompt_tokens", "max_connections", "max_connections_per_client"):
