@@ -296,6 +296,13 @@ def test_without_a_key_only_the_servers_own_host_names_are_answered(server, load
         (("My.Lan",), "my.lan:8000", True),
         (("*",), "anything", True),
         (("::",), "[fe80::1]:8000", True),
+        ((), "[0:0::1]:8000", True),  # (an address in another spelling)
+        ((), "127.0.0.1:80@evil.example", False),  # (before: read as 127.0.0.1) malformed: no browser sends these,
+        ((), "[::1]evil.example", False),  # but nothing that starts with a loopback name passes
+        ((), "localhost:evil", False),
+        ((), "localhost:8000:8000", False),
+        ((), "localhost:", False),
+        (("0.0.0.0",), "10.0.0.1:80@evil.example", False),
     ],
 )
 def test_host_check(allowed, host, ok):
@@ -721,6 +728,18 @@ def test_help_never_prints_the_api_key(monkeypatch, capsys):
     assert e.value.code == 0 and "$GPT_SERVE_API_KEY, set here" in out and "s3cret" not in out
 
 
+def test_help_shows_every_limit_with_its_default(capsys):
+    with pytest.raises(SystemExit):
+        serve_main("--help")
+    out = " ".join(capsys.readouterr().out.split())
+    for option, default in [
+        ("--body-idle-timeout", "(default: 5.0)"),
+        ("--max-logprob-values", "(default: 131072)"),
+        ("--max-connections-per-client", "(default: half of --max-connections, plus one"),
+    ]:
+        assert default in out[out.rindex(option + " ") :][:600], option  # (its own entry: the last mention)
+
+
 def serve_main(*args):
     from gpt.cli.serve import main
 
@@ -742,6 +761,12 @@ def serve_main(*args):
         ),
         (["--device", "cuda:7"], "error: --device cuda:7: CUDA is not available on this machine"),
         (["--header-timeout", 0], "error: invalid server settings: --header-timeout must be a number of seconds > 0"),
+        (
+            ["--body-idle-timeout", 0, "--max-connections-per-client", 0, "--max-logprob-values", 0],
+            "error: invalid server settings: --max-logprob-values must be an integer >= 1, got 0; "
+            "--max-connections-per-client must be an integer >= 1, got 0; "
+            "--body-idle-timeout must be a number of seconds > 0, got 0.0",
+        ),
     ],
 )
 def test_command_mistakes_are_one_line(trained_run, capsys, args, message):

@@ -70,6 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a request body may take to arrive; a slower one is answered 408",
     )
     p.add_argument(
+        "--body-idle-timeout",
+        type=float,
+        default=5.0,
+        help="seconds a request body may go without a byte; then it is answered 408 (a body trickled byte by byte "
+        "is also closed to make room at --max-connections)",
+    )
+    p.add_argument(
         "--header-timeout",
         type=float,
         default=5.0,
@@ -86,9 +93,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-connections",
         type=int,
         default=None,
-        help="open connections at most (uvicorn's limit_concurrency): at the limit, a new connection closes the one "
-        "that has waited longest for a request head; with every place busy, more are answered 503 "
-        "(default: 2 x (max-batch + max-queue))",
+        help="open connections at most (uvicorn's limit_concurrency): at the limit, a new connection closes one "
+        "that waits for a request head or body, from the client address holding the most connections; with every "
+        "place busy, more are answered 503 (default: 2 x (max-batch + max-queue))",
+    )
+    p.add_argument(
+        "--max-connections-per-client",
+        type=int,
+        default=None,
+        help="open connections one client address (an IPv6 /64) may hold: a new one closes the address's own waiting "
+        "ones, and is answered 429 when all of them have requests under way; behind a proxy every client is the "
+        "proxy's address (default: half of --max-connections, plus one: with the default --max-connections one client "
+        "can fill the batch and the queue, never every place)",
+    )
+    p.add_argument(
+        "--max-logprob-values",
+        type=int,
+        default=1 << 17,
+        help="log-probabilities one completion's answer may carry, summed over its choices: tokens (the prompt's "
+        "with echo, plus max_tokens) x (logprobs + 1); more is a 400",
     )
     p.add_argument(
         "--docs",
@@ -144,9 +167,12 @@ def run(args: argparse.Namespace) -> None:
         max_prompt_tokens=args.max_prompt_tokens,
         max_body_bytes=args.max_body_bytes,
         body_timeout=args.body_timeout,
+        body_idle_timeout=args.body_idle_timeout,
         header_timeout=args.header_timeout,
         send_timeout=args.send_timeout,
         max_connections=args.max_connections,
+        max_connections_per_client=args.max_connections_per_client,
+        max_logprob_values=args.max_logprob_values,
         allowed_hosts=(args.host, *(args.allowed_hosts or ())),
         docs=args.docs,
     )  # checked before anything slow

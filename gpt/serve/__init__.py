@@ -11,10 +11,10 @@ The server room: `api` (the API's request and response shapes, OpenAI's error sh
 server's settings), `checks` (a request checked against the server's limits and model, one concern each),
 `service` (the request handling, one method per route, over a `gpt.infer.batching` engine thread),
 `answers` (the engine's pieces as a response or a stream), `app` (the FastAPI app wiring the routes, and
-uvicorn around it), `guards` (the deadline on request heads, the Host check, security headers and the
-last-resort 500), `playground.html`; the command line is
-gpt/cli/serve.py (`__main__` forwards to it). May import inference, checkpoints, model, data and the
-foundations; never training or the command line.
+uvicorn around it), `guards` (the deadlines on request heads, the places under --max-connections and each
+client address's share of them, the Host check, security headers and the last-resort 500),
+`playground.html`; the command line is gpt/cli/serve.py (`__main__` forwards to it). May import inference,
+checkpoints, model, data and the foundations; never training or the command line.
 FastAPI and uvicorn are the `serve` extra (`pip install -e ".[serve]"`); importing this package does
 not import them.
 """

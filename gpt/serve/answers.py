@@ -19,6 +19,7 @@ import logging
 
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 
 from gpt.infer.batching import Request
 from gpt.serve.api import APIError, Completion, logprobs_object
@@ -26,29 +27,40 @@ from gpt.serve.api import APIError, Completion, logprobs_object
 log = logging.getLogger("gpt.serve")
 
 
-async def read_body(request: HTTPRequest, limit: int, timeout: float) -> bytes:
+async def read_body(request: HTTPRequest, limit: int, timeout: float, idle_timeout: float) -> bytes:
     """The request body; a 413 as soon as it is known to be longer than `limit` bytes, a 408 when it has not
-    all arrived after `timeout` seconds."""
+    all arrived after `timeout` seconds or no byte of it has for `idle_timeout` seconds."""
     too_long = APIError(
-        413, f"The request body is larger than this server's limit of {limit} bytes.", code="request_too_large"
+        413,
+        f"The request body is larger than this server's limit of {limit} bytes (--max-body-bytes).",
+        code="request_too_large",
     )
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise too_long
-
-    async def read() -> bytes:
-        chunks, size = [], 0
-        async for chunk in request.stream():
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    chunks, size = [], 0
+    stream = request.stream()
+    try:
+        while True:
+            left = deadline - loop.time()
+            try:
+                chunk = await asyncio.wait_for(anext(stream, None), min(left, idle_timeout))
+            except asyncio.TimeoutError:
+                if left <= idle_timeout:
+                    why = f"did not all arrive within {timeout:g} s (--body-timeout)"
+                else:
+                    why = f"sent no byte for {idle_timeout:g} s (--body-idle-timeout)"
+                raise APIError(408, f"The request body {why}.", code="request_timeout") from None
+            if chunk is None:
+                return b"".join(chunks)
             size += len(chunk)
             if size > limit:
                 raise too_long
             chunks.append(chunk)
-        return b"".join(chunks)
-
-    try:
-        return await asyncio.wait_for(read(), timeout)
-    except asyncio.TimeoutError:
-        raise APIError(408, f"The request body did not arrive within {timeout:g} s.", code="request_timeout") from None
+    except ClientDisconnect:  # it went away, or was closed to make room (guards.Deadlines): no one reads this
+        raise APIError(499, "The client closed the connection before its request body arrived.") from None
 
 
 def emit_to(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, first_index: int):
@@ -122,10 +134,12 @@ async def respond(
     total: int,
     echoes: list[str],
     prompt_tokens: int,
-    token_text=None,
+    off_loop,
+    decode=None,
 ):
-    """The whole completion as one JSON body; gives up (and frees the rows) if the client disconnects.
-    With `token_text` (id -> its text), each choice carries its logprobs."""
+    """The whole completion as one JSON response, built by `off_loop` (`Service.off_loop`: a scored answer can
+    be megabytes); gives up (and frees the rows) if the client disconnects. With `decode` (the tokenizer's),
+    each choice carries its logprobs."""
     n = total // len(requests)
     texts = [echoes[i // n] for i in range(total)]
     finishes: list[str] = [""] * total
@@ -152,10 +166,19 @@ async def respond(
         waiting.cancel()
         for request in requests:
             request.cancel()
-    if token_text is None:
-        return completion.body(texts, finishes, prompt_tokens, generated)
-    logprobs = [logprobs_object(s, token_text) for s in scores]
-    return completion.body(texts, finishes, prompt_tokens, generated, logprobs)
+    return await off_loop(answer_json, completion, texts, finishes, prompt_tokens, generated, scores, decode)
+
+
+def answer_json(completion: Completion, texts, finishes, prompt_tokens: int, generated: int, scores, decode=None):
+    """The answer as a JSONResponse (its bytes made here, on a text thread); with `decode`, with each choice's
+    logprobs, every distinct id among them decoded once."""
+    if decode is None:
+        return JSONResponse(completion.body(texts, finishes, prompt_tokens, generated))
+    ids = {e.id for entries in scores for e in entries}
+    ids.update(i for entries in scores for e in entries if e.top is not None for i in e.top)
+    token_text = {i: decode([i]) for i in ids}.__getitem__
+    logprobs = [logprobs_object(entries, token_text) for entries in scores]
+    return JSONResponse(completion.body(texts, finishes, prompt_tokens, generated, logprobs))
 
 
 async def _disconnected(http: HTTPRequest) -> None:

@@ -21,6 +21,8 @@ are null), then the generated ones. `tokens` and the keys of `top_logprobs` are 
 (a byte-level token that ends inside a character shows U+FFFD); `text_offset` is where each token's
 text starts in the choice's text. `max_tokens: 0` only scores the prompt: it needs `echo` and returns
 no new text (lm-evaluation-harness's loglikelihood asks `max_tokens: 1` and drops the last entry).
+One answer carries at most the server's `--max-logprob-values` numbers (`checks.logprob_values`: tokens
+x (logprobs + 1), over every choice); more is a 400.
 
 `POST /v1/chat/completions` (`openai.types.chat.ChatCompletion`): `messages` (system / developer,
 user and assistant; content a string or a list of text parts) instead of a prompt, the same sampling

@@ -23,10 +23,13 @@ same-origin and unaffected.
 Limits. A connection that has not sent a whole request head `header_timeout` seconds after it opened
 or after its last response is closed, one that leaves an answer unread for `send_timeout` seconds is
 dropped (`guards.Deadlines`); a body is read up to `max_body_bytes` (413) within `body_timeout`
-seconds (408); at `max_connections` open connections, a new one closes the one that has waited longest
-for a head, and uvicorn answers 503 when every place has a request under way; at shutdown (SIGTERM,
-Ctrl-C) every open completion ends at once with a 503 error (a stream's last event) before uvicorn
-closes the connections.
+seconds, with no `body_idle_timeout` seconds between two of its bytes (408); at `max_connections` open
+connections, a new one closes one that waits for a head or a body, from the address that holds the most,
+and uvicorn answers 503 when every place has a request under way; one address holds at most
+`max_connections_per_client` connections (its own waiting ones make room, a 429 when none waits); a
+completion's logprobs carry at most `max_logprob_values` numbers (400); at shutdown (SIGTERM, Ctrl-C)
+every open completion ends at once with a 503 error (a stream's last event) before uvicorn closes the
+connections.
 
 Request handling is `service.Service` (one method per route; the request checks in `checks`, the answers
 and streams in `answers`); `create_app` only builds the app and wires the routes to it.
@@ -63,9 +66,9 @@ def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
     service = Service(model, tokenizer, meta, config)
 
     async def lifespan(app):
-        service.worker.start()
+        service.start()
         yield
-        service.worker.stop()
+        service.stop()
 
     app = FastAPI(
         title="gpt.serve",
@@ -147,7 +150,7 @@ class Server(uvicorn.Server):
         super().__init__(
             uvicorn.Config(
                 app,
-                http=http_protocol(config.header_timeout, config.send_timeout),
+                http=http_protocol(config.header_timeout, config.send_timeout, config.max_connections_per_client),
                 limit_concurrency=config.max_connections,
                 **settings,
             )

@@ -5,6 +5,7 @@ that names the field (`api.APIError`) and returns a new resolved value, never ch
     scoring(req, seq2seq=False)                             # completions: max_tokens 0, logprobs
     sample = sampling(req, req.max_tokens, len(texts), limits)  # supported fields, model, limits -> SampleConfig
     prompts = prompt_ids(texts, encode, limits)             # each prompt's ids, in the vocabulary and the limit
+    logprob_values(req, prompts, sample, limits)            # the logprobs its answer would carry, within the limit
 
 The pydantic shapes (`api.py`) check what a request is on its own; these check it against this server:
 its model, its limits, the model's vocabulary and context.
@@ -35,11 +36,20 @@ class Limits:
     max_prompt: int
     block_size: int
     vocab_size: int
+    max_logprob_values: int
 
     @classmethod
     def of(cls, config: ServeConfig, block_size: int, vocab_size: int) -> Limits:
         max_prompt = min(config.max_prompt_tokens or block_size, block_size)
-        return cls(config.model_name, config.max_tokens, config.max_batch, max_prompt, block_size, vocab_size)
+        return cls(
+            config.model_name,
+            config.max_tokens,
+            config.max_batch,
+            max_prompt,
+            block_size,
+            vocab_size,
+            config.max_logprob_values,
+        )
 
 
 def supported(req) -> None:
@@ -150,6 +160,26 @@ def prompt_ids(texts: list, encode: Callable, limits: Limits) -> list[list[int]]
             )
         prompts.append(ids)
     return prompts
+
+
+def logprob_values(req, prompts: list[list[int]], sample: SampleConfig, limits: Limits) -> None:
+    """A completion's `logprobs` within what one answer may carry: each choice's tokens (the prompt's with
+    `echo`, then up to max_tokens generated) x (logprobs + 1) log-probabilities, summed over the choices."""
+    if req.logprobs is None:
+        return
+    generated = sample.max_new_tokens if req.max_tokens != 0 else 0
+    tokens = sample.num_samples * sum((len(ids) if req.echo else 0) + generated for ids in prompts)
+    values = tokens * (req.logprobs + 1)
+    if values > limits.max_logprob_values:
+        raise APIError(
+            400,
+            f"'logprobs' {req.logprobs} over {tokens:,} tokens (each choice's prompt with echo, and up to max_tokens "
+            f"generated) is {values:,} log-probabilities, more than this server returns for one request "
+            f"({limits.max_logprob_values:,}, --max-logprob-values): send fewer or shorter prompts, or a smaller "
+            "logprobs or max_tokens.",
+            param="logprobs",
+            code="invalid_value",
+        )
 
 
 def token_ids(ids: list[int], limits: Limits) -> None:

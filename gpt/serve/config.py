@@ -19,9 +19,12 @@ class ServeConfig:
     max_prompt_tokens: int | None = None  # None: the model's block_size
     max_body_bytes: int = 1 << 20
     body_timeout: float = 30.0  # seconds a request body may take to arrive; then 408
+    body_idle_timeout: float = 5.0  # seconds a request body may go without a byte; then 408
     header_timeout: float = 5.0  # seconds a connection may wait before a whole request head; then it is closed
     send_timeout: float = 30.0  # seconds an answer may sit unread (the send buffer full); then the connection drops
     max_connections: int | None = None  # uvicorn's limit_concurrency (503 beyond); None: 2 x (max_batch + max_queue)
+    max_connections_per_client: int | None = None  # connections one client address may hold; None: half the above + 1
+    max_logprob_values: int = 1 << 17  # log-probabilities one answer may carry: tokens x (logprobs + 1); beyond, 400
     allowed_hosts: tuple[str, ...] = ()  # Host names answered without an API key besides the loopback ones; "*": any
     docs: bool = False  # serve /docs and /openapi.json (Swagger UI loads its script from a CDN)
     fingerprint: str = ""  # system_fingerprint: what the backend runs (device, dtype, quantisation)
@@ -29,13 +32,13 @@ class ServeConfig:
     def __post_init__(self):
         problems = [
             f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(self, name)!r}"
-            for name in ("max_batch", "max_queue", "max_tokens", "max_body_bytes")
+            for name in ("max_batch", "max_queue", "max_tokens", "max_body_bytes", "max_logprob_values")
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1
         ]
-        for name in ("max_prompt_tokens", "max_connections"):
+        for name in ("max_prompt_tokens", "max_connections", "max_connections_per_client"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(self, name)!r}")
-        for name in ("body_timeout", "header_timeout", "send_timeout"):
+        for name in ("body_timeout", "body_idle_timeout", "header_timeout", "send_timeout"):
             if not getattr(self, name) > 0:
                 problems.append(
                     f"--{name.replace('_', '-')} must be a number of seconds > 0, got {getattr(self, name)!r}"
@@ -46,3 +49,5 @@ class ServeConfig:
             raise ServeError("invalid server settings: " + "; ".join(problems))
         if self.max_connections is None:
             self.max_connections = 2 * (self.max_batch + self.max_queue)
+        if self.max_connections_per_client is None:
+            self.max_connections_per_client = min(self.max_connections, self.max_connections // 2 + 1)

@@ -1,25 +1,33 @@
 """What stands between the network and the routes: the connection's deadlines and the app's wrappers.
 
-    Server(app)                 # gpt.serve.app: uvicorn with `http_protocol(header_timeout, send_timeout)`
+    Server(app)                 # gpt.serve.app: uvicorn with `http_protocol(header_timeout, send_timeout, per_client)`
     app.add_middleware(HostCheck, allowed=("my.lan",))
 
-- `http_protocol(head_timeout, send_timeout)`: uvicorn's h11 connection with two deadlines. uvicorn
-  starts its keep-alive timer only after a response and stops it at the first byte received, so a
-  client that sends nothing, or half a head, holds its place under `--max-connections` for ever (192
-  such sockets answered every other client 503). Here a connection has `head_timeout` seconds to send
-  a whole head, counted from the moment it opens and again from the end of each response; then it is
-  closed. The other way round, a client that stops reading (a stream it asked for, or the end of an
-  answer) held its place just as long: when the transport's buffer stays full, or an answer's last
-  bytes stay unsent, for `send_timeout` seconds, the connection is dropped.
+- `http_protocol(head_timeout, send_timeout, per_client)`: uvicorn's h11 connection with two deadlines
+  and a share per client. uvicorn starts its keep-alive timer only after a response and stops it at the
+  first byte received, so a client that sends nothing, or half a head, holds its place under
+  `--max-connections` for ever (192 such sockets answered every other client 503). Here a connection has
+  `head_timeout` seconds to send a whole head, counted from the moment it opens and again from the end of
+  each response; then it is closed. The other way round, a client that stops reading (a stream it asked
+  for, or the end of an answer) held its place just as long: when the transport's buffer stays full, or an
+  answer's last bytes stay unsent, for `send_timeout` seconds, the connection is dropped.
   A deadline alone still lets a client that reconnects as fast as it is closed keep the places taken;
-  so a connection that opens at the limit makes room first: it closes the connection that has waited
-  longest for a head (never one with a request under way). Sockets that send no whole head can then
-  never shut out a client that does; only requests under way (themselves bounded by --max-batch and
-  --max-queue, 429 beyond) fill the places, and past them uvicorn answers 503.
-  A body has its own deadline (`--body-timeout`, in app.read_body); h11 answers 400 to a head it
-  cannot finish within 16 KiB of buffer (one read of up to 256 KiB may pass whole). The h11 protocol
-  is named, not uvicorn's `auto`, so installing httptools changes nothing here.
-- `HostCheck`: without an API key, only a `Host` naming this server is answered (DNS rebinding).
+  so a connection that opens at the limit makes room first: it closes a connection that waits for a head
+  or whose request body has not all arrived (a body trickled one byte at a time held its place for the
+  whole `--body-timeout` and, 192 times over, shut everyone out), never one whose request is under way.
+  It takes that connection from the client address holding the most connections (so a client that keeps
+  its own sockets fresh closes its own, not others' idle keep-alive ones), idle before half-sent, the
+  longest waiting first. One address holds at most `per_client` connections (`--max-connections-per-client`,
+  half the places by default): a new one closes the address's own idle or half-sent ones, and when all of
+  them have requests under way its request is a 429 that names the option. Sockets that send no whole
+  request can then never shut out a client that does; only requests under way fill the places (themselves
+  bounded by --max-batch and --max-queue, 429 beyond, and per address), and past them uvicorn answers 503.
+  A body has its own deadlines (`--body-timeout` for all of it, `--body-idle-timeout` between two bytes,
+  in answers.read_body); h11 answers 400 to a head it cannot finish within 16 KiB of buffer (one read of
+  up to 256 KiB may pass whole). The h11 protocol is named, not uvicorn's `auto`, so installing httptools
+  changes nothing here.
+- `HostCheck`: without an API key, only a `Host` naming this server is answered (DNS rebinding); the
+  header is parsed strictly (a name or an address, then at most a numeric port).
 - `Hardened`, the outermost wrapper: every response carries `X-Frame-Options: DENY`,
   `Content-Security-Policy: frame-ancestors 'none'` (no page can frame the playground) and
   `X-Content-Type-Options: nosniff`; and anything a route raises that nothing else answered (a
@@ -30,8 +38,10 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import ipaddress
 import logging
+import re
 
 from fastapi.responses import JSONResponse
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -49,36 +59,67 @@ PASS_THROUGH = (KeyboardInterrupt, SystemExit, GeneratorExit, asyncio.CancelledE
 
 
 class Deadlines(H11Protocol):
-    """uvicorn's h11 connection with two deadlines (see the module's docstring): closed when a request
-    head has not arrived `head_timeout` seconds after the connection opened or after the last response
-    ended; dropped when an answer has sat unread for `send_timeout` seconds; closed to make room when
-    it waits for a head and a new connection finds the limit reached."""
+    """uvicorn's h11 connection with two deadlines and a share per client address (see the module's
+    docstring): closed when a request head has not arrived `head_timeout` seconds after the connection
+    opened or after the last response ended; dropped when an answer has sat unread for `send_timeout`
+    seconds; closed to make room, while it waits for a head or for the rest of a body, when a new
+    connection finds the limit reached or its address holding more than `per_client` connections."""
 
     head_timeout: float = 5.0
     send_timeout: float = 30.0
+    per_client: int | None = None  # connections one client address may hold; None: no limit
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self._head: asyncio.TimerHandle | None = None
         self._send: asyncio.TimerHandle | None = None
-        self._waiting_since = 0.0  # when it began to wait for a head (loop time)
+        self._since = 0.0  # when it began to wait for a head, or for the body of its request (loop time)
+        self._address = client_address(self.client)
         self._wait_for_head()
+        self._fit_address()
         self._make_room()
+        self._app, self.app = self.app, self._within_share  # (uvicorn runs `self.app` for each request)
 
     def _make_room(self) -> None:
         """Keep a place for this connection's request: past the limit (uvicorn counts this connection too),
-        close the connections that have waited longest for a head."""
+        close waiting connections of the addresses holding the most."""
         if self.limit_concurrency is None:
             return
-        others = [c for c in self.connections if c is not self and not _gone(c.transport)]
-        waiting = sorted((c for c in others if isinstance(c, Deadlines) and c._idle()), key=lambda c: c._waiting_since)
-        for c in waiting[: max(0, len(others) + 2 - self.limit_concurrency)]:
-            c._drop()
+        live = [c for c in self.connections if not _gone(c.transport)]
+        _close_some(live, self, len(live) + 1 - self.limit_concurrency)
+
+    def _fit_address(self) -> bool:
+        """Whether this connection's address holds at most `per_client` connections, once its own waiting ones
+        (the longest waiting first, never this one) are closed to get there."""
+        if self.per_client is None or self._address is None:
+            return True
+        mine = [c for c in self.connections if getattr(c, "_address", None) == self._address]
+        mine = [c for c in mine if not _gone(c.transport)]
+        _close_some(mine, self, len(mine) - self.per_client)
+        return sum(not _gone(c.transport) for c in mine) <= self.per_client
+
+    async def _within_share(self, scope, receive, send) -> None:
+        """The app, for a request whose address is within its share; a 429 naming the limit otherwise."""
+        if self._fit_address():
+            await self._app(scope, receive, send)
+            return
+        error = APIError(
+            429,
+            f"Too many connections from your address: this server lets one client address hold {self.per_client} "
+            "(--max-connections-per-client), and all of yours have requests under way; try again later.",
+            type="requests",
+            code="rate_limit_exceeded",
+        )
+        answer = JSONResponse(error.body(), status_code=429, headers={"Retry-After": "1", "Connection": "close"})
+        await Hardened(answer)(scope, receive, send)
 
     def data_received(self, data: bytes) -> None:
+        idle = self._idle()
         super().data_received(data)  # a complete head starts a request: self.cycle is a new one
         if not self._idle():
             self._head = _cancel(self._head)
+            if idle:  # its body (if any) is awaited from now
+                self._since = self.loop.time()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # (may start the next, pipelined, request)
@@ -105,8 +146,12 @@ class Deadlines(H11Protocol):
         """No request under way: before the first head, or after a response."""
         return self.cycle is None or self.cycle.response_complete
 
+    def _waiting(self) -> bool:
+        """Idle, or its request's body has not all arrived: a connection that may be closed to make room."""
+        return self._idle() or self.cycle.more_body
+
     def _wait_for_head(self) -> None:
-        self._waiting_since = self.loop.time()
+        self._since = self.loop.time()
         _cancel(self._head)
         self._head = self.loop.call_later(self.head_timeout, self._no_head)
 
@@ -132,6 +177,35 @@ class Deadlines(H11Protocol):
             self.transport.close()
 
 
+def _close_some(live: list, keep, count: int) -> None:
+    """Close `count` of the waiting connections in `live` (never `keep`): each time one of the client address
+    that holds the most of `live`, idle ones before half-sent requests, the longest waiting first."""
+    if count <= 0:
+        return
+    held = collections.Counter(getattr(c, "_address", None) for c in live)
+    waiting = [c for c in live if c is not keep and isinstance(c, Deadlines) and c._waiting()]
+    waiting.sort(key=lambda c: (not c._idle(), c._since))
+    for _ in range(min(count, len(waiting))):
+        c = max(waiting, key=lambda c: held[c._address])  # (the first of the most held: idle, then oldest)
+        waiting.remove(c)
+        held[c._address] -= 1
+        c._drop()
+
+
+def client_address(client: tuple[str, int] | None) -> str | None:
+    """What one client holds connections as: its IPv4 address, or its IPv6 /64 (a host is given a whole /64,
+    so one address each would be no limit); None for a Unix socket."""
+    if not client:
+        return None
+    try:
+        ip = ipaddress.ip_address(client[0].partition("%")[0])
+    except ValueError:
+        return client[0]
+    if ip.version == 6 and ip.ipv4_mapped is None:
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(getattr(ip, "ipv4_mapped", None) or ip)
+
+
 def _gone(transport) -> bool:
     """Closed with nothing left to send: the connection leaves uvicorn's count at the loop's next turn."""
     return transport.is_closing() and not transport.get_write_buffer_size()
@@ -142,9 +216,10 @@ def _cancel(timer: asyncio.TimerHandle | None) -> None:
         timer.cancel()
 
 
-def http_protocol(head_timeout: float, send_timeout: float) -> type[Deadlines]:
-    """The connection class for uvicorn's `http` setting, with these deadlines."""
-    return type("Deadlines", (Deadlines,), {"head_timeout": head_timeout, "send_timeout": send_timeout})
+def http_protocol(head_timeout: float, send_timeout: float, per_client: int | None = None) -> type[Deadlines]:
+    """The connection class for uvicorn's `http` setting, with these deadlines and share per address."""
+    settings = {"head_timeout": head_timeout, "send_timeout": send_timeout, "per_client": per_client}
+    return type("Deadlines", (Deadlines,), settings)
 
 
 class Hardened:
@@ -195,15 +270,14 @@ class HostCheck:
 
     def __init__(self, app, allowed: tuple[str, ...] = ()):
         self.app = app
-        self.names = {name.lower().strip("[]") for name in (*LOOPBACK_NAMES, *allowed)}
+        self.names = {_compressed(name.lower().strip("[]")) for name in (*LOOPBACK_NAMES, *allowed)}
         self.any_ip = any(_is_ip(name) and ipaddress.ip_address(name).is_unspecified for name in self.names)
 
     def allows(self, host: str) -> bool:
         if "*" in self.names:
             return True
-        name = host.lower()
-        name = name[1 : name.find("]")] if name.startswith("[") else name.rpartition(":")[0] if ":" in name else name
-        return name in self.names or (self.any_ip and _is_ip(name))
+        name = host_name(host)
+        return name is not None and (name in self.names or (self.any_ip and _is_ip(name)))
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
@@ -218,6 +292,33 @@ class HostCheck:
                 await JSONResponse(error.body(), status_code=400)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+HOST = re.compile(r"(?:\[([0-9a-f:.]+)\]|([a-z0-9._~-]+))(?::[0-9]{1,5})?")  # RFC 3986's host [":" port], strictly
+
+
+def host_name(host: str) -> str | None:
+    """The name (or address, without brackets) in a `Host` header, lower-cased; None unless the whole header is
+    a name or an address and at most a numeric port: `127.0.0.1:80@evil.com`, `[::1]evil.com` and
+    `localhost:evil` name nothing."""
+    match = HOST.fullmatch(host.lower())
+    if match is None:
+        return None
+    ipv6, name = match.groups()
+    if ipv6 is not None:
+        try:
+            return str(ipaddress.IPv6Address(ipv6))  # (compressed, as the allowed names are)
+        except ValueError:
+            return None
+    return name
+
+
+def _compressed(name: str) -> str:
+    """An IPv6 address in its one short form (`0::1` is `::1`); any other name as it is."""
+    try:
+        return str(ipaddress.IPv6Address(name))
+    except ValueError:
+        return name
 
 
 def _is_ip(name: str) -> bool:

@@ -10,18 +10,26 @@ against the server's limits and the model (`checks`), and encoded; each prompt b
 with `n` samples, all queued together or answered 429 when the waiting queue is full; `answers` turns what
 the engine hands back into the response or the stream. A chat's prompt is built by `gpt.infer.chat.chat_prompt`,
 as `sample.py --chat` builds it, the conversation kept whole (a longer one is a 400).
+
+The event loop answers every client, so no text work runs on it: encoding and decoding (a tokenizer's regex
+can take seconds over one long text) and building a whole answer's JSON (echo with logprobs turns a small
+request into megabytes) run on the service's text threads (`off_loop`), and `/health` and other clients are
+answered meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
+import os
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 
 from fastapi import Request as HTTPRequest
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
 from gpt.data.chat import ChatError, check_conversation
@@ -30,7 +38,7 @@ from gpt.infer.batching import BatchEngine, BatchWorker, QueueFull, Request, Seq
 from gpt.infer.chat import PromptTooLong, chat_prompt, chat_template
 from gpt.infer.sampling import SampleConfig, prompt_ids
 from gpt.serve import checks
-from gpt.serve.answers import emit_to, read_body, respond, stream
+from gpt.serve.answers import answer_json, emit_to, read_body, respond, stream
 from gpt.serve.api import (
     APIError,
     ChatCompletion,
@@ -50,7 +58,8 @@ STOPPING = APIError(
 
 
 class Service:
-    """What the routes answer, for one model; its engine runs on `worker`'s thread (started by the app)."""
+    """What the routes answer, for one model; its engine runs on `worker`'s thread, its text work on
+    `text_threads` (`off_loop`); the app starts and stops both."""
 
     def __init__(self, model, tokenizer, meta: dict, config: ServeConfig):
         self.model, self.tokenizer, self.config = model, tokenizer, config
@@ -68,6 +77,19 @@ class Service:
         self.page = (resources.files("gpt.serve") / "playground.html").read_text(encoding="utf-8")
         self.stopping = False
         self.open: weakref.WeakSet[asyncio.Queue] = weakref.WeakSet()  # the queues of the answers under way
+        self.text_threads = ThreadPoolExecutor(min(4, os.cpu_count() or 1), thread_name_prefix="gpt-text")
+
+    def start(self) -> None:
+        self.worker.start()
+
+    def stop(self) -> None:
+        """Stop the engine's thread; text work not started yet is dropped."""
+        self.worker.stop()
+        self.text_threads.shutdown(wait=False, cancel_futures=True)
+
+    async def off_loop(self, fn, *args):
+        """`fn(*args)` on a text thread, awaited: what it returns, or what it raises."""
+        return await asyncio.get_running_loop().run_in_executor(self.text_threads, functools.partial(fn, *args))
 
     def end_completions(self) -> None:
         """End every completion under way with a 503, and refuse new ones (on the event loop's thread)."""
@@ -97,16 +119,13 @@ class Service:
         checks.scoring(req, self.seq2seq)
         texts = req.prompts()
         sample = checks.sampling(req, req.max_tokens, len(texts), self.limits)
-        prompts = checks.prompt_ids(texts, self.encode, self.limits)
-        echoes = [self.tokenizer.decode(ids) if req.echo else "" for ids in prompts]
+        prompts, echoes = await self.off_loop(self.prompts, texts, bool(req.echo))
+        checks.logprob_values(req, prompts, sample, self.limits)
         completion = Completion(self.config.model_name, self.config.fingerprint)
         if req.max_tokens == 0 and req.logprobs is None:  # echo alone: the prompt is the whole answer
-            return completion.body(
-                [e for e in echoes for _ in range(sample.num_samples)],
-                ["length"] * len(echoes) * sample.num_samples,
-                sum(len(ids) for ids in prompts),
-                0,
-            )
+            echoed = [e for e in echoes for _ in range(sample.num_samples)]
+            tokens = sum(len(ids) for ids in prompts)
+            return await self.off_loop(answer_json, completion, echoed, ["length"] * len(echoed), tokens, 0, None)
         scoring = {"logprobs": req.logprobs, "echo": bool(req.echo), "generate": req.max_tokens != 0}
         return await self.answer(request, req, sample, prompts, completion, echoes, scoring)
 
@@ -127,7 +146,7 @@ class Service:
             raise APIError(400, f"Invalid messages: {e}.", param="messages", code="invalid_messages") from None
         max_tokens = req.max_completion_tokens or req.max_tokens or self.config.max_tokens
         sample = checks.sampling(req, max_tokens, 1, self.limits)
-        ids, sample = self.chat_prompt(messages, sample)
+        ids, sample = await self.off_loop(self.chat_prompt, messages, sample)
         completion = ChatCompletion(self.config.model_name, self.config.fingerprint)
         return await self.answer(request, req, sample, [ids], completion, [""])
 
@@ -145,21 +164,15 @@ class Service:
             "model_max_length": self.limits.block_size,
         }
 
-    async def tokenize(self, request: HTTPRequest) -> dict:
+    async def tokenize(self, request: HTTPRequest) -> JSONResponse:
         """Text -> ids, the end-of-text token's text included as its id (lm-eval reads the end-of-text id
         as `tokenize(eos_token)[0]`)."""
         req = await self.parse(request, TokenizeRequest)
-        with checks.encoding("prompt"):
-            parts = [self.tokenizer.encode(part) if part else [] for part in req.prompt.split(self.eos_text)]
-        ids = [*parts[0]]
-        for part in parts[1:]:
-            ids += [self.tokenizer.eot_token, *part]
-        return {"count": len(ids), "max_model_len": self.limits.block_size, "tokens": ids}
+        return await self.off_loop(self.tokens_of, req.prompt)
 
-    async def detokenize(self, request: HTTPRequest) -> dict:
+    async def detokenize(self, request: HTTPRequest) -> JSONResponse:
         req = await self.parse(request, DetokenizeRequest)
-        checks.token_ids(req.tokens, self.limits)
-        return {"prompt": self.tokenizer.decode(req.tokens)}
+        return await self.off_loop(self.text_of, req.tokens)
 
     # ---- what the routes share -------------------------------------------------------------------------
 
@@ -189,37 +202,12 @@ class Service:
                 f"{repr(media_type) if media_type else 'no Content-Type'}).",
                 code="unsupported_media_type",
             )
-        body = await read_body(request, self.config.max_body_bytes, self.config.body_timeout)
+        config = self.config
+        body = await read_body(request, config.max_body_bytes, config.body_timeout, config.body_idle_timeout)
         try:
             return schema.model_validate_json(body)
         except ValidationError as e:
             raise validation_error(e, body) from None
-
-    def encode(self, text: str | list[int]) -> list[int]:
-        """A completion's prompt (a text or ids) as ids: a language model's starts from end-of-text."""
-        if self.seq2seq:
-            return self.tokenizer.encode(text) if isinstance(text, str) else list(text)
-        return prompt_ids(self.model, self.tokenizer, text)
-
-    def chat_prompt(self, messages: list[dict], sample: SampleConfig) -> tuple[list[int], SampleConfig]:
-        """The conversation's ids and the sampling settings that end its answer (`gpt.infer.chat.chat_prompt`,
-        the conversation kept whole), or the 400 that says why not."""
-        limits = self.limits
-        try:
-            ids, sample, _, _ = chat_prompt(
-                self.template, self.tokenizer, messages, sample, limits.block_size, limit=limits.max_prompt
-            )
-        except PromptTooLong as e:
-            raise APIError(
-                400,
-                f"The conversation has {e.length} tokens, more than this server's limit of {limits.max_prompt - 1} "
-                f"(the model's context is {limits.block_size} tokens, the answer needs at least one): shorten it.",
-                param="messages",
-                code="context_length_exceeded",
-            ) from None
-        except UserError as e:
-            raise APIError(400, f"Invalid messages: {e}.", param="messages", code="invalid_messages") from None
-        return ids, sample
 
     async def answer(self, request: HTTPRequest, req, sample: SampleConfig, prompts, completion, echoes, scoring=None):
         """Queue one engine request per prompt, then answer: the whole body, or a stream of chunks.
@@ -246,5 +234,52 @@ class Service:
             return StreamingResponse(
                 events, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
             )
-        token_text = (lambda i: self.tokenizer.decode([i])) if scoring.get("logprobs") is not None else None
-        return await respond(request, completion, queue, requests, total, echoes, prompt_tokens, token_text)
+        decode = self.tokenizer.decode if scoring.get("logprobs") is not None else None
+        return await respond(request, completion, queue, requests, total, echoes, prompt_tokens, self.off_loop, decode)
+
+    # ---- text work, on a text thread (`off_loop`) ------------------------------------------------------
+
+    def tokens_of(self, text: str) -> JSONResponse:
+        """`/tokenize`'s answer: the end-of-text token's text becomes its id."""
+        with checks.encoding("prompt"):
+            parts = [self.tokenizer.encode(part) if part else [] for part in text.split(self.eos_text)]
+        ids = [*parts[0]]
+        for part in parts[1:]:
+            ids += [self.tokenizer.eot_token, *part]
+        return JSONResponse({"count": len(ids), "max_model_len": self.limits.block_size, "tokens": ids})
+
+    def text_of(self, ids: list[int]) -> JSONResponse:
+        """`/detokenize`'s answer."""
+        checks.token_ids(ids, self.limits)
+        return JSONResponse({"prompt": self.tokenizer.decode(ids)})
+
+    def prompts(self, texts: list, echo: bool) -> tuple[list[list[int]], list[str]]:
+        """A completion's prompts as ids (`checks.prompt_ids`), and as texts to echo ("" without `echo`)."""
+        prompts = checks.prompt_ids(texts, self.encode, self.limits)
+        return prompts, [self.tokenizer.decode(ids) if echo else "" for ids in prompts]
+
+    def encode(self, text: str | list[int]) -> list[int]:
+        """A completion's prompt (a text or ids) as ids: a language model's starts from end-of-text."""
+        if self.seq2seq:
+            return self.tokenizer.encode(text) if isinstance(text, str) else list(text)
+        return prompt_ids(self.model, self.tokenizer, text)
+
+    def chat_prompt(self, messages: list[dict], sample: SampleConfig) -> tuple[list[int], SampleConfig]:
+        """The conversation's ids and the sampling settings that end its answer (`gpt.infer.chat.chat_prompt`,
+        the conversation kept whole), or the 400 that says why not."""
+        limits = self.limits
+        try:
+            ids, sample, _, _ = chat_prompt(
+                self.template, self.tokenizer, messages, sample, limits.block_size, limit=limits.max_prompt
+            )
+        except PromptTooLong as e:
+            raise APIError(
+                400,
+                f"The conversation has {e.length} tokens, more than this server's limit of {limits.max_prompt - 1} "
+                f"(the model's context is {limits.block_size} tokens, the answer needs at least one): shorten it.",
+                param="messages",
+                code="context_length_exceeded",
+            ) from None
+        except UserError as e:
+            raise APIError(400, f"Invalid messages: {e}.", param="messages", code="invalid_messages") from None
+        return ids, sample
