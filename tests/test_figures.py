@@ -108,6 +108,7 @@ NOT_MEASURED: dict[str, dict[str, str]] = {
         "(64 MiB;": "the default of --max-row-bytes",
         "| 64 MiB |": "the default of --max-row-bytes, in the table of options",
         "stream in 1 MiB chunks": "the size of a read (gpt/data), a setting",
+        "at least 16 MiB |": "the floor of --max-output-bytes' default, in the table of options",
     },
     "docs/distributed.md": {
         "with 10% of each 80 GB GPU kept": "the planner's headroom and the GPU size it plans for (settings)",
