@@ -629,6 +629,18 @@ def _first_entry(metadata):
     return metadata.state_dict_metadata["model.transformer.wte.weight"]
 
 
+def _a_chunk_twice(metadata) -> None:
+    """The first chunk again (a new instance, its sizes shared): DCP would read and copy it twice."""
+    chunks = _first_entry(metadata).chunks
+    chunks.append(ChunkStorageMetadata(chunks[0].offsets, chunks[0].sizes))
+
+
+def _the_largest_region_twice(metadata) -> None:
+    """The smallest region of a shard made its largest: DCP would read those bytes twice (any number of times)."""
+    infos = sorted(metadata.storage_data.values(), key=lambda info: info.length)
+    infos[0].offset, infos[0].length = infos[-1].offset, infos[-1].length
+
+
 INDEX_CHANGES = {  # each keeps DCP's own classes: the index is well formed, what it says is not
     "a place outside the saved state": (
         lambda m: m.planner_data.update({"model.transformer.wte.weight": ("os", "system")}),
@@ -642,8 +654,18 @@ INDEX_CHANGES = {  # each keeps DCP's own classes: the index is well formed, wha
         lambda m: setattr(_first_entry(m).chunks[0], "offsets", torch.Size([64, 0])),
         "entry 'model.transformer.wte.weight' has a chunk outside the tensor",
     ),
+    "chunks holding more than their tensor": (
+        _a_chunk_twice,
+        "entry 'model.transformer.wte.weight' has chunks holding more than the tensor",
+    ),
+    "regions of a shard adding up to more than the shard": (
+        _the_largest_region_twice,
+        "storage '__0_0.distcp' has regions adding up to more than its ",
+    ),
     "a chunk stored nowhere": (
-        lambda m: _first_entry(m).chunks.append(ChunkStorageMetadata(torch.Size([32, 0]), torch.Size([32, 16]))),
+        lambda m: _first_entry(m).chunks.__setitem__(
+            0, ChunkStorageMetadata(torch.Size([32, 0]), torch.Size([32, 16]))
+        ),
         "entry 'model.transformer.wte.weight' has a chunk stored nowhere",
     ),
 }

@@ -13,25 +13,39 @@ small pickle machine of its own, which knows only what DCP's index of a checkpoi
 - Names (GLOBAL, STACK_GLOBAL) are looked up in a fixed table of exact (module, name) pairs: nothing is
   imported and no attribute is read. A dtype is a value; any other name gives an opaque `_Name` that
   only NEWOBJ and REDUCE accept, so no class or function reaches any other opcode or the result.
-- NEWOBJ makes an empty instance of one of DCP's index dataclasses; BUILD fills such an instance (its exact
-  type) with that dataclass's fields only. Nothing is built on any other object.
+- NEWOBJ makes an empty instance of one of DCP's index dataclasses; BUILD fills it once: only an instance
+  NEWOBJ made and no BUILD filled yet, with that dataclass's fields only, each value of its field's type
+  (`fqn` a str, `offset` a torch.Size or None...). Nothing is built on any other object, and the file
+  ends with every instance filled.
 - REDUCE calls only value constructors with checked plain arguments: `torch.Size` (ints), the memory
   format's enum (an int), a layout by name, a pure path (strings), an empty `OrderedDict`.
 - Not `BytesStorageMetadata`: DCP loads such an entry with `torch.load(weights_only=False)`, which runs
   code; our checkpoints hold tensors only. `check` then refuses an index whose parts have the wrong
   types, storage outside the checkpoint's directory, or tensors larger than its shards.
+
+No object a file builds costs more to read, check or report than the bytes that made it:
+
+- Each container and each instance is referenced once: the memo gives back only strings, numbers,
+  names, sizes and paths (DCP shares nothing else), so `t = (t, t)` cannot double at a few bytes a level.
+- Objects nest at most 16 deep (DCP's index is 6): nothing recursive (hash, repr, ==) runs out of stack.
+- No two keys of one dict have the same hash: an int hashes to itself (modulo 2**61 - 1), so a file could
+  otherwise give a dict of DCP's `MetadataIndex` keys one hash and make each insertion compare them all.
+- Strings and paths hold at most 4,096 characters, a size at most 64 dimensions below 2**63: each
+  comparison of a name shared by many parts is short.
+- Messages name types and positions, never format an object of the file (a repr walks every path).
+- `check` looks at each part once; an entry's chunks hold no more than its tensor and a shard's regions
+  no more than the shard, so DCP reads and copies no byte twice.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import pathlib
 import pickle
 import struct
 from collections import OrderedDict
 from functools import lru_cache
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import torch
 
@@ -40,6 +54,16 @@ _OPNAMES = {  # opcode -> its name in the pickle module, for messages
     for n in dir(pickle)
     if isinstance(getattr(pickle, n), bytes) and len(getattr(pickle, n)) == 1
 }
+
+
+MAX_DEPTH = 16  # how deep objects nest (DCP's index: Metadata > dict > entry > chunk list > chunk > size)
+MAX_CHARS = 4096  # a string's or a path's characters (names and paths; PATH_MAX on Linux)
+MAX_DIMS = 64  # a torch.Size's dimensions
+
+
+def _show(x) -> str:
+    """An object of the file in a message: a string, cut short, or else only its type's name."""
+    return repr(x if len(x) <= 60 else x[:60] + "...") if type(x) is str else f"a {type(x).__name__}"
 
 
 class _Name:
@@ -55,15 +79,22 @@ class _Name:
 
 
 def _size(*args):
-    if len(args) == 1 and type(args[0]) is tuple and all(type(n) is int and n >= 0 for n in args[0]):
+    if (
+        len(args) == 1
+        and type(args[0]) is tuple
+        and len(args[0]) <= MAX_DIMS
+        and all(type(n) is int and 0 <= n < 2**63 for n in args[0])
+    ):
         return torch.Size(args[0])
-    raise ValueError("torch.Size takes a tuple of sizes")
+    raise ValueError(f"torch.Size takes a tuple of at most {MAX_DIMS} sizes below 2**63")
 
 
 def _strings(*args) -> tuple[str, ...]:
-    if all(type(a) is str for a in args):
-        return args
-    raise ValueError("a path is made of strings")
+    if not all(type(a) is str for a in args):
+        raise ValueError("a path is made of strings")
+    if sum(map(len, args)) > MAX_CHARS:
+        raise ValueError(f"a path of more than {MAX_CHARS:,} characters")
+    return args
 
 
 def _ordered_dict(*args):
@@ -80,17 +111,19 @@ def _names() -> dict[tuple[str, str], object]:
     from torch.distributed.checkpoint import filesystem  # lazy: DCP only
     from torch.distributed.checkpoint import metadata as md  # lazy: DCP only
 
+    formats = {m.value: m for m in md._MEM_FORMAT_ENCODING}
+
     def enum(*args):
-        if len(args) == 1 and type(args[0]) is int:
-            return md._MEM_FORMAT_ENCODING(args[0])
-        raise ValueError("a memory format is an int")
+        if len(args) == 1 and type(args[0]) is int and args[0] in formats:
+            return formats[args[0]]
+        raise ValueError("a memory format is one of DCP's numbers for them")
 
     layouts = {str(v): v for v in vars(torch).values() if isinstance(v, torch.layout)}
 
     def layout(*args):
         if len(args) == 1 and type(args[0]) is str and args[0] in layouts:
             return layouts[args[0]]
-        raise ValueError(f"no layout {args!r}")
+        raise ValueError("a layout is named by one of torch's layouts")
 
     classes = [md.Metadata, md.TensorStorageMetadata, md.TensorProperties, md.ChunkStorageMetadata]
     classes += [md.MetadataIndex, md.StorageMeta, filesystem._StorageInfo]
@@ -113,21 +146,70 @@ def _names() -> dict[tuple[str, str], object]:
     return table
 
 
-def _fields(cls) -> frozenset[str]:
-    return frozenset(f.name for f in dataclasses.fields(cls))
+@lru_cache(maxsize=1)
+def _fields() -> dict[type, dict[str, tuple[type, ...]]]:
+    """DCP's index dataclasses (but TensorProperties, which sets its own state) -> each field -> the types its
+    value may have. A field DCP adds later is refused until it is named here."""
+    from torch.distributed.checkpoint import filesystem  # lazy: DCP only
+    from torch.distributed.checkpoint import metadata as md  # lazy: DCP only
+
+    size, none, path = torch.Size, type(None), (PurePosixPath, PureWindowsPath)
+    return {
+        md.Metadata: {
+            "state_dict_metadata": (dict,),
+            "planner_data": (dict, none),
+            "storage_data": (dict, none),
+            "storage_meta": (md.StorageMeta, none),
+            "version": (str, none),
+        },
+        md.TensorStorageMetadata: {"properties": (md.TensorProperties,), "size": (size,), "chunks": (list,)},
+        md.ChunkStorageMetadata: {"offsets": (size,), "sizes": (size,)},
+        md.MetadataIndex: {"fqn": (str,), "offset": (size, none), "index": (int, none)},
+        md.StorageMeta: {
+            "checkpoint_id": (str, *path, none),
+            "save_id": (str, none),
+            "load_id": (str, none),
+            "modules": (list,),
+        },
+        filesystem._StorageInfo: {
+            "relative_path": (str,),
+            "offset": (int,),
+            "length": (int,),
+            "transform_descriptors": (list, tuple, none),
+        },
+    }
+
+
+def _properties_state(state) -> bool:
+    """TensorProperties' state: (dtype, layout, requires_grad, memory format, pin_memory), each of its type."""
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING  # lazy: DCP only
+
+    return (
+        type(state) is tuple
+        and len(state) == 5
+        and [type(v) for v in state] == [torch.dtype, torch.layout, bool, _MEM_FORMAT_ENCODING, bool]
+    )
 
 
 class _Unpickler:
     """The pickle machine (see the module notes); `load` returns the object or raises UnpicklingError."""
 
     def __init__(self, data: bytes):
+        from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING  # lazy: DCP only
+
         self.data, self.pos = memoryview(data), 0
         self.stack: list = []
         self.marks: list[list] = []
         self.memo: dict[int, object] = {}
-        self.names = _names()
+        self.names, self.fields = _names(), _fields()
         self.classes = {n.new for n in self.names.values() if isinstance(n, _Name) and n.new}
         self.index = self.names[("torch.distributed.checkpoint.metadata", "MetadataIndex")].new
+        self.shared = {str, int, float, bool, type(None), _Name, torch.dtype, torch.layout, _MEM_FORMAT_ENCODING}
+        self.shared |= {torch.Size, PurePosixPath, PureWindowsPath}  # what the memo gives back: DCP shares no more
+        self.nested = {tuple, list, dict, OrderedDict, torch.Size, *self.classes}  # what has a depth
+        self.depths: dict[int, int] = {}  # id of a nested object -> how deep it nests, where more than 1
+        self.hashes: dict[int, set[int]] = {}  # id of a dict -> its keys' hashes, once it has keys
+        self.unfilled: dict[int, object] = {}  # id -> an instance NEWOBJ made that no BUILD filled yet
 
     def take(self, n: int) -> bytes:
         if n > len(self.data) - self.pos:
@@ -150,10 +232,26 @@ class _Unpickler:
         return items
 
     def lookup(self, module: str, name: str):
-        found = self.names.get((module, name)) if type(module) is str and type(name) is str else None
+        named = type(module) is str and type(name) is str
+        found = self.names.get((module, name)) if named else None
         if found is None:
-            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a checkpoint's .metadata")
+            what = f"{module[:100]}.{name[:100]}" if named else "a name that is not a string"
+            raise pickle.UnpicklingError(f"{what} is not allowed in a checkpoint's .metadata")
         return found
+
+    def depth(self, x) -> int:
+        return self.depths.get(id(x), 1) if type(x) in self.nested else 0
+
+    def made(self, obj, items=(), at_least: int = 1) -> None:
+        """Note how deep `obj` nests, just made of `items` (or grown by them: then `at_least` is its depth). Every
+        nested object passes here when it is made, which clears what a dead one with its id left."""
+        depth = max(at_least, 1 + max(map(self.depth, items), default=0))
+        if depth > MAX_DEPTH:
+            raise pickle.UnpicklingError(f"objects nested more than {MAX_DEPTH} deep")
+        if depth > 1:
+            self.depths[id(obj)] = depth
+        else:  # (most objects: no entry)
+            self.depths.pop(id(obj), None)
 
     def build(self, state) -> None:
         inst = self.stack[-1]
@@ -161,21 +259,22 @@ class _Unpickler:
         if cls not in self.classes:
             what = inst.label if isinstance(inst, _Name) else f"a {cls.__name__}"
             raise pickle.UnpicklingError(f"BUILD on {what} is not allowed in a checkpoint's .metadata")
+        if self.unfilled.pop(id(inst), None) is not inst:  # (else a key already hashed could change)
+            raise pickle.UnpicklingError(f"BUILD on a {cls.__name__} that a BUILD filled already")
         if cls.__name__ == "TensorProperties":  # its own __setstate__, from (dtype, layout, grad, format, pin)
-            if type(state) is not tuple or len(state) != 5:
-                raise pickle.UnpicklingError("TensorProperties' state is not its 5 fields")
+            if not _properties_state(state):
+                raise pickle.UnpicklingError("TensorProperties' state is not its 5 fields of their types")
             inst.__setstate__(state)
-            if not (
-                isinstance(inst.dtype, torch.dtype)
-                and isinstance(inst.layout, torch.layout)
-                and type(inst.requires_grad) is bool
-                and type(inst.pin_memory) is bool
-            ):
-                raise pickle.UnpicklingError("TensorProperties with fields of the wrong types")
+            self.made(inst)
             return
-        if type(state) is not dict or not set(state) <= _fields(cls) or not all(type(k) is str for k in state):
+        fields = self.fields[cls]
+        if type(state) is not dict or not all(type(k) is str and k in fields for k in state):
             raise pickle.UnpicklingError(f"{cls.__name__}'s state is not a dict of its fields")
+        for name, value in state.items():
+            if type(value) not in fields[name]:
+                raise pickle.UnpicklingError(f"{cls.__name__}'s {name} is a {type(value).__name__}")
         inst.__dict__.update(state)  # (the fields themselves: no __setattr__, as pickle does)
+        self.made(inst, state.values())
 
     def load(self):
         ops = _DISPATCH
@@ -192,41 +291,56 @@ class _Unpickler:
                 return self.stack.pop()
 
 
+def _new(u: _Unpickler, obj, items=()) -> None:
+    """Push what an opcode made (of `items`), noting how deep it nests; a dict starts with no keys' hashes."""
+    u.hashes.pop(id(obj), None)
+    u.made(obj, items)
+    u.stack.append(obj)  # (u.stack read after `obj` is made: popping a mark replaces the stack)
+
+
+def _named(obj) -> str:
+    return obj.label if isinstance(obj, _Name) else f"a {type(obj).__name__}"
+
+
 def _newobj(u: _Unpickler) -> None:
     args, cls = u.stack.pop(), u.stack.pop()
-    if not isinstance(cls, _Name) or cls.new is None or args != ():
-        raise pickle.UnpicklingError(f"NEWOBJ of {cls!r} is not allowed in a checkpoint's .metadata")
-    u.stack.append(object.__new__(cls.new))
+    if not isinstance(cls, _Name) or cls.new is None or type(args) is not tuple or args:
+        raise pickle.UnpicklingError(f"NEWOBJ of {_named(cls)} is not allowed in a checkpoint's .metadata")
+    inst = object.__new__(cls.new)
+    u.unfilled[id(inst)] = inst
+    _new(u, inst)
 
 
 def _reduce(u: _Unpickler) -> None:
     args, func = u.stack.pop(), u.stack.pop()
     if not isinstance(func, _Name) or func.call is None or type(args) is not tuple:
-        raise pickle.UnpicklingError(f"REDUCE of {func!r} is not allowed in a checkpoint's .metadata")
-    u.stack.append(func.call(*args))
+        raise pickle.UnpicklingError(f"REDUCE of {_named(func)} is not allowed in a checkpoint's .metadata")
+    _new(u, func.call(*args))
 
 
 def _setitems(u: _Unpickler, items: list) -> None:
     target = u.stack[-1]
     if type(target) not in (dict, OrderedDict) or len(items) % 2:
         raise pickle.UnpicklingError(f"SETITEMS on a {type(target).__name__}")
+    hashes = u.hashes.setdefault(id(target), set())
     for i in range(0, len(items), 2):
-        key = items[i]  # a str or an index of DCP's, hashed safely (a deeply nested tuple would crash hash())
-        if type(key) is not str and not (
-            type(key) is u.index and type(key.fqn) is str and type(key.offset) in (torch.Size, type(None))
-        ):
+        key = items[i]  # a str or an index of DCP's, its fields typed by BUILD: hashed safely
+        if type(key) is not str and not (type(key) is u.index and type(getattr(key, "fqn", None)) is str):
             raise pickle.UnpicklingError(f"a dict key of type {type(key).__name__} in a checkpoint's .metadata")
+        h = hash(key)
+        if h in hashes:  # (a dict would compare each new key with every key of that hash)
+            raise pickle.UnpicklingError("two keys of one dict have the same hash")
+        hashes.add(h)
         target[key] = items[i + 1]
+    u.made(target, items, at_least=u.depth(target))
 
 
 def _append(u: _Unpickler, items: list) -> None:
-    if type(u.stack[-1]) is not list:
-        raise pickle.UnpicklingError(f"APPEND to a {type(u.stack[-1]).__name__}")
-    u.stack[-1].extend(items)
-
-
-def _push(u: _Unpickler, value) -> None:
-    u.stack.append(value)  # (u.stack read after `value` is made: popping a mark replaces the stack)
+    target = u.stack[-1]
+    if type(target) is not list:
+        raise pickle.UnpicklingError(f"APPEND to a {type(target).__name__}")
+    target.extend(items)
+    u.made(target, items, at_least=u.depth(target))
 
 
 def _tuple(u: _Unpickler, n: int) -> None:
@@ -234,7 +348,12 @@ def _tuple(u: _Unpickler, n: int) -> None:
         raise pickle.UnpicklingError("a tuple of more items than the stack holds")
     items = tuple(u.stack[len(u.stack) - n :])
     del u.stack[len(u.stack) - n :]
-    u.stack.append(items)
+    _new(u, items, items)
+
+
+def _tuple_to_mark(u: _Unpickler) -> None:
+    items = u.pop_mark()
+    _new(u, tuple(items), items)
 
 
 def _mark(u: _Unpickler) -> None:
@@ -249,11 +368,20 @@ def _memo_put(u: _Unpickler, index: int) -> None:
 def _memo_get(u: _Unpickler, index: int) -> None:
     if index not in u.memo:
         raise pickle.UnpicklingError(f"memo entry {index} was never stored")
-    u.stack.append(u.memo[index])
+    obj = u.memo[index]
+    if type(obj) not in u.shared:
+        raise pickle.UnpicklingError(
+            f"memo entry {index} holds a {type(obj).__name__}: only strings, numbers, names, sizes and paths are "
+            "referenced twice"
+        )
+    u.stack.append(obj)
 
 
 def _string(u: _Unpickler, fmt: str) -> None:
-    u.stack.append(u.take(u.number(fmt)).decode("utf-8", "surrogatepass"))
+    text = u.take(u.number(fmt)).decode("utf-8", "surrogatepass")
+    if len(text) > MAX_CHARS:
+        raise pickle.UnpicklingError(f"a string of more than {MAX_CHARS:,} characters")
+    u.stack.append(text)
 
 
 def _stack_global(u: _Unpickler) -> None:
@@ -264,6 +392,9 @@ def _stack_global(u: _Unpickler) -> None:
 def _stop(u: _Unpickler) -> bool:
     if len(u.stack) != 1 or u.marks:
         raise pickle.UnpicklingError("STOP with a stack of other than one object")
+    if u.unfilled:
+        cls = type(next(iter(u.unfilled.values())))
+        raise pickle.UnpicklingError(f"a {cls.__name__} that no BUILD filled")
     return True
 
 
@@ -283,15 +414,15 @@ _DISPATCH = {
     pickle.SHORT_BINUNICODE[0]: lambda u: _string(u, "<B"),
     pickle.BINUNICODE[0]: lambda u: _string(u, "<I"),
     pickle.BINUNICODE8[0]: lambda u: _string(u, "<Q"),
-    pickle.EMPTY_TUPLE[0]: lambda u: u.stack.append(()),
+    pickle.EMPTY_TUPLE[0]: lambda u: _new(u, ()),
     pickle.TUPLE1[0]: lambda u: _tuple(u, 1),
     pickle.TUPLE2[0]: lambda u: _tuple(u, 2),
     pickle.TUPLE3[0]: lambda u: _tuple(u, 3),
-    pickle.TUPLE[0]: lambda u: _push(u, tuple(u.pop_mark())),
-    pickle.EMPTY_LIST[0]: lambda u: u.stack.append([]),
+    pickle.TUPLE[0]: _tuple_to_mark,
+    pickle.EMPTY_LIST[0]: lambda u: _new(u, []),
     pickle.APPEND[0]: lambda u: _append(u, [u.stack.pop()]),
     pickle.APPENDS[0]: lambda u: _append(u, u.pop_mark()),
-    pickle.EMPTY_DICT[0]: lambda u: u.stack.append({}),
+    pickle.EMPTY_DICT[0]: lambda u: _new(u, {}),
     pickle.SETITEM[0]: lambda u: _setitems(u, [u.stack.pop(-2), u.stack.pop()]),
     pickle.SETITEMS[0]: lambda u: _setitems(u, u.pop_mark()),
     pickle.MEMOIZE[0]: lambda u: _memo_put(u, len(u.memo)),
@@ -336,18 +467,19 @@ def check(metadata, directory: Path) -> None:
     if type(entries) is not dict or not all(type(md) is TensorStorageMetadata for md in entries.values()):
         raise ValueError("an entry other than a tensor")
     tensor_bytes = 0
-    for key, md in entries.items():
-        where = paths.get(key) if type(paths) is dict else None
+    for key, md in entries.items():  # (each part once: the unpickler lets no container or instance be shared)
+        where = paths.get(key) if type(paths) is dict and type(key) is str else None
         if (
             type(where) is not tuple
             or len(where) not in (2, 3)
             or not all(type(p) is str for p in where)
             or where[0] not in ("model", "optimizer")
         ):
-            raise ValueError(f"entry {key!r} has no place in the saved state dict")
+            raise ValueError(f"entry {_show(key)} has no place in the saved state dict")
         props, size, chunks = (getattr(md, f, None) for f in ("properties", "size", "chunks"))
         if type(props) is not TensorProperties or type(size) is not torch.Size or type(chunks) is not list:
-            raise ValueError(f"entry {key!r} is not a tensor's description")
+            raise ValueError(f"entry {_show(key)} is not a tensor's description")
+        held = 0
         for c in chunks:
             offsets, sizes = getattr(c, "offsets", None), getattr(c, "sizes", None)
             if (
@@ -357,37 +489,37 @@ def check(metadata, directory: Path) -> None:
                 or not len(offsets) == len(sizes) == len(size)
                 or any(o + s > n for o, s, n in zip(offsets, sizes, size))
             ):
-                raise ValueError(f"entry {key!r} has a chunk outside the tensor")
+                raise ValueError(f"entry {_show(key)} has a chunk outside the tensor")
+            held += math.prod(sizes)
+        if held > math.prod(size):  # (DCP's chunks tile their tensor: more would be read and copied twice)
+            raise ValueError(f"entry {_show(key)} has chunks holding more than the tensor")
         tensor_bytes += math.prod(size) * props.dtype.itemsize
-    storage, files = metadata.storage_data, {}
+    storage, files, used = metadata.storage_data, {}, {}
     if type(storage) is not dict:
         raise ValueError("no storage table")
     for index, info in storage.items():
         name = getattr(info, "relative_path", None)
-        if (
-            type(index) is not MetadataIndex
-            or type(getattr(index, "fqn", None)) is not str
-            or type(getattr(index, "offset", None)) is not torch.Size
-            or type(info) is not _StorageInfo
-            or type(name) is not str
-            or name in ("", ".", "..")
-            or ("/" in name or "\\" in name)
-        ):
-            raise ValueError(f"storage {name!r} is not a file in the checkpoint's directory")
-        if name not in files:
+        if type(index) is not MetadataIndex or type(index.offset) is not torch.Size or type(info) is not _StorageInfo:
+            raise ValueError(f"storage {_show(name)} is not a file in the checkpoint's directory")
+        if name not in files:  # (each name checked once: a shard holds many regions)
+            if type(name) is not str or name in ("", ".", "..") or ("/" in name or "\\" in name):
+                raise ValueError(f"storage {_show(name)} is not a file in the checkpoint's directory")
             try:
                 files[name] = (directory / name).stat().st_size
             except OSError:
-                raise ValueError(f"storage {name!r} is missing") from None
+                raise ValueError(f"storage {_show(name)} is missing") from None
         start, length = getattr(info, "offset", None), getattr(info, "length", None)
         if type(start) is not int or type(length) is not int or start < 0 or length < 0 or start + length > files[name]:
-            raise ValueError(f"storage {name!r} is read past its end")
+            raise ValueError(f"storage {_show(name)} is read past its end")
+        used[name] = used.get(name, 0) + length
+        if used[name] > files[name]:  # (DCP's regions of a shard do not overlap: none is read twice)
+            raise ValueError(f"storage {_show(name)} has regions adding up to more than its {files[name]:,} bytes")
         if getattr(info, "transform_descriptors", None) not in (None, [], ()):
-            raise ValueError(f"storage {name!r} names transforms (gpt writes none)")
-    stored = {(index.fqn, tuple(index.offset)) for index in storage}
+            raise ValueError(f"storage {_show(name)} names transforms (gpt writes none)")
+    stored = {(index.fqn, tuple(index.offset)) for index in storage}  # (no two of one hash: see _setitems)
     missing = [key for key, md in entries.items() for c in md.chunks if (key, tuple(c.offsets)) not in stored]
     if missing:
-        raise ValueError(f"entry {missing[0]!r} has a chunk stored nowhere")
+        raise ValueError(f"entry {_show(missing[0])} has a chunk stored nowhere")
     if tensor_bytes > sum(files.values()):
         raise ValueError(f"its tensors ({tensor_bytes:,} bytes) are larger than its shards ({sum(files.values()):,})")
     meta = metadata.storage_meta
@@ -395,7 +527,7 @@ def check(metadata, directory: Path) -> None:
         type(meta) is not StorageMeta
         or not isinstance(meta.checkpoint_id, (str, pathlib.PurePath, type(None)))
         or not all(isinstance(v, (str, type(None))) for v in (meta.save_id, meta.load_id))
-        or type(meta.modules) is not list
+        or type(getattr(meta, "modules", None)) is not list
         or not all(type(m) is str for m in meta.modules)
     ):
         raise ValueError("storage_meta of the wrong type")
