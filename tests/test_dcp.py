@@ -2,6 +2,7 @@
 a .metadata that would run code, reading them wherever a checkpoint is read, conversion to one file.
 Several processes: tests/test_parallel.py."""
 
+import dataclasses
 import errno
 import os
 import pickle
@@ -641,14 +642,21 @@ def _the_largest_region_twice(metadata) -> None:
     infos[0].offset, infos[0].length = infos[-1].offset, infos[-1].length
 
 
+def _stored_elsewhere(metadata) -> None:
+    """The first entry's storage filed under another offset: its chunk is stored nowhere."""
+    storage = metadata.storage_data
+    (index,) = [i for i in storage if i.fqn == "model.transformer.wte.weight"]
+    storage[dataclasses.replace(index, offset=torch.Size([1, 0]))] = storage.pop(index)
+
+
 INDEX_CHANGES = {  # each keeps DCP's own classes: the index is well formed, what it says is not
     "a place outside the saved state": (
         lambda m: m.planner_data.update({"model.transformer.wte.weight": ("os", "system")}),
         "entry 'model.transformer.wte.weight' has no place in the saved state dict",
     ),
-    "a tensor larger than the shards (an allocation bomb)": (
+    "a tensor larger than its chunks (an allocation bomb)": (
         lambda m: setattr(_first_entry(m), "size", torch.Size([2**40, 16])),
-        "its tensors (70,368,",
+        "entry 'model.transformer.wte.weight' has chunks holding less than the tensor",
     ),
     "a chunk outside its tensor": (
         lambda m: setattr(_first_entry(m).chunks[0], "offsets", torch.Size([64, 0])),
@@ -658,14 +666,16 @@ INDEX_CHANGES = {  # each keeps DCP's own classes: the index is well formed, wha
         _a_chunk_twice,
         "entry 'model.transformer.wte.weight' has chunks holding more than the tensor",
     ),
+    "chunks holding less than their tensor (a hole read as whatever memory held)": (
+        lambda m: setattr(_first_entry(m).chunks[0], "sizes", torch.Size([1, 16])),
+        "entry 'model.transformer.wte.weight' has chunks holding less than the tensor",
+    ),
     "regions of a shard adding up to more than the shard": (
         _the_largest_region_twice,
         "storage '__0_0.distcp' has regions adding up to more than its ",
     ),
     "a chunk stored nowhere": (
-        lambda m: _first_entry(m).chunks.__setitem__(
-            0, ChunkStorageMetadata(torch.Size([32, 0]), torch.Size([32, 16]))
-        ),
+        _stored_elsewhere,
         "entry 'model.transformer.wte.weight' has a chunk stored nowhere",
     ),
 }

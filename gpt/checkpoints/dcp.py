@@ -191,7 +191,7 @@ def read(path: str | os.PathLike, map_location="cpu") -> dict:
     reader = _reader(path)
     metadata = reader.read_metadata()
     flat = {
-        key: torch.empty(md.size, dtype=md.properties.dtype, device=map_location)
+        key: torch.zeros(md.size, dtype=md.properties.dtype, device=map_location)  # (no byte left unset)
         for key, md in metadata.state_dict_metadata.items()
         if isinstance(md, TensorStorageMetadata)
     }

@@ -33,7 +33,7 @@ No object a file builds costs more to read, check or report than the bytes that 
 - Strings and paths hold at most 4,096 characters, a size at most 64 dimensions below 2**63: each
   comparison of a name shared by many parts is short.
 - Messages name types and positions, never format an object of the file (a repr walks every path).
-- `check` looks at each part once; an entry's chunks hold no more than its tensor and a shard's regions
+- `check` looks at each part once; an entry's chunks hold exactly its tensor's elements and a shard's regions
   no more than the shard, so DCP reads and copies no byte twice.
 """
 
@@ -491,8 +491,10 @@ def check(metadata, directory: Path) -> None:
             ):
                 raise ValueError(f"entry {_show(key)} has a chunk outside the tensor")
             held += math.prod(sizes)
-        if held > math.prod(size):  # (DCP's chunks tile their tensor: more would be read and copied twice)
-            raise ValueError(f"entry {_show(key)} has chunks holding more than the tensor")
+        if held != math.prod(size):  # DCP's chunks tile their tensor: more is read twice, less leaves a hole
+            raise ValueError(
+                f"entry {_show(key)} has chunks holding {'more' if held > math.prod(size) else 'less'} than the tensor"
+            )
         tensor_bytes += math.prod(size) * props.dtype.itemsize
     storage, files, used = metadata.storage_data, {}, {}
     if type(storage) is not dict:
