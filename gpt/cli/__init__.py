@@ -14,7 +14,7 @@ of the checkout, are its callers).
 
 Every entry point (each verb, and the recipes' data/*/prepare.py) runs its body through `run_main`. A
 `gpt.errors.UserError` becomes its message (exit 2); anything else is a bug and keeps its traceback. Ctrl-C prints one line and exits 130. A reader that closes stdout early
-(`python sample.py ... | head`) ends the script quietly, as it ends `cat`: no traceback, no "Exception
+(`gpt sample ... | head`) ends the script quietly, as it ends `cat`: no traceback, no "Exception
 ignored" at exit, status 141 (128 + SIGPIPE, what a shell shows for `cat` killed by the broken pipe).
 Text a model wrote goes to a terminal through `for_terminal`: its escape sequences are shown, never run.
 """

@@ -1,6 +1,6 @@
 """int8 CPU inference: the Linear layers in int8, weights and activations, with int32 accumulation.
 
-    python sample.py --ckpt out/shakespeare-char --quantize int8 [--compile]
+    gpt sample --ckpt out/shakespeare-char --quantize int8 [--compile]
     gpt serve --ckpt out/shakespeare-char --quantize int8
 
     from gpt.model.quantize import quantize

@@ -1,6 +1,6 @@
 """How the model being trained is laid over the processes: DDP, FSDP2 (`--fsdp`), activation checkpointing.
 
-    torchrun --nproc-per-node 8 train.py --config gpt2_124m --data ... --fsdp --activation-checkpointing
+    torchrun --nproc-per-node 8 -m gpt train --config gpt2_124m --data ... --fsdp --activation-checkpointing
 
     train_model = parallel.wrap(model, cfg, rt)   # before the optimizer is made: FSDP replaces the parameters
     with parallel.micro_step(train_model, last):  # DDP syncs gradients on the last micro-step only
@@ -55,7 +55,7 @@ def check(cfg: TrainConfig, rt: Runtime) -> None:
     if not rt.ddp:
         raise ConfigError(
             "--fsdp shards the model over the processes torchrun starts: launch with `torchrun "
-            "--nproc-per-node N train.py ... --fsdp` (N = 1 for a single process), or pass --no-fsdp"
+            "--nproc-per-node N -m gpt train ... --fsdp` (N = 1 for a single process), or pass --no-fsdp"
         )
     if rt.device.type not in ("cuda", "cpu"):
         raise ConfigError(f"--fsdp runs on CUDA (nccl) or CPU (gloo), not {rt.device.type}")
