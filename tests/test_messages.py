@@ -193,3 +193,26 @@ def test_every_help_names_only_real_commands(verb):
     assert texts and all(texts.values())
     found = [f"`{where}`: `{c}`: {p}" for where, text in texts.items() for _, c, p in problems_in(text, False)]
     assert not found, "\n".join(found)
+
+
+POINTER = re.compile(r'bench/README\.md,? "([^"]+)"')
+
+
+def bench_sections() -> list[str]:
+    text = (ROOT / "bench" / "README.md").read_text(encoding="utf-8")
+    return [line.lstrip("#").strip() for line in text.splitlines() if line.startswith("## ")]
+
+
+def test_every_pointer_to_bench_readme_names_a_section():
+    """Measured figures live in bench/README.md; gpt/ points at them as `bench/README.md, "Section"` (the
+    heading's words, without its script), in strings and comments alike."""
+    sections, found, wrong = bench_sections(), 0, []
+    for path in sorted(GPT.rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        comments = " ".join(line.split("#", 1)[1] for line in source.splitlines() if "#" in line)
+        for text in [comments, *(t for _, t, _ in strings(source))]:
+            for name in POINTER.findall(re.sub(r"\s*\n\s*(# )?", " ", text)):
+                found += 1
+                if not any(s.startswith(name) for s in sections):
+                    wrong.append(f"{path.relative_to(ROOT)}: no section {name!r} in bench/README.md")
+    assert found >= 10 and not wrong, wrong

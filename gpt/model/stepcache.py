@@ -1,6 +1,6 @@
-"""Compiled decode steps kept on disk (`gpt.model.compiled`): a later run of `sample.py --compile` on the same
-weights loads its step instead of compiling it again (GPT-2 124M float32: 3.3 s to load a 657 MB entry against a
-39 s compile, 2-core AMD EPYC).
+"""Compiled decode steps kept on disk (`gpt.model.compiled`): a later run of `gpt sample --compile` on the same
+weights loads its step instead of compiling it again (loading against compiling: bench/README.md, "Against
+llama.cpp").
 
     GPT_COMPILE_CACHE=DIR      # where (default: $XDG_CACHE_HOME/gpt/compiled-steps, else ~/.cache/gpt/...)
     GPT_COMPILE_CACHE=off      # never read or write one: every run compiles, as before the cache
@@ -17,7 +17,8 @@ Footguns
   GPT_COMPILE_CACHE at one that others can write.
 - A cache that cannot be written (a full disk, read-only, no home) or an entry that does not load is not an
   error: the step compiles as without a cache, and a bad entry is replaced.
-- Only whole runs of the same weights hit: a checkpoint trained further is another entry (GPT-2 float32 ~660 MB).
+- Only whole runs of the same weights hit: a checkpoint trained further is another entry (about the size of
+  the weights: the step holds them).
 """
 
 from __future__ import annotations

@@ -124,8 +124,8 @@ def shard(model: GPT, dtype: torch.dtype, compile: bool = False) -> None:
 
 def compile_options(device: torch.device) -> dict:
     """Inductor settings for `torch.compile`. On CPU its generated code computes tanh (GPT-2's GELU)
-    with a slow vectorised tanh; as 2 / (1 + exp(-2x)) - 1 the GELU kernels took 540 vs 890 us and
-    the compiled 4x4x128 step 1.22-1.26x against 1.19 a plain eager loop (AVX2 EPYC, 2 cores).
+    with a slow vectorised tanh; as 2 / (1 + exp(-2x)) - 1 the GELU kernels and the compiled step are
+    faster (AVX2 EPYC, 2 cores: bench/README.md, "Training").
     PyTorch leaves it off by default for one atan2 case (its issue 148241); absolute error ~1e-7."""
     return {"cpp.use_decompose_tanh": True} if device.type == "cpu" else {}
 
