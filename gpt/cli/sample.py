@@ -50,7 +50,7 @@ from gpt.errors import storage_error
 SEPARATOR = "\n---------------\n"
 LM_DEFAULTS = {"temperature": 0.8, "max_new_tokens": 500}
 COMPILE_NOTE = (
-    "--compile: the second token waits for the compile (seconds for a small model, up to a minute for GPT-2 124M "
+    "--compile: the second token waits for the compile (seconds for a small model, tens of seconds for GPT-2 124M "
     "on a CPU), or for loading it when an earlier run compiled these weights (GPT_COMPILE_CACHE)"
 )
 # flags of one mode given in the other: dest -> (flag, the default that means "not given")

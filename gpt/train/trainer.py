@@ -439,7 +439,7 @@ class Run:
             log.print(line)
         if cfg.compile:  # the first step traces and compiles: say so before the wait
             log.print(
-                "compiling the model for the first step (torch.compile: up to a minute on a CPU, less "
+                "compiling the model for the first step (torch.compile: tens of seconds on a CPU, less "
                 "with inductor's cache from an earlier run)"
             )
         self.model.train()
