@@ -10,8 +10,8 @@ Precision policy (`dtype="auto"`)
 - CUDA: bf16 autocast where the GPU supports it, else fp16 with a GradScaler (the trainer's).
 - CPU: bf16 autocast only where the CPU computes bf16 natively (AVX-512 BF16 or AMX: the cpuinfo
   flags `avx512_bf16` / `amx_bf16`); float32 elsewhere. Without those instructions a bf16 matrix
-  product is emulated and can be 50-200x slower than float32 (measured: 1 vs 179 GFLOP/s on an
-  AVX2-only EPYC), so an explicit `--dtype bfloat16` there warns. Inference (bf16 weights, no
+  product is emulated and many times slower than float32 (an AVX2-only EPYC's step: bench/README.md,
+  "Training"), so an explicit `--dtype bfloat16` there warns. Inference (bf16 weights, no
   autocast) only from INFERENCE_BF16_MIN_PARAMS parameters: smaller models decode faster in float32.
   $GPT_CPU_BF16=0|1 overrides the CPU check (tests and developers run the other CPU class's path).
 - Other devices (mps): float32.
@@ -21,13 +21,13 @@ The allocator (`tune_allocator`, which `setup` calls first, so every command get
 - glibc's malloc hands blocks over 128 KiB to mmap (a threshold that rises with each such block freed,
   to at most 32 MiB) and gives the heap's free top back to the system once 128 KiB lie there. A training
   or decode step frees and reallocates tens of MiB of activations and gradients, so every step the kernel
-  unmaps them and faults zeroed pages back in: 18-21% of a CPU run's time was system time (2-core EPYC,
-  the main job, a BPE job and Multi30k). The fast path asks glibc (mallopt) for what
+  unmaps them and faults zeroed pages back in: a large share of a CPU run's time was system time (2-core
+  EPYC, the main job, a BPE job and Multi30k). The fast path asks glibc (mallopt) for what
   `MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=2147483647 MALLOC_TOP_PAD_=536870912` would
   set: blocks under 32 MiB come from the heap from the start, freed memory stays with the process
   (trimmed only past 2 GiB free) and the heap grows in 512 MiB steps (address space: pages count in the
-  RSS once touched). Measured: the main job's system time 4.6 -> 0.4 s, wall 12.8 -> 9.8 s, same loss and
-  peak RSS. The cost: memory freed after a peak is kept until the process exits.
+  RSS once touched). System time, wall time and peak RSS with and without it: bench/README.md, "The
+  allocator" (the same loss). The cost: memory freed after a peak is kept until the process exits.
 - `GPT_MALLOC=default` keeps glibc's own settings; a MALLOC_*_ variable or a GLIBC_TUNABLES
   glibc.malloc.* entry the user set for one of the three is left as the user set it. Other C libraries
   (musl, macOS, Windows) are left alone.
@@ -52,10 +52,9 @@ from gpt.errors import UserError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Inference on a CPU with native bf16 (sampling, serving, evaluation): below this many parameters bf16
-# weights decode no faster than float32, and the smallest models slower: bf16 / float32 tokens/s 0.68
-# (char 4x4x128, 0.8M; 0.81 reported on a Sapphire Rapids), 0.92 (1.8M), 1.03 (3.2M), 1.01 (6.3M), then
-# 1.19 (7.1M), 1.47 (10.7M), 1.56 (30M): bench/results/sampling-dtype*.md, Zen 4. A decode step of a
-# small model is dispatch overhead, which bf16's conversions add to; wide matmuls are where bf16 pays.
+# weights decode no faster than float32, and the smallest models slower (bf16 / float32 tokens/s by model
+# size: bench/README.md, "bf16 against float32"). A decode step of a small model is dispatch overhead,
+# which bf16's conversions add to; wide matmuls are where bf16 pays.
 INFERENCE_BF16_MIN_PARAMS = 7_000_000
 
 
@@ -187,9 +186,8 @@ def resolve_dtype(name: str, device: torch.device, inference_params: int | None 
 def decode_threads(n_params: int) -> int:
     """CPU threads for sampling when none were asked for. A decode step is a few hundred tiny matrix
     products: for a small model one thread is fastest, and threads that wait for each other collapse
-    when other processes share the cores (measured, 4x4x128 char model on 2 busy cores: 28-46 tokens/s
-    with torch's default against ~725 with one thread). Larger models use torch's default unless the
-    machine is already busy."""
+    when other processes share the cores (the 4x4x128 char model on 2 busy cores: bench/README.md,
+    "Sampling on a CPU"). Larger models use torch's default unless the machine is already busy."""
     cores = os.cpu_count() or 1
     try:
         busy = os.getloadavg()[0] >= cores - 0.5
@@ -284,11 +282,12 @@ class Runtime:
         """The forward pass's context: autocast unless float32 and, on CPU, the attention kernel that
         trains fastest there.
 
-        PyTorch's CPU flash-attention kernel is the slower one in bf16 (its backward took 44% of a
-        step; the math kernel measured 37 vs 64 ms/step, 4x4x128, block 64, batch 24, 2 cores) and
-        under torch.compile, where inductor fuses the math kernel's softmax (1.24-1.28x against
-        1.20-1.22x a plain loop). In eager float32 flash is the faster one: 5-9% per step (AVX2 EPYC,
-        2 cores; the main job and 4x4x128 at batch 12). On CUDA the default choice stays.
+        PyTorch's CPU flash-attention kernel is the slower one in bf16 (its backward took most of a
+        step; 4x4x128, block 64, batch 24, 2 cores) and under torch.compile, where inductor fuses the math
+        kernel's softmax. In eager float32 flash is the faster one (AVX2 EPYC, 2 cores; the main job and
+        4x4x128 at batch 12: bench/README.md, "Training"). On CUDA the default choice stays. The math
+        kernel computes in float32 whatever its inputs (PyTorch upcasts bf16 there): under bf16 autocast
+        on the CPU the Linear layers run in bf16 and attention in float32 (tests/test_precision.py).
         """
         stack = ExitStack()
         if self.dtype != torch.float32:

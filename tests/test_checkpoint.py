@@ -170,7 +170,7 @@ def test_a_tokenizer_pattern_gpt_does_not_know_is_one_line_naming_the_file(tmp_p
 def test_resume_needs_a_training_checkpoint(tmp_path, capsys):
     save_tiny(tmp_path / "run" / "last.pt")  # model and tokenizer, no train_config: not written by train.py
     err = one_line_error(capsys, train_script.main, "--resume", tmp_path / "run")
-    assert f"{tmp_path / 'run' / 'last.pt'} has no train_config: it was not written by train.py" in err
+    assert f"{tmp_path / 'run' / 'last.pt'} has no train_config: it was not written by `gpt train`" in err
     assert f"--init-from {tmp_path / 'run' / 'last.pt'}" in err
 
 
@@ -186,7 +186,7 @@ def test_init_from_a_checkpoint_without_model_config(tmp_path, tiny_char_data, c
 def test_a_dataset_directory_is_not_a_run(tiny_char_data, capsys):
     err = one_line_error(capsys, sample_script.main, "--ckpt", tiny_char_data, "--prompt", "a")
     assert f"{tiny_char_data} is a prepared dataset, not a training run" in err
-    assert f"python train.py --data {tiny_char_data} --out-dir out/char" in err
+    assert f"`gpt train --data {tiny_char_data} --out-dir out/char`" in err
     assert f"--out-dir {tiny_char_data}`" not in err  # the old hint: train into the dataset directory
 
 
@@ -236,7 +236,7 @@ def test_resume_from_a_hugging_face_directory_suggests_init_from(tmp_path, capsy
     err = one_line_error(capsys, train_script.main, "--resume", hf)
     assert (
         f"{hf} is a Hugging Face model directory: it holds weights but no training state; fine-tune "
-        f"from it with `python train.py --init-from {hf}" in err
+        f"from it with `gpt train --init-from {hf}" in err
     )
 
 

@@ -3,6 +3,7 @@ says why, the banned `from gpt import X` covers every name the package root expo
 contract covers every room."""
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -76,3 +77,25 @@ def test_no_module_in_gpt_is_a_bare_forwarder():
         if calls_main and only_imports and path.relative_to(ROOT).as_posix() != "gpt/__main__.py":
             bare.append(path.relative_to(ROOT).as_posix())
     assert not bare, f"forwarders: {bare}; `gpt VERB` (gpt/cli/main.py) replaces `python -m gpt.VERB`"
+
+
+def listed_modules(docstring: str) -> set[str]:
+    """The modules a room's docstring lists: each `name.py` in backticks (a path with a slash is another
+    room's file), and a `__dunder__` module named bare (`__main__`)."""
+    return set(re.findall(r"`(\w+\.py)`", docstring)) | {f"{n}.py" for n in re.findall(r"`(__\w+__)`", docstring)}
+
+
+def test_the_check_reads_a_rooms_module_list():
+    doc = "`a.py` the first; `b.py` and `c.py`; gpt/other/d.py and `gpt/x/e.py` elsewhere; `f(x)`; `__main__` runs it"
+    assert listed_modules(doc) == {"a.py", "b.py", "c.py", "__main__.py"}
+
+
+def test_every_room_docstring_lists_its_modules():
+    wrong = []
+    for init in sorted((ROOT / "gpt").glob("*/__init__.py")):
+        present = {p.name for p in init.parent.glob("*.py")} - {"__init__.py"}
+        listed = listed_modules(ast.get_docstring(ast.parse(init.read_text())) or "")
+        if listed != present:
+            room = init.parent.relative_to(ROOT)
+            wrong.append(f"{room}: not listed {sorted(present - listed)}, listed but absent {sorted(listed - present)}")
+    assert not wrong, "each room's docstring lists its modules as `name.py`:\n" + "\n".join(wrong)

@@ -7,9 +7,19 @@ accuracies are equal; bits per byte differ only by the padded vocabulary: `trans
 export's 128 rows, the server over the tokenizer's 66 ids (a trained model leaves little mass on the others):
 within 1% (0.3% measured). `gpt evaluate --text --stride block_size` scores block_size tokens per window,
 lm-eval block_size - 1 (each window's first target with one token of context): within 0.5% (0.1% measured).
+
+Request by request. The server scores over the tokenizer's ids (it cuts the padded rows off before the softmax:
+gpt/infer/logprobs.py), so `hf` on an export of the same weights cut to those ids computes the same function:
+every request's log-likelihood and is-greedy flag agree, float32 both sides. The same weights, ids and windows
+in two implementations whose float32 roundings fall in different orders (matmul blocking, attention kernels,
+float32 against float64 sums over a request's tokens): within 1e-5 relative, 80 times the 1.2e-7 measured, about
+float32's epsilon (a request sums up to 3000 token log-probabilities). A window shifted by one token, a context
+token dropped or the padded rows left in move a request by 1e-3 relative or more.
 """
 
+import dataclasses
 import json
+from typing import NamedTuple
 
 import pytest
 
@@ -21,6 +31,7 @@ from conftest import SHAKESPEARE, one_line_error  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
 from gpt import load_checkpoint  # noqa: E402
+from gpt.checkpoints import native  # noqa: E402
 from gpt.cli.evaluate import main as evaluate_main  # noqa: E402
 from gpt.evals import TASKS, TASKS_DIR  # noqa: E402
 from gpt.evals.make_next_line import OUT, make_items  # noqa: E402
@@ -57,12 +68,32 @@ def hf_export(trained_run, tmp_path_factory):
     return out
 
 
-def evaluate(model: str, model_args: dict, text_file) -> dict:
+def evaluate(model: str, model_args: dict, text_file, samples: bool = False) -> dict:
+    """lm-eval's results for our tasks; with `samples`, (results, each task's per-document samples)."""
     manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata={"text_file": str(text_file)})
     out = lm_eval.simple_evaluate(
-        model=model, model_args=model_args, tasks=list(TASKS), task_manager=manager, limit=LIMIT, random_seed=0
-    )
-    return out["results"]
+        model=model, model_args=model_args, tasks=list(TASKS), task_manager=manager, limit=LIMIT, random_seed=0,
+        log_samples=samples,
+    )  # fmt: skip
+    return (out["results"], out["samples"]) if samples else out["results"]
+
+
+def scores(samples: dict) -> dict:
+    """Each request's response, by (task, document, request): a log-likelihood and is-greedy flag for the
+    multiple-choice task's choices, a log-likelihood for the rolling task's text."""
+    out = {}
+    for task, docs in samples.items():
+        for doc in docs:
+            for i, (args, resp) in enumerate(zip(doc["arguments"], doc["resps"])):
+                out[task, doc["doc_id"], i] = (args, resp[0] if isinstance(resp[0], tuple) else (resp[0], None))
+    return out
+
+
+class Served(NamedTuple):
+    results: dict  # lm-eval's, with the server's tokenizer
+    with_hf_tokenizer: dict  # with the export's
+    scores: dict  # each request's (scores()), with the server's tokenizer
+    scores_with_hf_tokenizer: dict
 
 
 @pytest.fixture(scope="module")
@@ -71,23 +102,24 @@ def through_server(trained_run, hf_export, text_file):
     model, tok, meta = load_checkpoint(trained_run)
     with running(create_app(model, tok, meta, ServeConfig(model_name="m", max_batch=8))) as url:
         common = {"model": "m", "base_url": f"{url}/v1/completions", "max_length": 65, "batch_size": 4}
-        remote = evaluate("local-completions", {**common, "tokenizer_backend": "remote"}, text_file)
+        remote, samples = evaluate("local-completions", {**common, "tokenizer_backend": "remote"}, text_file, True)
         hf_tok = {**common, "tokenizer_backend": "huggingface", "tokenizer": str(hf_export)}
-        with_hf_tokenizer = evaluate("local-completions", hf_tok, text_file)
-    return remote, with_hf_tokenizer
+        with_hf_tokenizer, hf_tok_samples = evaluate("local-completions", hf_tok, text_file, True)
+    return Served(remote, with_hf_tokenizer, scores(samples), scores(hf_tok_samples))
 
 
 def test_the_server_scores_as_lm_eval_expects_with_either_tokenizer(through_server):
-    remote, with_hf_tokenizer = through_server
+    remote, with_hf_tokenizer = through_server.results, through_server.with_hf_tokenizer
     mc, text = remote["gpt_shakespeare_next_line"], remote["gpt_wikitext2"]
     assert 0 <= mc["acc,none"] <= 1 and mc["acc_norm,none"] != mc["acc,none"]  # scored, not one constant per item
     assert 2.0 < text["bits_per_byte,none"] < 4.5
     assert text["byte_perplexity,none"] == pytest.approx(2 ** text["bits_per_byte,none"], rel=1e-9)
     assert with_hf_tokenizer == remote  # the same ids, the same requests
+    assert through_server.scores_with_hf_tokenizer == through_server.scores  # each request's score too
 
 
 def test_hf_model_on_the_export_gives_the_same_numbers(through_server, hf_export, text_file):
-    remote, _ = through_server
+    remote = through_server.results
     hf = evaluate(
         "hf", {"pretrained": str(hf_export), "max_length": 63, "dtype": "float32", "device": "cpu"}, text_file
     )
@@ -97,8 +129,36 @@ def test_hf_model_on_the_export_gives_the_same_numbers(through_server, hf_export
     assert hf["gpt_wikitext2"]["bits_per_byte,none"] == pytest.approx(bpb, rel=0.01)
 
 
+@pytest.fixture(scope="module")
+def unpadded(trained_run, tmp_path_factory):
+    """The Hugging Face export of trained_run's weights with the padded vocabulary's rows cut off (66 rows for the
+    tokenizer's 66 ids): `transformers` then normalizes over the same ids as the server."""
+    model, tok, meta = load_checkpoint(trained_run)
+    rows = ("transformer.wte.weight", "lm_head.weight")
+    state = {k: v[: tok.vocab_size] if k in rows else v for k, v in model.state_dict().items()}
+    config = dataclasses.replace(model.config, vocab_size=tok.vocab_size)
+    run = tmp_path_factory.mktemp("unpadded") / "run"
+    native.save(run / "best.pt", {"model": state}, native.build_meta(config.to_dict(), meta["tokenizer"]))
+    from gpt.cli.hf import main as hf_main
+
+    assert hf_main(["export", "--ckpt", str(run), "--out", str(run.parent / "export")]) == 0
+    return run.parent / "export"
+
+
+def test_every_request_scores_the_same_through_the_server_and_hf(through_server, unpadded, text_file):
+    served = through_server.scores
+    hf_args = {"pretrained": str(unpadded), "max_length": 63, "dtype": "float32", "device": "cpu"}
+    hf = scores(evaluate("hf", hf_args, text_file, True)[1])
+    assert served.keys() == hf.keys() and len(served) == 4 * LIMIT + 1  # 4 choices per item, 1 rolling text
+    for key, (args, (ll, greedy)) in served.items():
+        hf_request, (hf_ll, hf_greedy) = hf[key]
+        assert args == hf_request, key  # the same request...
+        assert ll == pytest.approx(hf_ll, rel=1e-5) and greedy == hf_greedy, (key, ll, hf_ll)  # ...the same score
+    assert len({ll for _, (ll, _) in served.values()}) == len(served)  # scored, not one constant
+
+
 def test_our_bits_per_byte_equals_lm_evals(through_server, trained_run, text_file):
-    remote, _ = through_server
+    remote = through_server.results
     model, tok, _ = load_checkpoint(trained_run)
     ours = score_text(model, tok, text_file.read_text(encoding="utf-8"), stride=64, progress=False)
     assert ours["bpb"] == pytest.approx(remote["gpt_wikitext2"]["bits_per_byte,none"], rel=0.005)
@@ -112,7 +172,7 @@ def test_gpt_evaluate_lm_eval_serves_runs_and_writes_json(trained_run, text_file
     assert "gpt_shakespeare_next_line" in table and "bits_per_byte" in table
     written = json.loads(out.read_text())
     assert written["task"] == "lm-eval" and written["seed"] == 1234 and written["max_length"] == 65
-    remote, _ = through_server
+    remote = through_server.results
     for task in TASKS:  # deterministic: the same numbers as the server driven by hand
         assert {k: v for k, v in written["results"][task].items() if k != "alias"} == {
             k: v for k, v in remote[task].items() if k != "alias"

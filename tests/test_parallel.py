@@ -63,7 +63,7 @@ def runtime(**kw) -> Runtime:
         (
             runtime(ddp=False, world_size=1),
             "--fsdp shards the model over the processes torchrun starts: launch with "
-            "`torchrun --nproc-per-node N train.py ... --fsdp` (N = 1 for a single process), "
+            "`torchrun --nproc-per-node N -m gpt train ... --fsdp` (N = 1 for a single process), "
             "or pass --no-fsdp",
         ),
         (

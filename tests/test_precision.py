@@ -1,11 +1,15 @@
 """What `--dtype auto` picks on CPU, and $GPT_CPU_BF16, which lets either CPU class run the other's path:
 0 behaves as a CPU without native bf16, 1 as one with it (emulated, slow, where the CPU has none: keep
-what runs under it tiny). Every entry point says what it picked and why."""
+what runs under it tiny). Every entry point says what it picked and why, and computes in it: the matrix
+products of a real train step and of real decode steps are recorded (`Products`), not the banner."""
+
+from collections import Counter
 
 import pytest
 import torch
 from conftest import save_random_lm
 from test_sample_seq2seq import save_seq2seq
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpt import GPT, GPTConfig, runtime
 from gpt.cli import evaluate, sample
@@ -29,6 +33,64 @@ BF16 = {"0": torch.float32, "1": torch.bfloat16}
 def override(request, monkeypatch):
     monkeypatch.setenv(runtime.BF16_OVERRIDE, request.param)
     return request.param
+
+
+class Products(TorchDispatchMode):
+    """Under it, the dtypes of the operands of each matrix product run on this thread (autograd's CPU backward
+    runs on the caller's thread too), by kind: `linear`, the Linear layers' (mm / addmm; linear itself under
+    inference_mode, which reaches here undecomposed; the oneDNN product a bf16 decode packs its weights for:
+    gpt/model/packed.py), and `attention`'s (q, k, v of scaled_dot_product_attention or the CPU flash kernel,
+    and in its backward also the output and its gradient, not the float32 row statistics it keeps; the math
+    kernel's bmm)."""
+
+    OPERANDS = {  # the op, its kind and how many of its leading arguments are operands
+        "mm": ("linear", 2),
+        "addmm": ("linear", 3),
+        "linear": ("linear", 3),
+        "_linear_pointwise": ("linear", 2),
+        "scaled_dot_product_attention": ("attention", 3),
+        "_scaled_dot_product_flash_attention_for_cpu": ("attention", 3),
+        "_scaled_dot_product_flash_attention_for_cpu_backward": ("attention", 5),
+        "bmm": ("attention", 2),
+    }
+
+    def __init__(self):
+        super().__init__()
+        self.seen: dict[str, Counter] = {"linear": Counter(), "attention": Counter()}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kind, n = self.OPERANDS.get(func.overloadpacket.__name__, (None, 0))
+        for dtype in {a.dtype for a in args[:n] if isinstance(a, torch.Tensor)}:
+            self.seen[kind][dtype] += 1  # products, by the dtypes they read
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def linear(self) -> set[torch.dtype]:
+        return set(self.seen["linear"])
+
+    @property
+    def attention(self) -> set[torch.dtype]:
+        return set(self.seen["attention"])
+
+
+def computed_in(products: Products, dtype: torch.dtype) -> None:
+    """Every Linear product read `dtype`; attention read it or float32: over a KV cache attention runs in the
+    cache's dtype, float32 for a bf16 model on CPU (GPT.cache_dtype), and bf16 training's math kernel (gpt/
+    runtime.py picks it) computes in float32 whatever its inputs (PyTorch's rule)."""
+    assert products.linear == {dtype}, products.seen
+    assert products.attention and products.attention <= {dtype, torch.float32}, products.seen
+
+
+def test_the_recorder_sees_the_products_of_a_train_step_and_their_dtype():
+    model = GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=8))
+    x = torch.randint(0, 16, (2, 8))
+    with Products() as fp32:
+        model(x, x)[1].backward()
+    with Products() as bf16, torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x, x)[1].backward()
+    assert fp32.linear == fp32.attention == {torch.float32}
+    assert bf16.linear == bf16.attention == {torch.bfloat16}
+    assert fp32.seen["linear"][torch.float32] == 5 * 3  # 5 Linear layers, forward and 2 backward products each
 
 
 def test_the_override_decides_over_the_cpu_flags(monkeypatch):
@@ -120,22 +182,33 @@ def test_train_py(override, char_data, tmp_path, capsys):
             "cpu",
         ]
     )
-    train(plan)
+    with Products() as products:
+        train(plan)
     assert said(BF16[override], override).replace("cpu, ", "cpu ") + ")" in capsys.readouterr().out
+    computed_in(products, BF16[override])  # what it said
+
+
+def decode(argv: list[str]) -> Products:
+    """`gpt sample` on CPU, its products recorded."""
+    with Products() as products:
+        assert sample.main([*argv, "--device", "cpu"]) == 0
+    return products
 
 
 def test_sample_py(override, lm_dir, capsys):
-    assert sample.main(["--ckpt", str(lm_dir), "--device", "cpu", "--prompt", "a", "--max-new-tokens", "2"]) == 0
+    products = decode(["--ckpt", str(lm_dir), "--prompt", "a", "--max-new-tokens", "2"])
     err = capsys.readouterr().err
     if override == "1":  # a tiny model: float32, and why
         assert said(torch.float32, "1") + ", but decodes faster in float32 below" in err, err
     else:
         assert said(torch.float32, "0") + ")" in err, err
+    computed_in(products, torch.float32)
 
 
 def test_sample_py_bf16(any_size, override, lm_dir, capsys):
-    assert sample.main(["--ckpt", str(lm_dir), "--device", "cpu", "--prompt", "a", "--max-new-tokens", "2"]) == 0
+    products = decode(["--ckpt", str(lm_dir), "--prompt", "a", "--max-new-tokens", "2"])
     assert said(BF16[override], override) + ")" in capsys.readouterr().err
+    computed_in(products, BF16[override])
 
 
 def test_evaluate(any_size, override, tmp_path, capsys):
@@ -144,8 +217,8 @@ def test_evaluate(any_size, override, tmp_path, capsys):
     save_seq2seq(tmp_path / "run")
     (tmp_path / "src.txt").write_text("abc\n")
     (tmp_path / "ref.txt").write_text("cba\n")
-    assert (
-        evaluate.main(
+    with Products() as products:
+        code = evaluate.main(
             [
                 "--ckpt",
                 str(tmp_path / "run"),
@@ -159,27 +232,38 @@ def test_evaluate(any_size, override, tmp_path, capsys):
                 "4",
             ]
         )
-        == 0
-    )
+    assert code == 0
     assert f"| {said(BF16[override], override)}) |" in capsys.readouterr().out
+    computed_in(products, BF16[override])
 
 
 def test_the_server(any_size, override, lm_dir, monkeypatch, capsys):
-    """`gpt serve`'s banner, up to where uvicorn would start serving."""
+    """`gpt serve`'s banner, up to where uvicorn would start serving; then one completion decoded by the
+    engine the app was given (on this thread, where `Products` records)."""
     pytest.importorskip("uvicorn")
     pytest.importorskip("fastapi")
     from gpt.cli.serve import main
+    from gpt.infer.batching import Request
+    from gpt.infer.sampling import SampleConfig
     from gpt.serve import app
+
+    products = Products()
 
     class NotServing:
         def __init__(self, app, **settings):
-            pass
+            self.engine = app.state.worker.engine
 
         def run(self, sockets):
             for sock in sockets:
                 sock.close()
+            prompt = self.engine.tokenizer.encode("a")
+            self.engine.submit(Request(prompt, SampleConfig(max_new_tokens=2, temperature=0), lambda piece: None))
+            with products:
+                while self.engine.busy:
+                    self.engine.step()
 
     monkeypatch.setattr(app, "Server", NotServing)
     assert main(["--ckpt", str(lm_dir), "--device", "cpu", "--port", "0"]) == 0
     err = capsys.readouterr().err
     assert err.startswith("serving ") and said(BF16[override], override) + ")" in err, err
+    computed_in(products, BF16[override])

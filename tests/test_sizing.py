@@ -48,7 +48,7 @@ def test_the_printed_command_is_what_train_py_runs(capsys, char_data):
     assert cli_plan.main([str(a) for a in argv] + ["20000"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("width: n_embd 128 for depth 2") and out[2].startswith("throughput: 20,000 ")
-    assert out[-1].startswith("python train.py ")
+    assert out[-1].startswith("gpt train ")
     cfg = build_config(shlex.split(out[-1])[2:])
     proposal = sizing.size(str(char_data), 2, depth=2, tokens_per_second=20000, out_dir="out/x y")
     assert cfg == proposal.config and cfg.out_dir == "out/x y" and cfg.data == str(char_data)

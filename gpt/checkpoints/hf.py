@@ -2,7 +2,7 @@
 
     gpt hf export --ckpt out/NAME --out hf/NAME     # then AutoModelForCausalLM.from_pretrained("hf/NAME")
     gpt hf import --hf-dir hf/NAME --out out/back  # a native checkpoint (best.pt)
-    python sample.py --ckpt path/to/hf-dir                    # import happens in load_checkpoint
+    gpt sample --ckpt path/to/hf-dir                       # import happens in load_checkpoint
 
     export_hf(model, tok, "hf/NAME", chat_template=spec, meta=meta)   # the Python API
     config, state, facts = read("hf/NAME")                            # our config dict + state dict
@@ -400,7 +400,7 @@ def check_exportable(cfg) -> None:
     if cfg.n_encoder_layer:
         problems.append(
             f"n_encoder_layer={cfg.n_encoder_layer} (an encoder-decoder: no Hugging Face decoder-only "
-            f"architecture has cross-attention; keep it as a gpt checkpoint for translate.py and sample.py)"
+            f"architecture has cross-attention; keep it as a gpt checkpoint for `gpt sample --source` and `gpt evaluate`)"
         )
     if cfg.norm != "pre":
         problems.append(
@@ -420,12 +420,12 @@ def check_exportable(cfg) -> None:
     if cfg.x0_skip:
         problems.append(
             "x0_skip (GPT-2 and GPT-NeoX do not mix the embedding into each block's input; export it with "
-            "`python -m gpt.export --format onnx`, or keep it as a gpt checkpoint)"
+            "`gpt export --format onnx`, or keep it as a gpt checkpoint)"
         )
     if cfg.value_embeds:
         problems.append(
             "value_embeds (GPT-2 and GPT-NeoX have no embeddings added to the attention values; export it with "
-            "`python -m gpt.export --format onnx`, or keep it as a gpt checkpoint)"
+            "`gpt export --format onnx`, or keep it as a gpt checkpoint)"
         )
     if problems:
         raise HFError("cannot export to Hugging Face: " + "; ".join(problems))

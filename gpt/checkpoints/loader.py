@@ -104,15 +104,15 @@ def _not_a_run(path: Path, names: tuple[str, ...]) -> str:
     """Why a directory without checkpoints is not a run, and what to pass instead."""
     if is_dataset(path):
         return (
-            f"{path} is a prepared dataset, not a training run: give a run directory produced by train.py, "
-            f"e.g. out/{path.name} after `python train.py --data {path} --out-dir out/{path.name}`"
+            f"{path} is a prepared dataset, not a training run: give a run directory produced by `gpt train`, "
+            f"e.g. out/{path.name} after `gpt train --data {path} --out-dir out/{path.name}`"
         )
     if hf.is_hf_dir(path):
         return (
             f"{path} is a Hugging Face model directory: it holds weights but no training state; fine-tune "
-            f"from it with `python train.py --init-from {path} --data DATA --out-dir OUT`"
+            f"from it with `gpt train --init-from {path} --data DATA --out-dir OUT`"
         )
-    return f"no {' or '.join(names)} in {path}: train one with `python train.py --out-dir {path}`"
+    return f"no {' or '.join(names)} in {path}: train one with `gpt train --out-dir {path}`"
 
 
 def read(path: str | os.PathLike | Located, map_location="cpu", names: tuple[str, ...] = BEST_FIRST) -> Fields:

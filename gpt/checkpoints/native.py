@@ -113,8 +113,8 @@ class Fields(dict):
         hint = ""
         if key in TRAINING_ONLY:
             hint = (
-                f": it was not written by train.py, so --resume cannot continue it; fine-tune from it instead "
-                f"with `python train.py --init-from {self.source} --data DATA --out-dir OUT`"
+                f": it was not written by `gpt train`, so --resume cannot continue it; fine-tune from it instead "
+                f"with `gpt train --init-from {self.source} --data DATA --out-dir OUT`"
             )
         raise CheckpointError(f"{self.source} has no {key}{hint}")
 
@@ -150,7 +150,7 @@ def check_meta(meta: dict | str, source: str | os.PathLike) -> Fields:
     if missing:
         raise CheckpointError(
             f"{source} is not a gpt checkpoint: missing {', '.join(missing)} (a checkpoint "
-            f"written by train.py has them; see gpt/checkpoints/native.py for the fields)"
+            f"written by `gpt train` has them; see gpt/checkpoints/native.py for the fields)"
         )
     if meta["format"] != FORMAT_VERSION:
         raise CheckpointError(

@@ -2,9 +2,10 @@
 convention: a user's mistake is one `error: ...` line, never a traceback.
 
 `main.py` is the command: it lists the verbs (`gpt --help`) and imports only the one that runs. One module per
-verb, each with `main(argv)` and its own parser (prog `gpt VERB`): `prepare`, `train`, `sample`, `chat`,
-`serve`, `evaluate`, `export`, `hf`, `lora`, `plan`, `plot`, `attention`, `dcp`, `pairs`; beside them
-`options.py` (the flags sample and chat share) and `lmeval.py` (evaluate's lm-eval mode). May import every
+verb, each with `main(argv)` and its own parser (prog `gpt VERB`): `prepare.py`, `train.py`, `sample.py`,
+`chat.py`, `serve.py`, `evaluate.py`, `export.py`, `hf.py`, `lora.py`, `plan.py`, `plot.py`, `attention.py`,
+`dcp.py`, `pairs.py`; beside them `options.py` (the flags sample and chat share) and `lmeval.py` (evaluate's
+lm-eval mode). May import every
 other room; nothing imports it (gpt/__main__.py, and train.py, sample.py and data/prepare.py at the top
 of the checkout, are its callers).
 
@@ -14,7 +15,7 @@ of the checkout, are its callers).
 
 Every entry point (each verb, and the recipes' data/*/prepare.py) runs its body through `run_main`. A
 `gpt.errors.UserError` becomes its message (exit 2); anything else is a bug and keeps its traceback. Ctrl-C prints one line and exits 130. A reader that closes stdout early
-(`python sample.py ... | head`) ends the script quietly, as it ends `cat`: no traceback, no "Exception
+(`gpt sample ... | head`) ends the script quietly, as it ends `cat`: no traceback, no "Exception
 ignored" at exit, status 141 (128 + SIGPIPE, what a shell shows for `cat` killed by the broken pipe).
 Text a model wrote goes to a terminal through `for_terminal`: its escape sequences are shown, never run.
 """

@@ -45,6 +45,6 @@ def main(argv=None) -> int:
             raise HFError(f"{target} exists; choose another --out (nothing was written)")
         model, _, meta = load_checkpoint(args.hf_dir)
         native.save(target, {"model": model.state_dict()}, dict(meta))
-        return f"wrote {target} (sample with `python sample.py --ckpt {args.out}`)"
+        return f"wrote {target} (sample with `gpt sample --ckpt {args.out}`)"
 
     return run_main(export if args.command == "export" else import_)

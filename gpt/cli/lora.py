@@ -11,7 +11,7 @@ from gpt.cli import ArgumentParser, run_main
 
 def merge_checkpoint(path, out, base=None, force: bool = False) -> Path:
     """Write base + adapters of the LoRA checkpoint `path` as one plain checkpoint (`out`: a .pt file, or a
-    directory that gets best.pt): sample.py, `--init-from` and the HF export read it like any other. An
+    directory that gets best.pt): `gpt sample`, `--init-from` and the HF export read it like any other. An
     existing `out` is replaced only with `force`; the adapters' checkpoint and their base never are."""
     out = Path(out)
     target = out if out.suffix == ".pt" else out / "best.pt"
@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     p = ArgumentParser(
         prog="gpt lora",
         description="LoRA checkpoints: `merge` writes base + adapters as "
-        "one plain checkpoint (for sample.py, --init-from, gpt hf export).",
+        "one plain checkpoint (for `gpt sample`, --init-from, `gpt hf export`).",
     )
     p.add_argument("command", choices=["merge"])
     p.add_argument("--ckpt", required=True, help="a LoRA run directory (best.pt, else last.pt) or checkpoint file")
@@ -38,6 +38,6 @@ def main(argv=None) -> int:
 
     def run() -> str:
         target = merge_checkpoint(args.ckpt, args.out, args.base, args.force)
-        return f"wrote {target} (base + adapters merged; sample with `python sample.py --ckpt {target}`)"
+        return f"wrote {target} (base + adapters merged; sample with `gpt sample --ckpt {target}`)"
 
     return run_main(run)

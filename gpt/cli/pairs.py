@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
         prog="gpt pairs",
         description="Tokenize parallel text (line i of SRC translates line i of TGT) into a pairs dataset "
-        "(the same as `python data/prepare.py --pairs SRC TGT ...`).",
+        "(the same as `gpt prepare --pairs SRC TGT ...`).",
     )
     p.add_argument("--pairs", nargs=2, metavar=("SRC", "TGT"), required=True, help="training source and target files")
     p.add_argument("--out", required=True, help="output directory, e.g. data/NAME")

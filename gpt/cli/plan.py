@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab-size", type=int, help="embedding rows (default: 50304, GPT-2 padded)")
     ap.add_argument("--batch-size", type=int, default=None, help="micro-batch per GPU (default: the config's)")
     sizing = ap.add_argument_group(
-        "sizing a run from one number (nanochat's --depth): the whole train.py command for a corpus and a time "
+        "sizing a run from one number (nanochat's --depth): the whole `gpt train` command for a corpus and a time "
         "budget on this machine, from its measured throughput"
     )
     sizing.add_argument("--depth", type=int, help="transformer blocks; the rest follows from it")

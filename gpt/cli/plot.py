@@ -11,7 +11,7 @@ from gpt.train.plot import plot_runs
 def main(argv=None) -> int:
     p = ArgumentParser(
         prog="gpt plot",
-        description="Draw train.py runs' loss curves, LR and gradient norms into one PNG (several runs overlaid).",
+        description="Draw training runs' loss curves, LR and gradient norms into one PNG (several runs overlaid).",
     )
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (or their log.jsonl files)")
     p.add_argument("--out", required=True, help="the PNG file to write")

@@ -1,5 +1,5 @@
 """Prepare a memory-mapped token dataset from any text: files, directories, or a mix; or translation pairs.
-`gpt prepare` (and `python data/prepare.py`, its thin script).
+`gpt prepare` (data/prepare.py in a checkout).
 
     gpt prepare corpus/ notes.txt --out data/mine --tokenizer gpt2
     gpt prepare corpus/ --out data/mine --tokenizer bpe --vocab-size 8192

@@ -1,4 +1,4 @@
-"""`gpt sample` (and `python sample.py`, its thin script): flags, streamed printing, and the translation mode.
+"""`gpt sample` (sample.py in a checkout): flags, streamed printing, and the translation mode.
 
     gpt sample --ckpt out/shakespeare-char --prompt "ROMEO:" --num-samples 3 --max-new-tokens 300
     gpt sample --ckpt path/to/hf-gpt2-dir --prompt-file prompt.txt --temperature 0 --stop "\\n\\n"
@@ -50,8 +50,8 @@ from gpt.errors import storage_error
 SEPARATOR = "\n---------------\n"
 LM_DEFAULTS = {"temperature": 0.8, "max_new_tokens": 500}
 COMPILE_NOTE = (
-    "--compile: the second token waits for the compile (~10 s for a small model, 20-40 s for GPT-2 124M on 2 cores), "
-    "or a few seconds to load it when an earlier run compiled these weights (GPT_COMPILE_CACHE)"
+    "--compile: the second token waits for the compile (seconds for a small model, tens of seconds for GPT-2 124M "
+    "on a CPU), or for loading it when an earlier run compiled these weights (GPT_COMPILE_CACHE)"
 )
 # flags of one mode given in the other: dest -> (flag, the default that means "not given")
 TEXT_ONLY = {
@@ -114,11 +114,10 @@ def parse_args(argv=None, prog: str = "gpt sample") -> argparse.Namespace:
         action="store_true",
         help="compile the one-token decode step (prefill stays eager): on the CPU ahead of time into one C++ "
         "function with the weights inside (a second copy of them in memory), torch.compile's graph on CUDA (it "
-        "replaces the CUDA-graph steps). The second token waits for the compile, ~10 s for the char model and "
-        "20-40 s for GPT-2 124M on 2 CPU cores; later runs on the same weights load it from a disk cache in seconds "
-        "(GPT_COMPILE_CACHE=DIR, or off). Then on the CPU it decodes 4-8x eager for the char "
-        "model and 1.3-1.9x for GPT-2 124M (float32, bf16), 7-10x and 1.8-2x with --quantize int8: worth it for "
-        "long generations (default: off)",
+        "replaces the CUDA-graph steps). The second token waits for the compile; later runs on the same weights "
+        "load it from a disk cache (GPT_COMPILE_CACHE=DIR, or off). Then on the CPU it decodes faster than eager, "
+        'most for small models and with --quantize int8 (compile times and tokens/s: bench/README.md, "Against '
+        'llama.cpp"): worth it for long generations (default: off)',
     )
     p.add_argument(
         "--no-cuda-graph",

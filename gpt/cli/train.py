@@ -1,10 +1,10 @@
-"""Pretrain or fine-tune a GPT on a prepared dataset: `gpt train` (and `python train.py`, its thin script).
+"""Pretrain or fine-tune a GPT on a prepared dataset: `gpt train` (train.py in a checkout).
 
     python data/shakespeare_char/prepare.py
     gpt train --config shakespeare_char_cpu --data data/shakespeare_char --out-dir out/shakespeare_char
     gpt train --resume out/shakespeare_char                       # continue after a stop
     gpt train --config finetune --data data/shakespeare --init-from out/wikitext --out-dir out/ft
-    torchrun --nproc-per-node 2 train.py --data data/shakespeare_char --out-dir out/ddp
+    torchrun --nproc-per-node 2 -m gpt train --data data/shakespeare_char --out-dir out/ddp
 
 `gpt train --help` lists every option with its default (gpt/train/config.py owns them; gpt/train/start.py
 resolves a command line into a run once).

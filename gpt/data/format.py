@@ -372,10 +372,8 @@ class IdGuard:
     the model: as an IndexError from the embedding (an id past the padded vocabulary), or silently as
     training on rows no text maps to (an id between the tokenizer's vocabulary and the padding). So
     the loaders call `check` on each batch's ids as read: one vectorised max over the batch, a few
-    microseconds against steps of milliseconds. Measured by bench/bench_id_guard.py on a 2-core AMD EPYC
-    (Zen 4) shared with other jobs: 1.6 us per 24 x 64 batch (the main job, whose step takes ~90 ms
-    unloaded, the README's 35 s for 400 steps, and 930 ms on that busy machine), 1.9 us at 24 x 256,
-    5.6 us at GPT-2's 32 x 1024; reading the batch out of the memmap costs 36-100 us. Only when an id
+    microseconds against steps of milliseconds, less than reading the batch out of the memmap
+    (bench/bench_id_guard.py measures both at the main job's and GPT-2's batch shapes). Only when an id
     is out of range are the batch's spans read again, to name the offset of the first bad id.
     """
 

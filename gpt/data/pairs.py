@@ -1,6 +1,6 @@
 """Parallel text for the seq2seq model: prepare sentence pairs, open them, batch them by length.
 
-    python data/prepare.py --pairs train.de train.en --val-pairs val.de val.en --out data/NAME --tokenizer bpe
+    gpt prepare --pairs train.de train.en --val-pairs val.de val.en --out data/NAME --tokenizer bpe
     python data/multi30k/prepare.py                  # the Multi30k recipe: de -> en, bpe 8192
 
     from gpt.data.pairs import open_pairs, PairBatches

@@ -1,6 +1,6 @@
 """Turn any text corpus into a memory-mapped token dataset (the logic behind `data/prepare.py`).
 
-    python data/prepare.py corpus/ more.txt --out data/mine --tokenizer bpe --vocab-size 8192
+    gpt prepare corpus/ more.txt --out data/mine --tokenizer bpe --vocab-size 8192
 
     from gpt.data.prepare import prepare
     summary = prepare(["corpus/"], "data/mine", tokenizer="gpt2")

@@ -1,6 +1,6 @@
 """Turn chat files into a chat dataset: the conversations rendered by a chat template, with a loss mask.
 
-    python data/prepare.py --chat train.jsonl --val-chat val.jsonl --out data/chat --tokenizer-from out/base
+    gpt prepare --chat train.jsonl --val-chat val.jsonl --out data/chat --tokenizer-from out/base
 
     from gpt.data.sft import prepare_chat
     print(prepare_chat(["train.jsonl"], "data/chat", tokenizer_from=reused).line())

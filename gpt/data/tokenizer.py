@@ -134,7 +134,7 @@ class TiktokenTokenizer:
     def encode_batch(self, texts: list[str], num_threads: int = 0) -> list[list[int]]:
         """Encode many texts on all cores (tiktoken releases the GIL). Each thread takes a run of texts:
         tiktoken's own batch call makes a task per text, which costs more than encoding a short one
-        (a sentence, a chat message: 3.7x slower on 120,000 chat messages, 2 cores)."""
+        (a sentence, a chat message: several times slower on 120,000 chat messages, 2 cores)."""
         threads = min(num_threads or os.cpu_count() or 1, -(-len(texts) // 64))
         if threads <= 1:
             return [self.encode(t) for t in texts]

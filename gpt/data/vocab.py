@@ -1,8 +1,8 @@
 """Reusable vocabularies: encode a new corpus with the tokenizer of an existing run or dataset, so any
 checkpoint can be fine-tuned on new text.
 
-    python data/prepare.py new.txt --out data/new --tokenizer-from out/shakespeare-char      # a run's vocabulary
-    python data/prepare.py new.txt --out data/new --tokenizer-from data/shakespeare_char --unknown replace
+    gpt prepare new.txt --out data/new --tokenizer-from out/shakespeare-char      # a run's vocabulary
+    gpt prepare new.txt --out data/new --tokenizer-from data/shakespeare_char --unknown replace
 
 Where the tokenizer comes from (`dataset_spec` here, `gpt.checkpoints.loader.tokenizer_source` for the rest): a prepared dataset (its meta.json, a bpe's ranks read
 in from tokenizer.tiktoken), a run directory or checkpoint file (its meta; reading a .pt file imports

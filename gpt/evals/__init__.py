@@ -8,8 +8,9 @@
   `$GPT_SHARED_DATA/wikitext2-test.txt`; it is never shipped here.
 - `gpt_shakespeare_next_line` (`multiple_choice`, acc and acc_norm): 300 items of tiny-shakespeare, two lines of
   context and the true next line among 4 (the 3 others drawn from elsewhere in the text), from the last tenth of
-  the file (the char datasets' validation part). `shakespeare_next_line.jsonl` is committed; `python -m
-  gpt.evals.make_next_line CORPUS` writes it again, the same for the same corpus (seed 1234).
+  the file (the char datasets' validation part). `shakespeare_next_line.jsonl` is committed;
+  `make_next_line.py` (`python -m gpt.evals.make_next_line CORPUS`) writes it again, the same for the same
+  corpus (seed 1234).
 
 The tasks' data loaders (`tasks/loaders.py`) are plain files that lm-eval imports by path (`!function`); they
 import `datasets` only, never this package.

@@ -1,6 +1,6 @@
 """Seq2seq decoding: greedy, sampling and beam search, batched over sentences.
 
-    python sample.py --ckpt out/multi30k --source "Ein Mann fährt Fahrrad." --beam-size 4
+    gpt sample --ckpt out/multi30k --source "Ein Mann fährt Fahrrad." --beam-size 4
 
     from gpt.infer.translate import translate
     hyps = translate(model, tok, ["Ein Mann fährt Fahrrad."], bos=eos, eos=eos, beam_size=4)

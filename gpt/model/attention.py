@@ -5,7 +5,7 @@ and cross-attention; `explicit_attention` spells out the weights when `GPT.atten
 `KVCache`; the decoder-only path uses `is_causal=True` and no explicit mask, the fast path of
 `F.scaled_dot_product_attention`.
 
-A one-token decode step is overhead bound on small models (about 1 us of dispatch per aten op), so the
+A one-token decode step is overhead bound on small models (each aten op has a fixed dispatch cost), so the
 self-attention path keeps its op count low: the three heads come from one view and permute of the fused
 projection, a cast happens only where dtypes differ, and one query's output is read back by a reshape
 (tests/test_decode_ops.py counts them).
@@ -41,7 +41,7 @@ def explicit_attention(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | No
 def one_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """SDPA for one query per row (B, nh, 1, hs) over keys and values (B, nh, L, hs) where `mask` (broadcastable
     to (B, nh, 1, L)) allows, as products and sums a compiler fuses into its own loops (the fused SDPA
-    kernel costs ~10 us a call on the CPU whatever the length); scores and sums in float32."""
+    kernel has a fixed cost per call on the CPU whatever the length); scores and sums in float32."""
     scores = (q * k).sum(-1, dtype=torch.float32) / math.sqrt(q.size(-1))  # (B, nh, L)
     weights = scores.masked_fill(~mask[:, :, 0], float("-inf")).softmax(-1)
     return (weights.unsqueeze(-1) * v).sum(-2, dtype=torch.float32, keepdim=True).to(v.dtype)  # (B, nh, 1, hs)

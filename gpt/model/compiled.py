@@ -1,25 +1,23 @@
-"""The one-token decode step compiled ahead of time on the CPU (`GPT.compile_decoding`, `sample.py --compile`).
+"""The one-token decode step compiled ahead of time on the CPU (`GPT.compile_decoding`, `gpt sample --compile`).
 
     model.compile_decoding()                         # on the CPU: an `AheadOfTimeStep`, compiled at its first call
     logits = model.decode_step(ids, caches, length)  # what gpt.infer.sampling.Decoder calls at each token
 
-A decode step of a small model is overhead bound: the char model's eager step dispatches 74 aten ops,
-~200 us a token, where its arithmetic takes a few. torch.compile fuses the small ops but keeps a Python
-wrapper, dynamo's guards and an MKL call per Linear (~120 us). This step is exported once (`torch.export`,
-the cache length symbolic, and the rows when there are several) and compiled by AOTInductor into one C++
-function; each token is then one call of it from Python, no guards. Timings of the step alone on a 2-core
-AMD EPYC (AVX512), 2 threads: the char model's ~28 us, GPT-2 124M float32 ~8-14 ms (eager: 30 unpacked,
-~17 packed), bf16 ~5 ms (eager packed ~10), int8 ~3.7 ms (eager ~6.5) and the char model in int8 ~37 us
-(these two through the Decoder's loop); bench/bench_llamacpp.py times it as sample.py runs it.
-Three choices make most of that (`inductor_options`; per-step times with 2 threads):
+A decode step of a small model is overhead bound: the char model's eager step dispatches 74 aten ops
+(tests/test_decode_ops.py keeps the count), each with a fixed cost, where its arithmetic takes a few
+microseconds. torch.compile fuses the small ops but keeps a Python wrapper, dynamo's guards and an MKL call
+per Linear. This step is exported once (`torch.export`, the cache length symbolic, and the rows when there are
+several) and compiled by AOTInductor into one C++ function; each token is then one call of it from Python, no
+guards. bench/bench_llamacpp.py times it as `gpt sample` runs it, eager and compiled, at each precision
+(bench/README.md, "Against llama.cpp"). Three choices make most of that (`inductor_options`):
 - freezing: the weights are constants of the compiled code, laid out for their kernels when compiling;
 - float32 matrix products by Inductor's own C++ GEMM template (`max_autotune_gemm_backends="CPP"`): no
-  dispatcher and no MKL call per Linear (a 1x128 @ 128x384 MKL product costs ~3 us, most of it fixed).
-  GPT-2 float32: 8.3 ms with it, 18.5 ms with MKL on frozen weights. bf16: the template for small models
-  (char: 29 us, 119 us with oneDNN) but oneDNN's packed weights for big ones (GPT-2: 5.0 ms, 15.2 ms with
-  the template); the cut at 10M parameters lies between the two sizes measured, not at a measured crossover;
+  dispatcher and no MKL call per Linear (a small MKL product's cost is mostly fixed), faster than MKL on
+  frozen weights for GPT-2 float32. bf16: the template for small models (faster than oneDNN for the char
+  model) but oneDNN's packed weights for big ones (faster than the template for GPT-2); the cut at 10M
+  parameters lies between the two sizes measured, not at a measured crossover;
 - one query's attention spelled out (`one_query_attention`, under compilation) so the compiler fuses it
-  into its own loops; the fused SDPA kernel costs ~10 us a call whatever the length.
+  into its own loops; the fused SDPA kernel has a fixed cost per call whatever the length.
 
 Footguns
 - The weights are compiled into the step as constants (the GEMM template reorders them when compiling):
@@ -28,9 +26,8 @@ Footguns
 - The model must hold plain `nn.Linear` layers, or `Int8Linear` (`gpt.model.quantize`, plain PyTorch too:
   its `torch._int_mm` products stay calls of that op, which the GEMM template does not make): compile
   before `gpt.model.packed.pack` (the loader does not pack a model loaded for compiling).
-- The first call waits for the compile (~10 s for the char model, 20-40 s for GPT-2 124M on 2 cores), or
-  for loading the step an earlier run compiled from the same weights (`gpt.model.stepcache`, GPT_COMPILE_CACHE;
-  GPT-2 float32 ~3 s).
+- The first call waits for the compile, or for loading the step an earlier run compiled from the same
+  weights (`gpt.model.stepcache`, GPT_COMPILE_CACHE); both times are in bench/README.md, "Against llama.cpp".
 """
 
 from __future__ import annotations

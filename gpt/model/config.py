@@ -17,7 +17,7 @@ from gpt.errors import ConfigError
 
 POS_ENCODINGS = ("learned", "sinusoidal", "rope")
 # GELU of the MLP: "gelu_tanh" is GPT-2's tanh approximation (gelu_new); "gelu" the exact erf form, the
-# same curve to 1e-3 and about 2.5x cheaper forward + backward on CPUs (where it is ~15% of a step);
+# same curve to 1e-3 and cheaper forward + backward on CPUs (bench/README.md, "Training");
 # "relu2" is ReLU squared, relu(x)^2 (So et al. 2021, "Primer"; the speedruns' and nanochat's MLP).
 ACTIVATIONS = ("gelu_tanh", "gelu", "relu2")
 LORA_TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "wte")  # what LoRA can adapt

@@ -1,7 +1,7 @@
 """LoRA: a frozen pretrained GPT plus small trained low-rank adapters (Hu et al., 2021).
 
-    python train.py --config finetune --init-from out/wikitext --data data/shakespeare --out-dir out/lora --lora-rank 8
-    python sample.py --ckpt out/lora --prompt "ROMEO:"                    # base + adapters (merged on load)
+    gpt train --config finetune --init-from out/wikitext --data data/shakespeare --out-dir out/lora --lora-rank 8
+    gpt sample --ckpt out/lora --prompt "ROMEO:"                    # base + adapters (merged on load)
     gpt lora merge --ckpt out/lora --out out/lora-merged.pt     # a plain checkpoint: sample, export, init-from
     gpt hf export --ckpt out/lora --out hf/lora                 # loads base + adapters, exports merged
 

@@ -6,20 +6,21 @@
 
 A decode step multiplies one row per sequence by every weight matrix, so it is bound by how fast the
 kernel streams the weights from memory. `nn.Linear` computes x @ W.T on an (out, in) weight, and for
-one row the CPU kernels behind it stream that layout far below the memory's bandwidth. Measured on a
-Zen 4 EPYC at one thread, GPT-2 124M shape, greedy decode (bench/bench_sampling.py `--runs layout`):
+one row the CPU kernels behind it stream that layout far below the memory's bandwidth. What each layout
+gains in tokens/s (GPT-2 124M's shape and the char model, greedy decode, bench/bench_sampling.py `--runs
+layout`) is in bench/README.md, "CPU weight layout":
 - float32: the weight stored transposed, (in, out) contiguous (still an nn.Linear: F.linear hands MKL's
-  gemm a non-transposed operand): ~1.25-1.45x the tokens/s. (oneDNN's packed float32 layout was as fast
-  at one thread but stalled at two.) The token embedding reads its rows from the same matrix.
-- float32 at several threads: MKL runs a one-row product on ONE thread whatever the thread count
-  (1x768 @ 768x3072 streamed 24 GB/s at one thread or two). `ChunkedLinear` splits the output features
-  into one column block per thread, (chunks, in, out / chunks) contiguous, and multiplies them with
-  one `torch.bmm`, which gives each thread a block: 35.6 GB/s for GPT-2's blocks and 47.5 GB/s (from 24)
-  for its 50304-wide head at two threads (the lead's measurement, quiet Zen 4). Only matrices of at least
-  CHUNK_BYTES (smaller ones sit in cache, where the extra ops per layer cost more than they save).
+  gemm a non-transposed operand). (oneDNN's packed float32 layout was as fast at one thread but stalled
+  at two.) The token embedding reads its rows from the same matrix.
+- float32 at several threads: MKL runs a one-row product on ONE thread whatever the thread count (a
+  1x768 @ 768x3072 product streamed as fast at one thread as at two). `ChunkedLinear` splits the output
+  features into one column block per thread, (chunks, in, out / chunks) contiguous, and multiplies them
+  with one `torch.bmm`, which gives each thread a block: GPT-2's blocks and its 50304-wide head stream
+  faster at two threads (the lead's measurement, quiet Zen 4). Only matrices of at least CHUNK_BYTES
+  (smaller ones sit in cache, where the extra ops per layer cost more than they save).
 - bf16: the weight reordered once into oneDNN's blocked layout (`mkldnn._reorder_linear_weight`, what
-  torch.compile's freezing does on CPU) and multiplied by oneDNN: ~2x; the 50k-wide output head alone
-  ~10x. Only where oneDNN computes bf16 natively (`torch.ops.mkldnn._is_mkldnn_bf16_supported`).
+  torch.compile's freezing does on CPU) and multiplied by oneDNN; the 50k-wide output head gains most.
+  Only where oneDNN computes bf16 natively (`torch.ops.mkldnn._is_mkldnn_bf16_supported`).
 The results are those of nn.Linear up to float rounding, and independent of how many rows come at once,
 so a KV-cached decode still equals a full recompute.
 

@@ -1,6 +1,6 @@
 """int8 CPU inference: the Linear layers in int8, weights and activations, with int32 accumulation.
 
-    python sample.py --ckpt out/shakespeare-char --quantize int8 [--compile]
+    gpt sample --ckpt out/shakespeare-char --quantize int8 [--compile]
     gpt serve --ckpt out/shakespeare-char --quantize int8
 
     from gpt.model.quantize import quantize
@@ -12,8 +12,8 @@ quantised with a scale of its own (its largest magnitude maps to 127), the int8 
 exactly in int32 (`torch._int_mm`) and the result is scaled back to float32 and the bias added.
 Embeddings, LayerNorms and attention itself stay float32. The weights of the Linear layers take a quarter
 of the memory, which is what makes decoding faster: a decode step reads every weight once for a handful
-of rows, so it is bound by memory traffic (GPT-2 124M's output head: 1x768 @ 768x50304 in ~0.6 ms against
-~9 ms in float32 on a 2-core AMD EPYC). The layer is plain PyTorch, so the compiled decode step
+of rows, so it is bound by memory traffic (GPT-2 124M's output head in int8 against float32: bench/README.md,
+"Against llama.cpp"). The layer is plain PyTorch, so the compiled decode step
 (`gpt.model.compiled`, `--compile`) takes it as it is, with the same numbers as eager decoding.
 
 One scale per row (not per batch) makes a row's result independent of the rows decoded beside it: a
@@ -29,17 +29,17 @@ Footguns
 - Weights take 129 levels, not 255: oneDNN's int8 product on CPUs without VNNI (AVX2, AVX-512 before
   Cascade Lake) adds pairs of u8 x s8 products in int16 and saturates, which weights up to 64 in magnitude
   never reach (with 127 a product was off by millions: tests/test_quantize.py runs it with oneDNN capped
-  at AVX2). One bit of weight precision for the same numbers on every x86 CPU; val loss stayed within
-  0.01% of float32 (bench/README.md).
+  at AVX2). One bit of weight precision for the same numbers on every x86 CPU; val loss against float32:
+  bench/README.md, "int8 against float32".
 - Eager, each Int8Linear is about ten small ops (quantise the row, multiply, scale back): GPT-2 124M decoded
-  ~12% slower eager than with the fused fbgemm kernel of `torch.ao` this layer replaced (6.5 against
-  5.8 ms a token, 2 threads, same run), and a model as small as the char one runs int8 slower than
-  float32 eager. `--compile` fuses them: GPT-2 int8 1.8-2x eager, the char model 7-10x.
+  slower eager than with the fused fbgemm kernel of `torch.ao` this layer replaced, and a model as small as
+  the char one runs int8 slower than float32 eager (bench/README.md, "int8 against float32"). `--compile`
+  fuses them (bench/README.md, "Against llama.cpp").
 - A row with one huge activation (an outlier channel) quantises its other entries coarsely: llama.cpp's
   q8_0 scales every 32 entries instead, which this layer's single int8 product cannot.
 - Why not PyTorch's own tooling: `torch.ao.quantization` (deprecated) shares one activation scale across
   the batch (rows change each other's results) and cannot be exported for the compiled step; torchao's int8
-  configs ran 3-4x slower than float32 in eager mode on our CPU (they need torch.compile).
+  configs ran slower than float32 in eager mode on our CPU (they need torch.compile).
 """
 
 from __future__ import annotations

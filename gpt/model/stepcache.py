@@ -1,6 +1,6 @@
-"""Compiled decode steps kept on disk (`gpt.model.compiled`): a later run of `sample.py --compile` on the same
-weights loads its step instead of compiling it again (GPT-2 124M float32: 3.3 s to load a 657 MB entry against a
-39 s compile, 2-core AMD EPYC).
+"""Compiled decode steps kept on disk (`gpt.model.compiled`): a later run of `gpt sample --compile` on the same
+weights loads its step instead of compiling it again (loading against compiling: bench/README.md, "Against
+llama.cpp").
 
     GPT_COMPILE_CACHE=DIR      # where (default: $XDG_CACHE_HOME/gpt/compiled-steps, else ~/.cache/gpt/...)
     GPT_COMPILE_CACHE=off      # never read or write one: every run compiles, as before the cache
@@ -27,8 +27,8 @@ Footguns
 - A cache that cannot be written (a full disk, read-only, no home) is not an error: the step compiles as
   without a cache.
 - A group-writable ~/.cache (made under a umask of 002) turns the cache off, with the warning: `chmod g-w` it.
-- Loading copies the entry into the temporary directory (GPT-2 float32 ~660 MB) for the moment of the load.
-- Only whole runs of the same weights hit: a checkpoint trained further is another entry (GPT-2 float32 ~660 MB).
+- Loading copies the entry into the temporary directory (about the size of the weights) for the moment of the load.
+- Only whole runs of the same weights hit: a checkpoint trained further is another entry (about the size of the weights).
 - Entries named `<key>.pt2` by versions before the `.step.pt2` suffix are neither loaded nor removed.
 """
 

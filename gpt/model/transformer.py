@@ -356,8 +356,8 @@ class GPT(nn.Module):
 
     def cache_dtype(self) -> torch.dtype:
         """The dtype of the KV caches: the model's, but float32 for a bf16 model on the CPU, where attention
-        over a bf16 cache runs 4-8x slower than over a float32 one for one query (PyTorch's CPU flash kernel;
-        measured on a Zen 4 EPYC, 30 to 1000 keys) and a decode step's attention is dominated by it."""
+        over a bf16 cache runs several times slower than over a float32 one for one query (PyTorch's CPU flash
+        kernel; measured on a Zen 4 EPYC, 30 to 1000 keys) and a decode step's attention is dominated by it."""
         dtype = self.transformer.wte.weight.dtype
         cpu_bf16 = dtype == torch.bfloat16 and self.transformer.wte.weight.device.type == "cpu"
         return torch.float32 if cpu_bf16 else dtype

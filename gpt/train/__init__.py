@@ -9,7 +9,8 @@
   learning rates; `muon.py` the Muon optimizer; `parallel.py` DDP / FSDP2 / activation checkpointing;
 - `rundir.py` the run directory and its lock; `runlog.py` console / JSONL / W&B / TensorBoard;
   `health.py` loss spikes and gradients; `preflight.py` parameters, memory and ETA before step 1;
-  `stopping.py` signals and the time limit; `plan.py` the memory planner; `plot.py` the loss curves.
+  `stopping.py` signals and the time limit; `plan.py` the memory planner; `sizing.py` a whole run sized from
+  `--depth` / `--params` and a time budget (`gpt plan --depth`); `plot.py` the loss curves.
 
 May import: checkpoints, model, data, the foundations. Never inference or the command line.
 """

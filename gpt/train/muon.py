@@ -24,7 +24,7 @@ the decay never pulls against what the gradient asks for.
 
 The Newton-Schulz coefficients (3.4445, -4.7750, 2.0315), mu = 0.95 and the sqrt(rows/cols) scale are
 Jordan's. torch.optim.Muon (PyTorch >= 2.9) computes the same update, but always in bf16: on a CPU
-without native bf16 that made the main job's step 511 ms instead of 75 ms (2-core AVX2 EPYC). Here
+without native bf16 that made the main job's step several times slower (bench/README.md, "Training"). Here
 `ns_dtype` is the precision the device computes fast: bf16 on GPUs and on CPUs with native bf16,
 float32 otherwise (`ns_dtype_for`). tests/test_muon.py checks the update against torch.optim.Muon.
 """

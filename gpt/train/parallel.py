@@ -1,6 +1,6 @@
 """How the model being trained is laid over the processes: DDP, FSDP2 (`--fsdp`), activation checkpointing.
 
-    torchrun --nproc-per-node 8 train.py --config gpt2_124m --data ... --fsdp --activation-checkpointing
+    torchrun --nproc-per-node 8 -m gpt train --config gpt2_124m --data ... --fsdp --activation-checkpointing
 
     train_model = parallel.wrap(model, cfg, rt)   # before the optimizer is made: FSDP replaces the parameters
     with parallel.micro_step(train_model, last):  # DDP syncs gradients on the last micro-step only
@@ -55,7 +55,7 @@ def check(cfg: TrainConfig, rt: Runtime) -> None:
     if not rt.ddp:
         raise ConfigError(
             "--fsdp shards the model over the processes torchrun starts: launch with `torchrun "
-            "--nproc-per-node N train.py ... --fsdp` (N = 1 for a single process), or pass --no-fsdp"
+            "--nproc-per-node N -m gpt train ... --fsdp` (N = 1 for a single process), or pass --no-fsdp"
         )
     if rt.device.type not in ("cuda", "cpu"):
         raise ConfigError(f"--fsdp runs on CUDA (nccl) or CPU (gloo), not {rt.device.type}")
@@ -124,8 +124,8 @@ def shard(model: GPT, dtype: torch.dtype, compile: bool = False) -> None:
 
 def compile_options(device: torch.device) -> dict:
     """Inductor settings for `torch.compile`. On CPU its generated code computes tanh (GPT-2's GELU)
-    with a slow vectorised tanh; as 2 / (1 + exp(-2x)) - 1 the GELU kernels took 540 vs 890 us and
-    the compiled 4x4x128 step 1.22-1.26x against 1.19 a plain eager loop (AVX2 EPYC, 2 cores).
+    with a slow vectorised tanh; as 2 / (1 + exp(-2x)) - 1 the GELU kernels and the compiled step are
+    faster (AVX2 EPYC, 2 cores: bench/README.md, "Training").
     PyTorch leaves it off by default for one atan2 case (its issue 148241); absolute error ~1e-7."""
     return {"cpp.use_decompose_tanh": True} if device.type == "cpu" else {}
 

@@ -24,8 +24,8 @@ and LayerNorm inputs (8C), bf16 matmul inputs (2C + 2C + 2C + 8C), q, k, v and t
 is the final norm and head (6C), the log-softmax for the loss (4V) and the batch's ids and targets
 (16). tests/test_plan.py checks these counts against the tensors autograd saves. What is not
 counted: the CUDA context and allocator slack (hence `--reserve`, default 10% of the GPU kept free),
-and torch.compile's savings (it fuses the loss and some saved tensors: GPT-2 124M at micro-batch 32
-peaked at 21.8 GiB allocated compiled on an H100, where this plan says 24.7 GiB eager).
+and torch.compile's savings (it fuses the loss and some saved tensors: GPT-2 124M compiled peaks below
+this plan's eager figure; docs/distributed.md has the measurement).
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def log_file(run: str | os.PathLike) -> Path:
     file = path / "log.jsonl" if path.is_dir() else path
     if not file.is_file():
         raise PlotError(
-            f"no log.jsonl in {path}: give a run directory written by train.py, or its log.jsonl"
+            f"no log.jsonl in {path}: give a run directory written by `gpt train`, or its log.jsonl"
             if path.is_dir()
             else f"no such run or log file: {path}"
         )
@@ -91,7 +91,7 @@ def read_log(run: str | os.PathLike, name: str | None = None) -> RunLog:
         except ValueError:
             if number == len(lines):
                 continue  # a last line cut short by a killed process
-            raise PlotError(f"{file} line {number} is not JSON: not a train.py log") from None
+            raise PlotError(f"{file} line {number} is not JSON: not a `gpt train` log") from None
         if not isinstance(record, dict) or record.get("kind") not in by_step or "step" not in record:
             continue
         elapsed = record.get("elapsed")

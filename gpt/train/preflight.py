@@ -19,11 +19,11 @@ The memory estimate is per process, in bytes:
 | runtime     | CPU only: what the process held before the model (torch's libraries, the data), so the  |
 |             | sum is comparable with the RSS                                                         |
 
-Measured (CPU, bf16, Multi30k's multi30k_cpu, 3,072 tokens of pairs, glibc tuned by gpt.runtime): a peak
-RSS of 1.50-1.64 GiB against 1.31 GiB estimated; it was 0.31 GiB when a batch of pairs was counted as
-batch_size x block_size tokens and a logit as 10 bytes. Temporary buffers and the allocator's slack
-are left out, so a real peak is usually somewhat higher; on CUDA the log lines show the measured peak
-(`mem`) next to it.
+Checked against a measured peak RSS (CPU, bf16, Multi30k's multi30k_cpu, 3,072 tokens of pairs, glibc
+tuned by gpt.runtime): the estimate is somewhat below it, where counting a batch of pairs as batch_size x
+block_size tokens and a logit as 10 bytes had put it at a fraction of it. Temporary buffers and the
+allocator's slack are left out, so a real peak is usually somewhat higher; on CUDA the log lines show the
+measured peak (`mem`) next to it.
 
 `--batch-size auto` (CUDA only) tries micro-batches on the real model, a forward and backward pass
 each with the optimizer's memory held aside, under a 90% cap of the GPU's memory (headroom for

@@ -202,7 +202,7 @@ class Proposal:
         return [a for k, v in pairs for a in (f"--{k}", str(v))]
 
     def command(self) -> str:
-        return "python train.py " + shlex.join(self.argv())
+        return "gpt train " + shlex.join(self.argv())
 
 
 def propose(
@@ -313,7 +313,7 @@ def propose(
     why.append(
         f"schedule: {ref.lr_schedule}, warmup {warmup} steps, final LR a tenth of the peak (as the reference); "
         f"{EVALS} evaluations of {eval_iters} batches a split (about {OVERHEAD_SHARE:.0%} of the steps' time); "
-        f"no --max-minutes: the steps are the budget (train.py's limit judges the evaluation's cost by the first, "
+        f"no --max-minutes: the steps are the budget (`gpt train`'s limit judges the evaluation's cost by the first, "
         f"warm-up step, and stops short runs at step 1)"
     )
     if params:

@@ -1,9 +1,9 @@
 """The training loop: pretraining and fine-tuning with exact resume, mixed precision and DDP.
 
-    python train.py --config shakespeare_char_cpu --data data/shakespeare_char --out-dir out/shakespeare_char
+    gpt train --config shakespeare_char_cpu --data data/shakespeare_char --out-dir out/shakespeare_char
     gpt train --resume out/shakespeare_char --max-iters 5000          # continue exactly
-    torchrun --nproc-per-node 2 train.py --data ... --out-dir ...            # DistributedDataParallel
-    torchrun --nproc-per-node 8 train.py ... --fsdp --activation-checkpointing  # sharded (gpt/train/parallel.py, gpt/checkpoints/dcp.py)
+    torchrun --nproc-per-node 2 -m gpt train --data ... --out-dir ...        # DistributedDataParallel
+    torchrun --nproc-per-node 8 -m gpt train ... --fsdp --activation-checkpointing  # sharded (gpt/train/parallel.py, gpt/checkpoints/dcp.py)
 
 `train(plan)` (a `RunPlan`: the command line resolved once, gpt/train/start.py) reads as its steps: claim the run directory, open the data, build (or resume) the model,
 then loop. One step, in nanoGPT's order: the step's LR -> `grad_accum` micro-steps (forward, loss /
@@ -439,7 +439,7 @@ class Run:
             log.print(line)
         if cfg.compile:  # the first step traces and compiles: say so before the wait
             log.print(
-                "compiling the model for the first step (torch.compile: 20-40 s on a 2-core CPU, less "
+                "compiling the model for the first step (torch.compile: tens of seconds on a CPU, less "
                 "with inductor's cache from an earlier run)"
             )
         self.model.train()
