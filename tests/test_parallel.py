@@ -107,7 +107,7 @@ def state(path) -> dict:
 def twin(run, dst):
     """A copy of `run` whose latest checkpoint is the single file its last.dcp converts to."""
     shutil.copytree(run, dst, symlinks=True)
-    cli_dcp.convert(dst / "last.dcp", dst / "last.pt")
+    cli_dcp.convert(dst)  # last.dcp and best.dcp as last.pt and best.pt (a run's own files: no --out)
     (dst / "last.dcp").unlink()
     (dst / "best.dcp").unlink()
     return dst
