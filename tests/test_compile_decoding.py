@@ -170,6 +170,37 @@ def test_int8_compiled_step_equals_eager_int8():
     assert greedy(twin, PROMPT, 30, agrees_with_the_full_forward(model, atol=1e-4)) == greedy(model, PROMPT, 30)
 
 
+ONE_ROW = torch.tensor([[1, 2, 3, 4, 5]])
+
+
+def test_int8_one_row_step_sums_the_row_products_and_equals_eager_int8():
+    """One row: the products are the row times each int8 weight row summed in float32 (`row_products`),
+    integers summed exactly, so the same tokens and logits as eager's `torch._int_mm`."""
+    model = quantize(tiny(), "int8")
+    assert compiled.inductor_options(model, one_row=True) == {"freezing": True, "realize_opcount_threshold": 0}
+    twin = twin_of(model)
+    assert greedy(twin, ONE_ROW, 12, agrees_with_the_full_forward(model, atol=1e-5)) == greedy(model, ONE_ROW, 12)
+
+
+@pytest.mark.skipif(not NATIVE_BF16, reason="oneDNN computes bf16 natively only")
+def test_bf16_one_row_step_of_a_big_model_equals_eager_to_bf16_rounding(monkeypatch):
+    monkeypatch.setattr(compiled, "TEMPLATE_BF16_PARAMS", 0)  # as GPT-2's size: no template, row products
+    model = tiny(torch.bfloat16)
+    assert "realize_opcount_threshold" in compiled.inductor_options(model, one_row=True)
+    greedy(twin_of(model), ONE_ROW, 12, agrees_with_the_full_forward(model, atol=3e-2))
+
+
+def test_row_products_compute_each_layer_as_it_was_for_that_model_only_and_are_undone():
+    model, other = quantize(tiny(), "int8"), tiny()
+    x = torch.randn(1, 1, 32)
+    with compiled.row_products(model), compiled.row_products(other):
+        assert not any("forward" in vars(m) for m in tiny().modules())
+        for m in [model.transformer.h[0].mlp.c_fc, other.transformer.h[0].mlp.c_fc, other.lm_head]:
+            assert "forward" in vars(m)
+            torch.testing.assert_close(m(x), type(m).forward(m, x), rtol=1e-6, atol=1e-6)
+    assert not any("forward" in vars(m) for m in [*model.modules(), *other.modules()])
+
+
 # ---- DynamoStep: torch.compile's step (CUDA), on the CPU -------------------------------------------------
 
 

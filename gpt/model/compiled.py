@@ -17,7 +17,14 @@ guards. bench/bench_llamacpp.py times it as `gpt sample` runs it, eager and comp
   model) but oneDNN's packed weights for big ones (faster than the template for GPT-2); the cut at 10M
   parameters lies between the two sizes measured, not at a measured crossover;
 - one query's attention spelled out (`one_query_attention`, under compilation) so the compiler fuses it
-  into its own loops; the fused SDPA kernel has a fixed cost per call whatever the length.
+  into its own loops; the fused SDPA kernel has a fixed cost per call whatever the length;
+- one row's bf16 (big models) and int8 products as the row times each of the matrix's rows, summed
+  (`row_products`): a decode step reads each weight once for one row, so it is bound by how fast the weights
+  stream in, and oneDNN's bf16 and int8 kernels stream them slower for a single row than this loop does
+  (each weight converted to float32 as it is read, no packing). The inputs of these loops are computed
+  once, not again for each output (`realize_opcount_threshold`: Inductor would otherwise recompute a
+  LayerNorm or GELU feeding a product for every one of its rows). Programs for many rows keep the kernels,
+  which read a weight once for all the rows.
 
 Footguns
 - The weights are compiled into the step as constants (the GEMM template reorders them when compiling):
@@ -35,6 +42,8 @@ from __future__ import annotations
 import tempfile
 import time
 import warnings
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -132,7 +141,7 @@ class AheadOfTimeStep:
             step = StepModule(self.model, rolling)
             return lambda t: [step(t[0], t[1], t[2], t[3:])]
         ids, pos, _, *kv = tensors
-        options = inductor_options(self.model)
+        options = inductor_options(self.model, one_row)
         layout = (
             f"rows {'one' if one_row else 'any'}, rolling {rolling}, ids {ids.dtype}, pos {pos.dtype}, "
             + ", ".join(f"{t.dtype}{tuple(t.shape[1:])}" for t in kv)
@@ -155,7 +164,8 @@ class AheadOfTimeStep:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # torch's own, from inside export
             example = (ids, pos.new_zeros(()), torch.empty(2, dtype=torch.bool), kv)
-            program = torch.export.export(StepModule(self.model, rolling), example, dynamic_shapes=shapes)
+            with row_products(self.model, one_row and "realize_opcount_threshold" in options):
+                program = torch.export.export(StepModule(self.model, rolling), example, dynamic_shapes=shapes)
             try:
                 with tempfile.TemporaryDirectory(prefix="gpt-step-") as tmp:
                     path = torch._inductor.aoti_compile_and_package(
@@ -195,15 +205,38 @@ class DynamoStep:
         return self.step(ids, views)
 
 
-def inductor_options(model: nn.Module) -> dict:
+def inductor_options(model: nn.Module, one_row: bool = False) -> dict:
     """Freezing (the weights are constants, laid out for their kernels when compiling) and, for float32 and small
-    bf16 models, Inductor's own GEMM template; a big bf16 model keeps oneDNN's kernels on packed weights, which
-    stream large bf16 matrices faster than the template, and int8 layers keep their `torch._int_mm` calls,
-    which the template does not make (module notes)."""
+    bf16 models, Inductor's own GEMM template; a big bf16 model and int8 layers take oneDNN's kernels (packed
+    bf16 weights, `torch._int_mm`) for many rows, and for one row the row products (`row_products`) with their
+    inputs computed once (module notes)."""
     weight = model.transformer.wte.weight
     small = sum(p.numel() for p in model.parameters()) < TEMPLATE_BF16_PARAMS
     int8 = any(isinstance(m, Int8Linear) for m in model.modules())
-    return {"freezing": True} | (TEMPLATE if (weight.dtype == torch.float32 or small) and not int8 else {})
+    if (weight.dtype == torch.float32 or small) and not int8:
+        return {"freezing": True} | TEMPLATE
+    return {"freezing": True} | ({"realize_opcount_threshold": 0} if one_row else {})
+
+
+def _row_product(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """`linear(x)` for one row, as the row times each row of the weight, summed (see `row_products`)."""
+    y = (x.unsqueeze(-2) * linear.weight).sum(-1)
+    return y if linear.bias is None else y + linear.bias
+
+
+@contextmanager
+def row_products(model: nn.Module, on: bool = True):
+    """While exporting a one-row step, the model's Linear layers (`nn.Linear`, `Int8Linear.row_forward`) compute
+    their products as the row times each row of the weight, summed: Inductor makes each one loop that streams
+    the weight once, converting it to float32 as it reads. Only this model's layers, restored after."""
+    layers = [m for m in model.modules() if isinstance(m, (nn.Linear, Int8Linear))] if on else []
+    for m in layers:
+        m.forward = m.row_forward if isinstance(m, Int8Linear) else partial(_row_product, m)
+    try:
+        yield
+    finally:
+        for m in layers:
+            del m.forward
 
 
 def _opaque(module: nn.Module) -> str | None:

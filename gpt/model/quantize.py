@@ -81,6 +81,20 @@ class Int8Linear(nn.Module):
         y = product * scale if self.bias is None else torch.addcmul(self.bias, product, scale)
         return y.view(*x.shape[:-1], self.out_features)
 
+    def row_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """`forward` for the compiled one-row step (`gpt.model.compiled.row_products`): the same quantised row
+        times each int8 weight row, summed in float32 instead of `torch._int_mm`'s int32. The same numbers:
+        the products are integers of at most 127 x 64 in magnitude and float32 sums integers exactly below
+        2**24, which a row of typical activations stays far under (only 2,065 products all at the extremes
+        and of one sign could pass it)."""
+        rows = x.reshape(-1, self.in_features)
+        amax = rows.abs().amax(dim=1, keepdim=True).clamp_min(TINY)
+        q = torch.round(rows * (127 / amax))
+        product = (q.unsqueeze(-2) * self.weight_int8).sum(-1)  # int8 weights read as they are, no float copy
+        scale = amax * self.weight_scale
+        y = product * scale if self.bias is None else torch.addcmul(self.bias, product, scale)
+        return y.view(*x.shape[:-1], self.out_features)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
