@@ -15,7 +15,11 @@
    steps: full fine-tuning, LoRA (--lora-rank, the tied embedding included), LoRA on the blocks'
    projections only, and from scratch. Val loss, trainable parameters, checkpoint size, step time and
    peak memory (RSS of each training process) side by side.
-4. precision (a CPU with native bf16, or GPT_CPU_BF16=1; `OMP_NUM_THREADS=1` on a shared CPU): ms per
+4. likeforlike: nanoGPT's own model and settings (4x4x128, block 64, batch 12, AdamW at lr 1e-3, GPT-2's
+   tanh GELU, biases, dropout 0, float32, no compile) trained for the same steps by nanoGPT's train.py and by
+   ours (`GPT_CPU_BF16=0`: float32 whatever the CPU): the same work, so ms per step compares the loops, not
+   the recipes; interleaved repeats, medians with min and max.
+5. precision (a CPU with native bf16, or GPT_CPU_BF16=1; `OMP_NUM_THREADS=1` on a shared CPU): ms per
    step of the main job's training step
    (`--config shakespeare_char_cpu`: model, batch, Muon + AdamW) in float32, as on a CPU without
    native bf16 (GPT_CPU_BF16=0: float32 Newton-Schulz too), and in what `--dtype auto` picks with it
@@ -191,6 +195,60 @@ def speedrun(data: dict, tmp: Path, repeats: int = 2) -> dict:
         "nanogpt_median_seconds": theirs,
         "speedup_vs_nanogpt": round(theirs / mine, 2) if mine else None,
         "nanogpt_reached_target": all(r["seconds_to_target"] is not None for r in nano),
+    }
+
+
+def likeforlike(data: dict, tmp: Path, steps: int = 300, repeats: int = 3) -> dict:
+    """nanoGPT's model and settings trained `steps` steps by its train.py and by ours, interleaved: ms per step
+    (the median of each run's steps after the first 10) and each run's last val loss."""
+    nano_dir = harness.nanogpt_copy(tmp)
+    nano_args = [a for a in NANOGPT_CPU if not a.startswith(("--max_iters", "--lr_decay_iters"))]
+    nano_args += [f"--max_iters={steps}", f"--lr_decay_iters={steps}", f"--eval_interval={steps}"]
+    shape = ["--n-layer", 4, "--n-head", 4, "--n-embd", 128, "--block-size", 64, "--batch-size", 12, "--dropout", 0]
+    ours_args = [*shape, "--optimizer", "adamw", "--learning-rate", 1e-3, "--min-lr", 1e-4, "--warmup-iters", 100]
+    ours_args += ["--max-iters", steps, "--lr-decay-iters", steps, "--eval-interval", steps, "--eval-iters", 20]
+    ours_args += ["--log-interval", 1, "--dtype", "float32", "--activation", "gelu_tanh"]
+    ours, nano = [], []
+    for i in range(repeats):
+        out = tmp / f"lfl{i}"
+        run = harness.launch(
+            [sys.executable, "train.py", "--data", data["char"], "--out-dir", out, *ours_args],
+            ROOT,
+            out.with_suffix(".log"),
+            timeout=900,
+            env={**ENV, "GPT_CPU_BF16": "0"},
+        )
+        if run["returncode"]:
+            raise RuntimeError(harness.tail(run))
+        records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+        ms = [r["ms_per_step"] for r in records if r["kind"] == "train" and r["step"] > 10]
+        val = [r["val_loss"] for r in records if r["kind"] == "eval"][-1]
+        ours.append({"ms_per_step": statistics.median(ms), "val_loss": val, "process_seconds": run["seconds"]})
+        (tmp / f"lflnano{i}").mkdir()
+        found = re.compile(r"step (\d+): train loss ([\d.]+), val loss ([\d.]+)")
+        run = harness.launch(
+            [sys.executable, "train.py", *nano_args, f"--out_dir={tmp / f'lflnano{i}' / 'out'}"],
+            nano_dir,
+            tmp / f"lflnano{i}.log",
+            timeout=900,
+            env=ENV,
+        )
+        timed = [re.match(r"iter (\d+): .*time ([\d.]+)ms", line) for _, line in run["lines"]]
+        steps_ms = [float(m[2]) for m in timed if m and int(m[1]) > 10]
+        evals = [float(m[3]) for _, line in run["lines"] if (m := found.search(line))]
+        nano.append(
+            {"ms_per_step": statistics.median(steps_ms), "val_loss": evals[-1], "process_seconds": run["seconds"]}
+        )
+        print(f"likeforlike {i}: ours {ours[-1]}, nanoGPT {nano[-1]}", file=sys.stderr)
+    return {
+        "steps": steps,
+        "repeats": repeats,
+        "model": "nanoGPT's CPU recipe model: 4x4x128, block 64, batch 12, AdamW lr 1e-3, tanh GELU, biases, float32",
+        "ours": ours,
+        "nanogpt": nano,
+        "ours_ms_per_step": harness.spread(r["ms_per_step"] for r in ours),
+        "nanogpt_ms_per_step": harness.spread(r["ms_per_step"] for r in nano),
+        "speedup": harness.spread(n["ms_per_step"] / o["ms_per_step"] for o, n in zip(ours, nano)),
     }
 
 
@@ -497,7 +555,7 @@ def finetune(data: dict, tmp: Path, pretrain_steps: int = 300, steps: int = 160)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["speedrun", "throughput", "finetune", "precision"])
+    parser.add_argument("--only", choices=["speedrun", "throughput", "finetune", "likeforlike", "precision"])
     parser.add_argument("--pretrain-steps", type=int, default=300, help="finetune: WikiText-2 steps (default: 300)")
     parser.add_argument("--finetune-steps", type=int, default=160, help="finetune: steps of each run (default: 160)")
     args = parser.parse_args()
@@ -510,6 +568,7 @@ def main() -> None:
             ("speedrun", lambda: speedrun(data, tmp)),
             ("throughput", throughput),
             ("finetune", lambda: finetune(data, tmp, args.pretrain_steps, args.finetune_steps)),
+            ("likeforlike", lambda: likeforlike(data, tmp)),
             ("precision", precision),
         ):
             if args.only == name or (args.only is None and (name != "precision" or cpu_has_native_bf16())):

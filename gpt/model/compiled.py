@@ -14,17 +14,18 @@ guards. bench/bench_llamacpp.py times it as `gpt sample` runs it, eager and comp
 - float32 matrix products by Inductor's own C++ GEMM template (`max_autotune_gemm_backends="CPP"`): no
   dispatcher and no MKL call per Linear (a small MKL product's cost is mostly fixed), faster than MKL on
   frozen weights for GPT-2 float32. bf16: the template for small models (faster than oneDNN for the char
-  model) but oneDNN's packed weights for big ones (faster than the template for GPT-2); the cut at 10M
-  parameters lies between the two sizes measured, not at a measured crossover;
+  model), not for big ones (slower than oneDNN for GPT-2); the cut at 10M parameters (`SMALL_PARAMS`) lies
+  between the two sizes measured, not at a measured crossover;
 - one query's attention spelled out (`one_query_attention`, under compilation) so the compiler fuses it
   into its own loops; the fused SDPA kernel has a fixed cost per call whatever the length;
-- one row's bf16 (big models) and int8 products as the row times each of the matrix's rows, summed
+- a big model's one-row bf16 and int8 products as the row times each of the matrix's rows, summed
   (`row_products`): a decode step reads each weight once for one row, so it is bound by how fast the weights
   stream in, and oneDNN's bf16 and int8 kernels stream them slower for a single row than this loop does
   (each weight converted to float32 as it is read, no packing). The inputs of these loops are computed
   once, not again for each output (`realize_opcount_threshold`: Inductor would otherwise recompute a
   LayerNorm or GELU feeding a product for every one of its rows). Programs for many rows keep the kernels,
-  which read a weight once for all the rows.
+  which read a weight once for all the rows, and so do small models (the char model's step is bound by its
+  many small kernels, not by its weights: one loop per product made its int8 step slower).
 
 Footguns
 - The weights are compiled into the step as constants (the GEMM template reorders them when compiling):
@@ -56,7 +57,7 @@ from gpt.model.quantize import Int8Linear
 
 NO_COMPILE = "or decode without --compile"
 TEMPLATE = {"max_autotune": True, "max_autotune_gemm_backends": "CPP"}  # Inductor's C++ GEMM template
-TEMPLATE_BF16_PARAMS = 10_000_000  # bf16 models under this many parameters use the template (module notes)
+SMALL_PARAMS = 10_000_000  # below: small models' kernels (bf16: the template; int8: torch._int_mm); module notes
 
 
 class CompileError(UserError, ValueError):
@@ -207,15 +208,15 @@ class DynamoStep:
 
 def inductor_options(model: nn.Module, one_row: bool = False) -> dict:
     """Freezing (the weights are constants, laid out for their kernels when compiling) and, for float32 and small
-    bf16 models, Inductor's own GEMM template; a big bf16 model and int8 layers take oneDNN's kernels (packed
-    bf16 weights, `torch._int_mm`) for many rows, and for one row the row products (`row_products`) with their
-    inputs computed once (module notes)."""
+    bf16 models, Inductor's own GEMM template. Small int8 models keep `torch._int_mm`; a big bf16 or int8 model
+    takes oneDNN's kernels (packed bf16 weights, `torch._int_mm`) for many rows and, for one row, the row
+    products (`row_products`) with their inputs computed once (module notes)."""
     weight = model.transformer.wte.weight
-    small = sum(p.numel() for p in model.parameters()) < TEMPLATE_BF16_PARAMS
+    small = sum(p.numel() for p in model.parameters()) < SMALL_PARAMS
     int8 = any(isinstance(m, Int8Linear) for m in model.modules())
     if (weight.dtype == torch.float32 or small) and not int8:
         return {"freezing": True} | TEMPLATE
-    return {"freezing": True} | ({"realize_opcount_threshold": 0} if one_row else {})
+    return {"freezing": True} | ({"realize_opcount_threshold": 0} if one_row and not small else {})
 
 
 def _row_product(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
