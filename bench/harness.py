@@ -77,7 +77,9 @@ def commit() -> str:
     """The checkout's commit, with `+dirty` when it has uncommitted changes to tracked files."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "gpt", "bench", ":!bench/results"], cwd=ROOT).returncode
+        dirty = subprocess.run(
+            ["git", "diff", "--quiet", "HEAD", "--", "gpt", "bench", ":!bench/results"], cwd=ROOT
+        ).returncode
     except OSError:
         return "unknown"
     return head.stdout.strip() + ("+dirty" if dirty else "") if head.returncode == 0 else "unknown"
