@@ -59,6 +59,7 @@ def agrees_with_the_full_forward(model: GPT, atol: float = 1e-4):
 
 
 PROMPT = torch.tensor([[1, 2, 3, 4, 5], [5, 4, 3, 2, 1]])
+ONE_ROW = PROMPT[:1]
 
 
 @pytest.fixture(scope="module")
@@ -127,10 +128,14 @@ def test_a_failed_compile_is_one_line(failure, message, monkeypatch):
 @pytest.mark.skipif(not NATIVE_BF16, reason="oneDNN computes bf16 natively only")
 @pytest.mark.parametrize("template_below", [compiled.SMALL_PARAMS, 0])  # small models' kernels; big ones'
 def test_bf16_compiled_step_equals_eager_to_bf16_rounding(template_below, monkeypatch):
+    """A small model's rows through the template; a big one's single row (GPT-2's `gpt sample --compile`)
+    through the row products (`row_products`)."""
     monkeypatch.setattr(compiled, "SMALL_PARAMS", template_below)
     model = tiny(torch.bfloat16)
     assert ("max_autotune" in compiled.inductor_options(model)) == bool(template_below)
-    greedy(twin_of(model), PROMPT, 20, agrees_with_the_full_forward(model, atol=3e-2))
+    assert ("realize_opcount_threshold" in compiled.inductor_options(model, one_row=True)) == (not template_below)
+    prompt = PROMPT if template_below else ONE_ROW
+    greedy(twin_of(model), prompt, 20, agrees_with_the_full_forward(model, atol=3e-2))
 
 
 def test_the_step_run_eagerly_equals_the_full_forward():
@@ -170,9 +175,6 @@ def test_int8_compiled_step_equals_eager_int8():
     assert greedy(twin, PROMPT, 30, agrees_with_the_full_forward(model, atol=1e-4)) == greedy(model, PROMPT, 30)
 
 
-ONE_ROW = torch.tensor([[1, 2, 3, 4, 5]])
-
-
 def test_int8_one_row_step_sums_the_row_products_and_equals_eager_int8(monkeypatch):
     """One row of a big model: the products are the row times each int8 weight row summed in float32
     (`row_products`), integers summed exactly, so the same tokens and logits as eager's `torch._int_mm`."""
@@ -182,14 +184,6 @@ def test_int8_one_row_step_sums_the_row_products_and_equals_eager_int8(monkeypat
     assert compiled.inductor_options(model, one_row=True) == {"freezing": True, "realize_opcount_threshold": 0}
     twin = twin_of(model)
     assert greedy(twin, ONE_ROW, 12, agrees_with_the_full_forward(model, atol=1e-5)) == greedy(model, ONE_ROW, 12)
-
-
-@pytest.mark.skipif(not NATIVE_BF16, reason="oneDNN computes bf16 natively only")
-def test_bf16_one_row_step_of_a_big_model_equals_eager_to_bf16_rounding(monkeypatch):
-    monkeypatch.setattr(compiled, "SMALL_PARAMS", 0)  # as GPT-2's size: no template, row products
-    model = tiny(torch.bfloat16)
-    assert "realize_opcount_threshold" in compiled.inductor_options(model, one_row=True)
-    greedy(twin_of(model), ONE_ROW, 12, agrees_with_the_full_forward(model, atol=3e-2))
 
 
 def test_row_products_compute_each_layer_as_it_was_for_that_model_only_and_are_undone():

@@ -154,15 +154,21 @@ def check_meta(meta: dict | str, source: str | os.PathLike) -> Fields:
         )
     if meta["format"] != FORMAT_VERSION:
         raise CheckpointError(
-            f"{source}: checkpoint format {meta['format']!r}, this version of gpt reads format {FORMAT_VERSION}"
+            f"{source}: checkpoint format {_cut(meta['format'])}, this version of gpt reads format {FORMAT_VERSION}"
         )
     model_config(meta["model_config"], source)
     if not isinstance(meta["tokenizer"], dict) or "kind" not in meta["tokenizer"]:
         raise CheckpointError(
-            f'{source}: its tokenizer {meta["tokenizer"]!r} is not a tokenizer spec (a JSON object with a "kind")'
+            f'{source}: its tokenizer {_cut(meta["tokenizer"])} is not a tokenizer spec (a JSON object with a "kind")'
         )
     check_spec(meta["tokenizer"], source, CheckpointError)  # a bpe's pattern is one gpt knows
     return Fields(meta, source)
+
+
+def _cut(value) -> str:
+    """A value of a checkpoint's meta in a message: its repr, cut short (the meta is the file's to state)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def model_config(config: dict, source: str | os.PathLike) -> GPTConfig:
