@@ -212,7 +212,7 @@ def inductor_options(model: nn.Module, one_row: bool = False) -> dict:
     takes oneDNN's kernels (packed bf16 weights, `torch._int_mm`) for many rows and, for one row, the row
     products (`row_products`) with their inputs computed once (module notes)."""
     weight = model.transformer.wte.weight
-    small = sum(p.numel() for p in model.parameters()) < SMALL_PARAMS
+    small = sum(t.numel() for t in (*model.parameters(), *model.buffers())) < SMALL_PARAMS  # (int8: buffers)
     int8 = any(isinstance(m, Int8Linear) for m in model.modules())
     if (weight.dtype == torch.float32 or small) and not int8:
         return {"freezing": True} | TEMPLATE
