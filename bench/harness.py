@@ -51,25 +51,26 @@ def machine() -> dict:
     }
 
 
+def _cpuinfo() -> str:
+    """/proc/cpuinfo's text, or "" where there is none (not Linux)."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def cpu_flags() -> list[str]:
     """The CPU's vector-instruction flags that decide which kernels run (AVX2, AVX-512 and its BF16 / VNNI,
-    AMX), from /proc/cpuinfo; empty where there is none (not Linux)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags = set(re.search(r"^flags\s*:(.*)$", text, re.M).group(1).split()) if "flags" in text else set()
-    return sorted(f for f in flags if re.fullmatch(r"avx2|fma|f16c|avx512\w*|avx_vnni\w*|amx\w*", f))
+    AMX), from /proc/cpuinfo; empty where there is none."""
+    found = re.search(r"^flags\s*:(.*)$", _cpuinfo(), re.M)
+    flags = found.group(1).split() if found else []
+    return sorted({f for f in flags if re.fullmatch(r"avx2|fma|f16c|avx512\w*|avx_vnni\w*|amx\w*", f)})
 
 
 def cpu_family_model() -> str:
     """`family F model M` from /proc/cpuinfo (a VM often names its CPU only "AMD EPYC"; the family tells Zen 4
     from Zen 5), or "" where there is none."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    fields = dict(re.findall(r"^(cpu family|model)\s*:\s*(\S+)$", text, re.M))
+    fields = dict(re.findall(r"^(cpu family|model)\s*:\s*(\S+)$", _cpuinfo(), re.M))
     return f"family {fields.get('cpu family', '?')} model {fields.get('model', '?')}" if fields else ""
 
 

@@ -2,7 +2,7 @@
 
 - `native.py` the `.pt` format: its meta (`build_meta`, `check_meta`), atomic `save`, `load_file`.
 - `dcp.py` sharded checkpoints (`--fsdp`, torch.distributed.checkpoint); `dcp_index.py` reads their index
-  (a pickle) with a pickle machine of its own that runs nothing.
+  (a pickle) with a pickle machine of its own that runs nothing, and `dcp_check.py` checks what it read.
 - `hf.py` Hugging Face directories, import and export: GPT-2 (learned, sinusoidal positions) and, through
   `hf_neox.py`, GPT-NeoX (RoPE); `hf_tokenizer.py` writes tokenizer.json and tokenizer_config.json; `hf_card.py` the
   model card.
