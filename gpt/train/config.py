@@ -185,6 +185,9 @@ class TrainConfig:
         False,
         "torchrun: shard parameters, gradients and optimizer state over the processes (FSDP2; sharded checkpoints)",
     )
+    tp: int = opt(1, "torchrun: tensor parallelism, each layer's matrices split over N processes (Megatron-style)")
+    pp: int = opt(1, "torchrun: pipeline parallelism, the layers split into N stages that micro-batches flow through")
+    pp_schedule: str = opt("1f1b", "--pp's schedule: gpipe | 1f1b | interleaved (two stages per process)")
     activation_checkpointing: bool = opt(
         False, "recompute each block's activations in the backward pass (less memory, ~1 more forward per step)"
     )
@@ -210,11 +213,12 @@ class TrainConfig:
             "wd_schedule": ("constant", "linear", "cosine"),
             "dtype": ("auto", "float32", "bfloat16", "float16"),
             "wandb_mode": ("", "online", "offline", "disabled"),
+            "pp_schedule": ("gpipe", "1f1b", "interleaved"),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 out.append(f"{flag(name)}: {getattr(self, name)!r} is not one of {', '.join(map(repr, allowed))}")
-        for name in ("grad_accum", "max_iters", "eval_interval", "log_interval"):
+        for name in ("grad_accum", "max_iters", "eval_interval", "log_interval", "tp", "pp"):
             if getattr(self, name) < 1:
                 out.append(f"{flag(name)}: must be >= 1, got {getattr(self, name)}")
         if self.batch_size < 0 or (self.batch_size == 0 and not self.global_batch):  # 0 + a global batch = auto

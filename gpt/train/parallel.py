@@ -46,10 +46,19 @@ from gpt.errors import ConfigError
 from gpt.model.transformer import GPT
 from gpt.runtime import Runtime
 from gpt.train.config import TrainConfig
+from gpt.train.mesh import Layout
 
 
 def check(cfg: TrainConfig, rt: Runtime) -> None:
     """What --fsdp needs from this launch, one line each; the trainer asks before touching the run directory."""
+    if cfg.tp > 1 or cfg.pp > 1:
+        if not rt.ddp:
+            raise ConfigError(
+                "--tp / --pp split the model over the processes torchrun starts: launch with `torchrun "
+                "--nproc-per-node N -m gpt train ...` (N a multiple of tp x pp)"
+            )
+        Layout.of(rt.world_size, cfg.tp, cfg.pp)
+        raise ConfigError("--tp / --pp: not in this version yet (issue 44)")  # until the TP and PP parts land
     if not cfg.fsdp:
         return
     if not rt.ddp:
