@@ -84,3 +84,37 @@ def test_mistakes_are_one_line(capsys):
     assert capsys.readouterr().err == "error: --gpus: must be >= 1, got 0\n"
     assert cli_plan.main(["--config", "nope"]) == 2
     assert capsys.readouterr().err.startswith("error: --config: no file 'nope' and no shipped config of that name")
+
+
+def test_one_gpu_layout_is_the_formula_autograd_checks():
+    s = plan.Shape.of(GPTConfig(n_layer=4, n_head=4, n_embd=64, vocab_size=512, block_size=32), 2, 32)
+    logits_grad = 4 * 2 * 32 * 512
+    m = plan.layout_memory(s, pp=1, dp=1, tp=1, fsdp=False, checkpointed=False, micro_batches=4)
+    assert m.activations == plan.saved_activations(s, False) + logits_grad
+    assert m.weights + m.gradients + m.optimizer == 18 * s.params
+
+
+def test_tensor_and_pipeline_parallelism_divide_what_they_split():
+    s = plan.Shape.of(replace(build_config(["--config", "gpt2_350m"]).model, vocab_size=50304), 8, 1024)
+    state = lambda m: m.weights + m.gradients + m.optimizer  # noqa: E731
+    one = plan.layout_memory(s, 1, 1, 1, False, False, 8)
+    tp2, pp2 = plan.layout_memory(s, 1, 1, 2, False, False, 8), plan.layout_memory(s, 2, 1, 1, False, False, 8)
+    assert 0.45 * state(one) < state(tp2) < 0.55 * state(one)  # every matrix and the vocabulary halved
+    assert state(pp2) < 0.6 * state(one)  # half the blocks, the embeddings on a stage
+    assert one.activations > tp2.activations > 0.5 * one.activations  # the residual stream stays whole
+    gpipe = plan.layout_memory(s, 2, 1, 1, False, False, 8, "gpipe")
+    assert gpipe.activations > 3 * pp2.activations  # GPipe keeps all 8 micro-batches, 1F1B two
+    assert plan.bubble(4, 12) == 3 / 15 and plan.bubble(4, 12, "interleaved") == 3 / 27 and plan.bubble(1, 5) == 0
+
+
+def test_layouts_that_fit_split_only_what_divides(capsys):
+    cfg = build_config(["--config", "gpt2_774m"])  # 20 heads, 36 layers
+    found = plan.layouts(cfg, 50304, 8, 24, 0.1)
+    assert found and all(20 % x.tp == 0 and x.pp * x.dp * x.tp == 8 for x in found)
+    assert all(x.memory.total <= 24e9 * 0.9 for x in found)
+    assert found[0].flags() == "--tp 4"  # nothing fits with data parallelism alone but checkpointing
+    assert not any(x.tp > 1 for x in plan.layouts(build_config(["--config", "gpt2_1558m"]), 50304, 8, 80, 0.1))
+    assert cli_plan.main(["--config", "gpt2_774m", "--gpus", "8", "--gpu-memory", "24"]) == 0
+    out = capsys.readouterr().out
+    assert "| 1 x 2 x 4 | no | no |" in out and out.rstrip().endswith("use: --tp 4")
+    assert "data parallel alone: --fsdp --activation-checkpointing" in out

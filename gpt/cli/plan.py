@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from gpt.cli import ArgumentParser, run_main
 from gpt.train.config import build_config
-from gpt.train.plan import GPUS, SIZES, PlanError, detail, plan, summary
+from gpt.train.plan import GPUS, SCHEDULES, SIZES, PlanError, detail, layout_table, layouts, plan, summary
 from gpt.train.sizing import ASPECT_RATIO, HEAD_DIM, size
 
 SIZING = (
@@ -24,15 +24,15 @@ SIZING = (
     "tokens_per_second",
     "device",
 )
-MEMORY = ("config", "gpus", "gpu_memory", "reserve", "vocab_size", "batch_size")
-MEMORY_DEFAULTS = {"gpu_memory": 80.0, "reserve": 0.1, "vocab_size": 50304}
+MEMORY = ("config", "gpus", "gpu_memory", "reserve", "vocab_size", "batch_size", "pp_schedule")
+MEMORY_DEFAULTS = {"gpu_memory": 80.0, "reserve": 0.1, "vocab_size": 50304, "pp_schedule": "1f1b"}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(
         prog="gpt plan",
         description="Memory per GPU under DDP / FSDP / activation checkpointing, and which flags fit (GiB; a ✗ "
-        "does not fit); or, with --depth / --params, a whole training run sized for a corpus and a time budget.",
+        "does not fit); for one config and GPU count also the tensor x pipeline x data parallel layouts that fit; or, with --depth / --params, a whole training run sized for a corpus and a time budget.",
     )
     ap.add_argument(
         "--config",
@@ -48,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--vocab-size", type=int, help="embedding rows (default: 50304, GPT-2 padded)")
     ap.add_argument("--batch-size", type=int, default=None, help="micro-batch per GPU (default: the config's)")
+    ap.add_argument(
+        "--pp-schedule",
+        choices=SCHEDULES,
+        help="the pipeline schedule layouts with --pp are planned for (default: 1f1b)",
+    )
     sizing = ap.add_argument_group(
         "sizing a run from one number (nanochat's --depth): the whole `gpt train` command for a corpus and a time "
         "budget on this machine, from its measured throughput"
@@ -101,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
             cfg = build_config(["--config", name] + (["--batch-size", str(args.batch_size)] if args.batch_size else []))
             plans += [(name, plan(cfg, args.vocab_size, n, args.gpu_memory, args.reserve)) for n in args.gpus or GPUS]
         if len(plans) == 1:
-            return detail(*plans[0])
+            name, p = plans[0]
+            cfg = build_config(["--config", name] + (["--batch-size", str(args.batch_size)] if args.batch_size else []))
+            found = layouts(cfg, args.vocab_size, p["gpus"], args.gpu_memory, args.reserve, args.pp_schedule)
+            return detail(name, p) + "\n\n" + layout_table(name, found, p["gpus"])
         return summary(plans)
 
     return run_main(body)

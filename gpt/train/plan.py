@@ -4,6 +4,7 @@ FSDP and activation checkpointing, and which flags fit.
     gpt plan                                  # GPT-2 124M / 350M / 774M / 1.5B on 1, 8 and 64 GPUs
     gpt plan --config gpt2_1558m --gpus 8     # one config, term by term
     gpt plan --config my.toml --gpu-memory 40 --batch-size 8
+    gpt plan --config gpt2_774m --gpus 8 --gpu-memory 24  # + the pp x dp x tp layouts that fit, the first to use
 
 The model (vocab_size 50304 unless `--vocab-size`), micro-batch and context come from the training
 config; the training runs bf16 autocast with AdamW, as on any GPU with bf16. Bytes per GPU, with P the
@@ -26,6 +27,15 @@ is the final norm and head (6C), the log-softmax for the loss (4V) and the batch
 counted: the CUDA context and allocator slack (hence `--reserve`, default 10% of the GPU kept free),
 and torch.compile's savings (it fuses the loss and some saved tensors: GPT-2 124M compiled peaks below
 this plan's eager figure; docs/distributed.md has the measurement).
+
+Tensor and pipeline parallelism (`layouts`, `layout_memory`; gpt/train/mesh.py lays out the processes):
+--tp T divides each block's matrices, the vocabulary (embedding, head, logits) and the activations between
+a column-wise and a row-wise product (26C of the 36C above) by T; --pp S gives the fullest stage
+ceil(L / S) blocks and the root, and keeps in flight on the first stage every micro-batch (GPipe) or S
+of them (1F1B, interleaved); the last stage holds one with the head's log-softmax and logits' gradient.
+The bubble, the share of a step a pipeline waits, is (S - 1) / (m + S - 1) with m micro-batches per
+replica, (S - 1) / (2m + S - 1) interleaved. Layouts are ordered by what they cost in speed: checkpointing
+last, then the fewest model-parallel ways, TP (within a node, at most 8) before PP, FSDP before either.
 """
 
 from __future__ import annotations
@@ -102,27 +112,9 @@ def saved_activations(s: Shape, checkpointed: bool) -> float:
     return s.batch * s.seq * (s.n_layer * per_layer + 6 * s.n_embd + 4 * s.vocab_size + 16)
 
 
-def activations(s: Shape, checkpointed: bool) -> float:
-    """Saved activations plus the backward's largest transients: the logits' float32 gradient and, with
-    checkpointing, the block being recomputed."""
-    tokens = s.batch * s.seq
-    extra = 4 * tokens * s.vocab_size + (tokens * (36 * s.n_embd + 16 + 4 * s.n_head) if checkpointed else 0)
-    return saved_activations(s, checkpointed) + extra
-
-
 def memory(s: Shape, gpus: int, fsdp: bool, checkpointed: bool) -> Memory:
-    """Bytes per GPU for one of the four ways to train (see the module notes)."""
-    P = s.params
-    acts = activations(s, checkpointed)
-    if not fsdp:
-        return Memory(weights=6 * P, gradients=4 * P * (2 if gpus > 1 else 1), optimizer=8 * P, activations=acts)
-    root = P - s.n_layer * s.block_params  # embeddings, final norm, tied head: gathered around the whole pass
-    return Memory(
-        weights=4 * P / gpus + 2 * (root + 2 * s.block_params),
-        gradients=4 * P / gpus + 4 * (root + s.block_params),
-        optimizer=8 * P / gpus,
-        activations=acts,
-    )
+    """Bytes per GPU for one of the four ways to train with data parallelism alone (see the module notes)."""
+    return layout_memory(s, 1, gpus, 1, fsdp, checkpointed, 1)
 
 
 def plan(cfg: TrainConfig, vocab_size: int, gpus: int, gpu_memory_gb: float, reserve: float) -> dict:
@@ -141,6 +133,112 @@ def plan(cfg: TrainConfig, vocab_size: int, gpus: int, gpu_memory_gb: float, res
         "grad_accum": accum,
         "tokens_per_step": accum * cfg.batch_size * cfg.model.block_size,
     }
+
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+MAX_TP = 8  # tensor parallelism talks at every layer: within one node's GPUs (NVLink), 8 at most
+
+
+@dataclass
+class Layout:
+    """One way to lay the model over the GPUs (gpt/train/mesh.py): pipeline stages x data replicas x tensor
+    shards, FSDP over the replicas or not, activation checkpointing or not; its memory on the fullest GPU and
+    its pipeline bubble (the share of a step the GPUs of a pipeline wait)."""
+
+    pp: int
+    dp: int
+    tp: int
+    fsdp: bool
+    checkpointed: bool
+    memory: Memory
+    bubble: float
+
+    def flags(self) -> str:
+        out = [f"--tp {self.tp}"] if self.tp > 1 else []
+        out += [f"--pp {self.pp}"] if self.pp > 1 else []
+        out += ["--fsdp"] if self.fsdp else []
+        out += ["--activation-checkpointing"] if self.checkpointed else []
+        return " ".join(out) or "(no flag)"
+
+
+def bubble(pp: int, micro_batches: int, schedule: str = "1f1b") -> float:
+    """The share of a step a pipeline's GPUs wait: (pp - 1) / (m + pp - 1) for GPipe and 1F1B with m
+    micro-batches; the interleaved schedule (two stages per GPU) halves each stage's time and so the bubble,
+    (pp - 1) / (2m + pp - 1)."""
+    chunks = 2 if schedule == "interleaved" else 1
+    return (pp - 1) / (chunks * micro_batches + pp - 1)
+
+
+def layout_memory(
+    s: Shape, pp: int, dp: int, tp: int, fsdp: bool, checkpointed: bool, micro_batches: int, schedule: str = "1f1b"
+) -> Memory:
+    """Bytes on the fullest GPU of a pp x dp x tp layout (the module notes' terms, split as the layout splits
+    them). Tensor parallelism divides each block's matrices and the vocabulary (embedding and head) by tp, and
+    the activations that live between a column-wise and a row-wise product (q, k, v, the attention output, the
+    MLP's hidden layer and GELU: 26C of the block's 36C per token) and the logits; the residual stream and the
+    norms' inputs stay whole on every shard. Pipeline parallelism gives a stage n_layer / pp blocks; the first
+    stage also holds the embeddings and the last a copy of the tied head, so the fullest holds the blocks and
+    the root once. In flight on the first stage: every micro-batch's activations with GPipe, pp of them with
+    1F1B and the interleaved schedule (one micro-batch's activations of the stage's layers each)."""
+    blocks = -(-s.n_layer // pp)
+    root = s.params - s.n_layer * s.block_params
+    P = (blocks * s.block_params + root) / tp  # the stage's parameters on one shard
+    if not fsdp:
+        weights, gradients, optimizer = 6 * P, 4 * P * (2 if dp > 1 else 1), 8 * P
+    else:
+        gathered = root / tp + 2 * s.block_params / tp
+        weights, gradients, optimizer = 4 * P / dp + 2 * gathered, 4 * P / dp + 4 * gathered, 8 * P / dp
+    tokens = s.batch * s.seq
+    layer = 10 * s.n_embd + 26 * s.n_embd / tp + 16 + 4 * s.n_head / tp  # one block's saved bytes per token
+    kept = tokens * blocks * (4 * s.n_embd if checkpointed else layer)  # a micro-batch through one stage
+    head = tokens * (6 * s.n_embd + 4 * s.vocab_size / tp + 16) + 4 * tokens * s.vocab_size / tp  # + logits' grad
+    recompute = tokens * layer if checkpointed else 0
+    in_flight = 1 if pp == 1 else micro_batches if schedule == "gpipe" else min(pp, micro_batches)
+    first = kept * in_flight + (head if pp == 1 else 16 * tokens * in_flight)  # the first stage (all, if pp = 1)
+    last = kept + head  # the last stage: its micro-batch's backward starts at once
+    return Memory(weights, gradients, optimizer, max(first, last) + recompute)
+
+
+def layouts(
+    cfg: TrainConfig, vocab_size: int, gpus: int, gpu_memory_gb: float, reserve: float, schedule: str = "1f1b"
+) -> list[Layout]:
+    """Every layout of `cfg` on `gpus` GPUs that fits, the one to use first: tensor shards that divide the
+    heads (at most MAX_TP), stages no more than the layers, the rest data parallel; ordered by what each costs
+    in speed: activation checkpointing (a forward again) last, then the fewest model-parallel ways (TP talks at
+    every layer, PP waits in its bubble), FSDP (gathers each step) before those, TP before PP (no bubble)."""
+    shape = Shape.of(replace(cfg.model, vocab_size=vocab_size), cfg.batch_size, cfg.model.block_size)
+    budget = gpu_memory_gb * 1e9 * (1 - reserve)
+    found = []
+    for tp in (n for n in range(1, min(gpus, MAX_TP) + 1) if gpus % n == 0 and shape.n_head % n == 0):
+        for pp in (n for n in range(1, min(gpus // tp, shape.n_layer) + 1) if gpus // tp % n == 0):
+            dp = gpus // (tp * pp)
+            micro = max(1, -(-cfg.grad_accum // dp))  # each replica's share of the step's micro-batches
+            for fsdp in (False, True):
+                for checkpointed in (False, True):
+                    m = layout_memory(shape, pp, dp, tp, fsdp, checkpointed, micro, schedule)
+                    if m.total <= budget:
+                        found.append(Layout(pp, dp, tp, fsdp, checkpointed, m, bubble(pp, micro, schedule)))
+    return sorted(found, key=lambda x: (x.checkpointed, x.tp * x.pp, x.pp, x.fsdp))
+
+
+def layout_table(name: str, found: list[Layout], gpus: int, top: int = 5) -> str:
+    """The first `top` layouts that fit, as a Markdown table (the first is the one to use)."""
+    if not found:
+        return f"{name} on {gpus} GPU(s): no layout fits; lower --batch-size, raise --grad-accum, or add GPUs"
+    lines = [
+        f"{name} on {gpus} GPU(s): layouts that fit, the first to use (GiB on the fullest GPU)",
+        "",
+        "| pp x dp x tp | FSDP | AC | weights | gradients | optimizer | activations | total | bubble | flags |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for x in found[:top]:  # (the first is the one to use)
+        m = x.memory
+        lines.append(
+            f"| {x.pp} x {x.dp} x {x.tp} | {'yes' if x.fsdp else 'no'} | {'yes' if x.checkpointed else 'no'} | "
+            f"{gib(m.weights)} | {gib(m.gradients)} | {gib(m.optimizer)} | {gib(m.activations)} | {gib(m.total)} | "
+            f"{x.bubble:.0%} | {x.flags()} |"
+        )
+    return "\n".join([*lines, "", f"use: {found[0].flags()}"])
 
 
 FLAGS = {
@@ -175,7 +273,7 @@ def detail(name: str, p: dict) -> str:
         "",
         f"global batch: --grad-accum {p['grad_accum']} ({p['tokens_per_step']:,} tokens per step; it must be a "
         f"multiple of the GPUs)",
-        f"use: {FLAGS[p['use']]}",
+        f"data parallel alone: {FLAGS[p['use']]}",
     ]
     return "\n".join(lines)
 
