@@ -91,6 +91,8 @@ class HealthMonitor:
         if not enabled:
             yield
             return
+        from torch.distributed.tensor import DTensor  # lazy: distributed
+
         params = [p for g in optimizer.param_groups for p in g["params"]]
         before = [p.detach().clone() for p in params]
         yield
@@ -100,6 +102,9 @@ class HealthMonitor:
 
         with torch.no_grad():  # one host sync (a collective per tensor under FSDP)
             size = norm(before)
-            torch._foreach_sub_(before, params)  # the update, in place of the copies
+            for split in (True, False):  # the update, in place of the copies (a foreach op takes one kind)
+                pairs = [(b, p) for b, p in zip(before, params) if isinstance(p, DTensor) == split]
+                if pairs:
+                    torch._foreach_sub_(*map(list, zip(*pairs)))
             change, size = torch.stack([norm(before), size]).tolist()
         self.update_ratio = change / size if size > 0 else None
