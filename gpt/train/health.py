@@ -32,7 +32,7 @@ from contextlib import contextmanager
 
 import torch
 
-from gpt.train.parallel import full
+from gpt.train.parallel import by_mesh, full
 
 
 class HealthMonitor:
@@ -91,8 +91,6 @@ class HealthMonitor:
         if not enabled:
             yield
             return
-        from torch.distributed.tensor import DTensor  # lazy: distributed
-
         params = [p for g in optimizer.param_groups for p in g["params"]]
         before = [p.detach().clone() for p in params]
         yield
@@ -102,9 +100,7 @@ class HealthMonitor:
 
         with torch.no_grad():  # one host sync (a collective per tensor under FSDP)
             size = norm(before)
-            for split in (True, False):  # the update, in place of the copies (a foreach op takes one kind)
-                pairs = [(b, p) for b, p in zip(before, params) if isinstance(p, DTensor) == split]
-                if pairs:
-                    torch._foreach_sub_(*map(list, zip(*pairs)))
+            for group in by_mesh(params):  # the update, in place of the copies (a foreach op takes one kind)
+                torch._foreach_sub_([before[i] for i in group], [params[i] for i in group])
             change, size = torch.stack([norm(before), size]).tolist()
         self.update_ratio = change / size if size > 0 else None

@@ -194,15 +194,21 @@ def split(model: GPT, cfg: TrainConfig, rt: Runtime) -> nn.Module:
     return model
 
 
-def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """`torch.nn.utils.clip_grad_norm_` for parameters some of which are split (DTensors) and some not (a
-    tensor-parallel model's norms and position table): each kind's norm apart, then one total norm and
-    one clipping factor for all."""
-    from torch.distributed.tensor import DTensor  # lazy: distributed
+def by_mesh(tensors: list[torch.Tensor]) -> list[list[int]]:
+    """The positions of `tensors` grouped by the mesh each is split over (plain tensors in a group of their
+    own): multi-tensor ops take one kind at a time (a tensor-parallel model's norms stay whole, and under
+    --fsdp its split matrices live on a 2-D mesh, the rest on the data-parallel one)."""
+    groups: dict = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault(getattr(t, "device_mesh", None), []).append(i)
+    return list(groups.values())
 
+
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """`torch.nn.utils.clip_grad_norm_` for parameters split over different meshes or not at all (see
+    `by_mesh`): each kind's norm apart, then one total norm and one clipping factor for all."""
     params = [p for p in params if p.grad is not None]
-    kinds = [[p for p in params if isinstance(p.grad, DTensor) == split] for split in (True, False)]
-    kinds = [k for k in kinds if k]
+    kinds = [[params[i] for i in group] for group in by_mesh([p.grad for p in params])]
     if len(kinds) < 2:
         return full(torch.nn.utils.clip_grad_norm_(params, max_norm))
     total = torch.stack([full(torch.nn.utils.get_total_norm([p.grad for p in k])) for k in kinds]).norm()
