@@ -131,6 +131,11 @@ def parallelize(model: nn.Module, mesh) -> None:
     model.tp_mesh = mesh
 
 
+def held(model: nn.Module) -> int:
+    """The parameter elements this process holds (a split parameter's local shard; a tied one once)."""
+    return sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
+
+
 def loss_context(model: nn.Module):
     """The context of a training step's forward and backward: `loss_parallel` when the logits are split."""
     mesh = getattr(model, "tp_mesh", None)
