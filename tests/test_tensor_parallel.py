@@ -221,3 +221,21 @@ def test_dp2_x_tp2_with_fsdp_matches_one_process_and_resumes_at_tp4(char_data, t
     train(resolve_run(["--resume", str(ref), "--max-iters", "6"]))
     assert losses(run)[3:] == pytest.approx(losses(ref)[3:], rel=RTOL) and len(losses(run)) == 6
     assert_close_state(run, ref)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        # the gathered-logits loss (label smoothing), rotary positions and every recipe option, clipping
+        "--pos-encoding rope --qk-norm --activation relu2 --norm post --logit-softcap 15 --untied-head --x0-skip "
+        "--zero-init-proj --label-smoothing 0.1 --bias --activation-checkpointing --grad-clip 1.0",
+        "--pos-encoding sinusoidal --logit-softcap 15",  # the split loss through the softcap
+    ],
+)
+def test_tp2_runs_every_option_as_one_process(char_data, tmp_path, options):
+    """Each positional encoding and recipe option under --tp 2: the first steps' losses equal one process's."""
+    common = [*TINY, "--data", char_data, "--grad-accum", "2", "--max-iters", "2", "--no-plot", *options.split()]
+    torchrun(2, *common, "--out-dir", tmp_path / "tp2", "--tp", "2")
+    one_process(common, tmp_path / "one")
+    assert losses(tmp_path / "tp2") == pytest.approx(losses(tmp_path / "one"), rel=RTOL)
+    assert len(losses(tmp_path / "tp2")) == 2
