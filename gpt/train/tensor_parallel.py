@@ -94,7 +94,11 @@ def parallelize(model: nn.Module, mesh) -> None:
     """Split `model` (a decoder-only GPT, checked by `check`) over the 1-D "tp" `mesh`, in place. Every
     process starts from global rank 0's weights (each one seeded its own initialisation)."""
     from torch.distributed.tensor import Replicate, Shard  # lazy: distributed
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import (  # lazy: distributed
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
 
     tp = mesh.size()
     with torch.no_grad():
