@@ -42,8 +42,11 @@ Footguns
 - Every process of a tp group must see the same batch and the same dropout masks on the replicated
   activations: batches are picked by the data-parallel rank and the RNG is seeded by it
   (gpt/train/trainer.py), never by the global rank.
-- A save gathers each `c_attn` weight, bias and moment whole on every process of its group to put
-  it in the one-process order (the rest is written shard by shard).
+- A save gathers each `c_attn` weight, bias and moment whole on every process of its tp group (and
+  of its dp group under --fsdp) to put it in the one-process order (the rest is written shard by shard).
+- With data parallelism but without --fsdp the replicas are kept in step by `replicate` from
+  `torch.distributed._composable` (FSDP2's, private in PyTorch 2.13): DDP takes neither a mesh nor
+  DTensor parameters.
 """
 
 from __future__ import annotations
