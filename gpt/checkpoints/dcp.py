@@ -222,11 +222,14 @@ def read(path: str | os.PathLike, map_location="cpu") -> dict:
 # ---- the training state: save and load, every process taking part ---------------------------------
 
 
-def load(source: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> native.Fields:
-    """Restore `model` and `optimizer` (FSDP-sharded or whole) from a training checkpoint: a DCP
-    directory, each process reading only what its shards need, or a `.pt` file, which each process
+def load(
+    source: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer, layout=None
+) -> native.Fields:
+    """Restore `model` and `optimizer` (FSDP-sharded, tensor-parallel or whole) from a training checkpoint: a
+    DCP directory, each process reading only what its shards need, or a `.pt` file, which each process
     reads whole and keeps its part of. Returns the checkpoint's `meta`, `rng` and `scaler`. Every
-    process calls this."""
+    process calls this. `layout`: how the model's state differs from the one-process state checkpoints
+    hold (gpt/train/tensor_parallel.py's SavedLayout), None where it does not."""
     from torch.distributed.checkpoint.state_dict import (  # lazy: DCP only
         StateDictOptions,
         get_state_dict,
@@ -238,10 +241,13 @@ def load(source: str | os.PathLike, model: torch.nn.Module, optimizer: torch.opt
         ckpt = native.read_file(source)
         names = {p: n for n, p in model.named_parameters()}
         optim_state = _by_name(ckpt["optimizer"], [names[p] for g in optimizer.param_groups for p in g["params"]])
+        model_state = ckpt["model"]
+        if layout is not None:
+            model_state, optim_state["state"] = layout.from_whole(model_state, optim_state["state"])
         set_state_dict(
             model,
             optimizer,
-            model_state_dict=ckpt["model"],
+            model_state_dict=model_state,
             optim_state_dict=optim_state,
             options=StateDictOptions(full_state_dict=True),
         )
@@ -255,7 +261,12 @@ def load(source: str | os.PathLike, model: torch.nn.Module, optimizer: torch.opt
         raise CheckpointError(f"{source / TRAIN}: its optimizer's parameter groups are not this model's")
     aliases = _aliases(model)
     state = {"model": {k: v for k, v in model_state.items() if k not in aliases}, "optimizer": optim_state["state"]}
+    like = state
+    if layout is not None:
+        state = dict(zip(("model", "optimizer"), layout.placeholders(state["model"], state["optimizer"])))
     _load_shards(state, reader, source, distributed=_distributed())
+    if layout is not None:
+        state = {part: layout.restored(state[part], like[part]) for part in state}
     state["model"].update({alias: state["model"][name] for alias, name in aliases.items()})
     set_state_dict(
         model,
@@ -273,11 +284,13 @@ def save(
     meta: dict,
     scaler: dict | None,
     rng,
+    layout=None,
 ) -> None:
     """Write a sharded checkpoint of `model` and `optimizer` into a new `step-NNNNNN/` beside `link`
     (run_dir/last.dcp), then point `link` at it (see the module notes). Every process calls this;
     `meta` (gpt.checkpoints.native.build_meta), `scaler` and `rng` (every process's) are written by rank 0. A
-    failure on any process is one StorageError on all of them, the previous checkpoint intact."""
+    failure on any process is one StorageError on all of them, the previous checkpoint intact. `layout`: as
+    `load`'s; the state is written in the one-process layout whatever the model's."""
     import torch.distributed.checkpoint as tdcp  # lazy: DCP only
     from torch.distributed.checkpoint import FileSystemWriter  # lazy: DCP only
     from torch.distributed.checkpoint.state_dict import get_state_dict  # lazy: DCP only
@@ -296,6 +309,8 @@ def save(
     model_state, optim_state = get_state_dict(model, optimizer)  # this process's shards (DTensors under FSDP)
     aliases = _aliases(model)
     state = {"model": {k: v for k, v in model_state.items() if k not in aliases}, "optimizer": optim_state["state"]}
+    if layout is not None:
+        state = dict(zip(("model", "optimizer"), layout.saved(state["model"], state["optimizer"])))
     error = None
     try:
         with _one_process():

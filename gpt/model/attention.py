@@ -57,8 +57,9 @@ class Attention(nn.Module):
 
     def __init__(self, config: GPTConfig, value_embed: bool = False):
         super().__init__()
-        self.n_head = config.n_head
-        self.n_embd = config.n_embd
+        self.n_head = config.n_head  # heads this process computes (tensor parallelism: its share)
+        self.n_embd = config.n_embd  # the model's width, whatever share of the heads this process holds
+        self.head_dim = config.n_embd // config.n_head
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         if value_embed:  # a raw matrix, not an nn.Linear: AdamW trains it (Muon takes the blocks' Linears)
             self.ve_gate = nn.Parameter(torch.zeros(config.n_head, min(VE_GATE_CHANNELS, config.n_embd)))
@@ -69,8 +70,8 @@ class Attention(nn.Module):
         self.weights: list[torch.Tensor] | None = None  # a list while GPT.attention_maps records, else None
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
-        B, T, C = t.shape
-        return t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        B, T, _ = t.shape
+        return t.view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
 
     def _normed(self, t: torch.Tensor) -> torch.Tensor:
         """qk_norm: each head's vector at unit RMS (no learned weight), times QK_NORM_SCALE."""
@@ -97,7 +98,7 @@ class Attention(nn.Module):
         if kv is None:  # self-attention
             # one view and one permute give the three (B, nh, T, hs) heads (a split and three view/transposes
             # cost 7 dispatched ops a layer: a one-token decode step is overhead bound)
-            q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4).unbind(0)
+            q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
             q, k = self._normed(q), self._normed(k)
             if ve is not None:  # value_embeds: v + gate * ve, one gate per head and token
                 gate = 3 * torch.sigmoid(F.linear(x[..., : self.ve_gate.size(1)], self.ve_gate))  # (B, T, nh)
@@ -136,7 +137,8 @@ class Attention(nn.Module):
             self.weights.append(att)
             y = att.to(v.dtype) @ v
         # (B, nh, T, hs) -> (B, T, C); one query (a decode step) is that layout already, read as a view
-        y = y.reshape(B, T, C) if T == 1 else y.transpose(1, 2).contiguous().view(B, T, C)
+        width = self.n_head * self.head_dim  # C, or this process's share of it under tensor parallelism
+        y = y.reshape(B, T, width) if T == 1 else y.transpose(1, 2).contiguous().view(B, T, width)
         # back from the cache's dtype (GPT.cache_dtype); never without a cache: under autocast (training) x is
         # float32 and y bf16, which c_proj takes as it is (a cast would keep a float32 copy for backward)
         if cache is not None and y.dtype != x.dtype:

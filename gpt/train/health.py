@@ -32,7 +32,7 @@ from contextlib import contextmanager
 
 import torch
 
-from gpt.train.parallel import full
+from gpt.train.parallel import by_mesh, full
 
 
 class HealthMonitor:
@@ -100,6 +100,7 @@ class HealthMonitor:
 
         with torch.no_grad():  # one host sync (a collective per tensor under FSDP)
             size = norm(before)
-            torch._foreach_sub_(before, params)  # the update, in place of the copies
+            for group in by_mesh(params):  # the update, in place of the copies (a foreach op takes one kind)
+                torch._foreach_sub_([before[i] for i in group], [params[i] for i in group])
             change, size = torch.stack([norm(before), size]).tolist()
         self.update_ratio = change / size if size > 0 else None

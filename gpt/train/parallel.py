@@ -45,6 +45,7 @@ from torch.utils.checkpoint import checkpoint
 from gpt.errors import ConfigError
 from gpt.model.transformer import GPT
 from gpt.runtime import Runtime
+from gpt.train import mesh, tensor_parallel
 from gpt.train.config import TrainConfig
 from gpt.train.mesh import Layout
 
@@ -58,7 +59,9 @@ def check(cfg: TrainConfig, rt: Runtime) -> None:
                 "--nproc-per-node N -m gpt train ...` (N a multiple of tp x pp)"
             )
         Layout.of(rt.world_size, cfg.tp, cfg.pp)
-        raise ConfigError("--tp / --pp: not in this version yet (issue 44)")  # until the TP and PP parts land
+        if cfg.pp > 1:
+            raise ConfigError("--pp: not in this version yet (issue 44)")  # until the PP part lands
+        check_tp(cfg, rt)
     if not cfg.fsdp:
         return
     if not rt.ddp:
@@ -73,6 +76,23 @@ def check(cfg: TrainConfig, rt: Runtime) -> None:
             "--fsdp with float16: loss scaling is not supported with sharded gradients; use "
             "--dtype bfloat16 (or train without --fsdp)"
         )
+
+
+def check_tp(cfg: TrainConfig, rt: Runtime) -> None:
+    """What --tp cannot be combined with in this version, one line each (the model's shape: tensor_parallel.check)."""
+    tensor_parallel.check(cfg.model, cfg.tp)
+    refused = [
+        (
+            rt.dtype == torch.float16,
+            "float16 (loss scaling's overflow check would differ between shards): use --dtype bfloat16",
+        ),
+        (cfg.compile, "--compile: not tried with split layers yet; pass --no-compile"),
+        (cfg.optimizer == "muon", "--optimizer muon: its orthogonalisation needs whole matrices; use adamw"),
+        (cfg.lora_rank > 0, "--lora-rank: adapters are not split; fine-tune without --tp"),
+    ]
+    for refused_, why in refused:
+        if refused_:
+            raise ConfigError(f"--tp {cfg.tp} with {why}")
 
 
 def mixed_precision(dtype: torch.dtype):
@@ -114,21 +134,23 @@ def _attention_kernels() -> list:
     return [backend for backend, enabled in flags.items() if enabled]
 
 
-def shard(model: GPT, dtype: torch.dtype, compile: bool = False) -> None:
+def shard(model: GPT, dtype: torch.dtype, compile: bool = False, mesh=None) -> None:
     """FSDP2, in place: each block, then the root. The model's class and parameters change (DTensors).
-    Every process starts from rank 0's weights, as DDP does (each one seeded its own initialisation)."""
+    Every process starts from rank 0's weights, as DDP does (each one seeded its own initialisation).
+    `mesh`: the data-parallel sub-mesh of a tensor-parallel run (its model split and broadcast already)."""
     from torch.distributed.fsdp import fully_shard  # lazy: distributed
 
-    with torch.no_grad():
-        for t in model.state_dict().values():
-            torch.distributed.broadcast(t, src=0)
+    if mesh is None:
+        with torch.no_grad():
+            for t in model.state_dict().values():
+                torch.distributed.broadcast(t, src=0)
     policy = mixed_precision(dtype)
     options = compile_options(next(model.parameters()).device)
     for block in model.blocks():
         if compile:
             block.compile(options=options)
-        fully_shard(block, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
 def compile_options(device: torch.device) -> dict:
@@ -144,6 +166,8 @@ def wrap(model: GPT, cfg: TrainConfig, rt: Runtime) -> nn.Module:
     under FSDP; the uncompiled, unwrapped module otherwise)."""
     if cfg.activation_checkpointing:
         checkpoint_activations(model)
+    if cfg.tp > 1:
+        return split(model, cfg, rt)
     if cfg.fsdp:
         shard(model, rt.dtype, compile=cfg.compile)
         return model
@@ -153,6 +177,44 @@ def wrap(model: GPT, cfg: TrainConfig, rt: Runtime) -> nn.Module:
 
         train_model = DDP(train_model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
     return train_model
+
+
+def split(model: GPT, cfg: TrainConfig, rt: Runtime) -> nn.Module:
+    """--tp: the model split over the mesh's "tp" processes (gpt/train/tensor_parallel.py), then over "dp"
+    FSDP2-sharded (--fsdp) or replicated, gradients all-reduced (PyTorch's FSDP2-based `replicate`, which takes
+    a mesh and split parameters where DDP takes neither)."""
+    device_mesh = mesh.build(Layout.of(rt.world_size, cfg.tp, cfg.pp), rt.device.type)
+    tensor_parallel.parallelize(model, device_mesh["tp"])
+    if cfg.fsdp:
+        shard(model, rt.dtype, mesh=device_mesh["dp"])
+    elif device_mesh["dp"].size() > 1:
+        from torch.distributed._composable.replicate_with_fsdp import replicate  # lazy: distributed
+
+        replicate(model, mesh=device_mesh["dp"], mp_policy=mixed_precision(rt.dtype))
+    return model
+
+
+def by_mesh(tensors: list[torch.Tensor]) -> list[list[int]]:
+    """The positions of `tensors` grouped by the mesh each is split over (plain tensors in a group of their
+    own): multi-tensor ops take one kind at a time (a tensor-parallel model's norms stay whole, and under
+    --fsdp its split matrices live on a 2-D mesh, the rest on the data-parallel one)."""
+    groups: dict = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault(getattr(t, "device_mesh", None), []).append(i)
+    return list(groups.values())
+
+
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """`torch.nn.utils.clip_grad_norm_` for parameters split over different meshes or not at all (see
+    `by_mesh`): each kind's norm apart, then one total norm and one clipping factor for all."""
+    params = [p for p in params if p.grad is not None]
+    kinds = [[params[i] for i in group] for group in by_mesh([p.grad for p in params])]
+    if len(kinds) < 2:
+        return full(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    total = torch.stack([full(torch.nn.utils.get_total_norm([p.grad for p in k])) for k in kinds]).norm()
+    for k in kinds:
+        torch.nn.utils.clip_grads_with_norm_(k, max_norm, total)
+    return total
 
 
 def micro_step(train_model: nn.Module, last: bool):

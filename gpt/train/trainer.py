@@ -38,9 +38,10 @@ from gpt.model import lora
 from gpt.model.transformer import GPT
 from gpt.progress import Progress, format_duration
 from gpt.runtime import Runtime, setup
-from gpt.train import parallel, plot, preflight, start
+from gpt.train import parallel, plot, preflight, start, tensor_parallel
 from gpt.train.config import OptimizerConfig, TrainConfig
 from gpt.train.health import HealthMonitor
+from gpt.train.mesh import Layout
 from gpt.train.muon import Muon, ns_dtype_for
 from gpt.train.rundir import RunDir
 from gpt.train.runlog import RunLogger, peak_flops
@@ -52,11 +53,16 @@ from gpt.train.tasks import count_targets, open_task
 # ---- the pieces of a step ----------------------------------------------------------------------------
 
 
-def make_optimizer(model: GPT, opt: OptimizerConfig, device: torch.device) -> torch.optim.Optimizer:
+def make_optimizer(
+    model: GPT, opt: OptimizerConfig, device: torch.device, split: bool = False
+) -> torch.optim.Optimizer:
     """AdamW (the fused kernel where this PyTorch has one), or Muon + AdamW (gpt/train/muon.py); weight decay on
-    matrices only."""
+    matrices only. `split`: a tensor-parallel model, whose groups mix split parameters (DTensors) and whole
+    ones, which the fused and multi-tensor kernels refuse: AdamW updates one parameter at a time."""
     kwargs = dict(lr=opt.lr, betas=opt.betas)
-    if opt.name == "muon":
+    if split:
+        optimizer = torch.optim.AdamW(model.param_groups(opt.weight_decay), foreach=False, fused=False, **kwargs)
+    elif opt.name == "muon":
         groups = model.param_groups(opt.weight_decay, muon=True)
         optimizer = Muon(groups, ns_dtype=ns_dtype_for(device), cautious_wd=opt.cautious_wd, **kwargs)
     else:
@@ -84,7 +90,16 @@ def set_hyperparameters(optimizer: torch.optim.Optimizer, step: int, cfg: TrainC
 
 
 def train_step(
-    train_model, optimizer, scaler, get_batch, step: int, accum: int, rt: Runtime, grad_clip: float, count=count_targets
+    train_model,
+    optimizer,
+    scaler,
+    get_batch,
+    step: int,
+    accum: int,
+    rt: Runtime,
+    grad_clip: float,
+    count=count_targets,
+    loss_context=nullcontext,
 ):
     """Accumulate `accum` micro-batches, then clip; returns (mean loss, gradient norm, tokens trained on:
     `count(batch)` summed).
@@ -93,24 +108,25 @@ def train_step(
     for language modelling, (idx, targets, src, src_mask) for seq2seq.
 
     Each micro-loss is divided by `accum` so the summed gradients equal the gradient of the mean
-    loss over the whole global batch, the same as one big batch would give.
+    loss over the whole global batch, the same as one big batch would give. `loss_context` is entered
+    around each forward and backward (--tp: the vocabulary-parallel loss, gpt/train/tensor_parallel.py).
     """
     total = torch.zeros((), device=rt.device)
     tokens = torch.zeros((), dtype=torch.long, device=rt.device)
     for micro in range(accum):
         batch = get_batch(step, micro)
         last = micro == accum - 1
-        with parallel.micro_step(train_model, last):
+        with parallel.micro_step(train_model, last), loss_context():
             with rt.autocast():
                 _, loss = train_model(*batch)
                 loss = loss / accum
             scaler.scale(loss).backward()
-        total += loss.detach()
+        total += parallel.full(loss.detach())
         tokens += count(batch)
     scaler.unscale_(optimizer)
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
-    return total, parallel.full(grad_norm), tokens
+    grad_norm = parallel.clip_grad_norm(params, grad_clip if grad_clip > 0 else float("inf"))
+    return total, grad_norm, tokens
 
 
 @torch.no_grad()
@@ -126,6 +142,7 @@ def estimate_loss(model: GPT, task, splits=("train", "val"), rt: Runtime | None 
         for idx, targets, *rest in batches:
             with rt.autocast() if rt else nullcontext():
                 logits, _ = model(idx, None, *rest)
+            logits = parallel.full(logits)  # --tp: split along the vocabulary
             total += F.cross_entropy(
                 logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1, reduction="sum"
             ).item()
@@ -227,15 +244,27 @@ class Run:
         cfg, self.resume = plan.cfg, plan.resume  # the checkpoint a resume continues, located once
         self.cfg, self.rt, self.task, self.run_dir, self.log, self.t_start = cfg, rt, task, run_dir, log, t_start
         self.out_dir = Path(cfg.out_dir)
-        torch.manual_seed(cfg.seed + rt.rank)
+        # the processes of one tensor-parallel group are one data-parallel rank: the same batches, the same
+        # dropout masks (gpt/train/mesh.py)
+        self.layout = Layout.of(rt.world_size, cfg.tp, cfg.pp) if rt.ddp else Layout()
+        self.data_rt = replace(rt, rank=self.layout.coordinates(rt.rank)[1], world_size=self.layout.dp)
+        self.sharded = cfg.fsdp or cfg.tp > 1  # checkpoints through DCP (gpt/checkpoints/dcp.py)
+        self.saved_layout = tensor_parallel.SavedLayout(cfg.tp) if cfg.tp > 1 else None
+        torch.manual_seed(cfg.seed + self.data_rt.rank)
         log.print(f"building the model on {rt.describe()}")
         model, self.model_config = start.new_model(plan, task, log.print)
         self.lora_meta = start.add_adapters(model, plan, log.print) if plan.lora else None
         # the model built: a checkpoint's, cropped, the dataset's vocab
         self.cfg = cfg = replace(cfg, model=model.config)
+        tensor_parallel.check(model.config, cfg.tp)  # a resumed or --init-from model's shape: known only now
         self.model = model.to(rt.device)
         self.train_model = parallel.wrap(model, cfg, rt)  # before the optimizer: FSDP swaps in sharded parameters
-        self.optimizer = make_optimizer(model, cfg.optimizer_config(), rt.device)
+        if cfg.tp > 1:
+            log.print(
+                f"layout {self.layout}: process 0 holds {tensor_parallel.held(model):,} of "
+                f"{model.num_params(non_embedding=False):,} parameters"
+            )
+        self.optimizer = make_optimizer(model, cfg.optimizer_config(), rt.device, split=cfg.tp > 1)
         self.scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.dtype == torch.float16)
         self.step, self.best_val, self.skipped, self.saved_step, self.tokens_seen = 0, float("inf"), 0, None, 0
         self.pending_tokens = torch.zeros((), dtype=torch.long, device=rt.device)
@@ -247,10 +276,12 @@ class Run:
         if cfg.resume:
             self._resume()
         run_dir.write_config({"train": cfg.to_dict(), "model": self.model_config})
-        if cfg.grad_accum % rt.world_size:
-            raise ConfigError(f"--grad-accum: {cfg.grad_accum} must be a multiple of the {rt.world_size} processes")
-        self.accum = cfg.grad_accum // rt.world_size
-        task.start(cfg, rt, self.accum)
+        dp = self.data_rt.world_size
+        if cfg.grad_accum % dp:
+            replicas = f"{dp} data-parallel replicas" if dp != rt.world_size else f"{dp} processes"
+            raise ConfigError(f"--grad-accum: {cfg.grad_accum} must be a multiple of the {replicas}")
+        self.accum = cfg.grad_accum // dp
+        task.start(cfg, self.data_rt, self.accum)
         self.peak = cfg.peak_flops or peak_flops(rt.device)
         self.flops_per_token = model.flops_per_token(cfg.model.block_size)
         self.limit = TimeLimit(cfg.max_minutes, t_start, task.eval_tokens())
@@ -260,12 +291,15 @@ class Run:
         source, meta = self.resume.path, self.resume.meta  # last.pt, or last.dcp (sharded): located once
         start.check_resumable(meta, self.model_config, self.task, cfg)
         adapters.check_resume(meta, self.lora_meta, cfg.resume)
-        if cfg.fsdp:  # each process reads the shards it holds (a .pt: its part of the whole)
-            ckpt = dcp.load(source, self.model, self.optimizer)
+        kernels = [{k: g.get(k) for k in ("foreach", "fused")} for g in self.optimizer.param_groups]
+        if self.sharded:  # each process reads the shards it holds (a .pt: its part of the whole)
+            ckpt = dcp.load(source, self.model, self.optimizer, self.saved_layout)
         else:
             ckpt = loader.read(self.resume, map_location=rt.device)
             lora.load_weights(self.model, ckpt["model"], ckpt.source)  # all weights, or a LoRA run's adapters
             self.optimizer.load_state_dict(ckpt["optimizer"])
+        for group, kernel in zip(self.optimizer.param_groups, kernels):  # this layout's kernels, not the saved run's
+            group.update(kernel)
         meta = ckpt["meta"]
         if ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
@@ -295,7 +329,7 @@ class Run:
             torch.distributed.all_gather_object(gathered, rng)
             rng = gathered
         cfg = self.cfg
-        if not (rt.master or cfg.fsdp):
+        if not (rt.master or self.sharded):
             return
         meta = native.build_meta(
             model_config=self.model_config,
@@ -314,8 +348,16 @@ class Run:
         )
         scaler = self.scaler.state_dict() if self.scaler.is_enabled() else None
         with stop.deferred():  # a second Ctrl-C waits for the write to finish
-            if cfg.fsdp:  # every process writes its shards (gpt/checkpoints/dcp.py)
-                dcp.save(self.out_dir / native.SHARDED[name], self.model, self.optimizer, meta, scaler, rng)
+            if self.sharded:  # every process writes its shards (gpt/checkpoints/dcp.py)
+                dcp.save(
+                    self.out_dir / native.SHARDED[name],
+                    self.model,
+                    self.optimizer,
+                    meta,
+                    scaler,
+                    rng,
+                    self.saved_layout,
+                )
             else:
                 state = dict(
                     model=lora.saved_weights(self.model), optimizer=self.optimizer.state_dict(), scaler=scaler, rng=rng
@@ -326,7 +368,7 @@ class Run:
     def _kept(self) -> str:
         if self.saved_step is None:
             return "nothing was saved"
-        last = native.SHARDED["last.pt"] if self.cfg.fsdp else "last.pt"
+        last = native.SHARDED["last.pt"] if self.sharded else "last.pt"
         return f"{self.out_dir / last} still holds step {self.saved_step}"
 
     def _way_back(self) -> str:
@@ -386,7 +428,7 @@ class Run:
         self.best_val = min(self.best_val, val)
         self.save("last.pt", val, stop)
         if improved and self.rt.master:
-            if self.cfg.fsdp:
+            if self.sharded:
                 dcp.mark_best(self.out_dir)
             else:
                 native.link_or_copy(self.out_dir / "last.pt", self.out_dir / "best.pt")
@@ -409,6 +451,7 @@ class Run:
                 self.rt,
                 cfg.grad_clip,
                 self.task.tokens,
+                lambda: tensor_parallel.loss_context(self.model),
             )
             self.pending_tokens += n_tokens  # (a device tensor: counted at log steps and saves)
             loss_f, norm_f = torch.stack([loss.detach().float(), grad_norm.float()]).tolist()  # the step's one sync
@@ -435,7 +478,7 @@ class Run:
             f"{self.model.num_params() / 1e6:.2f}M parameters | {rt.describe()} | {rt.world_size} process(es) | "
             f"global batch {self.task.describe_batch(cfg)} | steps {self.step} -> {cfg.max_iters}"
         )
-        for line in preflight.report(self.model, cfg, rt, self.accum):
+        for line in preflight.report(self.model, cfg, self.data_rt, self.accum):
             log.print(line)
         if cfg.compile:  # the first step traces and compiles: say so before the wait
             log.print(
@@ -514,7 +557,7 @@ class Run:
         tokens = self.pending_tokens
         if self.rt.ddp:
             torch.distributed.all_reduce(tokens)
-        n = int(tokens.item())
+        n = int(tokens.item()) // self.layout.tp  # each tensor-parallel group trained on one batch
         self.tokens_seen += n
         self.pending_tokens = torch.zeros_like(tokens)
         return n

@@ -1,0 +1,220 @@
+"""Tensor parallelism (`--tp N`): each block's matrices split over the N processes of the mesh's "tp" dimension.
+
+    torchrun --nproc-per-node 2 -m gpt train --config ... --data ... --tp 2          # 2 shards
+    torchrun --nproc-per-node 4 -m gpt train ... --tp 2 --fsdp                      # 2 replicas x 2 shards, FSDP2
+
+    tensor_parallel.check(model_config, cfg.tp)      # one line per refusal, before any work
+    tensor_parallel.parallelize(model, mesh["tp"])   # in place, before FSDP and the optimizer
+    with tensor_parallel.loss_context(model): ...    # forward and backward of a step (vocabulary-parallel loss)
+
+Megatron's split, written as `parallelize_module` plans (torch.distributed.tensor.parallel):
+
+| module                       | split                 | each process holds              | communication             |
+|------------------------------|-----------------------|---------------------------------|---------------------------|
+| `attn.c_attn` (q, k, v fused) | column-wise           | q, k and v of its n_head/N heads | input: gradient all-reduce |
+| `attn.c_proj`                | row-wise              | its heads' input columns         | output all-reduce         |
+| `mlp.c_fc` / `mlp.c_proj`    | column- / row-wise    | 4C/N hidden units                | as attention              |
+| `transformer.wte`            | along the vocabulary  | vocab/N rows (uneven is fine)    | output all-reduce         |
+| `lm_head` (tied to wte)      | along the vocabulary  | the same rows (one parameter)    | none: loss_parallel       |
+
+- **q, k, v**: `c_attn` holds the three projections one after another, so a plain column-wise split
+  would give the first process every query and half the keys. Before the split its rows are put in
+  the order [q, k, v of process 0's heads, then process 1's, ...] (`fused_order`), so each process's
+  contiguous shard is its own heads' q, k and v, and each attention module computes `n_head / N`
+  heads. Checkpoints keep the one-process order: `SavedLayout` (used by gpt/checkpoints/dcp.py's
+  save and load) turns the weight, its bias and their AdamW moments back into it and out of it, so
+  parameter names and saved tensors are those of a one-process run and a checkpoint resumes in any
+  layout.
+- **Loss without full logits**: the head's logits stay split along the vocabulary (a DTensor) and the
+  cross-entropy runs under `loss_parallel()`, which reduces max, sum-exp and the target's logit over
+  the processes instead of gathering (vocab x tokens) floats. With label smoothing, which
+  loss_parallel does not take, the head gathers the logits instead. Evaluation gathers them
+  (no gradients kept).
+- Norms, position embeddings, dropout and x0_skip's scalars are not split: every process of a group
+  computes them on the same (replicated) activations. No sequence parallelism yet.
+
+Refused in one line (`check`): heads not divisible by N, the seq2seq encoder (cross-attention
+reads slices of the fused matrix), value embeddings (per-head gates over a width the split divides).
+Every positional encoding (learned, sinusoidal, rope), qk_norm, relu2, post-norm, logit_softcap,
+untied_head, x0_skip, zero_init_proj, label smoothing and dropout work.
+
+Footguns
+- Every process of a tp group must see the same batch and the same dropout masks on the replicated
+  activations: batches are picked by the data-parallel rank and the RNG is seeded by it
+  (gpt/train/trainer.py), never by the global rank.
+- A save gathers each `c_attn` weight, bias and moment whole on every process of its tp group (and
+  of its dp group under --fsdp) to put it in the one-process order (the rest is written shard by shard).
+- With data parallelism but without --fsdp the replicas are kept in step by `replicate` from
+  `torch.distributed._composable` (FSDP2's, private in PyTorch 2.13): DDP takes neither a mesh nor
+  DTensor parameters.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+import torch.nn as nn
+
+from gpt.errors import ConfigError
+from gpt.model.config import GPTConfig
+
+FUSED = ("attn.c_attn.weight", "attn.c_attn.bias")  # names ending so hold q, k, v one after another
+
+
+def check(config: GPTConfig, tp: int) -> None:
+    """Whether `config`'s model splits over `tp` processes; one line naming what does not."""
+    if tp <= 1:
+        return
+    if config.n_head % tp:
+        raise ConfigError(f"--tp {tp}: must divide the model's {config.n_head} attention heads (--n-head)")
+    if config.n_embd % tp:
+        raise ConfigError(f"--tp {tp}: must divide the model's width {config.n_embd} (--n-embd)")
+    if config.n_encoder_layer:
+        raise ConfigError(
+            f"--tp {tp}: the seq2seq model (n_encoder_layer {config.n_encoder_layer}) is not split in this "
+            "version; train it with DDP or --fsdp"
+        )
+    if config.value_embeds:
+        raise ConfigError(f"--tp {tp}: value_embeds is not split in this version; train without it or without --tp")
+
+
+def fused_order(rows: int, tp: int) -> torch.Tensor:
+    """The rows of a fused q|k|v tensor (3C rows) in the order its tp-split copy holds them: each
+    process's contiguous share is [its q rows, its k rows, its v rows]."""
+    return torch.arange(rows).view(3, tp, rows // (3 * tp)).transpose(0, 1).reshape(-1)
+
+
+def _grouped(t: torch.Tensor, tp: int) -> torch.Tensor:
+    return t[fused_order(t.size(0), tp).to(t.device)]
+
+
+def _ungrouped(t: torch.Tensor, tp: int) -> torch.Tensor:
+    return t[torch.argsort(fused_order(t.size(0), tp)).to(t.device)]
+
+
+def parallelize(model: nn.Module, mesh) -> None:
+    """Split `model` (a decoder-only GPT, checked by `check`) over the 1-D "tp" `mesh`, in place. Every
+    process starts from global rank 0's weights (each one seeded its own initialisation)."""
+    from torch.distributed.tensor import Replicate, Shard  # lazy: distributed
+    from torch.distributed.tensor.parallel import (  # lazy: distributed
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    tp = mesh.size()
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            torch.distributed.broadcast(t, src=0)
+        for block in model.transformer.h:
+            c_attn = block.attn.c_attn
+            c_attn.weight.copy_(_grouped(c_attn.weight, tp))
+            if c_attn.bias is not None:
+                c_attn.bias.copy_(_grouped(c_attn.bias, tp))
+    plan = {
+        "attn.c_attn": ColwiseParallel(),
+        "attn.c_proj": RowwiseParallel(),
+        "mlp.c_fc": ColwiseParallel(),
+        "mlp.c_proj": RowwiseParallel(),
+    }
+    for block in model.transformer.h:
+        parallelize_module(block, mesh, plan)
+        block.attn.n_head = model.config.n_head // tp
+    tied = model.lm_head.weight is model.transformer.wte.weight
+    split_loss = model.config.label_smoothing == 0  # loss_parallel takes no label smoothing
+    parallelize_module(
+        model,
+        mesh,
+        {
+            "transformer.wte": RowwiseParallel(input_layouts=Replicate()),
+            "lm_head": ColwiseParallel(
+                output_layouts=Shard(-1) if split_loss else Replicate(), use_local_output=not split_loss
+            ),
+        },
+    )
+    if tied:  # the plans made two parameters of the one matrix: the head reads the embedding's again
+        model.lm_head.weight = model.transformer.wte.weight
+    model.tp_mesh = mesh
+
+
+def held(model: nn.Module) -> int:
+    """The parameter elements this process holds (a split parameter's local shard; a tied one once)."""
+    return sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
+
+
+def loss_context(model: nn.Module):
+    """The context of a training step's forward and backward: `loss_parallel` when the logits are split."""
+    mesh = getattr(model, "tp_mesh", None)
+    if mesh is None or model.config.label_smoothing:
+        return nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel  # lazy: distributed
+
+    return loss_parallel()
+
+
+def _is_fused(name: str) -> bool:
+    return name.endswith(FUSED)
+
+
+class SavedLayout:
+    """Between a tp-split model's state (DCP's `get_state_dict`: model and optimizer state keyed by name)
+    and the one-process layout checkpoints hold: the fused q|k|v tensors reordered (see the module notes)."""
+
+    def __init__(self, tp: int):
+        self.tp = tp
+
+    def _each(self, model_state: dict, optim_state: dict, fn) -> tuple[dict, dict]:
+        model_state = {k: fn(v) if _is_fused(k) else v for k, v in model_state.items()}
+        optim_state = {
+            k: {m: fn(v) if _is_fused(k) and v.dim() > 0 else v for m, v in s.items()} if isinstance(s, dict) else s
+            for k, s in optim_state.items()
+        }
+        return model_state, optim_state
+
+    def saved(self, model_state: dict, optim_state: dict) -> tuple[dict, dict]:
+        """The state with the fused tensors in the one-process order (split the same way on the tp dim)."""
+        return self._each(model_state, optim_state, self._to_saved)
+
+    def placeholders(self, model_state: dict, optim_state: dict) -> tuple[dict, dict]:
+        """Tensors for DCP's load to fill with a checkpoint's (one-process order) values."""
+        return self._each(model_state, optim_state, self._placeholder)
+
+    def restored(self, loaded: dict, like: dict) -> dict:
+        """Loaded one-process-order fused tensors back in this model's layout (`like`: get_state_dict's)."""
+        out = {}
+        for k, v in loaded.items():
+            if isinstance(v, dict):
+                out[k] = {
+                    m: self._from_saved(t, like[k][m]) if _is_fused(k) and t.dim() > 0 else t for m, t in v.items()
+                }
+            else:
+                out[k] = self._from_saved(v, like[k]) if _is_fused(k) else v
+        return out
+
+    def from_whole(self, model_state: dict, optim_state: dict) -> tuple[dict, dict]:
+        """A whole (one-file) checkpoint's state in the order the split model wants before distributing."""
+        return self._each(model_state, optim_state, lambda t: _grouped(t, self.tp))
+
+    @staticmethod
+    def _split(whole: torch.Tensor, like):
+        """`whole` as a DTensor on `like`'s mesh: rows split over "tp", replicated over the other dimensions."""
+        from torch.distributed.tensor import DTensor, Replicate, Shard  # lazy: distributed
+
+        mesh = like.device_mesh
+        names = mesh.mesh_dim_names
+        placements = [Shard(0) if name == "tp" else Replicate() for name in names]
+        local = whole.chunk(mesh["tp"].size())[mesh.get_local_rank("tp")].contiguous()
+        return DTensor.from_local(local, mesh, placements, shape=whole.shape, stride=whole.stride())
+
+    def _to_saved(self, t):
+        return self._split(_ungrouped(t.full_tensor(), self.tp), t)
+
+    def _placeholder(self, t):
+        return self._split(torch.zeros(t.shape, dtype=t.dtype, device=t.to_local().device), t)
+
+    def _from_saved(self, saved, like):
+        from torch.distributed.tensor import distribute_tensor  # lazy: distributed
+
+        whole = _grouped(saved.full_tensor(), self.tp)
+        return distribute_tensor(whole, like.device_mesh, like.placements, src_data_rank=None)
