@@ -222,11 +222,14 @@ def read(path: str | os.PathLike, map_location="cpu") -> dict:
 # ---- the training state: save and load, every process taking part ---------------------------------
 
 
-def load(source: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> native.Fields:
+def load(
+    source: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer, whole: dict | None = None
+) -> native.Fields:
     """Restore `model` and `optimizer` (FSDP-sharded or whole) from a training checkpoint: a DCP
     directory, each process reading only what its shards need, or a `.pt` file, which each process
     reads whole and keeps its part of. Returns the checkpoint's `meta`, `rng` and `scaler`. Every
-    process calls this."""
+    process calls this. `whole` (see `save`): `model` holds some of the checkpoint's parameters only
+    (a pipeline stage), and reads those."""
     from torch.distributed.checkpoint.state_dict import (  # lazy: DCP only
         StateDictOptions,
         get_state_dict,
@@ -237,7 +240,15 @@ def load(source: str | os.PathLike, model: torch.nn.Module, optimizer: torch.opt
     if not native.is_sharded(source):
         ckpt = native.read_file(source)
         names = {p: n for n, p in model.named_parameters()}
-        optim_state = _by_name(ckpt["optimizer"], [names[p] for g in optimizer.param_groups for p in g["params"]])
+        order = [names[p] for g in optimizer.param_groups for p in g["params"]]
+        if whole is not None:  # the file's optimizer counts the whole model's parameters, group by group
+            order = [
+                n for g in _merged(get_state_dict(model, optimizer)[1]["param_groups"], whole) for n in g["params"]
+            ]
+        optim_state = _by_name(ckpt["optimizer"], order)
+        if whole is not None:
+            ckpt = dict(ckpt, model={k: v for k, v in ckpt["model"].items() if k in model.state_dict()})
+            optim_state = _part(optim_state, set(names.values()))
         set_state_dict(
             model,
             optimizer,
@@ -251,8 +262,11 @@ def load(source: str | os.PathLike, model: torch.nn.Module, optimizer: torch.opt
     reader = _reader(source)
     reader.read_metadata()  # checked here, where a refusal is one line (inside DCP's load it is wrapped)
     model_state, optim_state = get_state_dict(model, optimizer)  # the shapes and shards to fill
-    if _grouped(train["param_groups"]) != _grouped(optim_state["param_groups"]):
+    mine, saved = _grouped(optim_state["param_groups"]), _grouped(train["param_groups"])
+    if mine != saved and not (whole is not None and mine <= saved):
         raise CheckpointError(f"{source / TRAIN}: its optimizer's parameter groups are not this model's")
+    if whole is not None:
+        train = dict(train, param_groups=_part(train, mine)["param_groups"])
     aliases = _aliases(model)
     state = {"model": {k: v for k, v in model_state.items() if k not in aliases}, "optimizer": optim_state["state"]}
     _load_shards(state, reader, source, distributed=_distributed())
@@ -273,11 +287,16 @@ def save(
     meta: dict,
     scaler: dict | None,
     rng,
+    whole: dict | None = None,
 ) -> None:
     """Write a sharded checkpoint of `model` and `optimizer` into a new `step-NNNNNN/` beside `link`
     (run_dir/last.dcp), then point `link` at it (see the module notes). Every process calls this;
     `meta` (gpt.checkpoints.native.build_meta), `scaler` and `rng` (every process's) are written by rank 0. A
-    failure on any process is one StorageError on all of them, the previous checkpoint intact."""
+    failure on any process is one StorageError on all of them, the previous checkpoint intact.
+
+    `whole`, where each process holds other parameters of one model (pipeline stages: gpt/train/pipeline.py):
+    {"names": the whole model's parameter names in its order, "aliases": its tied names}. train.pt then
+    describes the whole model: every process's optimizer groups merged in that order, as one process's."""
     import torch.distributed.checkpoint as tdcp  # lazy: DCP only
     from torch.distributed.checkpoint import FileSystemWriter  # lazy: DCP only
     from torch.distributed.checkpoint.state_dict import get_state_dict  # lazy: DCP only
@@ -296,6 +315,7 @@ def save(
     model_state, optim_state = get_state_dict(model, optimizer)  # this process's shards (DTensors under FSDP)
     aliases = _aliases(model)
     state = {"model": {k: v for k, v in model_state.items() if k not in aliases}, "optimizer": optim_state["state"]}
+    groups = optim_state["param_groups"] if whole is None else _merged(optim_state["param_groups"], whole)
     error = None
     try:
         with _one_process():
@@ -305,7 +325,14 @@ def save(
     if master and error is None:
         try:
             _write_side(
-                tmp, meta, dict(param_groups=optim_state["param_groups"], aliases=aliases, scaler=scaler, rng=rng)
+                tmp,
+                meta,
+                dict(
+                    param_groups=groups,
+                    aliases=aliases if whole is None else whole["aliases"],
+                    scaler=scaler,
+                    rng=rng,
+                ),
             )
             os.rename(tmp, run_dir / final)
             fsync_path(run_dir)
@@ -326,6 +353,26 @@ def save(
         dist.broadcast_object_list(message, src=0)  # rank 0 heard of every failure (DCP gathers them)
     if message[0]:
         raise StorageError(message[0])
+
+
+def _merged(param_groups: list[dict], whole: dict) -> list[dict]:
+    """Every process's optimizer groups (named parameters) as one: group by group, each group's names in the
+    whole model's order, a name held by several processes (a tied copy, a data replica) once. Collective."""
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, param_groups)
+    assert len({len(groups) for groups in every}) == 1, "the processes' optimizers have different groups"
+    rank = {name: i for i, name in enumerate(whole["names"])}
+    return [
+        dict(group, params=sorted({n for groups in every for n in groups[i]["params"]}, key=rank.__getitem__))
+        for i, group in enumerate(every[0])
+    ]
+
+
+def _part(optimizer_state: dict, names: set[str]) -> dict:
+    """An optimizer state keyed by names, cut down to `names`."""
+    state = {n: s for n, s in optimizer_state.get("state", {}).items() if n in names}
+    groups = [dict(g, params=[n for n in g["params"] if n in names]) for g in optimizer_state["param_groups"]]
+    return {"state": state, "param_groups": groups}
 
 
 def _failure(e: BaseException) -> BaseException:

@@ -45,6 +45,7 @@ from torch.utils.checkpoint import checkpoint
 from gpt.errors import ConfigError
 from gpt.model.transformer import GPT
 from gpt.runtime import Runtime
+from gpt.train import pipeline
 from gpt.train.config import TrainConfig
 from gpt.train.mesh import Layout
 
@@ -58,7 +59,12 @@ def check(cfg: TrainConfig, rt: Runtime) -> None:
                 "--nproc-per-node N -m gpt train ...` (N a multiple of tp x pp)"
             )
         Layout.of(rt.world_size, cfg.tp, cfg.pp)
-        raise ConfigError("--tp / --pp: not in this version yet (issue 44)")  # until the TP and PP parts land
+        if cfg.tp > 1:
+            raise ConfigError("--tp: not in this version yet (issue 44)")  # until the TP part lands
+        found = pipeline.problems(cfg, rt)
+        if found:
+            raise ConfigError(found[0])
+        return
     if not cfg.fsdp:
         return
     if not rt.ddp:
@@ -148,7 +154,7 @@ def wrap(model: GPT, cfg: TrainConfig, rt: Runtime) -> nn.Module:
         shard(model, rt.dtype, compile=cfg.compile)
         return model
     train_model = torch.compile(model, options=compile_options(rt.device)) if cfg.compile else model
-    if rt.ddp:
+    if rt.ddp and cfg.pp == 1:  # (a pipeline averages its replicas' gradients itself: gpt/train/pipeline.py)
         from torch.nn.parallel import DistributedDataParallel as DDP  # lazy: distributed
 
         train_model = DDP(train_model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)

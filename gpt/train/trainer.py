@@ -38,9 +38,10 @@ from gpt.model import lora
 from gpt.model.transformer import GPT
 from gpt.progress import Progress, format_duration
 from gpt.runtime import Runtime, setup
-from gpt.train import parallel, plot, preflight, start
+from gpt.train import parallel, pipeline, plot, preflight, start
 from gpt.train.config import OptimizerConfig, TrainConfig
 from gpt.train.health import HealthMonitor
+from gpt.train.mesh import Layout
 from gpt.train.muon import Muon, ns_dtype_for
 from gpt.train.rundir import RunDir
 from gpt.train.runlog import RunLogger, peak_flops
@@ -234,6 +235,11 @@ class Run:
         # the model built: a checkpoint's, cropped, the dataset's vocab
         self.cfg = cfg = replace(cfg, model=model.config)
         self.model = model.to(rt.device)
+        self.pipe = pipeline.Pipeline(model, cfg, rt) if cfg.pp > 1 else None  # this process's stages
+        if self.pipe:
+            self.model = model = self.pipe.part
+            log.print(self.pipe.description)
+        self.sharded = cfg.fsdp or self.pipe is not None  # checkpoints through DCP, every process its part
         self.train_model = parallel.wrap(model, cfg, rt)  # before the optimizer: FSDP swaps in sharded parameters
         self.optimizer = make_optimizer(model, cfg.optimizer_config(), rt.device)
         self.scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.dtype == torch.float16)
@@ -247,10 +253,11 @@ class Run:
         if cfg.resume:
             self._resume()
         run_dir.write_config({"train": cfg.to_dict(), "model": self.model_config})
-        if cfg.grad_accum % rt.world_size:
-            raise ConfigError(f"--grad-accum: {cfg.grad_accum} must be a multiple of the {rt.world_size} processes")
-        self.accum = cfg.grad_accum // rt.world_size
-        task.start(cfg, rt, self.accum)
+        layout = Layout.of(rt.world_size, cfg.tp, cfg.pp)  # the processes of one pipeline read the same batches
+        if cfg.grad_accum % layout.dp:
+            raise ConfigError(f"--grad-accum: {cfg.grad_accum} must be a multiple of the {layout.dp} data replicas")
+        self.accum = cfg.grad_accum // layout.dp
+        task.start(cfg, replace(rt, rank=layout.coordinates(rt.rank)[1], world_size=layout.dp), self.accum)
         self.peak = cfg.peak_flops or peak_flops(rt.device)
         self.flops_per_token = model.flops_per_token(cfg.model.block_size)
         self.limit = TimeLimit(cfg.max_minutes, t_start, task.eval_tokens())
@@ -260,8 +267,8 @@ class Run:
         source, meta = self.resume.path, self.resume.meta  # last.pt, or last.dcp (sharded): located once
         start.check_resumable(meta, self.model_config, self.task, cfg)
         adapters.check_resume(meta, self.lora_meta, cfg.resume)
-        if cfg.fsdp:  # each process reads the shards it holds (a .pt: its part of the whole)
-            ckpt = dcp.load(source, self.model, self.optimizer)
+        if self.sharded:  # each process reads the shards it holds (a .pt: its part of the whole)
+            ckpt = dcp.load(source, self.model, self.optimizer, self.pipe.whole if self.pipe else None)
         else:
             ckpt = loader.read(self.resume, map_location=rt.device)
             lora.load_weights(self.model, ckpt["model"], ckpt.source)  # all weights, or a LoRA run's adapters
@@ -295,7 +302,7 @@ class Run:
             torch.distributed.all_gather_object(gathered, rng)
             rng = gathered
         cfg = self.cfg
-        if not (rt.master or cfg.fsdp):
+        if not (rt.master or self.sharded):
             return
         meta = native.build_meta(
             model_config=self.model_config,
@@ -314,8 +321,9 @@ class Run:
         )
         scaler = self.scaler.state_dict() if self.scaler.is_enabled() else None
         with stop.deferred():  # a second Ctrl-C waits for the write to finish
-            if cfg.fsdp:  # every process writes its shards (gpt/checkpoints/dcp.py)
-                dcp.save(self.out_dir / native.SHARDED[name], self.model, self.optimizer, meta, scaler, rng)
+            if self.sharded:  # every process writes its shards (gpt/checkpoints/dcp.py)
+                whole = self.pipe.whole if self.pipe else None
+                dcp.save(self.out_dir / native.SHARDED[name], self.model, self.optimizer, meta, scaler, rng, whole)
             else:
                 state = dict(
                     model=lora.saved_weights(self.model), optimizer=self.optimizer.state_dict(), scaler=scaler, rng=rng
@@ -326,7 +334,7 @@ class Run:
     def _kept(self) -> str:
         if self.saved_step is None:
             return "nothing was saved"
-        last = native.SHARDED["last.pt"] if self.cfg.fsdp else "last.pt"
+        last = native.SHARDED["last.pt"] if self.sharded else "last.pt"
         return f"{self.out_dir / last} still holds step {self.saved_step}"
 
     def _way_back(self) -> str:
@@ -356,7 +364,7 @@ class Run:
         """Losses on both splits; saves last.pt (and best.pt when val improved)."""
         t_eval = time.time()
         with explain_oom(self.cfg, self.step, self.out_dir, evaluating=True):
-            losses = estimate_loss(
+            losses = (self.pipe.estimate_loss if self.pipe else estimate_loss)(
                 self.model, self.task, ("train", "val") if self.cfg.eval_train else ("val",), rt=self.rt
             )
         val = losses["val"]
@@ -386,7 +394,7 @@ class Run:
         self.best_val = min(self.best_val, val)
         self.save("last.pt", val, stop)
         if improved and self.rt.master:
-            if self.cfg.fsdp:
+            if self.sharded:
                 dcp.mark_best(self.out_dir)
             else:
                 native.link_or_copy(self.out_dir / "last.pt", self.out_dir / "best.pt")
@@ -399,7 +407,7 @@ class Run:
         cfg, optimizer, scaler = self.cfg, self.optimizer, self.scaler
         lr = set_hyperparameters(optimizer, self.step, cfg)
         with explain_oom(cfg, self.step + 1, self.out_dir):
-            loss, grad_norm, n_tokens = train_step(
+            loss, grad_norm, n_tokens = (self.pipe.train_step if self.pipe else train_step)(
                 self.train_model,
                 optimizer,
                 scaler,
