@@ -2,7 +2,13 @@
 --pp 2 under torchrun (CPU, gloo) equals one process with each schedule; its checkpoints resume in one
 process and sample as the one-process run's do; bad layouts are one line."""
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -175,3 +181,33 @@ def test_two_stages_match_one_process(schedule, one, char_data, tmp_path, capsys
         train(resolve_run(["--resume", str(run), "--max-iters", "6", "--pp", "1"]))
         assert [s for s, _ in losses(run)] == list(range(1, 7))
         assert [x for _, x in losses(run)] == pytest.approx([x for _, x in losses(one)], rel=1e-5)
+
+
+def test_sigterm_saves_every_stage_and_the_run_resumes(char_data, tmp_path):
+    """SIGTERM to torchrun (what a scheduler sends) reaches both stages: they stop at the same step, save
+    together (one checkpoint, a shard each), and one process resumes it."""
+    run = tmp_path / "pp"
+    argv = [*common(char_data), "--max-iters", "100000", "--eval-interval", "100000", "--out-dir", run, "--pp", "2"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "train.py"]
+        + [str(a) for a in argv],
+        cwd=Path(__file__).resolve().parents[1],
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.time() + 60
+    while not (run / "log.jsonl").exists() or len(losses(run)) < 3:
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=60)[0]
+    step = loader.read_meta(run / "last.dcp")["step"]
+    assert f"stopped by SIGTERM at step {step}" in out and step >= 3
+    assert sorted(p.name for p in (run / "last.dcp").iterdir() if p.suffix == ".distcp") == [
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]
+    train(resolve_run(["--resume", str(run), "--max-iters", str(step + 1), "--pp", "1"]))
+    assert loader.read_meta(run, names=native.LATEST)["step"] == step + 1

@@ -4,6 +4,7 @@
     gpt train --resume out/shakespeare_char --max-iters 5000          # continue exactly
     torchrun --nproc-per-node 2 -m gpt train --data ... --out-dir ...        # DistributedDataParallel
     torchrun --nproc-per-node 8 -m gpt train ... --fsdp --activation-checkpointing  # sharded (gpt/train/parallel.py, gpt/checkpoints/dcp.py)
+    torchrun --nproc-per-node 2 -m gpt train ... --pp 2 --grad-accum 8          # in stages (gpt/train/pipeline.py)
 
 `train(plan)` (a `RunPlan`: the command line resolved once, gpt/train/start.py) reads as its steps: claim the run directory, open the data, build (or resume) the model,
 then loop. One step, in nanoGPT's order: the step's LR -> `grad_accum` micro-steps (forward, loss /
