@@ -62,6 +62,11 @@ def test_stages_in_order_are_the_model_and_keep_its_names(pos, untied):
     first, last = (pipeline.Stage(model, r, i == 0, i == 1) for i, r in enumerate(pipeline.split(4, 2)))
     assert sum(p.numel() for p in first.parameters()) == emb + 2 * block
     assert sum(p.numel() for p in last.parameters()) == 2 * block + norm + head
+    for stage in (first, last):  # Muon's matrices: the stage's blocks' Linear weights (never the head)
+        muon = stage.param_groups(0.1, muon=True)[0]
+        assert muon["muon"] and len(muon["params"]) == 2 * sum(
+            isinstance(m, torch.nn.Linear) for m in model.transformer.h[0].modules()
+        )
     assert [n for n, _ in last.named_parameters()][:1] == (
         ["transformer.h.2.ln_1.weight"] if untied else ["transformer.wte.weight"]
     )

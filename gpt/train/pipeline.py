@@ -127,8 +127,7 @@ class Stage(GPT):
         self.transformer = nn.ModuleDict(parts)
         if first and model.config.pos_encoding == "sinusoidal":
             self.register_buffer("pe", model.pe, persistent=False)
-        if last:
-            self.lm_head = model.lm_head
+        self.lm_head = model.lm_head if last else None  # (None: what `param_groups` leaves out of Muon's matrices)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Token ids (first stage) or the previous stage's hidden states in; hidden states, or the last
