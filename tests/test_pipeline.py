@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,11 @@ from test_parallel import losses, runtime
 
 from gpt.checkpoints import loader, native
 from gpt.cli import dcp as cli_dcp
+from gpt.cli import plan as cli_plan
 from gpt.cli import sample
 from gpt.errors import ConfigError
 from gpt.model.transformer import GPT, GPTConfig
-from gpt.train import parallel, pipeline
+from gpt.train import parallel, pipeline, plan
 from gpt.train.config import build_config
 from gpt.train.start import resolve_run
 from gpt.train.trainer import train
@@ -216,3 +218,25 @@ def test_sigterm_saves_every_stage_and_the_run_resumes(char_data, tmp_path):
     ]
     train(resolve_run(["--resume", str(run), "--max-iters", str(step + 1), "--pp", "1"]))
     assert loader.read_meta(run, names=native.LATEST)["step"] == step + 1
+
+
+def test_plan_counts_each_stage_and_the_bubble(capsys):
+    """`gpt plan --pp`: one process is the plan's DDP figure term by term; the stages' weights add up to the
+    model's plus the head's copy; 1F1B keeps fewer micro-batches than GPipe; the bubble as the docs say."""
+    cfg = build_config(["--config", "gpt2_124m"])
+    shape = plan.Shape.of(replace(cfg.model, vocab_size=50304), 4, cfg.model.block_size)
+    for ac in (False, True):
+        (one_process,) = pipeline.stage_memory(shape, 1, 8, "1f1b", checkpointed=ac)
+        assert one_process == plan.memory(shape, 1, fsdp=False, checkpointed=ac)
+    for schedule in pipeline.SCHEDULES:
+        stages = pipeline.stage_memory(shape, 4, 8, schedule)
+        assert sum(m.weights for m in stages) == 6 * (shape.params + shape.vocab_size * shape.n_embd)
+    gpipe, one_f = (pipeline.stage_memory(shape, 4, 8, s)[0].activations for s in ("gpipe", "1f1b"))
+    assert one_f == pytest.approx(gpipe / 2, rel=0.01)  # 4 micro-batches in flight instead of 8 (the ids aside)
+    assert pipeline.bubble(2, 8, "1f1b") == pytest.approx(1 / 9)
+    assert pipeline.bubble(2, 8, "interleaved") == pytest.approx(1 / 17)
+    assert cli_plan.main(["--config", "gpt2_124m", "--gpus", "8", "--pp", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "pipeline --pp 4 --pp-schedule 1f1b: 4 stages x 2 data replica(s)" in out and "| 3 |" in out
+    assert cli_plan.main(["--config", "gpt2_124m", "--pp", "2"]) == 2  # three GPU counts: which one?
+    assert capsys.readouterr().err == "error: --pp: for one config and one --gpus count, with N >= 1\n"
