@@ -124,7 +124,7 @@ def common(char_data):
         "--data",
         char_data,
         "--grad-accum",
-        "4",
+        "8",
         "--lr-decay-iters",
         "12",
         "--eval-interval",
@@ -153,24 +153,25 @@ def draw(capsys, ckpt) -> str:
     return capsys.readouterr().out
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "interleaved"])
-def test_two_stages_match_one_process(schedule, one, char_data, tmp_path, capsys):
-    """--pp 2 (2 processes; interleaved: 4 stages, process 0 holding layers 0 and 2) against one process.
+@pytest.mark.parametrize("schedule,processes", [("1f1b", 2), ("gpipe", 4), ("interleaved", 2)])
+def test_two_stages_match_one_process(schedule, processes, one, char_data, tmp_path, capsys):
+    """--pp 2 against one process with the same --grad-accum 8: 2 processes (interleaved: 4 stages, process 0
+    holding layers 0 and 2), or 4 (gpipe: 2 stages x 2 data replicas, 4 micro-batches each).
 
     - The losses and gradient norms of the first 3 steps equal the one-process run's to rel 1e-5 (float32;
-      on this CPU they are bit for bit, the gradient norm's last bit aside: its squares are summed per stage),
+      on this CPU the losses are bit for bit, the norms to their last bits: the squares are summed per stage),
       and so do the weights after them, to 1e-6.
     - The sharded checkpoint resumes in one process and continues the one-process run's losses (rel 1e-5).
     - Converted to one file, it samples the same text as the one-process run's checkpoint of that step."""
     run = tmp_path / "pp"
-    torchrun(2, *common(char_data), "--max-iters", "3", "--out-dir", run, "--pp", "2", "--pp-schedule", schedule)
+    argv = [*common(char_data), "--max-iters", "3", "--out-dir", run, "--pp", "2", "--pp-schedule", schedule]
+    torchrun(processes, *argv)
     assert sorted(p.name for p in (run / "last.dcp").iterdir()) == [
         ".metadata",
-        "__0_0.distcp",
-        "__1_0.distcp",
+        *(f"__{rank}_0.distcp" for rank in range(processes)),
         "meta.json",
         "train.pt",
-    ]  # each process wrote its stages' shards
+    ]  # each process wrote its stages' shards (a replica's copies are written once: DCP keeps one of equal keys)
     ref = one.with_name("one-at-3")
     for key in ("loss", "grad_norm"):
         assert [x for _, x in losses(run, key)] == pytest.approx([x for _, x in losses(one, key)][:3], rel=1e-5)
@@ -195,6 +196,7 @@ def test_sigterm_saves_every_stage_and_the_run_resumes(char_data, tmp_path):
     together (one checkpoint, a shard each), and one process resumes it."""
     run = tmp_path / "pp"
     argv = [*common(char_data), "--max-iters", "100000", "--eval-interval", "100000", "--out-dir", run, "--pp", "2"]
+    argv += ["--grad-accum", "2"]  # (the later flag wins: quicker steps)
     proc = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "train.py"]
         + [str(a) for a in argv],

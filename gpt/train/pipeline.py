@@ -7,6 +7,7 @@
     pipe = pipeline.Pipeline(model, cfg, rt)     # this process's stages; `pipe.part` is what it trains and saves
     loss, grad_norm, tokens = pipe.train_step(pipe.part, optimizer, scaler, task.train_batch, step, accum, rt, clip)
     losses = pipe.estimate_loss(pipe.part, task, ("val",), rt)
+    pipeline.stage_memory(shape, pp=4, micro_batches=8, schedule="1f1b")   # `gpt plan --pp 4`: bytes per process
 
 Built on `torch.distributed.pipelining`: each stage a `PipelineStage`, driven by a schedule: `gpipe`
 (every micro-batch's forward, then every backward: simplest, activations of all micro-batches kept),
