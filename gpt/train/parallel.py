@@ -64,7 +64,6 @@ def check(cfg: TrainConfig, rt: Runtime) -> None:
         found = pipeline.problems(cfg, rt)
         if found:
             raise ConfigError(found[0])
-        return
     if not cfg.fsdp:
         return
     if not rt.ddp:
@@ -151,7 +150,8 @@ def wrap(model: GPT, cfg: TrainConfig, rt: Runtime) -> nn.Module:
     if cfg.activation_checkpointing:
         checkpoint_activations(model)
     if cfg.fsdp:
-        shard(model, rt.dtype, compile=cfg.compile)
+        if cfg.pp == 1:  # (a pipeline shards each stage over its replicas itself: gpt/train/pipeline.py)
+            shard(model, rt.dtype, compile=cfg.compile)
         return model
     train_model = torch.compile(model, options=compile_options(rt.device)) if cfg.compile else model
     if rt.ddp and cfg.pp == 1:  # (a pipeline averages its replicas' gradients itself: gpt/train/pipeline.py)

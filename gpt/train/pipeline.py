@@ -3,6 +3,7 @@
     torchrun --nproc-per-node 2 -m gpt train --data ... --pp 2 --grad-accum 8                 # 1F1B, 2 stages
     torchrun --nproc-per-node 2 -m gpt train --data ... --pp 2 --pp-schedule interleaved      # 4 stages, 2 each
     torchrun --nproc-per-node 4 -m gpt train --data ... --pp 2 --grad-accum 8  # 2 stages x 2 data replicas
+    torchrun --nproc-per-node 4 -m gpt train --data ... --pp 2 --grad-accum 8 --fsdp  # each stage sharded over 2
 
     pipe = pipeline.Pipeline(model, cfg, rt)     # this process's stages; `pipe.part` is what it trains and saves
     loss, grad_norm, tokens = pipe.train_step(pipe.part, optimizer, scaler, task.train_batch, step, accum, rt, clip)
@@ -34,7 +35,9 @@ for M micro-batches through N stages with GPipe and 1F1B, and about half that in
   gradient norm counts the matrix once. Checkpoints hold it once (DCP keeps one of equal keys).
 - **Data parallel.** With more processes than stages (dp = world / pp), each stage's gradients are
   averaged over its data replicas after the schedule (an all-reduce per parameter: DDP's result, not
-  its overlap). All stages of one pipeline read the same batches: the data-parallel rank picks them.
+  its overlap); with --fsdp each stage is sharded over its replicas instead (FSDP2 on the mesh's "dp"
+  dimension, which reduces the gradients itself). All stages of one pipeline read the same batches: the
+  data-parallel rank picks them.
 - **The loss** is known on the last stage only: it is summed over the pipeline's processes (the
   others add zero), so every process logs and checks the same value. Evaluation runs the stages in
   order by point-to-point sends (no schedule, no gradients) and shares the last stage's sum.
@@ -44,7 +47,7 @@ for M micro-batches through N stages with GPipe and 1F1B, and about half that in
 Footguns
 - Every process builds the whole model once (rank 0's initial weights are broadcast, as DDP does),
   then keeps its stages' parts: a model must fit one process's memory at start-up.
-- Not with: --fsdp, --lora-rank, seq2seq models, packed chat data, x0_skip, value_embeds, --compile,
+- Not with: --lora-rank, seq2seq models, packed chat data, x0_skip, value_embeds, --compile,
   float16 (the checks in `problems` name each). Dropout draws from each process's own generator, so a
   run with dropout is not the one-process run's bit for bit (its distribution is the same).
 - A step needs at least N micro-batches per replica (--grad-accum >= N x dp): fewer leaves stages idle
@@ -76,7 +79,6 @@ def problems(cfg: TrainConfig, rt: Runtime) -> list[str]:
         out.append(f"--pp {pp}: {what} need at least as many layers, the model has {m.n_layer}")
     kind = dataset_kind(cfg.data) if cfg.data else "tokens"
     refused = {
-        "--fsdp": cfg.fsdp,
         "--lora-rank": cfg.lora_rank > 0,
         "--compile": cfg.compile,
         "a seq2seq model (n_encoder_layer)": m.n_encoder_layer > 0,
@@ -180,6 +182,13 @@ def plan_lines(shape, gpus: int, pp: int, grad_accum: int, schedule: str, budget
     return lines
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This process's part of `t`: a DTensor's local shard (sharing its storage), else `t`."""
+    from torch.distributed.tensor import DTensor  # lazy: distributed
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 class Stage(GPT):
     """The parts of `model` that `layers` (and the embedding when `first`, the final norm and head when `last`)
     make, under the whole model's parameter names. A `GPT` for what reads it (parameter groups, counts,
@@ -244,11 +253,26 @@ class Pipeline:
         self.part = Stage(model, mine, 0 in self.local, n_stages - 1 in self.local)
         self.has_first, self.has_last = 0 in self.local, n_stages - 1 in self.local
         self.tie_group = self._tie_group() if not model.config.untied_head else None
+        if cfg.fsdp:  # each stage sharded over its data replicas
+            self._shard(rt.dtype)
         self.schedule, self.accum = None, None
         self.description = (
             f"pipeline: {n_stages} stages ({cfg.pp_schedule}) over {pp} processes x {self.layout.dp} data "
             f"replica(s); this process: layers {', '.join(f'{r.start}-{r.stop - 1}' for r in map(runs.__getitem__, self.local))}"
         )
+
+    def _shard(self, dtype: torch.dtype) -> None:
+        """FSDP2 on the "dp" sub-mesh, as gpt/train/parallel.py shards a whole model: each block, then each
+        stage as the root of its embeddings, final norm and head. The part shares the stages' modules."""
+        from torch.distributed.fsdp import fully_shard  # lazy: distributed
+
+        from gpt.train.parallel import mixed_precision  # lazy: parallel imports this module
+
+        policy, dp = mixed_precision(dtype), self.mesh["dp"]
+        for stage in self.modules.values():
+            for block in stage.blocks():
+                fully_shard(block, mesh=dp, mp_policy=policy)
+            fully_shard(stage, mesh=dp, mp_policy=policy)
 
     def _tie_group(self):
         """The group of the first and the last stage of this process's pipeline (every process makes every
@@ -308,26 +332,29 @@ class Pipeline:
         return total, norm, torch.as_tensor(tokens, device=rt.device)
 
     def _sync_gradients(self, params: list[torch.Tensor]) -> None:
-        if self.dp_group is not None:  # the replicas' mean, as DDP's
+        if self.dp_group is not None and not self.cfg.fsdp:  # the replicas' mean, as DDP's (FSDP has reduced them)
             for p in params:
                 dist.all_reduce(p.grad, group=self.dp_group)
                 p.grad.div_(self.layout.dp)
-        if self.tie_group is not None:  # the embedding's and the head's gradients, on both copies
-            dist.all_reduce(self.part.transformer.wte.weight.grad, group=self.tie_group)
+        if self.tie_group is not None:  # the embedding's and the head's gradients, on both copies (same shards)
+            dist.all_reduce(_local(self.part.transformer.wte.weight.grad), group=self.tie_group)
 
     def _clip(self, params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
-        """The whole model's gradient norm (the tied matrix once), and the gradients clipped to `max_norm`."""
-        from torch.nn.utils import clip_grads_with_norm_  # (torch >= 2.6)
-
+        """The whole model's gradient norm (the tied matrix once; FSDP's shards summed over the replicas), and
+        the gradients clipped to `max_norm`."""
         copy = self.part.transformer.wte.weight if self.tie_group is not None and not self.has_first else None
         squares = torch.zeros((), device=self.rt.device)
         for p in params:
             if p is not copy:
-                squares += p.grad.detach().float().pow(2).sum()
+                squares += _local(p.grad).detach().float().pow(2).sum()
         dist.all_reduce(squares, group=self.group)
+        if self.cfg.fsdp and self.dp_group is not None:
+            dist.all_reduce(squares, group=self.dp_group)
         norm = squares.sqrt()
         if max_norm > 0:
-            clip_grads_with_norm_(params, max_norm, norm)
+            coef = float(torch.clamp(max_norm / (norm + 1e-6), max=1.0))  # (as torch's clip_grad_norm_)
+            for p in params:
+                p.grad.mul_(coef)
         return norm
 
     @torch.no_grad()
