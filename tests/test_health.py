@@ -175,7 +175,13 @@ def test_the_memory_estimate_of_pairs_is_that_of_max_tokens_and_on_cpu_adds_the_
 
     def estimated(max_tokens, rt=cpu):
         cfg = SimpleNamespace(
-            batch_size=4, model=SimpleNamespace(block_size=16), max_tokens=max_tokens, max_iters=1, optimizer="adamw"
+            batch_size=4,
+            model=SimpleNamespace(block_size=16),
+            max_tokens=max_tokens,
+            max_iters=1,
+            optimizer="adamw",
+            tp=1,
+            pp=1,
         )
         line = preflight.report(model, cfg, rt, 1)[2]
         return dict(re.findall(r"(\w+) ([\d.]+ [MG]iB)", line.split("process ", 1)[1]))

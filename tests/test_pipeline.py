@@ -103,7 +103,8 @@ def test_stages_in_order_are_the_model_and_keep_its_names(pos, untied):
 def test_bad_layouts_are_one_line(argv, world, message):
     cfg = build_config(["--n-layer", "4", "--grad-accum", "8", *argv])
     with pytest.raises(ConfigError) as e:
-        parallel.check(cfg, runtime(world_size=world))
+        parallel.check(cfg, runtime(world_size=world))  # the layout, then what a pipeline takes (as the trainer asks)
+        pipeline.check(cfg, runtime(world_size=world))
     assert str(e.value) == message
 
 

@@ -62,10 +62,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt.data.format import dataset_kind
+from gpt.errors import ConfigError
 from gpt.model.transformer import GPT
 from gpt.runtime import Runtime
 from gpt.train.config import TrainConfig
 from gpt.train.mesh import Layout, build
+from gpt.train.parallel import mixed_precision
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -97,6 +99,13 @@ def problems(cfg: TrainConfig, rt: Runtime) -> list[str]:
                 f"data replica: pass --grad-accum {pp * dp} or more"
             )
     return out
+
+
+def check(cfg: TrainConfig, rt: Runtime) -> None:
+    """The first of `problems` as a ConfigError, when --pp asks for stages (after gpt/train/parallel.py's `check`)."""
+    found = problems(cfg, rt) if cfg.pp > 1 else []
+    if found:
+        raise ConfigError(found[0])
 
 
 def split(n_layer: int, n_stages: int) -> list[range]:
@@ -265,8 +274,6 @@ class Pipeline:
         """FSDP2 on the "dp" sub-mesh, as gpt/train/parallel.py shards a whole model: each block, then each
         stage as the root of its embeddings, final norm and head. The part shares the stages' modules."""
         from torch.distributed.fsdp import fully_shard  # lazy: distributed
-
-        from gpt.train.parallel import mixed_precision  # lazy: parallel imports this module
 
         policy, dp = mixed_precision(dtype), self.mesh["dp"]
         for stage in self.modules.values():

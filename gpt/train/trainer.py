@@ -199,6 +199,7 @@ def train(plan: start.RunPlan) -> dict:
     run_dir = RunDir(cfg.out_dir, rt.master)
     try:
         parallel.check(cfg, rt)
+        pipeline.check(cfg, rt)
         task = open_task(cfg.data)
         if not cfg.init_from:
             task.check_model(cfg)
