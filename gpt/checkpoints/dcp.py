@@ -21,6 +21,11 @@ In the run directory of an FSDP run:
 - **Any number of processes**: DCP stores each tensor's global shape and where each shard sits, so a
   checkpoint written by N processes loads into M: each reads the pieces its own shards need (`load`).
   The optimizer state is keyed by parameter name (DCP's `get_state_dict`), not by position.
+- **Pipeline stages** (`--pp`, gpt/train/pipeline.py): each process holds some of the model's parameters
+  under their whole-model names and writes those (a tied copy held by two stages is written once, as
+  any key several processes hold); `save(..., whole=)` makes train.pt describe the whole model (every
+  process's optimizer groups merged in the model's order, its tied names), so such a checkpoint reads
+  like any other, and `load(..., whole=)` reads a process's part of a sharded or one-file checkpoint.
 - **One process reads it whole** (`read`): the same dict a `.pt` checkpoint holds, so
   `gpt.checkpoints.native.read` / `load_model` (sample.py, `--init-from`, the Hugging Face export, `--resume`
   without `--fsdp`) accept a DCP checkpoint as they are, and `convert` writes it as one file.
