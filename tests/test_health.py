@@ -152,7 +152,7 @@ def test_memory_estimate_counts_what_trains():
 def test_preflight_counts_a_seq2seq_step_in_tokens_of_pairs():
     rt = SimpleNamespace(world_size=2, dtype=torch.float32, device=torch.device("cpu"))
     cfg = SimpleNamespace(
-        batch_size=4, model=SimpleNamespace(block_size=16), max_tokens=48, max_iters=10, optimizer="adamw"
+        batch_size=4, model=SimpleNamespace(block_size=16), max_tokens=48, max_iters=10, optimizer="adamw", tp=1, pp=1
     )
     lm = preflight.report(GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16)), cfg, rt, 3)
     assert lm[1] == "preflight: 384 tokens per step (4 x 16 x 3 micro-batches x 2 processes); 10 steps = 3,840 tokens"
@@ -175,7 +175,13 @@ def test_the_memory_estimate_of_pairs_is_that_of_max_tokens_and_on_cpu_adds_the_
 
     def estimated(max_tokens, rt=cpu):
         cfg = SimpleNamespace(
-            batch_size=4, model=SimpleNamespace(block_size=16), max_tokens=max_tokens, max_iters=1, optimizer="adamw"
+            batch_size=4,
+            model=SimpleNamespace(block_size=16),
+            max_tokens=max_tokens,
+            max_iters=1,
+            optimizer="adamw",
+            tp=1,
+            pp=1,
         )
         line = preflight.report(model, cfg, rt, 1)[2]
         return dict(re.findall(r"(\w+) ([\d.]+ [MG]iB)", line.split("process ", 1)[1]))

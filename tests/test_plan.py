@@ -104,7 +104,6 @@ def test_tensor_and_pipeline_parallelism_divide_what_they_split():
     assert one.activations > tp2.activations > 0.5 * one.activations  # the residual stream stays whole
     gpipe = plan.layout_memory(s, 2, 1, 1, False, False, 8, "gpipe")
     assert gpipe.activations > 3 * pp2.activations  # GPipe keeps all 8 micro-batches, 1F1B two
-    assert plan.bubble(4, 12) == 3 / 15 and plan.bubble(4, 12, "interleaved") == 3 / 27 and plan.bubble(1, 5) == 0
 
 
 def test_layouts_that_fit_split_only_what_divides(capsys):

@@ -21,6 +21,11 @@ In the run directory of an FSDP run:
 - **Any number of processes**: DCP stores each tensor's global shape and where each shard sits, so a
   checkpoint written by N processes loads into M: each reads the pieces its own shards need (`load`).
   The optimizer state is keyed by parameter name (DCP's `get_state_dict`), not by position.
+- **Pipeline stages** (`--pp`, gpt/train/pipeline.py): each process holds some of the model's parameters
+  under their whole-model names and writes those (a tied copy held by two stages is written once, as
+  any key several processes hold); `save(..., whole=)` makes train.pt describe the whole model (every
+  process's optimizer groups merged in the model's order, its tied names), so such a checkpoint reads
+  like any other, and `load(..., whole=)` reads a process's part of a sharded or one-file checkpoint.
 - **One process reads it whole** (`read`): the same dict a `.pt` checkpoint holds, so
   `gpt.checkpoints.native.read` / `load_model` (sample.py, `--init-from`, the Hugging Face export, `--resume`
   without `--fsdp`) accept a DCP checkpoint as they are, and `convert` writes it as one file.
@@ -223,13 +228,18 @@ def read(path: str | os.PathLike, map_location="cpu") -> dict:
 
 
 def load(
-    source: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer, layout=None
+    source: str | os.PathLike,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    layout=None,
+    whole: dict | None = None,
 ) -> native.Fields:
-    """Restore `model` and `optimizer` (FSDP-sharded, tensor-parallel or whole) from a training checkpoint: a
-    DCP directory, each process reading only what its shards need, or a `.pt` file, which each process
-    reads whole and keeps its part of. Returns the checkpoint's `meta`, `rng` and `scaler`. Every
+    """Restore `model` and `optimizer` (FSDP-sharded, tensor-parallel, a pipeline stage or whole) from a training
+    checkpoint: a DCP directory, each process reading only what its shards need, or a `.pt` file, which each
+    process reads whole and keeps its part of. Returns the checkpoint's `meta`, `rng` and `scaler`. Every
     process calls this. `layout`: how the model's state differs from the one-process state checkpoints
-    hold (gpt/train/tensor_parallel.py's SavedLayout), None where it does not."""
+    hold (gpt/train/tensor_parallel.py's SavedLayout), None where it does not. `whole` (see `save`): `model`
+    holds some of the checkpoint's parameters only (a pipeline stage), and reads those."""
     from torch.distributed.checkpoint.state_dict import (  # lazy: DCP only
         StateDictOptions,
         get_state_dict,
@@ -240,7 +250,15 @@ def load(
     if not native.is_sharded(source):
         ckpt = native.read_file(source)
         names = {p: n for n, p in model.named_parameters()}
-        optim_state = _by_name(ckpt["optimizer"], [names[p] for g in optimizer.param_groups for p in g["params"]])
+        order = [names[p] for g in optimizer.param_groups for p in g["params"]]
+        if whole is not None:  # the file's optimizer counts the whole model's parameters, group by group
+            order = [
+                n for g in _merged(get_state_dict(model, optimizer)[1]["param_groups"], whole) for n in g["params"]
+            ]
+        optim_state = _by_name(ckpt["optimizer"], order)
+        if whole is not None:
+            ckpt = dict(ckpt, model={k: v for k, v in ckpt["model"].items() if k in model.state_dict()})
+            optim_state = _part(optim_state, set(names.values()))
         model_state = ckpt["model"]
         if layout is not None:
             model_state, optim_state["state"] = layout.from_whole(model_state, optim_state["state"])
@@ -257,8 +275,11 @@ def load(
     reader = _reader(source)
     reader.read_metadata()  # checked here, where a refusal is one line (inside DCP's load it is wrapped)
     model_state, optim_state = get_state_dict(model, optimizer)  # the shapes and shards to fill
-    if _grouped(train["param_groups"]) != _grouped(optim_state["param_groups"]):
+    mine, saved = _grouped(optim_state["param_groups"]), _grouped(train["param_groups"])
+    if mine != saved and not (whole is not None and mine <= saved):
         raise CheckpointError(f"{source / TRAIN}: its optimizer's parameter groups are not this model's")
+    if whole is not None:
+        train = dict(train, param_groups=_part(train, mine)["param_groups"])
     aliases = _aliases(model)
     state = {"model": {k: v for k, v in model_state.items() if k not in aliases}, "optimizer": optim_state["state"]}
     like = state
@@ -285,12 +306,17 @@ def save(
     scaler: dict | None,
     rng,
     layout=None,
+    whole: dict | None = None,
 ) -> None:
     """Write a sharded checkpoint of `model` and `optimizer` into a new `step-NNNNNN/` beside `link`
     (run_dir/last.dcp), then point `link` at it (see the module notes). Every process calls this;
     `meta` (gpt.checkpoints.native.build_meta), `scaler` and `rng` (every process's) are written by rank 0. A
     failure on any process is one StorageError on all of them, the previous checkpoint intact. `layout`: as
-    `load`'s; the state is written in the one-process layout whatever the model's."""
+    `load`'s; the state is written in the one-process layout whatever the model's.
+
+    `whole`, where each process holds other parameters of one model (pipeline stages: gpt/train/pipeline.py):
+    {"names": the whole model's parameter names in its order, "aliases": its tied names}. train.pt then
+    describes the whole model: every process's optimizer groups merged in that order, as one process's."""
     import torch.distributed.checkpoint as tdcp  # lazy: DCP only
     from torch.distributed.checkpoint import FileSystemWriter  # lazy: DCP only
     from torch.distributed.checkpoint.state_dict import get_state_dict  # lazy: DCP only
@@ -311,6 +337,7 @@ def save(
     state = {"model": {k: v for k, v in model_state.items() if k not in aliases}, "optimizer": optim_state["state"]}
     if layout is not None:
         state = dict(zip(("model", "optimizer"), layout.saved(state["model"], state["optimizer"])))
+    groups = optim_state["param_groups"] if whole is None else _merged(optim_state["param_groups"], whole)
     error = None
     try:
         with _one_process():
@@ -320,7 +347,14 @@ def save(
     if master and error is None:
         try:
             _write_side(
-                tmp, meta, dict(param_groups=optim_state["param_groups"], aliases=aliases, scaler=scaler, rng=rng)
+                tmp,
+                meta,
+                dict(
+                    param_groups=groups,
+                    aliases=aliases if whole is None else whole["aliases"],
+                    scaler=scaler,
+                    rng=rng,
+                ),
             )
             os.rename(tmp, run_dir / final)
             fsync_path(run_dir)
@@ -341,6 +375,26 @@ def save(
         dist.broadcast_object_list(message, src=0)  # rank 0 heard of every failure (DCP gathers them)
     if message[0]:
         raise StorageError(message[0])
+
+
+def _merged(param_groups: list[dict], whole: dict) -> list[dict]:
+    """Every process's optimizer groups (named parameters) as one: group by group, each group's names in the
+    whole model's order, a name held by several processes (a tied copy, a data replica) once. Collective."""
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, param_groups)
+    assert len({len(groups) for groups in every}) == 1, "the processes' optimizers have different groups"
+    rank = {name: i for i, name in enumerate(whole["names"])}
+    return [
+        dict(group, params=sorted({n for groups in every for n in groups[i]["params"]}, key=rank.__getitem__))
+        for i, group in enumerate(every[0])
+    ]
+
+
+def _part(optimizer_state: dict, names: set[str]) -> dict:
+    """An optimizer state keyed by names, cut down to `names`."""
+    state = {n: s for n, s in optimizer_state.get("state", {}).items() if n in names}
+    groups = [dict(g, params=[n for n in g["params"] if n in names]) for g in optimizer_state["param_groups"]]
+    return {"state": state, "param_groups": groups}
 
 
 def _failure(e: BaseException) -> BaseException:

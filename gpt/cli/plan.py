@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from gpt.cli import ArgumentParser, run_main
 from gpt.train.config import build_config
-from gpt.train.plan import GPUS, SCHEDULES, SIZES, PlanError, detail, layout_table, layouts, plan, summary
+from gpt.train.pipeline import SCHEDULES, plan_lines
+from gpt.train.plan import GPUS, SIZES, PlanError, detail, layout_table, layouts, plan, summary
 from gpt.train.sizing import ASPECT_RATIO, HEAD_DIM, size
 
 SIZING = (
@@ -24,8 +25,8 @@ SIZING = (
     "tokens_per_second",
     "device",
 )
-MEMORY = ("config", "gpus", "gpu_memory", "reserve", "vocab_size", "batch_size", "pp_schedule")
-MEMORY_DEFAULTS = {"gpu_memory": 80.0, "reserve": 0.1, "vocab_size": 50304, "pp_schedule": "1f1b"}
+MEMORY = ("config", "gpus", "gpu_memory", "reserve", "vocab_size", "batch_size", "pp", "pp_schedule")
+MEMORY_DEFAULTS = {"gpu_memory": 80.0, "reserve": 0.1, "vocab_size": 50304}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,10 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--vocab-size", type=int, help="embedding rows (default: 50304, GPT-2 padded)")
     ap.add_argument("--batch-size", type=int, default=None, help="micro-batch per GPU (default: the config's)")
+    ap.add_argument("--pp", type=int, help="also each pipeline process's memory and the bubble with --pp N stages")
     ap.add_argument(
         "--pp-schedule",
         choices=SCHEDULES,
-        help="the pipeline schedule layouts with --pp are planned for (default: 1f1b)",
+        help="the pipeline's schedule, for --pp and the layouts (default: the config's)",
     )
     sizing = ap.add_argument_group(
         "sizing a run from one number (nanochat's --depth): the whole `gpt train` command for a corpus and a time "
@@ -105,10 +107,18 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.config or SIZES:
             cfg = build_config(["--config", name] + (["--batch-size", str(args.batch_size)] if args.batch_size else []))
             plans += [(name, plan(cfg, args.vocab_size, n, args.gpu_memory, args.reserve)) for n in args.gpus or GPUS]
+        if args.pp is not None:
+            if len(plans) != 1 or args.pp < 1:
+                raise PlanError("--pp: for one config and one --gpus count, with N >= 1")
+            p, schedule = plans[0][1], args.pp_schedule or cfg.pp_schedule
+            return "\n".join(
+                [detail(*plans[0]), *plan_lines(p["shape"], p["gpus"], args.pp, cfg.grad_accum, schedule, p["budget"])]
+            )
         if len(plans) == 1:
             name, p = plans[0]
-            cfg = build_config(["--config", name] + (["--batch-size", str(args.batch_size)] if args.batch_size else []))
-            found = layouts(cfg, args.vocab_size, p["gpus"], args.gpu_memory, args.reserve, args.pp_schedule)
+            found = layouts(
+                cfg, args.vocab_size, p["gpus"], args.gpu_memory, args.reserve, args.pp_schedule or cfg.pp_schedule
+            )
             return detail(name, p) + "\n\n" + layout_table(name, found, p["gpus"])
         return summary(plans)
 

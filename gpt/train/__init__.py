@@ -8,7 +8,8 @@
 - `trainer.py` the loop and its step; `tasks.py` what it trains on (tokens or pairs); `schedule.py`
   learning rates; `muon.py` the Muon optimizer; `parallel.py` DDP / FSDP2 / activation checkpointing;
   `mesh.py` the processes as pipeline x data x tensor parallel (`Layout`, the DeviceMesh);
-  `tensor_parallel.py` `--tp`: each block's matrices split over the mesh's "tp" processes;
+  `tensor_parallel.py` `--tp`: each block's matrices split over the mesh's "tp" processes; `pipeline.py`
+  pipeline parallelism (`--pp`: the decoder in stages, its schedule, step and evaluation);
 - `rundir.py` the run directory and its lock; `runlog.py` console / JSONL / W&B / TensorBoard;
   `health.py` loss spikes and gradients; `preflight.py` parameters, memory and ETA before step 1;
   `stopping.py` signals and the time limit; `plan.py` the memory planner; `sizing.py` a whole run sized from

@@ -51,7 +51,8 @@ from gpt.train.mesh import Layout
 
 
 def check(cfg: TrainConfig, rt: Runtime) -> None:
-    """What --fsdp needs from this launch, one line each; the trainer asks before touching the run directory."""
+    """What --fsdp, --tp and --pp need from this launch, one line each; the trainer asks before touching the run
+    directory (and gpt/train/pipeline.py's `check` what a pipeline needs of the run)."""
     if cfg.tp > 1 or cfg.pp > 1:
         if not rt.ddp:
             raise ConfigError(
@@ -59,9 +60,10 @@ def check(cfg: TrainConfig, rt: Runtime) -> None:
                 "--nproc-per-node N -m gpt train ...` (N a multiple of tp x pp)"
             )
         Layout.of(rt.world_size, cfg.tp, cfg.pp)
-        if cfg.pp > 1:
-            raise ConfigError("--pp: not in this version yet (issue 44)")  # until the PP part lands
-        check_tp(cfg, rt)
+        if cfg.pp > 1 and cfg.tp > 1:
+            raise ConfigError("--tp with --pp: not in this version yet; use one of them (with --fsdp if you like)")
+        if cfg.tp > 1:
+            check_tp(cfg, rt)
     if not cfg.fsdp:
         return
     if not rt.ddp:
@@ -169,10 +171,11 @@ def wrap(model: GPT, cfg: TrainConfig, rt: Runtime) -> nn.Module:
     if cfg.tp > 1:
         return split(model, cfg, rt)
     if cfg.fsdp:
-        shard(model, rt.dtype, compile=cfg.compile)
+        if cfg.pp == 1:  # (a pipeline shards each stage over its replicas itself: gpt/train/pipeline.py)
+            shard(model, rt.dtype, compile=cfg.compile)
         return model
     train_model = torch.compile(model, options=compile_options(rt.device)) if cfg.compile else model
-    if rt.ddp:
+    if rt.ddp and cfg.pp == 1:  # (a pipeline averages its replicas' gradients itself: gpt/train/pipeline.py)
         from torch.nn.parallel import DistributedDataParallel as DDP  # lazy: distributed
 
         train_model = DDP(train_model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)

@@ -47,6 +47,7 @@ import torch
 from gpt.errors import UserError
 from gpt.model.config import GPTConfig
 from gpt.model.transformer import GPT
+from gpt.train import pipeline
 from gpt.train.config import TrainConfig
 
 SIZES = ("gpt2_124m", "gpt2_350m", "gpt2_774m", "gpt2_1558m")
@@ -135,7 +136,6 @@ def plan(cfg: TrainConfig, vocab_size: int, gpus: int, gpu_memory_gb: float, res
     }
 
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
 MAX_TP = 8  # tensor parallelism talks at every layer: within one node's GPUs (NVLink), 8 at most
 
 
@@ -161,14 +161,6 @@ class Layout:
         return " ".join(out) or "(no flag)"
 
 
-def bubble(pp: int, micro_batches: int, schedule: str = "1f1b") -> float:
-    """The share of a step a pipeline's GPUs wait: (pp - 1) / (m + pp - 1) for GPipe and 1F1B with m
-    micro-batches; the interleaved schedule (two stages per GPU) halves each stage's time and so the bubble,
-    (pp - 1) / (2m + pp - 1)."""
-    chunks = 2 if schedule == "interleaved" else 1
-    return (pp - 1) / (chunks * micro_batches + pp - 1)
-
-
 def layout_memory(
     s: Shape, pp: int, dp: int, tp: int, fsdp: bool, checkpointed: bool, micro_batches: int, schedule: str = "1f1b"
 ) -> Memory:
@@ -178,8 +170,8 @@ def layout_memory(
     MLP's hidden layer and GELU: 26C of the block's 36C per token) and the logits; the residual stream and the
     norms' inputs stay whole on every shard. Pipeline parallelism gives a stage n_layer / pp blocks; the first
     stage also holds the embeddings and the last a copy of the tied head, so the fullest holds the blocks and
-    the root once. In flight on the first stage: every micro-batch's activations with GPipe, pp of them with
-    1F1B and the interleaved schedule (one micro-batch's activations of the stage's layers each)."""
+    the root once. In flight on the first stage: `pipeline.in_flight`'s count (GPipe every micro-batch,
+    1F1B pp of them). `pipeline.stage_memory` (`gpt plan --pp`) details each process of one pipeline."""
     blocks = -(-s.n_layer // pp)
     root = s.params - s.n_layer * s.block_params
     P = (blocks * s.block_params + root) / tp  # the stage's parameters on one shard
@@ -193,7 +185,8 @@ def layout_memory(
     kept = tokens * blocks * (4 * s.n_embd if checkpointed else layer)  # a micro-batch through one stage
     head = tokens * (6 * s.n_embd + 4 * s.vocab_size / tp + 16) + 4 * tokens * s.vocab_size / tp  # + logits' grad
     recompute = tokens * layer if checkpointed else 0
-    in_flight = 1 if pp == 1 else micro_batches if schedule == "gpipe" else min(pp, micro_batches)
+    chunks = 2 if schedule == "interleaved" else 1  # interleaved: in flight per chunk of half the stage's layers
+    in_flight = 1 if pp == 1 else pipeline.in_flight(pp, 0, micro_batches, schedule) / chunks
     first = kept * in_flight + (head if pp == 1 else 16 * tokens * in_flight)  # the first stage (all, if pp = 1)
     last = kept + head  # the last stage: its micro-batch's backward starts at once
     return Memory(weights, gradients, optimizer, max(first, last) + recompute)
@@ -217,7 +210,7 @@ def layouts(
                 for checkpointed in (False, True):
                     m = layout_memory(shape, pp, dp, tp, fsdp, checkpointed, micro, schedule)
                     if m.total <= budget:
-                        found.append(Layout(pp, dp, tp, fsdp, checkpointed, m, bubble(pp, micro, schedule)))
+                        found.append(Layout(pp, dp, tp, fsdp, checkpointed, m, pipeline.bubble(pp, micro, schedule)))
     return sorted(found, key=lambda x: (x.checkpointed, x.tp * x.pp, x.pp, x.fsdp))
 
 

@@ -97,7 +97,9 @@ def report(model: torch.nn.Module, cfg, rt, accum: int) -> list[str]:
     total = sum(t.numel() for t in _unique_tensors(model) if isinstance(t, torch.nn.Parameter))
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     micro = cfg.max_tokens or cfg.batch_size * cfg.model.block_size if model.config.n_encoder_layer else None
-    tokens = (micro or cfg.batch_size * cfg.model.block_size) * accum * rt.world_size
+    replicas = rt.world_size // (cfg.tp * cfg.pp)  # the processes of one pipeline (or tensor group) share a batch
+    by = "processes" if replicas == rt.world_size else "data replicas"
+    tokens = (micro or cfg.batch_size * cfg.model.block_size) * accum * replicas
     shape = f"<= {micro:,} tokens of pairs" if micro else f"{cfg.batch_size} x {cfg.model.block_size}"
     batch, seq = (1, micro) if micro else (cfg.batch_size, cfg.model.block_size)  # pairs: --max-tokens a side
     mem = memory_estimate(model, batch, seq, autocast=rt.dtype != torch.float32, optimizer=cfg.optimizer)
@@ -108,7 +110,7 @@ def report(model: torch.nn.Module, cfg, rt, accum: int) -> list[str]:
     return [
         f"preflight: {total:,} parameters, {trained:,} trained ({trained / max(total, 1):.2%}){frozen}",
         f"preflight: {'up to ' if micro else ''}{tokens:,} tokens per step ({shape} x {accum} micro-batches"
-        f"{f' x {rt.world_size} processes' if rt.world_size > 1 else ''}); {cfg.max_iters:,} steps = "
+        f"{f' x {replicas} {by}' if replicas > 1 else ''}); {cfg.max_iters:,} steps = "
         f"{tokens * cfg.max_iters:,} tokens",
         "preflight: estimated memory per process "
         + " + ".join(f"{k} {gib(v)}" for k, v in mem.items())

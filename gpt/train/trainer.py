@@ -4,6 +4,7 @@
     gpt train --resume out/shakespeare_char --max-iters 5000          # continue exactly
     torchrun --nproc-per-node 2 -m gpt train --data ... --out-dir ...        # DistributedDataParallel
     torchrun --nproc-per-node 8 -m gpt train ... --fsdp --activation-checkpointing  # sharded (gpt/train/parallel.py, gpt/checkpoints/dcp.py)
+    torchrun --nproc-per-node 2 -m gpt train ... --pp 2 --grad-accum 8          # in stages (gpt/train/pipeline.py)
 
 `train(plan)` (a `RunPlan`: the command line resolved once, gpt/train/start.py) reads as its steps: claim the run directory, open the data, build (or resume) the model,
 then loop. One step, in nanoGPT's order: the step's LR -> `grad_accum` micro-steps (forward, loss /
@@ -38,7 +39,7 @@ from gpt.model import lora
 from gpt.model.transformer import GPT
 from gpt.progress import Progress, format_duration
 from gpt.runtime import Runtime, setup
-from gpt.train import parallel, plot, preflight, start, tensor_parallel
+from gpt.train import parallel, pipeline, plot, preflight, start, tensor_parallel
 from gpt.train.config import OptimizerConfig, TrainConfig
 from gpt.train.health import HealthMonitor
 from gpt.train.mesh import Layout
@@ -214,6 +215,7 @@ def train(plan: start.RunPlan) -> dict:
     run_dir = RunDir(cfg.out_dir, rt.master)
     try:
         parallel.check(cfg, rt)
+        pipeline.check(cfg, rt)
         task = open_task(cfg.data)
         if not cfg.init_from:
             task.check_model(cfg)
@@ -248,7 +250,7 @@ class Run:
         # dropout masks (gpt/train/mesh.py)
         self.layout = Layout.of(rt.world_size, cfg.tp, cfg.pp) if rt.ddp else Layout()
         self.data_rt = replace(rt, rank=self.layout.coordinates(rt.rank)[1], world_size=self.layout.dp)
-        self.sharded = cfg.fsdp or cfg.tp > 1  # checkpoints through DCP (gpt/checkpoints/dcp.py)
+        self.sharded = cfg.fsdp or cfg.tp > 1 or cfg.pp > 1  # checkpoints through DCP, every process its part
         self.saved_layout = tensor_parallel.SavedLayout(cfg.tp) if cfg.tp > 1 else None
         torch.manual_seed(cfg.seed + self.data_rt.rank)
         log.print(f"building the model on {rt.describe()}")
@@ -258,6 +260,10 @@ class Run:
         self.cfg = cfg = replace(cfg, model=model.config)
         tensor_parallel.check(model.config, cfg.tp)  # a resumed or --init-from model's shape: known only now
         self.model = model.to(rt.device)
+        self.pipe = pipeline.Pipeline(model, cfg, rt) if cfg.pp > 1 else None  # this process's stages
+        if self.pipe:
+            self.model = model = self.pipe.part
+            log.print(self.pipe.description)
         self.train_model = parallel.wrap(model, cfg, rt)  # before the optimizer: FSDP swaps in sharded parameters
         if cfg.tp > 1:
             log.print(
@@ -281,7 +287,7 @@ class Run:
             replicas = f"{dp} data-parallel replicas" if dp != rt.world_size else f"{dp} processes"
             raise ConfigError(f"--grad-accum: {cfg.grad_accum} must be a multiple of the {replicas}")
         self.accum = cfg.grad_accum // dp
-        task.start(cfg, self.data_rt, self.accum)
+        task.start(cfg, self.data_rt, self.accum)  # the processes of one pipeline / tp group read the same batches
         self.peak = cfg.peak_flops or peak_flops(rt.device)
         self.flops_per_token = model.flops_per_token(cfg.model.block_size)
         self.limit = TimeLimit(cfg.max_minutes, t_start, task.eval_tokens())
@@ -293,7 +299,7 @@ class Run:
         adapters.check_resume(meta, self.lora_meta, cfg.resume)
         kernels = [{k: g.get(k) for k in ("foreach", "fused")} for g in self.optimizer.param_groups]
         if self.sharded:  # each process reads the shards it holds (a .pt: its part of the whole)
-            ckpt = dcp.load(source, self.model, self.optimizer, self.saved_layout)
+            ckpt = dcp.load(source, self.model, self.optimizer, self.saved_layout, self.pipe and self.pipe.whole)
         else:
             ckpt = loader.read(self.resume, map_location=rt.device)
             lora.load_weights(self.model, ckpt["model"], ckpt.source)  # all weights, or a LoRA run's adapters
@@ -357,6 +363,7 @@ class Run:
                     scaler,
                     rng,
                     self.saved_layout,
+                    self.pipe and self.pipe.whole,
                 )
             else:
                 state = dict(
@@ -398,7 +405,7 @@ class Run:
         """Losses on both splits; saves last.pt (and best.pt when val improved)."""
         t_eval = time.time()
         with explain_oom(self.cfg, self.step, self.out_dir, evaluating=True):
-            losses = estimate_loss(
+            losses = (self.pipe.estimate_loss if self.pipe else estimate_loss)(
                 self.model, self.task, ("train", "val") if self.cfg.eval_train else ("val",), rt=self.rt
             )
         val = losses["val"]
@@ -441,7 +448,7 @@ class Run:
         cfg, optimizer, scaler = self.cfg, self.optimizer, self.scaler
         lr = set_hyperparameters(optimizer, self.step, cfg)
         with explain_oom(cfg, self.step + 1, self.out_dir):
-            loss, grad_norm, n_tokens = train_step(
+            loss, grad_norm, n_tokens = (self.pipe.train_step if self.pipe else train_step)(
                 self.train_model,
                 optimizer,
                 scaler,
