@@ -231,12 +231,12 @@ def test_plan_counts_each_stage_and_the_bubble(capsys):
     cfg = build_config(["--config", "gpt2_124m"])
     shape = plan.Shape.of(replace(cfg.model, vocab_size=50304), 4, cfg.model.block_size)
     for ac in (False, True):
-        (one_process,) = pipeline.stage_memory(shape, 1, 8, "1f1b", checkpointed=ac)
+        (one_process,) = plan.stage_memory(shape, 1, 8, "1f1b", checkpointed=ac)
         assert one_process == plan.memory(shape, 1, fsdp=False, checkpointed=ac)
     for schedule in pipeline.SCHEDULES:
-        stages = pipeline.stage_memory(shape, 4, 8, schedule)
+        stages = plan.stage_memory(shape, 4, 8, schedule)
         assert sum(m.weights for m in stages) == 6 * (shape.params + shape.vocab_size * shape.n_embd)
-    gpipe, one_f = (pipeline.stage_memory(shape, 4, 8, s)[0].activations for s in ("gpipe", "1f1b"))
+    gpipe, one_f = (plan.stage_memory(shape, 4, 8, s)[0].activations for s in ("gpipe", "1f1b"))
     assert one_f == pytest.approx(gpipe / 2, rel=0.01)  # 4 micro-batches in flight instead of 8 (the ids aside)
     assert pipeline.bubble(2, 8, "1f1b") == pytest.approx(1 / 9)
     assert pipeline.bubble(2, 8, "interleaved") == pytest.approx(1 / 17)

@@ -8,7 +8,7 @@
     pipe = pipeline.Pipeline(model, cfg, rt)     # this process's stages; `pipe.part` is what it trains and saves
     loss, grad_norm, tokens = pipe.train_step(pipe.part, optimizer, scaler, task.train_batch, step, accum, rt, clip)
     losses = pipe.estimate_loss(pipe.part, task, ("val",), rt)
-    pipeline.stage_memory(shape, pp=4, micro_batches=8, schedule="1f1b")   # `gpt plan --pp 4`: bytes per process
+    plan.stage_memory(shape, pp=4, micro_batches=8, schedule="1f1b")       # gpt/train/plan.py, `gpt plan --pp 4`
 
 Built on `torch.distributed.pipelining`: each stage a `PipelineStage`, driven by a schedule: `gpipe`
 (every micro-batch's forward, then every backward: simplest, activations of all micro-batches kept),
@@ -133,62 +133,6 @@ def bubble(pp: int, micro_batches: int, schedule: str) -> float:
     micro-batches, with M counted twice interleaved (each process runs two chunks of half the layers)."""
     m = micro_batches * (2 if schedule == "interleaved" else 1)
     return (pp - 1) / (m + pp - 1)
-
-
-def stage_memory(shape, pp: int, micro_batches: int, schedule: str, checkpointed: bool = False) -> list:
-    """Bytes on each process of a pipeline (gpt.train.plan.Memory, one per process) for a `gpt.train.plan.Shape`
-    (its batch the micro-batch): its stages' float32 weights with autocast's bf16 copies, gradients and AdamW
-    moments (the plan's DDP terms for its share: no buckets, gradients are averaged in place), and the
-    activations of the micro-batches in flight. The first process adds the embeddings and the ids, the last
-    the final norm, the head's copy of the embedding, the loss's log-softmax and the logits' gradient."""
-    from gpt.train.plan import Memory  # lazy: the planner only
-
-    s, n_stages = shape, pp * (2 if schedule == "interleaved" else 1)
-    runs = split(s.n_layer, n_stages)
-    tokens, C, V = s.batch * s.seq, s.n_embd, s.vocab_size
-    per_layer = 4 * C if checkpointed else 36 * C + 16 + 4 * s.n_head
-    out = []
-    for rank in range(pp):
-        mine = [st for st in range(n_stages) if st % pp == rank]
-        layers = sum(len(runs[st]) for st in mine)
-        params = layers * s.block_params
-        acts = per_layer * layers / len(mine)  # one chunk's, per token
-        if 0 in mine:
-            params += V * C + s.seq * C  # wte, wpe (learned positions: the plan's GPT-2 configs)
-            acts += 16 / len(mine)
-        if n_stages - 1 in mine:
-            params += 2 * C + (V * C if 0 not in mine else 0)  # ln_f, the head's copy of wte
-        held = in_flight(pp, rank, micro_batches, schedule) * tokens * acts
-        if n_stages - 1 in mine:  # the head's saved tensors: of every micro-batch under GPipe, else of one
-            held += (micro_batches if schedule == "gpipe" else 1) * tokens * (6 * C + 4 * V) + 4 * tokens * V
-        if checkpointed:  # one block computing again in the backward
-            held += tokens * (36 * C + 16 + 4 * s.n_head)
-        out.append(Memory(weights=6 * params, gradients=4 * params, optimizer=8 * params, activations=held))
-    return out
-
-
-def plan_lines(shape, gpus: int, pp: int, grad_accum: int, schedule: str, budget: float) -> list[str]:
-    """`gpt plan --pp N`: each pipeline process's memory (GiB, term by term) and the bubble, as Markdown lines."""
-    from gpt.train.plan import gib  # lazy: the planner only
-
-    if gpus % pp or pp > shape.n_layer:
-        return [f"--pp {pp}: needs a number of GPUs it divides and at most {shape.n_layer} stages"]
-    dp = gpus // pp
-    micro = max(grad_accum // dp, pp)
-    lines = [
-        "",
-        f"pipeline --pp {pp} --pp-schedule {schedule}: {pp} stages x {dp} data replica(s), {micro} micro-batches "
-        f"per replica and step, bubble {bubble(pp, micro, schedule):.0%} of each step",
-        "",
-        "| pipeline process | weights | gradients | optimizer | activations | total GiB | fits |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for rank, m in enumerate(stage_memory(shape, pp, micro, schedule)):
-        lines.append(
-            f"| {rank} | {gib(m.weights)} | {gib(m.gradients)} | {gib(m.optimizer)} | {gib(m.activations)} | "
-            f"{gib(m.total)} | {'yes' if m.total <= budget else 'no'} |"
-        )
-    return lines
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -316,7 +260,9 @@ class Pipeline:
         self.accum = accum
         return self.schedule
 
-    def train_step(self, train_model, optimizer, scaler, get_batch, step, accum, rt, grad_clip, count=None):
+    def train_step(
+        self, train_model, optimizer, scaler, get_batch, step, accum, rt, grad_clip, count=None, loss_context=None
+    ):
         """`trainer.train_step` through the pipeline: (mean loss, gradient norm, tokens), the loss and norm the
         same on every process, the tokens counted on the first stage only (the trainer sums them over all)."""
         schedule = self._schedule(accum)

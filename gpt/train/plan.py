@@ -234,6 +234,58 @@ def layout_table(name: str, found: list[Layout], gpus: int, top: int = 5) -> str
     return "\n".join([*lines, "", f"use: {found[0].flags()}"])
 
 
+def stage_memory(shape, pp: int, micro_batches: int, schedule: str, checkpointed: bool = False) -> list:
+    """Bytes on each process of a pipeline (a `Memory` per process) for a `Shape`
+    (its batch the micro-batch): its stages' float32 weights with autocast's bf16 copies, gradients and AdamW
+    moments (the plan's DDP terms for its share: no buckets, gradients are averaged in place), and the
+    activations of the micro-batches in flight. The first process adds the embeddings and the ids, the last
+    the final norm, the head's copy of the embedding, the loss's log-softmax and the logits' gradient."""
+    s, n_stages = shape, pp * (2 if schedule == "interleaved" else 1)
+    runs = pipeline.split(s.n_layer, n_stages)
+    tokens, C, V = s.batch * s.seq, s.n_embd, s.vocab_size
+    per_layer = 4 * C if checkpointed else 36 * C + 16 + 4 * s.n_head
+    out = []
+    for rank in range(pp):
+        mine = [st for st in range(n_stages) if st % pp == rank]
+        layers = sum(len(runs[st]) for st in mine)
+        params = layers * s.block_params
+        acts = per_layer * layers / len(mine)  # one chunk's, per token
+        if 0 in mine:
+            params += V * C + s.seq * C  # wte, wpe (learned positions: the plan's GPT-2 configs)
+            acts += 16 / len(mine)
+        if n_stages - 1 in mine:
+            params += 2 * C + (V * C if 0 not in mine else 0)  # ln_f, the head's copy of wte
+        held = pipeline.in_flight(pp, rank, micro_batches, schedule) * tokens * acts
+        if n_stages - 1 in mine:  # the head's saved tensors: of every micro-batch under GPipe, else of one
+            held += (micro_batches if schedule == "gpipe" else 1) * tokens * (6 * C + 4 * V) + 4 * tokens * V
+        if checkpointed:  # one block computing again in the backward
+            held += tokens * (36 * C + 16 + 4 * s.n_head)
+        out.append(Memory(weights=6 * params, gradients=4 * params, optimizer=8 * params, activations=held))
+    return out
+
+
+def plan_lines(shape, gpus: int, pp: int, grad_accum: int, schedule: str, budget: float) -> list[str]:
+    """`gpt plan --pp N`: each pipeline process's memory (GiB, term by term) and the bubble, as Markdown lines."""
+    if gpus % pp or pp > shape.n_layer:
+        return [f"--pp {pp}: needs a number of GPUs it divides and at most {shape.n_layer} stages"]
+    dp = gpus // pp
+    micro = max(grad_accum // dp, pp)
+    lines = [
+        "",
+        f"pipeline --pp {pp} --pp-schedule {schedule}: {pp} stages x {dp} data replica(s), {micro} micro-batches "
+        f"per replica and step, bubble {pipeline.bubble(pp, micro, schedule):.0%} of each step",
+        "",
+        "| pipeline process | weights | gradients | optimizer | activations | total GiB | fits |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for rank, m in enumerate(stage_memory(shape, pp, micro, schedule)):
+        lines.append(
+            f"| {rank} | {gib(m.weights)} | {gib(m.gradients)} | {gib(m.optimizer)} | {gib(m.activations)} | "
+            f"{gib(m.total)} | {'yes' if m.total <= budget else 'no'} |"
+        )
+    return lines
+
+
 FLAGS = {
     "DDP": "(no flag)",
     "FSDP": "--fsdp",
