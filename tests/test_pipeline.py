@@ -154,7 +154,14 @@ def draw(capsys, ckpt) -> str:
     return capsys.readouterr().out
 
 
-@pytest.mark.parametrize("schedule,processes,fsdp", [("1f1b", 4, True), ("gpipe", 4, False), ("interleaved", 2, False)])
+@pytest.mark.parametrize(
+    "schedule,processes,fsdp",
+    [
+        pytest.param("1f1b", 4, True, marks=pytest.mark.slow),  # 4 processes: out of the default run's time
+        pytest.param("gpipe", 4, False, marks=pytest.mark.slow),
+        ("interleaved", 2, False),
+    ],
+)
 def test_two_stages_match_one_process(schedule, processes, fsdp, one, char_data, tmp_path, capsys):
     """--pp 2 against one process with the same --grad-accum 8: on 2 processes (interleaved: 4 stages, process
     0 holding layers 0 and 2), or 4: 2 stages x 2 data replicas of 4 micro-batches each, gradients averaged

@@ -220,6 +220,7 @@ def test_tp2_matches_one_process_resumes_in_one_and_samples_the_same(char_data, 
     assert_close_state(run, ref)
 
 
+@pytest.mark.slow  # 4 processes: out of the default run's time (README, "Tests")
 def test_dp2_x_tp2_with_fsdp_matches_one_process_and_resumes_at_tp4(char_data, tmp_path):
     """4 processes, 2 data-parallel replicas (FSDP2 on the dp sub-mesh) x 2 tensor shards: the losses, weights
     and moments of 3 steps equal one process's; rank 0 holds less than under tp=2 alone; the checkpoint resumes
