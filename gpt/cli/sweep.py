@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--minutes", type=float, default=0.0, help="start no trial after this many minutes (default: no limit)"
     )
+    p.add_argument("--no-plot", action="store_true", help="draw no sweep.png (its importances import scikit-learn)")
     p.add_argument("--report", action="store_true", help="run nothing: the best trial so far, best.toml and sweep.png")
     args = p.parse_args(own)
 
@@ -51,6 +52,6 @@ def main(argv: list[str] | None = None) -> int:
         sweep = Sweep(space, directory, args.storage, args.study, args.trials, extra, args.minutes)
         if not args.report:
             print(run_sweep(sweep), flush=True)
-        return "\n".join(report(sweep, with_summary=args.report))
+        return "\n".join(report(sweep, with_summary=args.report, plot=not args.no_plot))
 
     return run_main(body, interrupted="the running trial was saved and recorded as interrupted; rerun to go on")

@@ -244,24 +244,35 @@ def run_trial(sweep: Sweep, study, trial) -> None:
     answers_in, answers_out = os.pipe()  # the answers (written here, read there): go | stop
     code = f"import sys; sys.path[0] = {_IMPORT_ROOT!r}; from gpt.train.sweep import child_main; sys.exit(child_main(sys.argv[1:]))"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_IMPORT_ROOT, env.get("PYTHONPATH")]))
-    with open(console, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", code, str(answers_in), str(questions_out), *argv],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            pass_fds=(answers_in, questions_out),
-            env=env,
-        )
-    os.close(answers_in)  # the child's ends: its exit then ends the questions
-    os.close(questions_out)
-    signals = []
+    signals, procs = [], []
 
     def stop(signum, frame):  # the child stops as a signalled `gpt train` does: finish the step, save
         signals.append(signum)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+        if procs and procs[0].poll() is None:
+            procs[0].send_signal(signal.SIGTERM)
 
-    before = {s: signal.signal(s, stop) for s in SIGNALS}
+    before = {s: signal.signal(s, stop) for s in SIGNALS}  # before the child starts: it is never left behind
+    try:
+        with open(console, "w", encoding="utf-8") as log:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", code, str(answers_in), str(questions_out), *argv],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(answers_in, questions_out),
+                    env=env,
+                )
+            )
+    except BaseException:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        raise
+    finally:
+        os.close(answers_in)  # the child's ends: its exit then ends the questions
+        os.close(questions_out)
+    proc = procs[0]
+    if signals:  # a signal came while it started
+        proc.send_signal(signal.SIGTERM)
     best, pruned_at, problem, used = math.inf, None, "", metric
     try:
         with os.fdopen(questions_in, encoding="utf-8") as questions, os.fdopen(answers_out, "w") as answers:
@@ -286,7 +297,12 @@ def run_trial(sweep: Sweep, study, trial) -> None:
             signal.signal(s, handler)
     if signals or status in STOPPED:
         trial.set_user_attr("not_counted", True)
-        _fail(sweep, study, trial, f"interrupted (exit status {status}); its run is in {argv[-1]}")
+        _fail(
+            sweep,
+            study,
+            trial,
+            f"interrupted (exit status {status}); its run is in {argv[argv.index('--out-dir') + 1]}",
+        )
         raise KeyboardInterrupt
     if status != 0 or problem or not math.isfinite(best):
         return _fail(sweep, study, trial, problem or _last_error(console, status))
@@ -354,17 +370,19 @@ def child_main(argv: list[str]) -> int:
 # ---- the result -----------------------------------------------------------------------------------------
 
 
-def report(sweep: Sweep, with_summary: bool = True) -> list[str]:
-    """The best trial's command line; writes SWEEP_DIR/best.toml (its values) and SWEEP_DIR/sweep.png."""
-    from gpt.train.sweepplot import draw_study  # matplotlib: only when drawing
-
+def report(sweep: Sweep, with_summary: bool = True, plot: bool = True) -> list[str]:
+    """The best trial's command line; writes SWEEP_DIR/best.toml (its values) and SWEEP_DIR/sweep.png (if `plot`)."""
     study, _ = open_study(sweep, create=False)
     lines = [summary(study, sweep)] if with_summary else []
-    png = draw_study(study, sweep.directory / "sweep.png")
+    png = None
+    if plot:
+        from gpt.train.sweepplot import draw_study  # matplotlib and scikit-learn: only when drawing
+
+        png = draw_study(study, sweep.directory / "sweep.png")
     try:
         best = study.best_trial
     except ValueError:
-        return [*lines, "no trial has completed yet", f"wrote {png}"]
+        return [*lines, "no trial has completed yet", *([f"wrote {png}"] if png else [])]
     command = "gpt train " + shlex.join(best.user_attrs.get("argv") or sweep.space.argv(best.params, sweep.extra))
     metric = best.user_attrs.get("metric", sweep.space.study["metric"])
     toml = sweep.directory / "best.toml"
@@ -383,7 +401,7 @@ def report(sweep: Sweep, with_summary: bool = True) -> list[str]:
         *lines,
         f"best: trial {best.number}, {metric} {best.value:.4f}",
         f"its command: {command}",
-        f"wrote {toml} (its values) and {png}",
+        f"wrote {toml} (its values)" + (f" and {png}" if png else ""),
     ]
 
 
