@@ -185,7 +185,7 @@ def run_sweep(sweep: Sweep) -> str:
     ran = 0
     while len(counted(study)) < sweep.trials:
         if deadline and time.time() >= deadline:
-            sweep.echo(f"time is up ({sweep.minutes:g} minutes): no more trials from this process")
+            sweep.echo(f"time is up (--minutes {sweep.minutes:g}): no more trials from this process")
             break
         trial = study.ask(distributions)
         if sum(t.number < trial.number for t in counted(study)) >= sweep.trials:  # another process took the last
@@ -209,8 +209,8 @@ def summary(study, sweep: Sweep, ran: int | None = None) -> str:
 # ---- one trial: a `gpt train` child process --------------------------------------------------------------
 
 
-def trial_argv(sweep: Sweep, number: int, values: dict) -> tuple[list[str], dict]:
-    """A trial's `gpt train` options and the environment of its process (W&B's group and mode)."""
+def trial_argv(sweep: Sweep, number: int, values: dict) -> tuple[list[str], dict, int]:
+    """A trial's `gpt train` options, the environment of its process (W&B's group and mode) and its last step."""
     out_dir = sweep.directory / f"trial-{number:04d}"
     argv = [*sweep.space.argv(values, sweep.extra), "--out-dir", str(out_dir)]
     env = dict(os.environ)
@@ -221,7 +221,7 @@ def trial_argv(sweep: Sweep, number: int, values: dict) -> tuple[list[str], dict
             argv += ["--wandb-mode", "offline"]
         if not cfg.wandb_run_name:
             argv += ["--wandb-run-name", f"{sweep.study_name}-trial-{number:04d}"]
-    return argv, env
+    return argv, env, cfg.max_iters
 
 
 def run_trial(sweep: Sweep, study, trial) -> None:
@@ -234,7 +234,7 @@ def run_trial(sweep: Sweep, study, trial) -> None:
     shown = " ".join(f"{k}={as_flag_value(v) if not isinstance(v, float) else f'{v:.4g}'}" for k, v in values.items())
     sweep.echo(f"trial {trial.number}: {shown}")
     try:
-        argv, env = trial_argv(sweep, trial.number, values)
+        argv, env, last = trial_argv(sweep, trial.number, values)
     except ConfigError as e:  # values this model refuses (heads that do not divide the width): a failed trial
         return _fail(sweep, study, trial, str(e).splitlines()[0])
     for key, value in (("host", socket.gethostname()), ("pid", os.getpid()), ("argv", argv)):
@@ -284,7 +284,8 @@ def run_trial(sweep: Sweep, study, trial) -> None:
                 value = record[used]
                 best = min(best, value)
                 trial.report(value, record["step"])
-                prune = bool(problem) or (not signals and trial.should_prune())
+                # a run at its last step has ended anyway: complete, whatever the pruner says
+                prune = bool(problem) or (not signals and record["step"] < last and trial.should_prune())
                 pruned_at = record["step"] if prune and not problem else pruned_at
                 try:
                     answers.write("stop\n" if prune else "go\n")
