@@ -185,3 +185,10 @@ def test_a_missing_space_file_or_dataset_is_one_line(tiny_char_data, tmp_path, c
         tmp_path / "space.toml", tmp_path / "nodata", space="learning_rate = { low = 1e-3, high = 1e-2 }"
     )
     assert "no dataset directory" in one_line_error(capsys, main, path, "--dir", tmp_path / "sweep")
+
+
+def test_a_report_of_no_sweep_or_a_bad_storage_is_one_line(tiny_char_data, tmp_path, capsys):
+    path = write_space(tmp_path / "space.toml", tiny_char_data, space="learning_rate = { low = 1e-3, high = 1e-2 }")
+    assert "no sweep in" in one_line_error(capsys, main, path, "--dir", tmp_path / "none", "--report")
+    err = one_line_error(capsys, main, path, "--dir", tmp_path / "sweep", "--storage", "nosuch://x")
+    assert "--storage: cannot open nosuch://x" in err

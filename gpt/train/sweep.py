@@ -104,6 +104,8 @@ def storage_for(sweep: Sweep):
 def open_study(sweep: Sweep, create: bool = True):
     """(study, storage): the study of the sweep's name, created (with the [[enqueue]] trials) if new."""
     optuna = _optuna()
+    if not create and not sweep.storage and not (sweep.directory / "study.db").is_file():
+        raise UserError(f"no sweep in {sweep.directory} (no study.db there): run it first, without --report")
     if create:
         try:
             sweep.directory.mkdir(parents=True, exist_ok=True)
