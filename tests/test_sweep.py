@@ -192,3 +192,23 @@ def test_a_report_of_no_sweep_or_a_bad_storage_is_one_line(tiny_char_data, tmp_p
     assert "no sweep in" in one_line_error(capsys, main, path, "--dir", tmp_path / "none", "--report")
     err = one_line_error(capsys, main, path, "--dir", tmp_path / "sweep", "--storage", "nosuch://x")
     assert "--storage: cannot open nosuch://x" in err
+
+
+def test_a_trial_whose_sweep_process_is_gone_is_recorded_as_failed(tiny_char_data, tmp_path):
+    # a sweep killed outright (SIGKILL) leaves its trial RUNNING; a later sweep on this host records it as failed
+    import socket
+
+    from gpt.train.space import read_space
+    from gpt.train.sweep import Sweep, counted, fail_gone, open_study
+
+    path = write_space(tmp_path / "space.toml", tiny_char_data, space="learning_rate = { low = 1e-3, high = 1e-2 }")
+    sweep = Sweep(read_space(path), tmp_path / "sweep")
+    study, storage = open_study(sweep)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    for pid in (int(gone.stdout), os.getpid()):  # one process gone, one alive (this one)
+        trial = study.ask()
+        trial.set_user_attr("host", socket.gethostname())
+        trial.set_user_attr("pid", pid)
+    fail_gone(study, storage)
+    assert [t.state for t in study.get_trials()] == [TrialState.FAIL, TrialState.RUNNING]
+    assert [t.number for t in counted(study)] == [1]  # the failed one is not counted: another trial takes its place
