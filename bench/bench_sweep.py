@@ -148,7 +148,7 @@ def report(r: dict) -> str:
             f"| {name} | {v['learning_rate']:.4g} | {v['warmup_iters']} | {v['weight_decay']:.4g} | {v['val_loss']} |"
         )
     if "confirm" in r:
-        lines += ["", "Again at other seeds (one final evaluation over the whole val split):", ""]
+        lines += ["", "Again at other seeds (one final evaluation, as the preset runs):", ""]
         lines += ["| run | seeds | val loss | median |", "|---|---|---|---|"]
         for name, c in r["confirm"].items():
             lines.append(
