@@ -4,7 +4,7 @@ convention: a user's mistake is one `error: ...` line, never a traceback.
 `main.py` is the command: it lists the verbs (`gpt --help`) and imports only the one that runs. One module per
 verb, each with `main(argv)` and its own parser (prog `gpt VERB`): `prepare.py`, `train.py`, `sample.py`,
 `chat.py`, `serve.py`, `evaluate.py`, `export.py`, `hf.py`, `lora.py`, `plan.py`, `plot.py`, `attention.py`,
-`dcp.py`, `pairs.py`; beside them `options.py` (the flags sample and chat share) and `lmeval.py` (evaluate's
+`dcp.py`, `pairs.py`, `sweep.py`; beside them `options.py` (the flags sample and chat share) and `lmeval.py` (evaluate's
 lm-eval mode). May import every
 other room; nothing imports it (gpt/__main__.py, and train.py, sample.py and data/prepare.py at the top
 of the checkout, are its callers).

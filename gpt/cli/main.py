@@ -31,6 +31,7 @@ VERBS = {
     "lora": "merge a LoRA run's adapters into one plain checkpoint",
     "plan": "memory per GPU for a config, or a whole run sized from --depth / --params",
     "plot": "draw runs' loss curves, learning rate and gradient norms into a PNG",
+    "sweep": "search `gpt train` options with Optuna: trials as runs, pruned early, resumable",
     "attention": "draw what a checkpoint attends to over a text",
     "dcp": "convert a sharded (DCP) checkpoint to a single file",
     "pairs": "tokenize parallel text into a translation-pairs dataset",

@@ -14,6 +14,8 @@
   `health.py` loss spikes and gradients; `preflight.py` parameters, memory and ETA before step 1;
   `stopping.py` signals and the time limit; `plan.py` the memory planner; `sizing.py` a whole run sized from
   `--depth` / `--params` and a time budget (`gpt plan --depth`); `plot.py` the loss curves.
+- `sweep.py` hyperparameter sweeps on Optuna (`gpt sweep`): each trial a `gpt train` run in a child process,
+  pruned after its evaluations; `space.py` the sweep's search space (TOML); `sweepplot.py` the study's PNG.
 
 May import: checkpoints, model, data, the foundations. Never inference or the command line.
 """

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +74,9 @@ class RunPlan:
     init: Located | None = None  # the weights it starts from: --init-from's, or a resumed LoRA run's base
     lora: LoRAConfig | None = None  # --lora-rank: the adapters trained on the frozen `init`
     base: Path | None = None  # with `lora`: the base as its checkpoints record it
+    # a caller's check after each evaluation, (step, val loss, val bits per byte or None) -> stop?: `gpt sweep`'s
+    # pruner. True ends the run there (the evaluation has saved last.pt). One process only.
+    after_eval: Callable[[int, float, float | None], bool] | None = None
 
 
 def resolve_run(argv: list[str]) -> RunPlan:

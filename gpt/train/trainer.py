@@ -244,6 +244,7 @@ class Run:
 
     def __init__(self, plan: start.RunPlan, rt: Runtime, task, run_dir: RunDir, log: RunLogger, t_start: float):
         cfg, self.resume = plan.cfg, plan.resume  # the checkpoint a resume continues, located once
+        self.after_eval, self.last_bpb = plan.after_eval, None
         self.cfg, self.rt, self.task, self.run_dir, self.log, self.t_start = cfg, rt, task, run_dir, log, t_start
         self.out_dir = Path(cfg.out_dir)
         # the processes of one tensor-parallel group are one data-parallel rank: the same batches, the same
@@ -412,6 +413,7 @@ class Run:
         train = f"train {losses['train']:.4f} | " if "train" in losses else ""
         self.limit.eval_seconds = time.time() - t_eval
         bpb = self.task.val_bits_per_byte(val) if math.isfinite(val) else None  # None: not a token stream
+        self.last_bpb = bpb
         self.log.print(
             f"eval {self.step:>6} | {train}val {val:.4f} | val ppl {math.exp(min(val, 50)):.2f}"
             + (f" | val bpb {bpb:.4f}" if bpb is not None else "")
@@ -544,6 +546,9 @@ class Run:
                         log.print(
                             f"reached val loss {last_eval['val']:.4f} <= {cfg.target_val_loss} at step {self.step}"
                         )
+                        break
+                    if self.after_eval is not None and self.after_eval(self.step, last_eval["val"], self.last_bpb):
+                        log.print(f"stopped by the sweep's pruner at step {self.step} (its last.pt is saved)")
                         break
                 if halt is not Halt.GO_ON:
                     if not evaluate:
