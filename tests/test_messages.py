@@ -87,6 +87,8 @@ def problems_of(command: str, docstring: bool) -> list[str]:
         if verb not in VERBS:
             return [f"no verb {verb!r}"]
         args = words[2:]
+        if "--" in args:  # what follows `--` is passed on (gpt sweep: `gpt train`'s options), not the verb's
+            args = args[: args.index("--")]
         subs = subcommands(verb)
         if subs and args and not args[0].startswith("-") and not is_value(args[0]) and args[0] not in subs:
             return [f"`gpt {verb}` has no subcommand {args[0]!r} (it has {', '.join(sorted(subs))})"]
