@@ -20,7 +20,7 @@ CHECKED = [README, *sorted((ROOT / "docs").glob("*.md"))]  # whose prose flags m
 # Flags of other programs that the docs show beside ours (llama.cpp, torchrun, lm-eval, pip, curl).
 OTHERS = {"--nproc-per-node", "--nnodes", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--temp", "--port"}
 OTHERS |= {"--cache-type-k", "--cache-type-v", "--model", "--model-args", "--include-path", "--tasks", "--metadata"}
-OTHERS |= {"--index-url", "--check"}  # pip, ruff
+OTHERS |= {"--index-url", "--check", "--maxprocesses"}  # pip, ruff, pytest-xdist
 
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 FLAG = re.compile(r"(?<![\w-])--[a-zA-Z][\w-]*")
@@ -53,7 +53,7 @@ def test_the_readme_is_a_front_door_with_the_test_command_where_ci_reads_it():
     assert len(marks) == 1, "README.md needs exactly one <!-- test-command --> marker"
     i = marks[0]
     assert lines[i + 1] == "```bash" and lines[i + 3] == "```", "the marker must be followed by a ```bash fence"
-    assert lines[i + 2] == "python -m pytest -q"  # .ci/run runs this line
+    assert lines[i + 2] == "python -m pytest -q -n auto --maxprocesses 4"  # .ci/run runs this line
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
