@@ -28,6 +28,8 @@ The allocator (`tune_allocator`, which `setup` calls first, so every command get
   (trimmed only past 2 GiB free) and the heap grows in 512 MiB steps (address space: pages count in the
   RSS once touched). System time, wall time and peak RSS with and without it: bench/README.md, "The
   allocator" (the same loss). The cost: memory freed after a peak is kept until the process exits.
+- oneDNN's primitive cache is bounded at 128 shapes (`bound_onednn_cache`; ONEDNN_PRIMITIVE_CACHE_CAPACITY
+  as the user set it wins): batches of varying shape otherwise add a primitive and its buffers per shape.
 - `GPT_MALLOC=default` keeps glibc's own settings; a MALLOC_*_ variable or a GLIBC_TUNABLES
   glibc.malloc.* entry the user set for one of the three is left as the user set it. Other C libraries
   (musl, macOS, Windows) are left alone.
@@ -297,6 +299,19 @@ class Runtime:
         return stack
 
 
+ONEDNN_CACHE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+ONEDNN_CACHE_ENTRIES = "128"  # a step's distinct products fit; oneDNN's default of 1024 grows with every batch shape
+
+
+def bound_onednn_cache(environ=os.environ) -> None:
+    """oneDNN (bf16 matrix products on the CPU) keeps a primitive, with its buffers, for every input shape it
+    meets, up to 1,024 of them: batches of pairs grouped by length have a new shape at almost every step, so
+    a Multi30k run's resident memory grew for its whole length. 128 entries hold every product of a step of
+    one shape (what a fixed-shape run needs) and stop that growth; a value the user set is kept. It must be
+    set before oneDNN makes its first primitive, which `setup` (first in every command) is."""
+    environ.setdefault(ONEDNN_CACHE, ONEDNN_CACHE_ENTRIES)
+
+
 def setup(
     device: str = "auto",
     dtype: str = "auto",
@@ -307,6 +322,7 @@ def setup(
     """Resolve and apply the allocator, device, precision and threads; join the torchrun process group if
     launched by it (`distributed=None`: whenever torchrun's WORLD_SIZE is set)."""
     tune_allocator()
+    bound_onednn_cache()
     if threads < 0:
         raise DeviceError(f"--threads must be >= 0 (0: the default), got {threads}")
     ddp = "WORLD_SIZE" in os.environ if distributed is None else distributed

@@ -137,3 +137,12 @@ def test_other_c_libraries_are_left_alone(platform, monkeypatch):
     monkeypatch.setattr(runtime.ctypes, "CDLL", lambda *a: pytest.fail("the C library was opened"))
     assert runtime.glibc() is None
     assert tune_allocator({}) == "allocator unchanged (not glibc)"
+
+
+def test_onednn_keeps_a_bounded_number_of_shapes_unless_the_user_says_otherwise():
+    environ = {}
+    runtime.bound_onednn_cache(environ)
+    assert environ == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "128"}
+    mine = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}
+    runtime.bound_onednn_cache(mine)
+    assert mine == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}
