@@ -390,16 +390,22 @@ def find_config(name: str) -> Path:
     raise ConfigError(f"--config: no file {name!r} and no shipped config of that name (shipped: {names})")
 
 
-def load_toml(path: Path) -> dict:
+def read_toml(path: Path, prefix: str = "", what: str = "") -> dict:
+    """The TOML file at `path` as a dict; a file that cannot be read or parsed is one ConfigError, starting with
+    `prefix` (the flag that named it) and calling the file `what` where it cannot be read."""
     try:
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            return tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"--config: {path} is not valid TOML ({e})") from None
+        raise ConfigError(f"{prefix}{path} is not valid TOML ({e})") from None
     except UnicodeDecodeError:
-        raise ConfigError(f"--config: {path} is not UTF-8 text (a TOML file must be)") from None
+        raise ConfigError(f"{prefix}{path} is not UTF-8 text (a TOML file must be)") from None
     except OSError as e:
-        raise ConfigError(f"--config: cannot read {path} ({e.strerror or e})") from None
+        raise ConfigError(f"{prefix}cannot read {what}{path} ({e.strerror or e})") from None
+
+
+def load_toml(path: Path) -> dict:
+    data = read_toml(path, prefix="--config: ")
     flat = {}
     for key, value in data.items():  # optional [model] / [train] tables are flattened
         if isinstance(value, dict) and key in ("model", "train"):

@@ -39,17 +39,11 @@ Keys take dashes or underscores, as `gpt train` does. Footguns:
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 from gpt.errors import ConfigError
-from gpt.train.config import _coerce, _field_types, _unknown, build_config, flag
+from gpt.train.config import _coerce, _field_types, _unknown, build_config, flag, read_toml
 
 SWEEP_OWNS = ("out_dir", "resume", "force")  # a trial's run directory is the sweep's to give
 STUDY_KEYS = {  # [study] key -> (type, default)
@@ -126,15 +120,7 @@ def read_space(path: str | Path, extra: list[str] = ()) -> Space:
     """The search space in `path`, checked (module notes) with `extra` `gpt train` options (the sweep's command
     line after `--`); every problem in one ConfigError."""
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path} is not valid TOML ({e})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path} is not UTF-8 text (a TOML file must be)") from None
-    except OSError as e:
-        raise ConfigError(f"cannot read the search space {path} ({e.strerror or e})") from None
+    data = read_toml(path, what="the search space ")
     problems = []
     for key in data:
         if key not in ("study", "train", "space", "enqueue"):
