@@ -156,6 +156,10 @@ def test_preflight_counts_a_seq2seq_step_in_tokens_of_pairs():
     )
     lm = preflight.report(GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16)), cfg, rt, 3)
     assert lm[1] == "preflight: 384 tokens per step (4 x 16 x 3 micro-batches x 2 processes); 10 steps = 3,840 tokens"
+    tp_pp = SimpleNamespace(**{**vars(cfg), "tp": 2, "pp": 2})  # 8 processes: 2 replicas of 4 (the trainer's data view)
+    assert preflight.report(GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16)), tp_pp, rt, 3)[
+        1
+    ] == ("preflight: 384 tokens per step (4 x 16 x 3 micro-batches x 2 data replicas); 10 steps = 3,840 tokens")
     seq2seq = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, n_encoder_layer=1))
     lines = preflight.report(seq2seq, cfg, rt, 3)  # batches are --max-tokens of pairs, not batch x block
     assert lines[1] == (

@@ -60,8 +60,6 @@ def check(cfg: TrainConfig, rt: Runtime) -> None:
                 "--nproc-per-node N -m gpt train ...` (N a multiple of tp x pp)"
             )
         Layout.of(rt.world_size, cfg.tp, cfg.pp)
-        if cfg.pp > 1 and cfg.tp > 1:
-            raise ConfigError("--tp with --pp: not in this version yet; use one of them (with --fsdp if you like)")
         if cfg.tp > 1:
             check_tp(cfg, rt)
     if not cfg.fsdp:
@@ -168,7 +166,7 @@ def wrap(model: GPT, cfg: TrainConfig, rt: Runtime) -> nn.Module:
     under FSDP; the uncompiled, unwrapped module otherwise)."""
     if cfg.activation_checkpointing:
         checkpoint_activations(model)
-    if cfg.tp > 1:
+    if cfg.tp > 1 and cfg.pp == 1:  # (a pipeline splits its stages itself: gpt/train/pipeline.py)
         return split(model, cfg, rt)
     if cfg.fsdp:
         if cfg.pp == 1:  # (a pipeline shards each stage over its replicas itself: gpt/train/pipeline.py)
@@ -187,6 +185,7 @@ def split(model: GPT, cfg: TrainConfig, rt: Runtime) -> nn.Module:
     FSDP2-sharded (--fsdp) or replicated, gradients all-reduced (PyTorch's FSDP2-based `replicate`, which takes
     a mesh and split parameters where DDP takes neither)."""
     device_mesh = mesh.build(Layout.of(rt.world_size, cfg.tp, cfg.pp), rt.device.type)
+    broadcast(model)
     tensor_parallel.parallelize(model, device_mesh["tp"])
     if cfg.fsdp:
         shard(model, rt.dtype, mesh=device_mesh["dp"])
@@ -195,6 +194,13 @@ def split(model: GPT, cfg: TrainConfig, rt: Runtime) -> nn.Module:
 
         replicate(model, mesh=device_mesh["dp"], mp_policy=mixed_precision(rt.dtype))
     return model
+
+
+def broadcast(model: nn.Module) -> None:
+    """Global rank 0's weights and buffers on every process (each one seeded its own initialisation)."""
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            torch.distributed.broadcast(t, src=0)
 
 
 def by_mesh(tensors: list[torch.Tensor]) -> list[list[int]]:
@@ -207,14 +213,21 @@ def by_mesh(tensors: list[torch.Tensor]) -> list[list[int]]:
     return list(groups.values())
 
 
-def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float, counted=None, group=None) -> torch.Tensor:
     """`torch.nn.utils.clip_grad_norm_` for parameters split over different meshes or not at all (see
-    `by_mesh`): each kind's norm apart, then one total norm and one clipping factor for all."""
+    `by_mesh`): each kind's norm apart, then one total norm and one clipping factor for all. For a pipeline's
+    stages (gpt/train/pipeline.py): `counted`, the parameters whose gradients the norm counts (a tied copy that
+    two stages hold counted once), and `group`, the processes holding the rest of the model, whose norms it adds."""
     params = [p for p in params if p.grad is not None]
     kinds = [[params[i] for i in group] for group in by_mesh([p.grad for p in params])]
-    if len(kinds) < 2:
+    if len(kinds) < 2 and counted is None and group is None:
         return full(torch.nn.utils.clip_grad_norm_(params, max_norm))
-    total = torch.stack([full(torch.nn.utils.get_total_norm([p.grad for p in k])) for k in kinds]).norm()
+    grads = [p.grad for p in (params if counted is None else counted) if p.grad is not None]
+    total = torch.stack([full(torch.nn.utils.get_total_norm([grads[i] for i in k])) for k in by_mesh(grads)]).norm()
+    if group is not None:
+        squares = total.float().square()
+        torch.distributed.all_reduce(squares, group=group)
+        total = squares.sqrt()
     for k in kinds:
         torch.nn.utils.clip_grads_with_norm_(k, max_norm, total)
     return total

@@ -4,6 +4,7 @@
     torchrun --nproc-per-node 2 -m gpt train --data ... --pp 2 --pp-schedule interleaved      # 4 stages, 2 each
     torchrun --nproc-per-node 4 -m gpt train --data ... --pp 2 --grad-accum 8  # 2 stages x 2 data replicas
     torchrun --nproc-per-node 4 -m gpt train --data ... --pp 2 --grad-accum 8 --fsdp  # each stage sharded over 2
+    torchrun --nproc-per-node 4 -m gpt train --data ... --pp 2 --tp 2 --grad-accum 8  # each stage split over 2
 
     pipe = pipeline.Pipeline(model, cfg, rt)     # this process's stages; `pipe.part` is what it trains and saves
     loss, grad_norm, tokens = pipe.train_step(pipe.part, optimizer, scaler, task.train_batch, step, accum, rt, clip)
@@ -38,11 +39,16 @@ for M micro-batches through N stages with GPipe and 1F1B, and about half that in
   its overlap); with --fsdp each stage is sharded over its replicas instead (FSDP2 on the mesh's "dp"
   dimension, which reduces the gradients itself). All stages of one pipeline read the same batches: the
   data-parallel rank picks them.
+- **Tensor parallel.** With `--tp`, each stage's blocks, embedding and head are split over the mesh's "tp"
+  processes as gpt/train/tensor_parallel.py splits a whole model, after the stages are cut (every process
+  of a tp group holds the same stages; each tp rank has its own pipeline, `mesh["pp"]`). The last stage
+  gathers its logits (a stage hands plain tensors on); the embedding's gradient, whole on the first
+  stage, is split like the head's before the two are summed.
 - **The loss** is known on the last stage only: it is summed over the pipeline's processes (the
   others add zero), so every process logs and checks the same value. Evaluation runs the stages in
   order by point-to-point sends (no schedule, no gradients) and shares the last stage's sum.
 - The processes are the "pp" dimension of the run's DeviceMesh (gpt/train/mesh.py): the pipeline's
-  group is `mesh["pp"]`, the replicas `mesh["dp"]`, so tensor parallelism composes along "tp".
+  group is `mesh["pp"]`, the replicas `mesh["dp"]`, the tensor shards `mesh["tp"]`.
 
 Footguns
 - Every process builds the whole model once (rank 0's initial weights are broadcast, as DDP does),
@@ -65,9 +71,10 @@ from gpt.data.format import dataset_kind
 from gpt.errors import ConfigError
 from gpt.model.transformer import GPT
 from gpt.runtime import Runtime
+from gpt.train import tensor_parallel
 from gpt.train.config import TrainConfig
 from gpt.train.mesh import Layout, build
-from gpt.train.parallel import mixed_precision
+from gpt.train.parallel import broadcast, clip_grad_norm, mixed_precision
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -189,9 +196,7 @@ class Pipeline:
         self.group = self.mesh["pp"].get_group()
         self.dp_group = self.mesh["dp"].get_group() if self.layout.dp > 1 else None
         self.pp_rank = self.mesh["pp"].get_local_rank()
-        with torch.no_grad():  # every process starts from rank 0's weights, as under DDP
-            for t in model.state_dict().values():
-                dist.broadcast(t, src=0)
+        broadcast(model)  # every process starts from rank 0's weights, as under DDP
         # the whole model's names, in its order, and its tied names: what a checkpoint of all the parts holds
         self.whole = {
             "names": [n for n, _ in model.named_parameters()],
@@ -206,6 +211,8 @@ class Pipeline:
         self.part = Stage(model, mine, 0 in self.local, n_stages - 1 in self.local)
         self.has_first, self.has_last = 0 in self.local, n_stages - 1 in self.local
         self.tie_group = self._tie_group() if not model.config.untied_head else None
+        if cfg.tp > 1:  # each stage's matrices split over its tensor-parallel group, the logits gathered
+            tensor_parallel.parallelize(self.part, self.mesh["tp"], gather_logits=True)
         if cfg.fsdp:  # each stage sharded over its data replicas
             self._shard(rt.dtype)
         self.schedule, self.accum = None, None
@@ -287,28 +294,19 @@ class Pipeline:
     def _sync_gradients(self, params: list[torch.Tensor]) -> None:
         if self.dp_group is not None and not self.cfg.fsdp:  # the replicas' mean, as DDP's (FSDP has reduced them)
             for p in params:
-                dist.all_reduce(p.grad, group=self.dp_group)
+                dist.all_reduce(_local(p.grad), group=self.dp_group)
                 p.grad.div_(self.layout.dp)
         if self.tie_group is not None:  # the embedding's and the head's gradients, on both copies (same shards)
-            dist.all_reduce(_local(self.part.transformer.wte.weight.grad), group=self.tie_group)
+            wte = self.part.transformer.wte.weight
+            if getattr(wte.grad, "placements", None) != getattr(wte, "placements", None):  # --tp: the embedding's
+                wte.grad = wte.grad.redistribute(wte.device_mesh, wte.placements)  # whole, the head's split: split
+            dist.all_reduce(_local(wte.grad), group=self.tie_group)
 
     def _clip(self, params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
-        """The whole model's gradient norm (the tied matrix once; FSDP's shards summed over the replicas), and
-        the gradients clipped to `max_norm`."""
+        """The whole model's gradient norm (the tied matrix once), and the gradients clipped to `max_norm`."""
         copy = self.part.transformer.wte.weight if self.tie_group is not None and not self.has_first else None
-        squares = torch.zeros((), device=self.rt.device)
-        for p in params:
-            if p is not copy:
-                squares += _local(p.grad).detach().float().pow(2).sum()
-        dist.all_reduce(squares, group=self.group)
-        if self.cfg.fsdp and self.dp_group is not None:
-            dist.all_reduce(squares, group=self.dp_group)
-        norm = squares.sqrt()
-        if max_norm > 0:
-            coef = float(torch.clamp(max_norm / (norm + 1e-6), max=1.0))  # (as torch's clip_grad_norm_)
-            for p in params:
-                p.grad.mul_(coef)
-        return norm
+        counted = [p for p in params if p is not copy]
+        return clip_grad_norm(params, max_norm if max_norm > 0 else float("inf"), counted, self.group)
 
     @torch.no_grad()
     def estimate_loss(self, model, task, splits=("train", "val"), rt: Runtime | None = None) -> dict[str, float]:

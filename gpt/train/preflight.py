@@ -93,12 +93,14 @@ def resident_bytes() -> int | None:
 
 
 def report(model: torch.nn.Module, cfg, rt, accum: int) -> list[str]:
-    """The preflight lines: parameters (trained and frozen), tokens per step, estimated memory."""
+    """The preflight lines: parameters (trained and frozen), tokens per step, estimated memory. `rt`: the
+    data-parallel view of the run (its world the data replicas: the processes of one pipeline or tensor
+    group share a batch)."""
     total = sum(t.numel() for t in _unique_tensors(model) if isinstance(t, torch.nn.Parameter))
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     micro = cfg.max_tokens or cfg.batch_size * cfg.model.block_size if model.config.n_encoder_layer else None
-    replicas = rt.world_size // (cfg.tp * cfg.pp)  # the processes of one pipeline (or tensor group) share a batch
-    by = "processes" if replicas == rt.world_size else "data replicas"
+    replicas = rt.world_size
+    by = "data replicas" if cfg.tp * cfg.pp > 1 else "processes"
     tokens = (micro or cfg.batch_size * cfg.model.block_size) * accum * replicas
     shape = f"<= {micro:,} tokens of pairs" if micro else f"{cfg.batch_size} x {cfg.model.block_size}"
     batch, seq = (1, micro) if micro else (cfg.batch_size, cfg.model.block_size)  # pairs: --max-tokens a side

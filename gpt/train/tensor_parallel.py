@@ -93,9 +93,11 @@ def _ungrouped(t: torch.Tensor, tp: int) -> torch.Tensor:
     return t[torch.argsort(fused_order(t.size(0), tp)).to(t.device)]
 
 
-def parallelize(model: nn.Module, mesh) -> None:
-    """Split `model` (a decoder-only GPT, checked by `check`) over the 1-D "tp" `mesh`, in place. Every
-    process starts from global rank 0's weights (each one seeded its own initialisation)."""
+def parallelize(model: nn.Module, mesh, gather_logits: bool = False) -> None:
+    """Split `model` (a decoder-only GPT, checked by `check`, or a pipeline stage of one: its blocks, and the
+    embedding and head where it holds them) over the 1-D "tp" `mesh`, in place. Every process of the group
+    must hold the same weights (the caller broadcasts rank 0's). `gather_logits`: the head's output whole
+    (a pipeline stage hands plain tensors on); otherwise split along the vocabulary for `loss_context`."""
     from torch.distributed.tensor import Replicate, Shard  # lazy: distributed
     from torch.distributed.tensor.parallel import (  # lazy: distributed
         ColwiseParallel,
@@ -105,9 +107,7 @@ def parallelize(model: nn.Module, mesh) -> None:
 
     tp = mesh.size()
     with torch.no_grad():
-        for t in model.state_dict().values():
-            torch.distributed.broadcast(t, src=0)
-        for block in model.transformer.h:
+        for block in model.blocks():
             c_attn = block.attn.c_attn
             c_attn.weight.copy_(_grouped(c_attn.weight, tp))
             if c_attn.bias is not None:
@@ -118,24 +118,23 @@ def parallelize(model: nn.Module, mesh) -> None:
         "mlp.c_fc": ColwiseParallel(),
         "mlp.c_proj": RowwiseParallel(),
     }
-    for block in model.transformer.h:
+    for block in model.blocks():
         parallelize_module(block, mesh, plan)
         block.attn.n_head = model.config.n_head // tp
-    tied = model.lm_head.weight is model.transformer.wte.weight
-    split_loss = model.config.label_smoothing == 0  # loss_parallel takes no label smoothing
-    parallelize_module(
-        model,
-        mesh,
-        {
-            "transformer.wte": RowwiseParallel(input_layouts=Replicate()),
-            "lm_head": ColwiseParallel(
-                output_layouts=Shard(-1) if split_loss else Replicate(), use_local_output=not split_loss
-            ),
-        },
-    )
+    wte, head = model.transformer["wte"] if "wte" in model.transformer else None, model.lm_head
+    tied = head is not None and wte is not None and head.weight is wte.weight
+    model.split_logits = model.config.label_smoothing == 0 and not gather_logits  # loss_parallel: no smoothing
+    ends = {}
+    if wte is not None:
+        ends["transformer.wte"] = RowwiseParallel(input_layouts=Replicate())
+    if head is not None:
+        split = model.split_logits
+        ends["lm_head"] = ColwiseParallel(
+            output_layouts=Shard(-1) if split else Replicate(), use_local_output=not split
+        )
+    parallelize_module(model, mesh, ends)
     if tied:  # the plans made two parameters of the one matrix: the head reads the embedding's again
         model.lm_head.weight = model.transformer.wte.weight
-    model.tp_mesh = mesh
 
 
 def held(model: nn.Module) -> int:
@@ -145,8 +144,7 @@ def held(model: nn.Module) -> int:
 
 def loss_context(model: nn.Module):
     """The context of a training step's forward and backward: `loss_parallel` when the logits are split."""
-    mesh = getattr(model, "tp_mesh", None)
-    if mesh is None or model.config.label_smoothing:
+    if not getattr(model, "split_logits", False):
         return nullcontext()
     from torch.distributed.tensor.parallel import loss_parallel  # lazy: distributed
 

@@ -261,16 +261,14 @@ class Run:
         self.cfg = cfg = replace(cfg, model=model.config)
         tensor_parallel.check(model.config, cfg.tp)  # a resumed or --init-from model's shape: known only now
         self.model = model.to(rt.device)
+        total = model.num_params(non_embedding=False)  # the whole model's, before a pipeline keeps its stages
         self.pipe = pipeline.Pipeline(model, cfg, rt) if cfg.pp > 1 else None  # this process's stages
         if self.pipe:
             self.model = model = self.pipe.part
             log.print(self.pipe.description)
         self.train_model = parallel.wrap(model, cfg, rt)  # before the optimizer: FSDP swaps in sharded parameters
-        if cfg.tp > 1:
-            log.print(
-                f"layout {self.layout}: process 0 holds {tensor_parallel.held(model):,} of "
-                f"{model.num_params(non_embedding=False):,} parameters"
-            )
+        if cfg.tp > 1 or cfg.pp > 1:
+            log.print(f"layout {self.layout}: process 0 holds {tensor_parallel.held(model):,} of {total:,} parameters")
         self.optimizer = make_optimizer(model, cfg.optimizer_config(), rt.device, split=cfg.tp > 1)
         self.scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.dtype == torch.float16)
         self.step, self.best_val, self.skipped, self.saved_step, self.tokens_seen = 0, float("inf"), 0, None, 0
