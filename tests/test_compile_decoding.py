@@ -232,3 +232,14 @@ def test_dynamo_step_marks_the_cache_length_dynamic_once_not_at_every_step(fresh
     assert len(marked) == 2 * 2  # keys and values of 2 layers, at the first step only
     greedy(model, prompt, 10)
     assert len(marked) == 2 * 2 and counters["stats"]["unique_graphs"] == 1
+
+
+def test_int4_compiled_step_equals_eager_int4():
+    """Int4Linear is plain PyTorch: its int4 kernel stays a call of that op when compiled (for many rows, and for
+    one row of a big model, where the other layers sum row products), the same tokens, the logits to bf16's
+    rounding of the kernel's output."""
+    model = quantize(tiny(), "int4", 32)
+    assert compiled.inductor_options(model) == {"freezing": True}
+    twin = twin_of(model)
+    assert greedy(twin, PROMPT, 20, agrees_with_the_full_forward(model, atol=1e-2)) == greedy(model, PROMPT, 20)
+    assert greedy(twin, ONE_ROW, 12, agrees_with_the_full_forward(model, atol=1e-2)) == greedy(model, ONE_ROW, 12)

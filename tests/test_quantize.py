@@ -16,7 +16,8 @@ from gpt import GPT, GPTConfig, load_checkpoint
 from gpt.data.pairs import PairBatches
 from gpt.infer.batching import BatchEngine, Request
 from gpt.infer.sampling import SampleConfig, complete
-from gpt.model.quantize import TINY, WEIGHT_LEVELS, Int8Linear, QuantizeError, dtype_flag, linear_names, quantize
+from gpt.model.grids import INT8_LEVELS as WEIGHT_LEVELS
+from gpt.model.quantize import TINY, Int8Linear, QuantizeError, dtype_flag, linear_names, quantize
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -194,8 +195,8 @@ def test_int8_seq2seq_is_the_float_model_with_int8_roundings_and_float_cross_att
 
 def test_mistakes():
     model = GPT(GPTConfig(vocab_size=10, block_size=8, n_layer=1, n_head=1, n_embd=8))
-    with pytest.raises(QuantizeError, match="--quantize 'int4' is not one of none, int8"):
-        quantize(model, "int4")
+    with pytest.raises(QuantizeError, match="--quantize 'int2' is not one of none, int8, int4"):
+        quantize(model, "int2")
     assert quantize(model, "none") is model and isinstance(model.lm_head, nn.Linear)
     with pytest.raises(QuantizeError, match="starts from float32 weights, not bfloat16: use --dtype float32"):
         quantize(model.to(torch.bfloat16), "int8")
@@ -253,7 +254,9 @@ def test_evaluate_quantize_flag(tmp_path, capsys, monkeypatch):
     (tmp_path / "src").write_text("\n".join(sources) + "\n")
     (tmp_path / "ref").write_text("\n".join(sources) + "\n")
     modes = []
-    monkeypatch.setattr(loader, "quantize_model", lambda m, mode: (modes.append(mode), quantize(m, mode))[1])
+    monkeypatch.setattr(
+        loader, "quantize_model", lambda m, mode, group: (modes.append(mode), quantize(m, mode, group))[1]
+    )
     assert (
         main(
             [

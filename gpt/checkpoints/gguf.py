@@ -1,6 +1,7 @@
 """GGUF for llama.cpp: a decoder-only checkpoint as one file that llama.cpp runs with nothing else.
 
-    gpt export --format gguf --ckpt out/shakespeare-char --out model.gguf [--quant f32|f16|q8_0]
+    gpt export --format gguf --ckpt out/shakespeare-char --out model.gguf [--quant f32|f16|q8_0|q4_0]
+    gpt export --format gguf --ckpt out/gpt2-run --out model.gguf --quant q4_k_m   # (or q5_k_m, q6_k)
     llama-cli -m model.gguf -p "ROMEO:" -n 100          # or: llama-server -m model.gguf (chat models)
 
 Written with `gguf`, the llama.cpp project's own writer (`pip install -e ".[gguf]"`).
@@ -22,7 +23,12 @@ Hugging Face's GPT-NeoX interleaves them per head, which llama.cpp's converter u
 (out, in) weights are GGUF's row-major (in, out) tensors, so every matrix is written as it is. Without
 biases (`bias=False`) the biases llama.cpp requires are written as zeros. Quantization follows llama.cpp's
 converter: vectors, norms and the position table stay float32; other matrices become `--quant`'s type, and
-a matrix whose rows q8_0 cannot take (a row length not a multiple of 32) falls back to f16.
+a matrix whose rows q8_0 or q4_0 cannot take (a row length not a multiple of 32) falls back to f16. q4_0 is
+gguf's quantiser, which gives llama.cpp's own Q4_0 bits (tests/test_gguf_quant.py) and the grid
+`gpt train --qat q4_0` trains on (gpt/model/grids.py). The K-quants (q4_k_m, q5_k_m, q6_k) are llama.cpp's
+own quantiser (`llama_model_quantize`, from llama-cpp-python) run on the float32 file we write, with its
+own choice of type per tensor (the `_m` mixes keep some matrices at higher precision); they store rows in
+blocks of 256, so a model whose width 256 does not divide is refused in one line naming q4_0.
 
 Tokenizer (gpt/data/bytelevel.py, the vocabulary the Hugging Face export writes too): every kind becomes
 llama.cpp's byte-level BPE (`gpt2`) with GPT-2's pre-tokenizer, GPT-2's own merges for GPT-2; the
@@ -74,7 +80,9 @@ from gpt.errors import UserError, storage_error
 from gpt.fsutil import replacing
 from gpt.model.transformer import ROPE_THETA
 
-QUANTS = ("f32", "f16", "q8_0")
+QUANTS = ("f32", "f16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k")
+K_QUANTS = {"q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M", "q6_k": "Q6_K"}  # llama.cpp's quantiser, its LLAMA_FTYPE_MOSTLY_*
+K_BLOCK = 256  # a K-quant's block: rows must be a multiple of it
 LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which every LayerNorm of ours uses
 
 
@@ -154,8 +162,9 @@ def tensor_type(name: str, array: np.ndarray, quant: str):
     T = gguf.GGMLQuantizationType
     if array.ndim < 2 or name.endswith("_norm.weight") or name == "position_embd.weight" or quant == "f32":
         return T.F32
-    if quant == "q8_0" and array.shape[-1] % gguf.GGML_QUANT_SIZES[T.Q8_0][0] == 0:
-        return T.Q8_0
+    kind = {"q8_0": T.Q8_0, "q4_0": T.Q4_0}.get(quant)
+    if kind is not None and array.shape[-1] % gguf.GGML_QUANT_SIZES[kind][0] == 0:
+        return kind
     return T.F16
 
 
@@ -169,6 +178,8 @@ def write_gguf(model, tokenizer, path: str | Path, quant: str = "f32", chat_temp
     if quant not in QUANTS:
         raise GGUFError(f"--quant {quant!r} is not one of {', '.join(QUANTS)}")
     cfg = model.config
+    if quant in K_QUANTS:
+        k_quant_check(cfg.n_embd, quant)
     arch = architecture(cfg)
     words = vocabulary(tokenizer)
     vocab = byte_level(words)
@@ -190,8 +201,10 @@ def write_gguf(model, tokenizer, path: str | Path, quant: str = "f32", chat_temp
 
     counts: dict[str, int] = {}
     path = Path(path)
+    first = "f32" if quant in K_QUANTS else quant  # a K-quant: llama.cpp quantises the float32 file we write
     try:
-        with replacing(path) as tmp:
+        with replacing(path) as out:
+            tmp = out.with_name(out.name + ".f32") if quant in K_QUANTS else out
             w = gguf.GGUFWriter(tmp, arch)
             w.add_name(name or path.stem)
             w.add_context_length(cfg.block_size)
@@ -200,11 +213,8 @@ def write_gguf(model, tokenizer, path: str | Path, quant: str = "f32", chat_temp
             w.add_block_count(cfg.n_layer)
             w.add_head_count(cfg.n_head)
             w.add_layer_norm_eps(LAYER_NORM_EPS)
-            w.add_file_type(
-                {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16}.get(
-                    quant, gguf.LlamaFileType.MOSTLY_Q8_0
-                )
-            )
+            F = gguf.LlamaFileType
+            w.add_file_type({"f16": F.MOSTLY_F16, "q8_0": F.MOSTLY_Q8_0, "q4_0": F.MOSTLY_Q4_0}.get(quant, F.ALL_F32))
             if arch == "gptneox":
                 w.add_rope_dimension_count(cfg.n_embd // cfg.n_head)
                 w.add_rope_freq_base(ROPE_THETA)
@@ -225,7 +235,7 @@ def write_gguf(model, tokenizer, path: str | Path, quant: str = "f32", chat_temp
                 w.add_eot_token_id(chat[0])
                 w.add_chat_template(chat[1])
             for tname, array in weights(model, arch, len(tokens)):
-                qtype = tensor_type(tname, array, quant)
+                qtype = tensor_type(tname, array, first)
                 data = array.astype(np.float32) if qtype == gguf.GGMLQuantizationType.F32 else array
                 if qtype == gguf.GGMLQuantizationType.F16:
                     data = array.astype(np.float16)
@@ -237,6 +247,42 @@ def write_gguf(model, tokenizer, path: str | Path, quant: str = "f32", chat_temp
             w.write_kv_data_to_file()
             w.write_tensors_to_file()
             w.close()
+            if quant in K_QUANTS:
+                try:
+                    counts = llama_quantize(tmp, out, K_QUANTS[quant])
+                finally:
+                    tmp.unlink(missing_ok=True)
     except OSError as e:
         raise storage_error(e, "write", path) from None
+    return counts
+
+
+def k_quant_check(width: int, quant: str) -> None:
+    """One line when `quant` (a K-quant) cannot store the model's rows, or llama.cpp's quantiser is missing."""
+    if width % K_BLOCK:
+        raise GGUFError(
+            f"--quant {quant}: K-quants store rows in blocks of {K_BLOCK}, and this model's rows are {width} wide: "
+            "use --quant q4_0 (blocks of 32) or q8_0"
+        )
+    try:
+        import llama_cpp  # noqa: F401  (optional: llama.cpp's own quantiser)
+    except ImportError:
+        raise GGUFError(f"--quant {quant} runs llama.cpp's quantiser: pip install llama-cpp-python") from None
+
+
+def llama_quantize(source: Path, target: Path, ftype: str) -> dict[str, int]:
+    """llama.cpp's quantiser (`llama_model_quantize`) from the GGUF `source` to `target` as `ftype` (its
+    LLAMA_FTYPE_MOSTLY_ name: "Q4_K_M"); returns {GGML type name: number of tensors} of what it wrote."""
+    import ctypes  # lazy: only for llama.cpp's C API
+
+    import gguf  # (the writer package: only this module needs it)
+    import llama_cpp  # optional: llama.cpp's own quantiser
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    if llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), ctypes.byref(params)):
+        raise GGUFError(f"llama.cpp's quantiser could not write {ftype} from {source.name} (its log says why)")
+    counts: dict[str, int] = {}
+    for tensor in gguf.GGUFReader(target).tensors:
+        counts[tensor.tensor_type.name] = counts.get(tensor.tensor_type.name, 0) + 1
     return counts

@@ -48,6 +48,7 @@ from gpt.model import lora
 from gpt.model.packed import pack
 from gpt.model.quantize import dtype_flag
 from gpt.model.quantize import quantize as quantize_model
+from gpt.model.quantize import summary as quantize_summary
 from gpt.model.transformer import GPT
 from gpt.runtime import Runtime, decode_threads, resolve_dtype, setup
 
@@ -186,9 +187,11 @@ def load_for_inference(
     quantize: str = "none",
     single_stream: bool = False,
     compile_step: bool = False,
+    group_size: int = 32,
 ) -> Inference:
     """What sample.py, translation, evaluation and the server share: the runtime for --device / --dtype /
-    --threads, the checkpoint in that precision, its Linear layers in int8 with --quantize int8, else on
+    --threads, the checkpoint in that precision, its Linear layers in int8 or int4 with --quantize (int4 in
+    groups of `group_size`), else on
     the CPU laid out for decoding (`gpt.model.packed`).
     `single_stream` (one sequence decoded at a time, sample.py): on CPU without --threads, the thread
     count `decode_threads` picks for the model's size.
@@ -203,9 +206,9 @@ def load_for_inference(
         rt.dtype, rt.reason = resolve_dtype(dtype, rt.device, inference_params=n_params)
     if single_stream and rt.device.type == "cpu" and not threads:
         torch.set_num_threads(decode_threads(n_params))
-    model = quantize_model(model.to(rt.dtype), quantize)
+    model = quantize_model(model.to(rt.dtype), quantize, group_size)
     if quantize != "none":  # the run's header and summary: "float32 (int8 Linear layers)"
-        rt.reason = f"{quantize} Linear layers"
+        rt.reason = quantize_summary(model, quantize, group_size)
     if compile_step:
         model.compile_decoding()
     elif quantize == "none":

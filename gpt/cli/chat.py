@@ -34,7 +34,7 @@ def chat(args: argparse.Namespace) -> int | None:
 
     cfg = sample_config(args, CHAT_DEFAULTS)
     rt, model, tokenizer, meta, _ = load_for_inference(
-        args.ckpt, args.device, args.dtype, args.threads, args.quantize, single_stream=True
+        args.ckpt, args.device, args.dtype, args.threads, args.quantize, single_stream=True, group_size=args.group_size
     )
     template = chat_template(meta)
     if template is None and model.config.n_encoder_layer:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpt.checkpoints.outputs import check_targets
-from gpt.cli import ArgumentParser, run_main
+from gpt.cli import ArgumentParser, options, run_main
 from gpt.cli.lmeval import DEFAULT_SEED, run_lm_eval
 from gpt.data.pairs import read_lines
 from gpt.data.tokenizer import TokenizerError
@@ -100,12 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         "float32), float32, bfloat16, float16 (CUDA only)",
     )
     p.add_argument("--threads", type=int, default=0, help="CPU threads for PyTorch; 0 = its default")
-    p.add_argument(
-        "--quantize",
-        default="none",
-        choices=["none", "int8"],
-        help="int8: int8 Linear layers (weights and activations), CPU only (gpt/model/quantize.py)",
-    )
+    options.add_quantize(p)
     return p
 
 
@@ -212,7 +207,9 @@ def run_text(args: argparse.Namespace) -> str:
     if args.json:
         check_output(args.json, "--json")
     text = read_text(args.text)
-    rt, model, tok, meta, _ = load_for_inference(args.ckpt, args.device, args.dtype, args.threads, args.quantize)
+    rt, model, tok, meta, _ = load_for_inference(
+        args.ckpt, args.device, args.dtype, args.threads, args.quantize, group_size=args.group_size
+    )
     check_vocab(tok, model)
     try:
         result = score_text(model, tok, text, args.stride, batch, autocast=rt.autocast)
@@ -253,7 +250,9 @@ def run(args: argparse.Namespace) -> str:
     sources, references = read_lines(args.source_file), read_lines(args.reference)
     if args.limit:
         sources, references = sources[: args.limit], references[: args.limit]
-    rt, model, tok, meta, _ = load_for_inference(args.ckpt, args.device, args.dtype, args.threads, args.quantize)
+    rt, model, tok, meta, _ = load_for_inference(
+        args.ckpt, args.device, args.dtype, args.threads, args.quantize, group_size=args.group_size
+    )
     check_vocab(tok, model)
     template = chat_template(meta)
     if template is not None:

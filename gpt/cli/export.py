@@ -45,8 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--quant",
         choices=GGUF_QUANTS,
         default="f32",
-        help="gguf only: the matrices' type (vectors, norms and positions stay f32; a matrix q8_0 cannot "
-        "take falls back to f16)",
+        help="gguf only: the matrices' type (vectors, norms and positions stay f32; a matrix q8_0 or q4_0 "
+        "cannot take falls back to f16); the K-quants q4_k_m, q5_k_m, q6_k run llama.cpp's own quantiser "
+        "(llama-cpp-python) on models 256 wide or a multiple",
     )
     p.add_argument("--force", action="store_true", help="replace an exported model already in --out")
     p.add_argument(

@@ -86,7 +86,9 @@ def run_lm_eval(args: argparse.Namespace, write_json, check_output) -> str:
             f"unknown lm-eval task {unknown[0]!r}: this repository's are {', '.join(TASKS)} (gpt/evals); "
             f"`lm_eval ls tasks` lists lm-eval's own"
         )
-    rt, model, tok, meta, _ = load_for_inference(args.ckpt, args.device, args.dtype, args.threads, args.quantize)
+    rt, model, tok, meta, _ = load_for_inference(
+        args.ckpt, args.device, args.dtype, args.threads, args.quantize, group_size=args.group_size
+    )
     if model.config.n_encoder_layer:
         raise LmEvalError(f"{args.ckpt} is a translation (encoder-decoder) model: lm-eval scores language models")
     if metadata:  # the whole text must be in the checkpoint's vocabulary (a char model's characters)

@@ -69,11 +69,24 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         default=0,
         help="CPU threads for PyTorch; 0 = one for small models or a busy machine, else PyTorch's default (default: 0)",
     )
+    add_quantize(p)
+
+
+def add_quantize(p: argparse.ArgumentParser) -> None:
+    """--quantize and --group-size: the Linear layers in int8 or int4 for CPU inference."""
     p.add_argument(
         "--quantize",
         default="none",
-        choices=["none", "int8"],
-        help="int8: int8 Linear layers (weights and activations), CPU and float32 only (gpt/model/quantize.py) (default: none)",
+        choices=["none", "int8", "int4"],
+        help="int8: int8 Linear layers (weights and activations); int4: int4 weights in groups of --group-size; "
+        "CPU and float32 only (gpt/model/quantize.py) (default: none)",
+    )
+    p.add_argument(
+        "--group-size",
+        type=int,
+        default=32,
+        choices=[32, 64, 128],
+        help="--quantize int4: input features sharing a scale (default: 32)",
     )
 
 

@@ -228,7 +228,14 @@ def run(args: argparse.Namespace) -> None:
             raise storage_error(e, "read --prompt-file", args.prompt_file) from None
 
     rt, model, tokenizer, meta, _ = load_for_inference(
-        args.ckpt, args.device, args.dtype, args.threads, args.quantize, single_stream=True, compile_step=args.compile
+        args.ckpt,
+        args.device,
+        args.dtype,
+        args.threads,
+        args.quantize,
+        single_stream=True,
+        compile_step=args.compile,
+        group_size=args.group_size,
     )
     device = rt.device
     if model.config.n_encoder_layer:
@@ -319,7 +326,9 @@ def translate(args: argparse.Namespace) -> None:
     sources = args.source or read_lines(args.source_file)
     if not sources:
         raise TranslateError(f"{args.source_file} is empty: nothing to translate")
-    rt, model, tokenizer, meta, _ = load_for_inference(args.ckpt, args.device, args.dtype, args.threads, args.quantize)
+    rt, model, tokenizer, meta, _ = load_for_inference(
+        args.ckpt, args.device, args.dtype, args.threads, args.quantize, group_size=args.group_size
+    )
     device = rt.device
     if not is_seq2seq(meta):
         raise TranslateError(

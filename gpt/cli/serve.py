@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpt.cli import ArgumentParser, run_main
+from gpt.cli import ArgumentParser, options, run_main
 from gpt.serve import ServeError
 
 
@@ -121,12 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 (CUDA only)")
-    p.add_argument(
-        "--quantize",
-        default="none",
-        choices=["none", "int8"],
-        help="int8: int8 Linear layers, weights and activations (CPU, float32; see gpt/model/quantize.py)",
-    )
+    options.add_quantize(p)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument(
         "--log-level",
@@ -177,18 +172,18 @@ def run(args: argparse.Namespace) -> None:
         docs=args.docs,
     )  # checked before anything slow
     rt, model, tokenizer, meta, n_params = load_for_inference(
-        args.ckpt, args.device, args.dtype, args.threads, args.quantize
+        args.ckpt, args.device, args.dtype, args.threads, args.quantize, group_size=args.group_size
     )
     device, dtype = rt.device, rt.dtype
-    config.fingerprint = fingerprint(name, str(device), str(dtype), args.quantize, model.config.to_dict())
+    quantized = f"{args.quantize}/{args.group_size}" if args.quantize == "int4" else args.quantize
+    config.fingerprint = fingerprint(name, str(device), str(dtype), quantized, model.config.to_dict())
     app = create_app(model, tokenizer, meta, config)
     sock = listen(args.host, args.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(
         f"serving {name} at http://{shown}:{port}/ (playground; API at /v1{', docs at /docs' if args.docs else ''}): "
-        f"{n_params / 1e6:.2f}M parameters, {device}, {rt.precision()}"
-        f"{', int8 Linear layers' if args.quantize == 'int8' else ''}, up to {config.max_batch} samples at once",
+        f"{n_params / 1e6:.2f}M parameters, {device}, {rt.precision()}, up to {config.max_batch} samples at once",
         file=sys.stderr,
         flush=True,
     )

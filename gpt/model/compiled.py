@@ -31,8 +31,9 @@ Footguns
 - The weights are compiled into the step as constants (the GEMM template reorders them when compiling):
   the step is a second copy of them in memory, and a change to the model's weights after the first
   call is not seen by it. Compile after loading, decode, and compile again for other weights.
-- The model must hold plain `nn.Linear` layers, or `Int8Linear` (`gpt.model.quantize`, plain PyTorch too:
-  its `torch._int_mm` products stay calls of that op, which the GEMM template does not make): compile
+- The model must hold plain `nn.Linear` layers, or `Int8Linear` / `Int4Linear` (`gpt.model.quantize`, plain
+  PyTorch too: their `torch._int_mm` and int4 products stay calls of those ops, which the GEMM template does
+  not make; the one-row loops leave int4's kernel as it is): compile
   before `gpt.model.packed.pack` (the loader does not pack a model loaded for compiling).
 - The first call waits for the compile, or for loading the step an earlier run compiled from the same
   weights (`gpt.model.stepcache`, GPT_COMPILE_CACHE); both times are in bench/README.md, "Against llama.cpp".
@@ -53,7 +54,7 @@ import torch.nn as nn
 from gpt.errors import UserError, storage_error
 from gpt.model import stepcache
 from gpt.model.cache import KVCache
-from gpt.model.quantize import Int8Linear
+from gpt.model.quantize import QUANTIZED, Int8Linear
 
 NO_COMPILE = "or decode without --compile"
 TEMPLATE = {"max_autotune": True, "max_autotune_gemm_backends": "CPP"}  # Inductor's C++ GEMM template
@@ -108,7 +109,8 @@ class AheadOfTimeStep:
         unsupported = sorted({_opaque(m) for m in model.modules()} - {None})
         if unsupported:
             raise CompileError(
-                f"the compiled decode step needs plain nn.Linear (or Int8Linear) layers, not {', '.join(unsupported)}: "
+                f"the compiled decode step needs plain nn.Linear (or Int8Linear, Int4Linear) layers, not "
+                f"{', '.join(unsupported)}: "
                 "compile before packing"
             )
         self.model, self.compiled = model, compiled  # compiled=False: the exported module run eagerly (tests)
@@ -213,8 +215,8 @@ def inductor_options(model: nn.Module, one_row: bool = False) -> dict:
     products (`row_products`) with their inputs computed once (module notes)."""
     weight = model.transformer.wte.weight
     small = sum(t.numel() for t in (*model.parameters(), *model.buffers())) < SMALL_PARAMS  # (int8: buffers)
-    int8 = any(isinstance(m, Int8Linear) for m in model.modules())
-    if (weight.dtype == torch.float32 or small) and not int8:
+    quantized = any(isinstance(m, QUANTIZED) for m in model.modules())
+    if (weight.dtype == torch.float32 or small) and not quantized:
         return {"freezing": True} | TEMPLATE
     return {"freezing": True} | ({"realize_opcount_threshold": 0} if one_row and not small else {})
 

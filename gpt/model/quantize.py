@@ -1,10 +1,19 @@
-"""int8 CPU inference: the Linear layers in int8, weights and activations, with int32 accumulation.
+"""int8 and int4 CPU inference: the Linear layers in int8 (weights and activations) or int4 (weights).
 
     gpt sample --ckpt out/shakespeare-char --quantize int8 [--compile]
+    gpt sample --ckpt out/gpt2-run --quantize int4 [--group-size 32] [--compile]
     gpt serve --ckpt out/shakespeare-char --quantize int8
 
     from gpt.model.quantize import quantize
     model = quantize(model, "int8")          # in place; float32 on the CPU only
+    model = quantize(model, "int4", 64)      # int4 weights in groups of 64 input features
+
+**int4** (`Int4Linear`): each weight row in groups of `--group-size` (32, 64 or 128) input features, four
+bits a weight and one bfloat16 scale a group (gpt/model/grids.py's `int4`: Q4_0's rule), multiplied by
+PyTorch's int4 CPU kernel (`torch._weight_int4pack_mm_for_cpu`), which takes the activations in bfloat16
+(its float32 path was ten times slower here) and returns bfloat16, turned back to float32. A layer whose
+input width the group does not divide stays float32 (the run's summary says how many). Measured speed and
+val loss: bench/README.md.
 
 `quantize` swaps every `nn.Linear` for an `Int8Linear`: its weight stored as int8 with one scale per
 output channel (symmetric, the channel's largest magnitude maps to 64); at each call every input row is
@@ -48,10 +57,11 @@ import torch
 import torch.nn as nn
 
 from gpt.errors import UserError
+from gpt.model import grids
 
-MODES = ("none", "int8")
-TINY = 1e-30  # the smallest scale (an all-zero row or channel quantises to zeros, not to NaN)
-WEIGHT_LEVELS = 64  # weights in [-64, 64]: exact on CPUs without VNNI (module notes); rows use [-127, 127]
+MODES = ("none", "int8", "int4")
+TINY = grids.TINY  # the smallest scale (an all-zero row or channel quantises to zeros, not to NaN)
+KERNEL_ROWS = 16  # torch's int4 packing takes a multiple of 16 output rows: the rest are padded with zeros
 
 
 class QuantizeError(UserError, ValueError):
@@ -65,9 +75,8 @@ class Int8Linear(nn.Module):
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight = linear.weight.detach().float()
-        scale = weight.abs().amax(dim=1).clamp_min(TINY) / WEIGHT_LEVELS
-        self.register_buffer("weight_int8", torch.round(weight / scale[:, None]).to(torch.int8))  # (out, in)
+        weight_int8, scale = grids.int8(linear.weight.detach().float())
+        self.register_buffer("weight_int8", weight_int8)  # (out, in)
         self.register_buffer("weight_scale", scale / 127)  # times a row's largest magnitude: the product's scale
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
 
@@ -97,37 +106,94 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+class Int4Linear(nn.Module):
+    """`nn.Linear` with its weight in int4, in groups of `group_size` input features with a bfloat16 scale each
+    (gpt/model/grids.py's `int4`), multiplied by PyTorch's int4 CPU kernel (module notes). Buffers only."""
+
+    def __init__(self, linear: nn.Linear, group_size: int = 32):
+        super().__init__()
+        self.in_features, self.out_features, self.group_size = linear.in_features, linear.out_features, group_size
+        q, scale = grids.int4(linear.weight.detach().float(), group_size)  # (out, in), (out, in / group)
+        pad = -self.out_features % KERNEL_ROWS
+        q = torch.cat([q, torch.full((pad, q.size(1)), 8, dtype=q.dtype)])  # padding rows: (8 - 8) x 0
+        scale = torch.cat([scale, scale.new_zeros(pad, scale.size(1))])
+        self.register_buffer("weight_int4", torch._convert_weight_to_int4pack_for_cpu(q, 8))
+        # the kernel's (groups, out, [scale, zero]) with w = (q - 8) x scale + zero: zero 0, symmetric
+        self.register_buffer(
+            "scale_zero", torch.stack([scale.t(), torch.zeros_like(scale.t())], dim=-1).to(torch.bfloat16).contiguous()
+        )
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        y = torch._weight_int4pack_mm_for_cpu(rows, self.weight_int4, self.group_size, self.scale_zero)
+        y = y[:, : self.out_features].float()
+        y = y if self.bias is None else y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, "
+            f"bias={self.bias is not None}"
+        )
+
+
+QUANTIZED = (Int8Linear, Int4Linear)
+
+
 def dtype_flag(dtype: str, mode: str) -> str:
-    """The --dtype to run at: int8 starts from float32 weights, so `auto` means float32 with --quantize int8
+    """The --dtype to run at: int8 and int4 start from float32 weights, so `auto` means float32 with --quantize
     (also on a CPU with native bf16, where auto would otherwise pick bf16); any other is refused before
     anything is loaded."""
-    if mode == "int8" and dtype not in ("auto", "float32"):
-        raise QuantizeError(f"--quantize int8 starts from float32 weights, not {dtype}: use --dtype float32")
-    return "float32" if mode == "int8" else dtype
+    if mode == "none":
+        return dtype
+    if dtype not in ("auto", "float32"):
+        raise QuantizeError(f"--quantize {mode} starts from float32 weights, not {dtype}: use --dtype float32")
+    return "float32"
 
 
-def linear_names(model: nn.Module) -> set[str]:
-    """The Linear layers `quantize` converts: all of them except cross-attention's (see the footguns)."""
-    return {name for name, m in model.named_modules() if isinstance(m, nn.Linear) and ".cross_attn." not in name}
+def linear_names(model: nn.Module, mode: str = "int8", group_size: int = 32) -> set[str]:
+    """The Linear layers `quantize` converts: all of them except cross-attention's (see the footguns) and, in
+    int4, those whose input width the group does not divide."""
+    return {
+        name
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear)
+        and ".cross_attn." not in name
+        and (mode != "int4" or m.in_features % group_size == 0)
+    }
 
 
-def quantize(model: nn.Module, mode: str = "int8") -> nn.Module:
-    """The model (a GPT) with its Linear layers in int8 (mode "int8"), or as it is ("none"). In place."""
+def quantize(model: nn.Module, mode: str = "int8", group_size: int = 32) -> nn.Module:
+    """The model (a GPT) with its Linear layers in int8 or int4 (`group_size` input features a scale), or as
+    it is ("none"). In place."""
     if mode not in MODES:
         raise QuantizeError(f"--quantize {mode!r} is not one of {', '.join(MODES)}")
+    if mode == "int4" and group_size not in grids.GROUP_SIZES:
+        raise QuantizeError(f"--group-size {group_size}: use one of {', '.join(map(str, grids.GROUP_SIZES))}")
     if mode == "none":
         return model
     param = model.transformer.wte.weight
     if param.device.type != "cpu":
-        raise QuantizeError(f"--quantize int8 runs on the CPU only, not {param.device}: use --device cpu")
+        raise QuantizeError(f"--quantize {mode} runs on the CPU only, not {param.device}: use --device cpu")
     if param.dtype != torch.float32:
         raise QuantizeError(
-            f"--quantize int8 starts from float32 weights, not {str(param.dtype).replace('torch.', '')}: "
+            f"--quantize {mode} starts from float32 weights, not {str(param.dtype).replace('torch.', '')}: "
             "use --dtype float32"
         )
     model.eval()
-    for name in linear_names(model):
+    for name in linear_names(model, mode, group_size):
         parent, _, child = name.rpartition(".")
         owner = model.get_submodule(parent)
-        setattr(owner, child, Int8Linear(getattr(owner, child)))
+        linear = getattr(owner, child)
+        setattr(owner, child, Int8Linear(linear) if mode == "int8" else Int4Linear(linear, group_size))
     return model
+
+
+def summary(model: nn.Module, mode: str, group_size: int = 32) -> str:
+    """What `quantize` made of the model, for the run's header: "int4 Linear layers (groups of 32; 2 left in
+    float32)"."""
+    kept = sum(isinstance(m, nn.Linear) for m in model.modules())
+    detail = [f"groups of {group_size}"] if mode == "int4" else []
+    detail += [f"{kept} left in float32"] if kept else []
+    return f"{mode} Linear layers" + (f" ({'; '.join(detail)})" if detail else "")
