@@ -21,6 +21,7 @@ the DCP twin with the later step). Every kind ends as the same checked meta (`na
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import NamedTuple
 
@@ -44,7 +45,7 @@ from gpt.checkpoints.native import (
 from gpt.data.format import is_dataset
 from gpt.data.tokenizer import get_tokenizer
 from gpt.data.vocab import Reused, dataset_spec
-from gpt.model import lora
+from gpt.model import lora, qat
 from gpt.model.packed import pack
 from gpt.model.quantize import dtype_flag
 from gpt.model.quantize import quantize as quantize_model
@@ -206,6 +207,9 @@ def load_for_inference(
         rt.dtype, rt.reason = resolve_dtype(dtype, rt.device, inference_params=n_params)
     if single_stream and rt.device.type == "cpu" and not threads:
         torch.set_num_threads(decode_threads(n_params))
+    warning = qat.mismatch(meta.get("qat"), quantize, group_size)
+    if warning:
+        warnings.warn(warning, stacklevel=2)
     model = quantize_model(model.to(rt.dtype), quantize, group_size)
     if quantize != "none":  # the run's header and summary: "float32 (int8 Linear layers)"
         rt.reason = quantize_summary(model, quantize, group_size)

@@ -38,6 +38,7 @@ reader, `check_meta` (every load goes through it):
 | `tokens_seen`   | training tokens (targets) processed so far, over all processes                |
 | `lora`          | LoRA: `model` holds only adapters; their settings and base (gpt/model/lora.py)      |
 | `chat_template` | a chat model's role markers and end token (gpt/data/chat.py `ChatTemplate.spec`) |
+| `qat`           | trained quantisation-aware: `{"scheme": "int4", "group_size": 32}` (gpt/model/qat.py) |
 
 Only the required fields are checked on load; any other one a checkpoint lacks (a file made by hand,
 or by another tool) is a one-line CheckpointError naming the file when something asks for it
@@ -91,6 +92,7 @@ OPTIONAL = (
     "tokens_seen",
     "lora",
     "chat_template",
+    "qat",
 )
 TRAINING_ONLY = ("train_config", "optimizer", "rng", "step", "sampler")  # what --resume needs, train.py writes
 BEST_FIRST = ("best.pt", "last.pt")

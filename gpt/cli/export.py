@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -94,6 +95,7 @@ def gguf_path(out: str) -> Path:
 def run_gguf(args: argparse.Namespace, model, tokenizer, meta: dict) -> str:
     from gpt.checkpoints.gguf import write_gguf  # optional: GGUF
     from gpt.infer import llamacpp  # optional: llama.cpp
+    from gpt.model import qat  # torch: after flags
 
     path = gguf_path(args.out)
     try:
@@ -105,6 +107,9 @@ def run_gguf(args: argparse.Namespace, model, tokenizer, meta: dict) -> str:
             ) from None
         raise storage_error(e, "write", path) from None
     start = time.perf_counter()
+    warning = qat.mismatch(meta.get("qat"), args.quant, flag="--quant")
+    if warning:
+        warnings.warn(warning, stacklevel=2)
     counts = write_gguf(model, tokenizer, path, args.quant, meta.get("chat_template"))
     types = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
     line = (

@@ -7,9 +7,9 @@
   `block.py` `Block` and `MLP`, pre/post-norm residual sublayers; `positions.py` position ids, the
   sinusoidal table and rotary embeddings; `cache.py` the `KVCache`.
 - `lora.py` LoRA adapter layers (apply, merge); `quantize.py` int8 and int4 Linear layers; `grids.py` the
-  quantisation grids (int8, int4, llama.cpp's Q4_0) they and QAT share; `packed.py` the
-  Linear weights laid out for CPU decoding (transposed float32, oneDNN-packed bf16); `compiled.py` the
-  one-token decode step compiled (ahead of time on the CPU, `GPT.compile_decoding`); `stepcache.py` those
+  quantisation grids (int8, int4, llama.cpp's Q4_0) they and `qat.py` (quantisation-aware training) share;
+  `packed.py` the Linear weights laid out for CPU decoding (transposed float32, oneDNN-packed bf16);
+  `compiled.py` the one-token decode step compiled (ahead of time on the CPU, `GPT.compile_decoding`); `stepcache.py` those
   compiled steps kept on disk for the next run on the same weights.
 
 May import: the foundations only. Never data, checkpoints, training or inference.

@@ -27,6 +27,7 @@ else:  # pragma: no cover
 from gpt.errors import ConfigError
 from gpt.model.config import LORA_DEFAULT_TARGETS, LORA_TARGETS, GPTConfig, LoRAConfig
 from gpt.model.config import problems as check_model
+from gpt.model.grids import GROUP_SIZES, SCHEMES
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
@@ -173,6 +174,13 @@ class TrainConfig:
         "comma-separated layers to adapt: each block's projections, "
         "and wte, the token embedding tied to the output head",
     )
+    # quantisation-aware training (gpt/model/qat.py)
+    qat: str = opt(
+        "",
+        "quantisation-aware training for int8 | int4 | q4_0: the forward multiplies by the weights "
+        "--quantize (int8, int4) or gguf --quant q4_0 will hold (off when empty)",
+    )
+    qat_group_size: int = opt(32, "--qat int4: input features sharing a scale, 32 | 64 | 128 (as --group-size)")
     # system
     seed: int = opt(1337, "seed for initialisation, dropout and data order")
     device: str = opt("auto", "auto | cpu | cuda | cuda:N | mps")
@@ -257,7 +265,22 @@ class TrainConfig:
                 "--resume and --init-from: give one or the other (resume continues a run, init_from starts a new one)"
             )
         out += self.lora_problems()
+        out += self.qat_problems()
         return out
+
+    def qat_problems(self) -> list[str]:
+        if self.qat not in ("", *SCHEMES):
+            return [f"--qat: {self.qat!r} is not one of {', '.join(SCHEMES)}"]
+        if self.qat_group_size not in GROUP_SIZES:
+            return [f"--qat-group-size: use one of {', '.join(map(str, GROUP_SIZES))}, got {self.qat_group_size}"]
+        if self.qat_group_size != 32 and self.qat != "int4":
+            return ["--qat-group-size: the group of --qat int4; give --qat int4, or drop it"]
+        refused = {
+            "--tp": self.tp > 1,
+            "--pp": self.pp > 1,
+            "--lora-dropout (the grid is of the merged weight)": (self.lora_rank and self.lora_dropout > 0),
+        }
+        return [f"--qat: not with {name} in this version" for name, on in refused.items() if self.qat and on]
 
     def lora_problems(self) -> list[str]:
         if self.lora_rank < 0:

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from gpt.checkpoints import adapters, dcp, loader, native
 from gpt.errors import ConfigError
-from gpt.model import lora
+from gpt.model import lora, qat
 from gpt.model.transformer import GPT
 from gpt.progress import Progress, format_duration
 from gpt.runtime import Runtime, setup
@@ -257,6 +257,10 @@ class Run:
         log.print(f"building the model on {rt.describe()}")
         model, self.model_config = start.new_model(plan, task, log.print)
         self.lora_meta = start.add_adapters(model, plan, log.print) if plan.lora else None
+        self.qat_meta = None
+        if cfg.qat:  # the forward on the grid inference will use (gpt/model/qat.py)
+            line, self.qat_meta = qat.start(model, cfg.qat, cfg.qat_group_size)
+            log.print(line)
         # the model built: a checkpoint's, cropped, the dataset's vocab
         self.cfg = cfg = replace(cfg, model=model.config)
         tensor_parallel.check(model.config, cfg.tp)  # a resumed or --init-from model's shape: known only now
@@ -349,6 +353,7 @@ class Run:
             dataset=str(cfg.data),
             tokens_seen=self.tokens_seen,
             lora=self.lora_meta,
+            qat=self.qat_meta,
             **self.task.checkpoint_meta,
         )
         scaler = self.scaler.state_dict() if self.scaler.is_enabled() else None
