@@ -4,6 +4,7 @@
     python bench/bench_llamacpp.py --models char --rounds 1 --new-tokens 16      # a quick check that it runs
     python bench/bench_llamacpp.py --no-compile                                   # without the --compile rows
     python bench/bench_llamacpp.py --models gpt2 --pairs f32 --out /tmp/f32      # one precision only
+    python bench/bench_llamacpp.py --pairs f32,q8_0,q4_0 --out bench/results/llamacpp-int4   # int4 beside them
     python bench/bench_llamacpp.py --ckpt out/shakespeare-char --models char     # a trained run as the char model
 
 Pairs, each at a comparable precision, on the same random weights (speed does not depend on them):
@@ -15,6 +16,8 @@ Pairs, each at a comparable precision, on the same random weights (speed does no
 | float32 `--compile` (the decode step compiled ahead of time: gpt/model/compiled.py)           | f32       |
 | bf16 `--compile`                                                                             | f16       |
 | `--quantize int8 --compile`                                                                  | q8_0      |
+| `--quantize int4` (int4 weights in groups of 32, bf16 scales: gpt/model/quantize.py)          | q4_0      |
+| `--quantize int4 --compile`                                                                  | q4_0      |
 
 Models: `gpt2` is GPT-2 124M's shape (12 x 12 x 768, 50304 rows, block 1024, GPT-2's BPE); `char` is the
 main job's model (`--config shakespeare_char_cpu`: 2 x 4 x 128, block 64, no biases, erf GELU), or the run
@@ -78,6 +81,8 @@ PAIRS = [
     ("float32", "none", True, "f32"),
     ("bfloat16", "none", True, "f16"),
     ("float32", "int8", True, "q8_0"),
+    ("float32", "int4", False, "q4_0"),
+    ("float32", "int4", True, "q4_0"),
 ]  # ours dtype, quantize, --compile; theirs
 PROMPT = "ROMEO:\nBut, soft! what light through yonder window breaks? It is the east"
 
@@ -224,7 +229,9 @@ def main() -> None:
     p.add_argument("--ckpt", help="a run or checkpoint to use as the char model instead of random weights")
     p.add_argument("--threads", type=int, default=2, help="threads for both (torch and llama.cpp)")
     p.add_argument(
-        "--pairs", default="f32,f16,q8_0", help="comma-separated, by llama.cpp's side: f32, f16 (bf16 ours), q8_0"
+        "--pairs",
+        default="f32,f16,q8_0",
+        help="comma-separated, by llama.cpp's side: f32, f16 (bf16 ours), q8_0, q4_0 (int4 ours)",
     )
     p.add_argument(
         "--no-compile", action="store_true", help="leave out the --compile rows (their compiles take minutes)"
@@ -248,7 +255,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     wanted = set(args.pairs.split(","))
     if not wanted <= {pair[3] for pair in PAIRS}:
-        p.error(f"--pairs: {args.pairs!r}: each one of f32, f16, q8_0")
+        p.error(f"--pairs: {args.pairs!r}: each one of f32, f16, q8_0, q4_0")
     pairs = [pair for pair in PAIRS if pair[3] in wanted and (pair[0] != "bfloat16" or cpu_has_native_bf16())]
     if args.no_compile:
         pairs = [pair for pair in pairs if not pair[2]]

@@ -76,10 +76,11 @@ def test_fixed_seed_reproduces_and_greedy_ignores_the_seed(run_dir, capsys):
     assert cli(capsys, *greedy, "--seed", 1)[1] == cli(capsys, *greedy, "--seed", 2)[1]
 
 
-@pytest.mark.parametrize("quantize", [[], ["--quantize", "int8"]])
+@pytest.mark.parametrize("quantize", [[], ["--quantize", "int8"], ["--quantize", "int4"]])
 def test_compile_prints_what_eager_prints(run_dir, capsys, quantize):
     """`--compile` (the compiled one-token step, tests/test_compile_decoding.py) through the script: two rows
-    in one batch, past the 16-token context (window slides), the same greedy text as eager, in int8 too."""
+    in one batch, past the 16-token context (window slides), the same greedy text as eager, in int8 and int4
+    too (int4 at width 16: the MLP's down projection in int4, the layers the group does not divide float)."""
     args = ["--ckpt", run_dir, "--prompt", "KING", "--max-new-tokens", 30, "--num-samples", 2, "--temperature", 0]
     args += ["--no-stop-at-eot", *quantize]
     code, out, err = cli(capsys, *args, "--compile")

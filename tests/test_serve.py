@@ -648,7 +648,8 @@ def test_seq2seq_checkpoints_translate_through_the_same_endpoint():
         assert "".join(c.choices[0].text for c in chunks) == expected[0]
 
 
-def test_the_command_serves_on_a_free_port(trained_run, capsys):
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_the_command_serves_on_a_free_port(trained_run, capsys, quantize):
     cmd = [
         sys.executable,
         "-m",
@@ -661,13 +662,13 @@ def test_the_command_serves_on_a_free_port(trained_run, capsys):
         "--threads",
         "1",
         "--quantize",
-        "int8",
+        quantize,
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stderr.readline()
-        assert line.startswith("serving shakespeare-char at http://127.0.0.1:") and "int8" in line, line
+        assert line.startswith("serving shakespeare-char at http://127.0.0.1:") and quantize in line, line
         assert "/docs" not in line, line  # only with --docs
         n_params = load_checkpoint(trained_run)[0].num_params()  # the float model's: int8 layers hold no Parameters
         assert f" {n_params / 1e6:.2f}M parameters" in line, line
