@@ -120,11 +120,11 @@ def bench_model(kind: str, seeds: list[int], base_steps: int, steps: int, tmp: P
                 got["float32"] = ours(ckpt, ids, "none")
                 got["ptq int8"] = ours(ckpt, ids, "int8")
                 got["ptq int4"] = ours(ckpt, ids, "int4")
-                got["ptq q4_0 (llama.cpp)"] = llama(ckpt, ids, tmp)
+                got["ptq q4_0 llama-cpp"] = llama(ckpt, ids, tmp)
             elif name == "qat int4":
                 got["qat int4"] = ours(ckpt, ids, "int4")
             else:
-                got["qat q4_0 (llama.cpp)"] = llama(ckpt, ids, tmp)
+                got["qat q4_0 llama-cpp"] = llama(ckpt, ids, tmp)
         out["seeds"][seed] = got
         print(kind, seed, json.dumps(got), file=sys.stderr)
     names = next(iter(out["seeds"].values())).keys()
@@ -142,7 +142,7 @@ def markdown(results: dict, info: dict) -> str:
         "| model | float32 | PTQ int8 | PTQ int4 | QAT int4 | PTQ Q4_0 (llama.cpp) | QAT Q4_0 (llama.cpp) |",
         "|---|---|---|---|---|---|---|",
     ]
-    order = ["float32", "ptq int8", "ptq int4", "qat int4", "ptq q4_0 (llama.cpp)", "qat q4_0 (llama.cpp)"]
+    order = ["float32", "ptq int8", "ptq int4", "qat int4", "ptq q4_0 llama-cpp", "qat q4_0 llama-cpp"]
     for kind, r in results.items():
         cells = [f"{r['loss'][n]['median']:.4f} ({r['loss'][n]['min']:.4f}-{r['loss'][n]['max']:.4f})" for n in order]
         lines.append(f"| {kind} | " + " | ".join(cells) + " |")
