@@ -185,3 +185,39 @@ def test_the_onnx_export_refuses_what_the_table_says_it_cannot_carry(run, tmp_pa
     code = export_main(["--ckpt", str(run), "--format", "onnx", "--out", str(tmp_path / "x")])
     assert code == 2 and capsys.readouterr().err == "error: this checkpoint is learned: not here\n"
     assert not (tmp_path / "x").exists()
+
+
+# ---- a new scheme: two rows in the model room ------------------------------------------------------------------
+
+
+def test_a_new_scheme_is_a_row_of_schemes_and_of_exports(monkeypatch, tmp_path, capsys):
+    """NoPE (no positions at all) added as gpt/model/positions.py's SCHEMES row and gpt/model/config.py's
+    POS_ENCODINGS name and EXPORTS row, nothing else: the model, the decoders and the exporters follow."""
+    from gpt.cli.hf import main as hf_main
+    from gpt.infer.batching import BatchEngine
+    from gpt.infer.sampling import Decoder
+    from gpt.model import positions
+
+    nope = Positions("none", adds=None, scaled=False, rotary=False, cache="slide", families=())
+    monkeypatch.setitem(positions.SCHEMES, "none", nope)
+    monkeypatch.setattr(model_config, "POS_ENCODINGS", (*POS_ENCODINGS, "none"))
+    row = model_config.Export("pos_encoding", "none", {"hf": "GPT-2 and GPT-NeoX add positions", "gguf": "nor"})
+    monkeypatch.setattr(model_config, "EXPORTS", (*EXPORTS, row))
+
+    model = tiny(pos_encoding="none")
+    assert "wpe" not in model.transformer and not hasattr(model, "pe")
+    assert model(torch.randint(0, 40, (1, 20)))[0].shape == (1, 20, 40)  # no table: no length limit
+    dec = Decoder(model, torch.randint(0, 40, (1, 5)))
+    for _ in range(15):  # past block_size (16) in the cache, without a second prefill
+        dec.advance(dec.logits.argmax(-1))
+    assert dec.rolling and dec.prefills == 1
+    tok = CharTokenizer("".join(chr(97 + i) for i in range(26)) + " .,:;!?\n'-ABC")
+    assert BatchEngine(model, tok, max_rows=1).rolling
+    native.save(
+        tmp_path / "run" / "best.pt",
+        {"model": model.state_dict()},
+        native.build_meta(model.config.to_dict(), tok.spec),
+    )
+    assert hf_main(["export", "--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: cannot export to Hugging Face: pos_encoding='none' (GPT-2 and GPT-NeoX add positions)\n"
