@@ -15,7 +15,8 @@ Written with `gguf`, the llama.cpp project's own writer (`pip install -e ".[gguf
 | RoPE                                        | `gptneox`, sequential residual, rotary over whole heads,   |
 |                                             | NeoX's half-split rotation (ours), theta ROPE_THETA        |
 | untied_head                                 | the head written as `output`                               |
-| post-norm, encoder-decoder, relu2, qk_norm, | refused: no llama.cpp architecture computes them           |
+| post-norm, encoder-decoder, relu2, qk_norm, | refused (gpt/model/config.py's `EXPORTS`): no llama.cpp    |
+|                                             | architecture computes them                                |
 | logit_softcap, x0_skip, value_embeds        | (zero_init_proj is training only: exported as any model)   |
 
 Layout: our `c_attn` is already what llama.cpp's graphs slice (all queries, then all keys, then all values;
@@ -78,6 +79,8 @@ from gpt.data.chat_jinja import ESCAPE, chat_template_jinja
 from gpt.data.tokenizer import GPT2_PATTERN
 from gpt.errors import UserError, storage_error
 from gpt.fsutil import replacing
+from gpt.model.config import refusals
+from gpt.model.positions import Positions
 from gpt.model.transformer import ROPE_THETA
 
 QUANTS = ("f32", "f16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k")
@@ -91,34 +94,18 @@ class GGUFError(UserError, ValueError):
 
 
 def architecture(config) -> str:
-    """ "gpt2" or "gptneox" for this model config; GGUFError (one line) for what llama.cpp cannot compute."""
-    if config.n_encoder_layer:
+    """ "gpt2" or "gptneox" for this model config (its positions' GGUF family); GGUFError (one line) for what
+    llama.cpp cannot compute (gpt/model/config.py's `EXPORTS`)."""
+    found = refusals(config, "gguf")
+    alone = [r.text for r in found if r.alone]
+    if alone:
+        raise GGUFError(f"{alone[0]}; export it with `gpt export --format onnx` instead")
+    if found:
         raise GGUFError(
-            "this checkpoint is an encoder-decoder (seq2seq) model: llama.cpp has no architecture for it; "
+            f"llama.cpp's gpt2 and gptneox graphs cannot compute {', '.join(r.text for r in found)}: "
             "export it with `gpt export --format onnx` instead"
         )
-    if config.norm != "pre":
-        raise GGUFError(
-            "this checkpoint is post-norm (norm='post'): llama.cpp's gpt2 and gptneox graphs are pre-norm; "
-            "export it with `gpt export --format onnx` instead"
-        )
-    unsupported = [
-        what
-        for what, on in (
-            ("activation='relu2' (their MLP is GELU)", config.activation == "relu2"),
-            ("qk_norm (no norm on queries and keys)", config.qk_norm),
-            (f"logit_softcap={config.logit_softcap:g} (no cap on the logits)", config.logit_softcap),
-            ("x0_skip (no embedding mixed into each block's input)", config.x0_skip),
-            ("value_embeds (no embeddings added to the attention values)", config.value_embeds),
-        )
-        if on
-    ]
-    if unsupported:
-        raise GGUFError(
-            f"llama.cpp's gpt2 and gptneox graphs cannot compute {', '.join(unsupported)}: "
-            "export it with `gpt export --format onnx` instead"
-        )
-    return "gptneox" if config.pos_encoding == "rope" else "gpt2"
+    return Positions.of(config).family("gguf")
 
 
 def weights(model, arch: str, n_vocab: int) -> list[tuple[str, np.ndarray]]:
@@ -135,14 +122,16 @@ def weights(model, arch: str, n_vocab: int) -> list[tuple[str, np.ndarray]]:
         return [(f"{name}.weight", w), (f"{name}.bias", sd.get(f"{prefix}.bias", zeros(w.shape[0], np.float32)))]
 
     wte = sd["transformer.wte.weight"]
+    positions = Positions.of(cfg)
+    if positions.scaled:  # GPT.embed scales token embeddings by sqrt(n_embd) before adding the table
+        wte = wte * np.float32(math.sqrt(cfg.n_embd))
     out = [("token_embd.weight", wte)]
-    if cfg.pos_encoding == "sinusoidal":  # GPT.embed scales token embeddings by sqrt(n_embd) before adding pe
-        out = [("token_embd.weight", wte * np.float32(math.sqrt(cfg.n_embd)))]
+    if positions.adds == "pe":
         out.append(("position_embd.weight", model.pe.detach().float().cpu().numpy()))
-    elif cfg.pos_encoding == "learned":
+    elif positions.adds == "wpe":
         out.append(("position_embd.weight", sd["transformer.wpe.weight"]))
     out += both("transformer.ln_f", "output_norm")
-    if arch == "gptneox" or cfg.pos_encoding == "sinusoidal" or cfg.untied_head:  # (gpt2 reuses token_embd without)
+    if arch == "gptneox" or positions.scaled or cfg.untied_head:  # (gpt2 reuses token_embd without)
         out.append(("output.weight", sd["lm_head.weight"]))
     for i in range(cfg.n_layer):
         h = f"transformer.h.{i}"

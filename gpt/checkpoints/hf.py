@@ -14,7 +14,7 @@
 | rope                       | GPTNeoXForCausalLM, sequential residual, full rotary (gpt/checkpoints/hf_neox.py) |
 | activation relu2           | transformers' `relu2` (activation_function / hidden_act)                    |
 | untied_head                | `tie_word_embeddings: false`, the head's own matrix (sinusoidal: ln_f unscaled) |
-| encoder-decoder, post-norm,| refused in one line (zero_init_proj is training only: exported as any model) |
+| encoder-decoder, post-norm,| refused in one line, as gpt/model/config.py's `EXPORTS` says (zero_init_proj is training only) |
 | qk_norm, logit_softcap,    |                                                                             |
 | x0_skip, value_embeds      |                                                                             |
 
@@ -62,6 +62,8 @@ from gpt.data.chat import ChatTemplate
 from gpt.data.tokenizer import check_spec
 from gpt.errors import UserError, storage_error
 from gpt.fsutil import replacing
+from gpt.model.config import refusals
+from gpt.model.positions import Positions
 from gpt.model.transformer import sinusoidal_positions
 
 # Suffixes of HF GPT-2 weights stored transposed (Conv1D).
@@ -96,6 +98,7 @@ HF_ACTIVATIONS = {
     "gelu": "gelu",
     "relu2": "relu2",
 }  # theirs -> ours
+ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM"}  # by Positions.family("hf")
 TO_HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu2": "relu2"}  # ours -> transformers' ACT2FN
 SIZES = ("vocab_size", "n_embd", "n_layer", "n_head")  # and n_positions (or n_ctx)
 
@@ -260,7 +263,7 @@ def _state_dict(path: Path, config: dict) -> dict[str, torch.Tensor]:
     except Exception as e:  # a corrupt or truncated file, a missing shard, ...
         reason = (str(e).splitlines() or [""])[0][:200]
         raise HFError(f"cannot read the weights in {path} ({type(e).__name__}: {reason})") from None
-    if config.get("pos_encoding") == "rope":
+    if Positions.named(config.get("pos_encoding", "learned")).family("hf") == "gpt_neox":  # (read_config's)
         return hf_neox.state_dict_from_neox(hf_sd, config["n_head"])
     return state_dict_from_hf(hf_sd)
 
@@ -287,9 +290,10 @@ def read(path) -> tuple[dict, dict[str, torch.Tensor], dict]:
         if ours.get("bias") is False and not any(sd[k].any() for k in biases):
             sd = {k: v for k, v in sd.items() if k not in biases}
             config["bias"] = False
-        if ours.get("pos_encoding") == "sinusoidal" and _is_table(sd.get("transformer.wpe.weight"), config):
+        scheme = Positions.named(ours.get("pos_encoding"))
+        if scheme and scheme.adds == "pe" and _is_table(sd.get("transformer.wpe.weight"), config):
             sd = _from_sinusoidal(sd, config["n_embd"], tied)
-            config["pos_encoding"] = "sinusoidal"
+            config["pos_encoding"] = scheme.name
     if tied and "transformer.wte.weight" in sd:
         sd["lm_head.weight"] = sd["transformer.wte.weight"]
     return config, sd, facts if isinstance(facts, dict) else {}
@@ -392,49 +396,23 @@ def _from_sinusoidal(sd: dict, n_embd: int, tied: bool = True) -> dict:
 
 
 def check_exportable(cfg) -> None:
-    """HFError, in one line, for what neither GPT-2 nor GPT-NeoX can express. Every other GPTConfig field
-    maps: bias=False as zero biases, either GELU or ReLU squared (transformers' "relu2"), the tied head or
-    an untied one (tie_word_embeddings false); dropout, label_smoothing and zero_init_proj (training only)
-    are recorded in gpt_model.json."""
-    problems = []
-    if cfg.n_encoder_layer:
-        problems.append(
-            f"n_encoder_layer={cfg.n_encoder_layer} (an encoder-decoder: no Hugging Face decoder-only "
-            f"architecture has cross-attention; keep it as a gpt checkpoint for `gpt sample --source` and `gpt evaluate`)"
-        )
-    if cfg.norm != "pre":
-        problems.append(
-            f"norm={cfg.norm!r} (GPT-2 and GPT-NeoX are pre-norm: LayerNorm before each sublayer; train with "
-            f"--norm pre to export, or keep it as a gpt checkpoint)"
-        )
-    if cfg.qk_norm:
-        problems.append(
-            "qk_norm (GPT-2 and GPT-NeoX have no norm on queries and keys; export it with "
-            "`gpt export --format onnx`, or keep it as a gpt checkpoint)"
-        )
-    if cfg.logit_softcap:
-        problems.append(
-            f"logit_softcap={cfg.logit_softcap:g} (GPT-2 and GPT-NeoX have no cap on the logits; export it with "
-            f"`gpt export --format onnx`, or keep it as a gpt checkpoint)"
-        )
-    if cfg.x0_skip:
-        problems.append(
-            "x0_skip (GPT-2 and GPT-NeoX do not mix the embedding into each block's input; export it with "
-            "`gpt export --format onnx`, or keep it as a gpt checkpoint)"
-        )
-    if cfg.value_embeds:
-        problems.append(
-            "value_embeds (GPT-2 and GPT-NeoX have no embeddings added to the attention values; export it with "
-            "`gpt export --format onnx`, or keep it as a gpt checkpoint)"
-        )
-    if problems:
-        raise HFError("cannot export to Hugging Face: " + "; ".join(problems))
+    """HFError, in one line, for what neither GPT-2 nor GPT-NeoX can express: gpt/model/config.py's `EXPORTS`
+    (there, bias=False maps as zero biases, either GELU or ReLU squared as transformers' "relu2", an untied
+    head as tie_word_embeddings false; dropout, label_smoothing and zero_init_proj, training only, are
+    recorded in gpt_model.json)."""
+    if found := refusals(cfg, "hf"):
+        raise HFError("cannot export to Hugging Face: " + "; ".join(r.text for r in found))
+
+
+def architecture(cfg) -> str:
+    """The transformers class an export of `cfg` loads as (GPT2LMHeadModel, GPTNeoXForCausalLM)."""
+    return ARCHITECTURES[Positions.of(cfg).family("hf")]
 
 
 def config_to_hf(cfg, eot_token: int, dtype: torch.dtype = torch.float32) -> dict:
     """config.json for our config: GPT-2 for learned and sinusoidal positions, GPT-NeoX for RoPE."""
     check_exportable(cfg)
-    if cfg.pos_encoding == "rope":
+    if Positions.of(cfg).family("hf") == "gpt_neox":
         return hf_neox.config_to_neox(cfg, eot_token, dtype)
     return {
         "model_type": "gpt2",
@@ -471,10 +449,11 @@ def _hf_state_dict(model) -> dict[str, torch.Tensor]:
             if module.bias is None:
                 n = module.out_features if isinstance(module, torch.nn.Linear) else module.weight.numel()
                 sd[f"{name}.bias"] = torch.zeros(n, dtype=module.weight.dtype)
-    if model.config.pos_encoding == "rope":
+    positions = Positions.of(model.config)
+    if positions.family("hf") == "gpt_neox":
         sd = hf_neox.state_dict_to_neox(sd, model.config.n_head)
     else:
-        if model.config.pos_encoding == "sinusoidal":
+        if positions.adds == "pe":  # the fixed table, written as wpe (module notes)
             sd = _to_sinusoidal(sd, model)
         sd = state_dict_to_hf(sd)
     return {k: v.contiguous() for k, v in sorted(sd.items())}

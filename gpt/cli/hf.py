@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpt.checkpoints import native
-from gpt.checkpoints.hf import EXPORT_FILES, HFError, export_hf, is_hf_dir
+from gpt.checkpoints.hf import EXPORT_FILES, HFError, architecture, export_hf, is_hf_dir
 from gpt.checkpoints.loader import load_checkpoint
 from gpt.checkpoints.outputs import check_targets, sources_of
 from gpt.cli import ArgumentParser, run_main
@@ -33,7 +33,7 @@ def main(argv=None) -> int:
         check_targets([Path(args.out) / name for name in EXPORT_FILES], args.force, sources_of(args.ckpt))
         model, tokenizer, meta = load_checkpoint(args.ckpt)
         out = export_hf(model, tokenizer, args.out, meta.get("chat_template"), meta)
-        cls = "GPTNeoXForCausalLM" if model.config.pos_encoding == "rope" else "GPT2LMHeadModel"
+        cls = architecture(model.config)
         return f"wrote {out} ({cls}; load with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r}))"
 
     def import_() -> str:

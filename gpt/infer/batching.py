@@ -58,6 +58,7 @@ from gpt.infer.sampling import (
 from gpt.infer.translate import check_vocab, seq2seq_ids
 from gpt.infer.translate import generate as translate_ids
 from gpt.model.cache import KVCache
+from gpt.model.positions import Positions
 from gpt.model.transformer import GPT
 
 
@@ -187,7 +188,7 @@ class BatchEngine(_Engine):
             raise ValueError("BatchEngine runs decoder-only models; encoder-decoder ones use Seq2seqEngine")
         super().__init__(model, tokenizer, max_rows)
         self.keep = min(keep or max(1, self.block_size // 2), self.block_size)
-        self.rolling = model.config.pos_encoding == "rope"  # full rows overwrite their oldest slot, no re-prefill
+        self.rolling = Positions.of(model.config).slides  # full rows overwrite their oldest slot, no re-prefill
         self.pool = SlotPool(model, max_rows)
         self.rows: list[_Row] = []
         vocab = model.config.vocab_size

@@ -14,7 +14,7 @@ tokenizer (`gpt_export.json` beside the model holds our tokenizer spec, block_si
 end-of-text id, and for a chat model its template, `chat_template`: role markers and end-of-turn token,
 see gpt/data/chat.py; `gpt.data.tokenizer.get_tokenizer(spec)` rebuilds the tokenizer). Positions are
 learned and absolute, so a longer window must be cropped to its last block_size tokens by the caller.
-Encoder-decoder checkpoints are not exported.
+Encoder-decoder checkpoints are not exported (gpt/model/config.py's `EXPORTS`, the table every exporter reads).
 
 ONNX goes through `torch.onnx.export(..., dynamo=True)` (torch.export, then onnxscript's
 translation; needs `pip install -e ".[export]"`) and writes the weights beside the graph
@@ -38,6 +38,7 @@ import torch.nn as nn
 from gpt.checkpoints.outputs import check_targets
 from gpt.errors import UserError, storage_error
 from gpt.fsutil import replacing, write_text
+from gpt.model.config import refusals
 
 FORMATS = {"onnx": "model.onnx", "pt2": "model.pt2"}
 META_FILE = "gpt_export.json"
@@ -95,8 +96,8 @@ def export(
     chat model's template in it); its path."""
     if fmt not in FORMATS:
         raise ExportError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
-    if model.config.n_encoder_layer:
-        raise ExportError("this checkpoint is an encoder-decoder (seq2seq) model: export covers decoder-only models")
+    if found := refusals(model.config, fmt):  # (gpt/model/config.py's EXPORTS: an encoder-decoder)
+        raise ExportError("; ".join(r.text for r in found))
     out_dir = Path(out_dir)
     path = out_dir / FORMATS[fmt]
     check_targets(targets(out_dir, fmt), force, sources)  # never over the checkpoint `sources` it exports

@@ -56,6 +56,7 @@ import torch
 
 from gpt.data.tokenizer import StreamDecoder, Tokenizer
 from gpt.errors import UserError
+from gpt.model.positions import Positions
 from gpt.model.transformer import GPT
 
 
@@ -242,7 +243,7 @@ class Decoder:
         self.model = model
         self.block_size = cfg.block_size
         self.keep = min(keep or max(1, cfg.block_size // 2), cfg.block_size)
-        self.rolling = cfg.pos_encoding == "rope"  # the window slides in the cache (module notes)
+        self.rolling = Positions.of(cfg).slides  # the window slides in the cache (module notes)
         self.caches = model.new_caches(idx.size(0))
         self.tokens = idx
         self.start = max(0, idx.size(1) - cfg.block_size)

@@ -139,7 +139,7 @@ class AheadOfTimeStep:
         return run(tensors)[0]
 
     def _compile(self, tensors: list[torch.Tensor], one_row: bool):
-        rolling = self.model.config.pos_encoding == "rope"
+        rolling = self.model.positions.slides
         if not self.compiled:
             step = StepModule(self.model, rolling)
             return lambda t: [step(t[0], t[1], t[2], t[3:])]

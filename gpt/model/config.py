@@ -3,8 +3,19 @@
     GPTConfig(vocab_size=65, block_size=256, n_layer=4, n_head=4, n_embd=128)
     GPTConfig.from_dict(meta["model_config"])            # a checkpoint's, unknown fields refused
 
+    refusals(config, "gguf")                             # what an export format cannot carry (EXPORTS)
+
 The training config (gpt/train/config.py) holds one of these under `model`; the checkpoint meta stores
-`to_dict()`.
+`to_dict()`. `EXPORTS` is the one table of which export formats carry which option: every exporter reads
+it for its refusals (gpt/checkpoints/hf.py, gpt/checkpoints/gguf.py, gpt/infer/export.py), so a new option
+is refused everywhere it cannot go by a row here.
+
+Footguns
+- A reason in `EXPORTS` is a phrase that follows the option's name in the exporter's list ("qk_norm (no
+  norm on queries and keys)"), unless it begins with "this checkpoint": then it is said alone, as the
+  whole refusal (the exporter adds only its advice).
+- Every GPTConfig field is a row of `EXPORTS` or one of `EVERY_EXPORT` (tests/test_positions.py checks):
+  a new field must say where it goes.
 """
 
 from __future__ import annotations
@@ -12,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, fields
 from types import SimpleNamespace
+from typing import NamedTuple
 
 from gpt.errors import ConfigError
 
@@ -111,3 +123,133 @@ def problems(values: dict) -> list[tuple[str, str]]:
     if not isinstance(c.label_smoothing, (int, float)) or not 0.0 <= c.label_smoothing < 1.0:
         out.append(("label_smoothing", f"must be in [0, 1), got {c.label_smoothing!r}"))
     return out
+
+
+# ---- what each export format carries ------------------------------------------------------------------
+
+FORMATS = ("hf", "gguf", "onnx", "pt2")  # gpt/checkpoints/hf.py, gpt/checkpoints/gguf.py, gpt/infer/export.py's two
+ONNX_HINT = "export it with `gpt export --format onnx`, or keep it as a gpt checkpoint"
+SEQ2SEQ = "this checkpoint is an encoder-decoder (seq2seq) model"
+
+
+class Export(NamedTuple):
+    """One row of `EXPORTS`: a model option (`field` at `value`; None: at any value but the default) and, for
+    each format that cannot carry it, why (module notes); the formats not named carry it."""
+
+    field: str
+    value: object
+    refused: dict[str, str]
+
+
+EXPORTS = (
+    Export("pos_encoding", "learned", {}),  # the export families: gpt/model/positions.py's SCHEMES
+    Export("pos_encoding", "sinusoidal", {}),
+    Export("pos_encoding", "rope", {}),
+    Export(
+        "n_encoder_layer",
+        None,
+        {
+            "hf": "an encoder-decoder: no Hugging Face decoder-only architecture has cross-attention; keep it as a "
+            "gpt checkpoint for `gpt sample --source` and `gpt evaluate`",
+            "gguf": f"{SEQ2SEQ}: llama.cpp has no architecture for it",
+            "onnx": f"{SEQ2SEQ}: export covers decoder-only models",
+            "pt2": f"{SEQ2SEQ}: export covers decoder-only models",
+        },
+    ),
+    Export(
+        "norm",
+        "post",
+        {
+            "hf": "GPT-2 and GPT-NeoX are pre-norm: LayerNorm before each sublayer; train with --norm pre to "
+            "export, or keep it as a gpt checkpoint",
+            "gguf": "this checkpoint is post-norm (norm='post'): llama.cpp's gpt2 and gptneox graphs are pre-norm",
+        },
+    ),
+    Export("activation", "gelu_tanh", {}),
+    Export("activation", "gelu", {}),  # (llama.cpp computes the tanh form: within 1e-3)
+    Export("activation", "relu2", {"gguf": "their MLP is GELU"}),
+    Export(
+        "qk_norm",
+        None,
+        {
+            "hf": f"GPT-2 and GPT-NeoX have no norm on queries and keys; {ONNX_HINT}",
+            "gguf": "no norm on queries and keys",
+        },
+    ),
+    Export(
+        "logit_softcap",
+        None,
+        {"hf": f"GPT-2 and GPT-NeoX have no cap on the logits; {ONNX_HINT}", "gguf": "no cap on the logits"},
+    ),
+    Export(
+        "x0_skip",
+        None,
+        {
+            "hf": f"GPT-2 and GPT-NeoX do not mix the embedding into each block's input; {ONNX_HINT}",
+            "gguf": "no embedding mixed into each block's input",
+        },
+    ),
+    Export(
+        "value_embeds",
+        None,
+        {
+            "hf": f"GPT-2 and GPT-NeoX have no embeddings added to the attention values; {ONNX_HINT}",
+            "gguf": "no embeddings added to the attention values",
+        },
+    ),
+    Export("untied_head", None, {}),  # the head written as its own matrix
+    Export("bias", None, {}),  # bias=False: zero biases where a format needs them
+)
+# carried by every format as they are: the sizes, and what only training reads
+EVERY_EXPORT = (
+    "vocab_size",
+    "block_size",
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "dropout",
+    "label_smoothing",
+    "zero_init_proj",
+)
+
+
+class Refusal(NamedTuple):
+    """An option of a model config that an export format cannot carry: the option as the user set it, and why."""
+
+    option: str
+    why: str
+
+    @property
+    def alone(self) -> bool:
+        """The reason is a whole sentence, said alone (module notes)."""
+        return self.why.startswith("this checkpoint")
+
+    @property
+    def text(self) -> str:
+        return self.why if self.alone else f"{self.option} ({self.why})"
+
+
+def refusals(config, fmt: str) -> list[Refusal]:
+    """What of `config` (a GPTConfig) the export format `fmt` cannot carry, in `EXPORTS`' order."""
+    assert fmt in FORMATS, fmt
+    defaults = {f.name: f.default for f in fields(GPTConfig)}
+    out = []
+    for row in EXPORTS:
+        value = getattr(config, row.field)
+        at = value != defaults[row.field] if row.value is None else value == row.value
+        if at and fmt in row.refused:
+            out.append(Refusal(_option(row.field, value), row.refused[fmt]))
+    return out
+
+
+def carried_by(field: str, value: object) -> tuple[str, ...]:
+    """The export formats that carry `field` at `value` (every other field at its default)."""
+    probe = SimpleNamespace(**{**{f.name: f.default for f in fields(GPTConfig)}, field: value})
+    return tuple(fmt for fmt in FORMATS if not refusals(probe, fmt))
+
+
+def _option(field: str, value: object) -> str:
+    """How a refusal names an option: `qk_norm`, `logit_softcap=15`, `norm='post'`, `n_encoder_layer=1`."""
+    if isinstance(value, bool):
+        return field
+    return f"{field}={value:g}" if isinstance(value, float) else f"{field}={value!r}"

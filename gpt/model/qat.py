@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from gpt.errors import ConfigError
 from gpt.model import grids
+from gpt.model.positions import Positions
 from gpt.model.quantize import TINY, linear_names
 
 SCHEMES_RUN = grids.SCHEMES  # what --qat trains for: --quantize int8 / int4, gguf --quant q4_0
@@ -114,9 +115,9 @@ def start(model: nn.Module, scheme: str, group_size: int = 32) -> tuple[str, dic
     """What the trainer does for `--qat`: the model's refusals (one line), `apply`, and (the run's log line,
     the checkpoint meta's `qat`)."""
     cfg = model.config
-    if scheme == "q4_0" and cfg.pos_encoding == "sinusoidal":
+    if scheme == "q4_0" and Positions.of(cfg).scaled:
         raise ConfigError(
-            "--qat q4_0: not with sinusoidal positions (the GGUF export scales the embedding off the grid)"
+            f"--qat q4_0: not with {cfg.pos_encoding} positions (the GGUF export scales the embedding off the grid)"
         )
     if scheme == "q4_0" and cfg.n_encoder_layer:
         raise ConfigError("--qat q4_0: a seq2seq model has no GGUF export; use --qat int8 or int4")

@@ -55,6 +55,7 @@ from gpt.model.compiled import AheadOfTimeStep, DynamoStep
 from gpt.model.config import GPTConfig
 from gpt.model.positions import (
     ROPE_THETA,
+    Positions,
     apply_rope,
     doc_mask,
     doc_positions,
@@ -81,6 +82,7 @@ __all__ = [
     "doc_mask",
     "doc_positions",
     "positions",
+    "Positions",
     "rope_cos_sin",
     "sinusoidal_positions",
 ]
@@ -95,6 +97,7 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
+        self.positions = Positions.of(config)  # every question about the position scheme (positions.py)
         ve_layers = value_layers(config.n_layer) if config.value_embeds else []
         self.transformer = nn.ModuleDict(
             dict(
@@ -108,10 +111,7 @@ class GPT(nn.Module):
                 ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
             )
         )
-        if config.pos_encoding != "learned":  # rope: no table; sinusoidal: a fixed buffer in place of wpe
-            del self.transformer["wpe"]
-        if config.pos_encoding == "sinusoidal":
-            self.register_buffer("pe", sinusoidal_positions(config.block_size, config.n_embd), persistent=False)
+        self.positions.build(self, config.block_size)  # wpe kept, or dropped (and the fixed pe buffer made)
         if config.n_encoder_layer > 0:
             self.encoder = nn.ModuleDict(
                 dict(
@@ -167,7 +167,7 @@ class GPT(nn.Module):
         sampler's cache computes a band of block_size keys)."""
         T = idx.size(1)
         tok = self.transformer.wte(idx)  # (B, T, C)
-        if self.config.pos_encoding == "rope":
+        if not self.positions.absolute:
             return self.transformer.drop(tok)
         if not isinstance(start_pos, torch.Tensor) and start_pos + T > self.config.block_size:
             raise ValueError(
@@ -175,19 +175,12 @@ class GPT(nn.Module):
                 f"crop the input to its last {self.config.block_size} tokens"
             )
         pos = positions(start_pos, T, idx.device) if pos is None else pos
-        if self.config.pos_encoding == "sinusoidal":
-            tok = tok * math.sqrt(self.config.n_embd)  # the paper scales embeddings by sqrt(d_model)
-            return self.transformer.drop(tok + self.pe[pos])
-        return self.transformer.drop(tok + self.transformer.wpe(pos))
+        return self.transformer.drop(self.positions.add(self, tok, pos))
 
     def rope(self, start: int | torch.Tensor, T: int, device, pos: torch.Tensor | None = None):
-        """(cos, sin) of positions start .. start + T - 1 (or `pos` (B, T)) for rotary attention; None
-        without rope."""
-        if self.config.pos_encoding != "rope":
-            return None
-        pos = positions(start, T, device) if pos is None else pos
-        cos, sin = rope_cos_sin(pos, self.config.n_embd // self.config.n_head)
-        return (cos, sin) if pos.dim() == 1 else (cos.unsqueeze(1), sin.unsqueeze(1))  # (B or 1, 1, T, hs)
+        """What self-attention receives for positions start .. start + T - 1 (or `pos` (B, T)): rotary
+        (cos, sin), or None (`Positions.attention`)."""
+        return self.positions.attention(start, T, device, pos)
 
     def hidden(
         self,
@@ -366,7 +359,7 @@ class GPT(nn.Module):
         """One empty self-attention KVCache per decoder layer, on the model's device, in `cache_dtype`."""
         param = self.transformer.wte.weight
         head_dim = self.config.n_embd // self.config.n_head
-        rolling = self.config.pos_encoding == "rope"  # rotated keys: a full cache can drop its oldest entry
+        rolling = self.positions.slides  # (rotated keys: a full cache can drop its oldest entry)
         return [
             KVCache(
                 batch,
@@ -473,10 +466,7 @@ class GPT(nn.Module):
         if block_size > self.config.block_size:
             raise ValueError(f"cannot grow block_size from {self.config.block_size} to {block_size}")
         self.config.block_size = block_size
-        if "wpe" in self.transformer:
-            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
-        elif self.config.pos_encoding == "sinusoidal":
-            self.pe = self.pe[:block_size]
+        self.positions.crop(self, block_size)
 
 
 def _grown(old: nn.Parameter, n: int, fresh: range) -> nn.Parameter:

@@ -25,7 +25,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from gpt.errors import ConfigError
-from gpt.model.config import LORA_DEFAULT_TARGETS, LORA_TARGETS, GPTConfig, LoRAConfig
+from gpt.model.config import LORA_DEFAULT_TARGETS, LORA_TARGETS, POS_ENCODINGS, GPTConfig, LoRAConfig
 from gpt.model.config import problems as check_model
 from gpt.model.grids import GROUP_SIZES, SCHEMES
 
@@ -40,7 +40,7 @@ MODEL_HELP = {  # the flags of the model's fields (GPTConfig, gpt/model/config.p
     "dropout": "dropout probability",
     "bias": "biases in Linear and LayerNorm layers",
     "n_encoder_layer": "encoder blocks (seq2seq); 0 = decoder-only GPT",
-    "pos_encoding": "position encoding: learned | sinusoidal | rope (rotary)",
+    "pos_encoding": f"position encoding: {' | '.join(POS_ENCODINGS)} (rope = rotary)",
     "norm": "residual norm placement: pre | post",
     "label_smoothing": "label smoothing of the cross-entropy",
     "activation": "MLP activation: gelu_tanh (GPT-2) | gelu (exact erf, faster on CPU) | relu2 (ReLU squared)",

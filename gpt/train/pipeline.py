@@ -156,7 +156,7 @@ class Stage(GPT):
 
     def __init__(self, model: GPT, layers, first: bool, last: bool):
         nn.Module.__init__(self)
-        self.config, self.first, self.last = model.config, first, last
+        self.config, self.positions, self.first, self.last = model.config, model.positions, first, last
         t, tied = model.transformer, not model.config.untied_head
         parts = {}
         if first or (last and tied):  # the last stage's copy of the tied matrix (see the module notes)
@@ -169,7 +169,7 @@ class Stage(GPT):
         if last:
             parts["ln_f"] = t.ln_f
         self.transformer = nn.ModuleDict(parts)
-        if first and model.config.pos_encoding == "sinusoidal":
+        if first and model.positions.adds == "pe":  # the fixed table, a buffer
             self.register_buffer("pe", model.pe, persistent=False)
         self.lm_head = model.lm_head if last else None  # (None: what `param_groups` leaves out of Muon's matrices)
 
