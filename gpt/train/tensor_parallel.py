@@ -16,6 +16,8 @@ Megatron's split, written as `parallelize_module` plans (torch.distributed.tenso
 | `mlp.c_fc` / `mlp.c_proj`    | column- / row-wise    | 4C/N hidden units                | as attention              |
 | `transformer.wte`            | along the vocabulary  | vocab/N rows (uneven is fine)    | output all-reduce         |
 | `lm_head` (tied to wte)      | along the vocabulary  | the same rows (one parameter)    | none: loss_parallel       |
+| `encoder.h.*` (seq2seq)      | as the decoder's blocks | as the decoder's blocks        | as the decoder's blocks   |
+| `cross_attn.c_attn` / `c_proj` | column- / row-wise  | q, k and v of its heads          | as attention              |
 
 - **q, k, v**: `c_attn` holds the three projections one after another, so a plain column-wise split
   would give the first process every query and half the keys. Before the split its rows are put in
@@ -30,13 +32,18 @@ Megatron's split, written as `parallelize_module` plans (torch.distributed.tenso
   the processes instead of gathering (vocab x tokens) floats. With label smoothing, which
   loss_parallel does not take, the head gathers the logits instead. Evaluation gathers them
   (no gradients kept).
+- **Seq2seq**: the encoder's blocks take the decoder's plan; cross-attention's fused matrix is
+  reordered and split as self-attention's (`split_seq2seq`), and `Attention` reads q and k, v as
+  slices of this process's shard ([q | k | v] of its heads, n_embd / N rows each) through a DTensor
+  product, so the replicated input's gradient is summed over the processes as `ColwiseParallel` does.
+  `SavedLayout` finds every fused matrix by its name's ending (`attn.c_attn`, `cross_attn.c_attn`).
+  Encoder and decoder read the one split embedding.
 - Norms, position embeddings, dropout and x0_skip's scalars are not split: every process of a group
   computes them on the same (replicated) activations. No sequence parallelism yet.
 
-Refused in one line (`check`): heads not divisible by N, the seq2seq encoder (cross-attention
-reads slices of the fused matrix), value embeddings (per-head gates over a width the split divides).
+Refused in one line (`check`): heads not divisible by N, value embeddings (per-head gates over a width the split divides).
 Every positional encoding (learned, sinusoidal, rope), qk_norm, relu2, post-norm, logit_softcap,
-untied_head, x0_skip, zero_init_proj, label smoothing and dropout work.
+untied_head, x0_skip, zero_init_proj, label smoothing, dropout and the seq2seq model work.
 
 Footguns
 - Every process of a tp group must see the same batch and the same dropout masks on the replicated
@@ -70,11 +77,6 @@ def check(config: GPTConfig, tp: int) -> None:
         raise ConfigError(f"--tp {tp}: must divide the model's {config.n_head} attention heads (--n-head)")
     if config.n_embd % tp:
         raise ConfigError(f"--tp {tp}: must divide the model's width {config.n_embd} (--n-embd)")
-    if config.n_encoder_layer:
-        raise ConfigError(
-            f"--tp {tp}: the seq2seq model (n_encoder_layer {config.n_encoder_layer}) is not split in this "
-            "version; train it with DDP or --fsdp"
-        )
     if config.value_embeds:
         raise ConfigError(f"--tp {tp}: value_embeds is not split in this version; train without it or without --tp")
 
@@ -94,7 +96,7 @@ def _ungrouped(t: torch.Tensor, tp: int) -> torch.Tensor:
 
 
 def parallelize(model: nn.Module, mesh) -> None:
-    """Split `model` (a decoder-only GPT, checked by `check`) over the 1-D "tp" `mesh`, in place. Every
+    """Split `model` (a GPT, decoder-only or seq2seq, checked by `check`) over the 1-D "tp" `mesh`, in place. Every
     process starts from global rank 0's weights (each one seeded its own initialisation)."""
     from torch.distributed.tensor import Replicate, Shard  # lazy: distributed
     from torch.distributed.tensor.parallel import (  # lazy: distributed
@@ -135,7 +137,42 @@ def parallelize(model: nn.Module, mesh) -> None:
     )
     if tied:  # the plans made two parameters of the one matrix: the head reads the embedding's again
         model.lm_head.weight = model.transformer.wte.weight
+    split_seq2seq(model, mesh, plan)
     model.tp_mesh = mesh
+
+
+def split_seq2seq(model: nn.Module, mesh, plan: dict) -> None:
+    """The seq2seq parts of `parallelize`: the encoder's blocks split by `plan` as the decoder's, and each
+    decoder block's cross-attention by heads (its fused q|k|v reordered as self-attention's; Attention reads
+    q and k, v as slices of this process's shard). Nothing for a decoder-only model. The embedding, split by
+    `parallelize`, is the one table both stacks read."""
+    from torch.distributed.tensor.parallel import (  # lazy: distributed
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    tp = mesh.size()
+    encoder = getattr(model, "encoder", None)
+    crossing = [b for b in model.transformer.h.children() if hasattr(b, "cross_attn")]
+    for block in encoder.h.children() if encoder is not None else ():
+        _regroup(block.attn.c_attn, tp)
+        parallelize_module(block, mesh, plan)
+        block.attn.n_head = model.config.n_head // tp
+    for block in crossing:
+        _regroup(block.cross_attn.c_attn, tp)
+        parallelize_module(
+            block, mesh, {"cross_attn.c_attn": ColwiseParallel(), "cross_attn.c_proj": RowwiseParallel()}
+        )
+        block.cross_attn.n_head = model.config.n_head // tp
+
+
+def _regroup(c_attn: nn.Linear, tp: int) -> None:
+    """A fused q|k|v projection's rows (weight and bias) in `fused_order`, in place, before its split."""
+    with torch.no_grad():
+        c_attn.weight.copy_(_grouped(c_attn.weight, tp))
+        if c_attn.bias is not None:
+            c_attn.bias.copy_(_grouped(c_attn.bias, tp))
 
 
 def held(model: nn.Module) -> int:
