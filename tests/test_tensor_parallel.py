@@ -299,3 +299,33 @@ def test_tp2_seq2seq_matches_one_process_and_resumes_in_one(pairs_data, tmp_path
     train(resolve_run(["--resume", str(ref), "--max-iters", "6"]))
     assert losses(run)[3:] == pytest.approx(losses(ref)[3:], rel=RTOL) and len(losses(run)) == 6
     assert_close_state(run, ref)
+
+
+@pytest.mark.parametrize(
+    "data,options",
+    [
+        ("char", ["--pos-encoding", "rope", "--qk-norm", "--x0-skip", "--logit-softcap", "15", "--bias"]),
+        ("char", ["--norm", "post", "--pos-encoding", "sinusoidal", "--label-smoothing", "0.1", "--untied-head"]),
+        ("char", ["--activation-checkpointing", "--grad-clip", "1"]),  # learned positions
+        ("pairs", ["--norm", "post", "--pos-encoding", "sinusoidal", "--bias"]),  # seq2seq
+    ],
+)
+def test_sequence_parallel_matches_tp_alone(char_data, pairs_data, tmp_path, data, options):
+    """--sequence-parallel (norms, dropout and the residual stream on sequence shards) at tp=2: the losses of 3
+    steps, the weights and the AdamW moments equal the tp=2 run without it (rel 1e-5, 1e-6)."""
+    common = [*TINY, "--data", char_data] if data == "char" else [*SEQ2SEQ, "--data", pairs_data]
+    common += [*options, "--max-iters", "3", "--grad-accum", "2", "--no-plot", "--tp", "2"]
+    sp, tp = tmp_path / "sp", tmp_path / "tp"
+    res = torchrun(2, *common, "--out-dir", sp, "--sequence-parallel")
+    assert "sequence parallel" in res.stdout
+    torchrun(2, *common, "--out-dir", tp)
+    assert losses(sp) == pytest.approx(losses(tp), rel=RTOL) and len(losses(sp)) == 3
+    assert_close_state(sp, tp)
+
+
+def test_sequence_parallel_needs_tp():
+    line = "--sequence-parallel: shards what --tp splits; add --tp N (N > 1) or drop it"
+    with pytest.raises(ConfigError) as e:
+        TrainConfig(sequence_parallel=True)
+    assert str(e.value) == line
+    assert TrainConfig(sequence_parallel=True, tp=2).problems() == []

@@ -270,6 +270,7 @@ class Run:
             log.print(
                 f"layout {self.layout}: process 0 holds {tensor_parallel.held(model):,} of "
                 f"{model.num_params(non_embedding=False):,} parameters"
+                + (", sequence parallel" if cfg.sequence_parallel else "")
             )
         self.optimizer = make_optimizer(model, cfg.optimizer_config(), rt.device, split=cfg.tp > 1)
         self.scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.dtype == torch.float16)
