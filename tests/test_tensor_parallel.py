@@ -312,7 +312,8 @@ def test_tp2_seq2seq_matches_one_process_and_resumes_in_one(pairs_data, tmp_path
 )
 def test_sequence_parallel_matches_tp_alone(char_data, pairs_data, tmp_path, data, options):
     """--sequence-parallel (norms, dropout and the residual stream on sequence shards) at tp=2: the losses of 3
-    steps, the weights and the AdamW moments equal the tp=2 run without it (rel 1e-5, 1e-6)."""
+    steps, the weights and the AdamW moments equal the tp=2 run without it (rel 1e-5, 1e-6); both resumed in
+    one process (--tp 1, which drops the saved --sequence-parallel) continue alike."""
     common = [*TINY, "--data", char_data] if data == "char" else [*SEQ2SEQ, "--data", pairs_data]
     common += [*options, "--max-iters", "3", "--grad-accum", "2", "--no-plot", "--tp", "2"]
     sp, tp = tmp_path / "sp", tmp_path / "tp"
@@ -321,6 +322,9 @@ def test_sequence_parallel_matches_tp_alone(char_data, pairs_data, tmp_path, dat
     torchrun(2, *common, "--out-dir", tp)
     assert losses(sp) == pytest.approx(losses(tp), rel=RTOL) and len(losses(sp)) == 3
     assert_close_state(sp, tp)
+    for run in (sp, tp):
+        train(resolve_run(["--resume", str(run), "--max-iters", "5", "--tp", "1"]))
+    assert losses(sp)[3:] == pytest.approx(losses(tp)[3:], rel=RTOL) and len(losses(sp)) == 5
 
 
 def test_sequence_parallel_needs_tp():
