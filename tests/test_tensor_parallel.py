@@ -97,13 +97,6 @@ MODEL = dict(vocab_size=65, block_size=16, n_layer=2, n_head=4, n_embd=32)
         ),
         (
             2,
-            {"n_encoder_layer": 2},
-            runtime(),
-            {},
-            "--tp 2: the seq2seq model (n_encoder_layer 2) is not split in this version; train it with DDP or --fsdp",
-        ),
-        (
-            2,
             {"value_embeds": True},
             runtime(),
             {},
@@ -254,3 +247,89 @@ def test_tp2_runs_the_other_options_as_one_process(char_data, tmp_path):
     one_process(common, tmp_path / "one")
     assert losses(tmp_path / "tp2") == pytest.approx(losses(tmp_path / "one"), rel=RTOL)
     assert len(losses(tmp_path / "tp2")) == 2
+
+
+@pytest.fixture(scope="module")
+def pairs_data(tmp_path_factory):
+    """A tiny translation task (words and their reverses) as a pairs dataset, as tests/test_train.py's."""
+    import random
+
+    from gpt.data.pairs import prepare_pairs
+
+    d = tmp_path_factory.mktemp("pairs")
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefgh") for _ in range(rng.randint(3, 8))) for _ in range(300)]
+    (d / "src.txt").write_text("\n".join(words) + "\n")
+    (d / "tgt.txt").write_text("\n".join(w[::-1] for w in words) + "\n")
+    prepare_pairs(d / "src.txt", d / "tgt.txt", d / "rev", tokenizer="char", val_fraction=0.1, max_len=16)
+    return d / "rev"
+
+
+SEQ2SEQ = [
+    *("--n-encoder-layer", "2", "--n-layer", "2", "--n-head", "4", "--n-embd", "32", "--block-size", "16"),
+    *("--max-tokens", "128", "--threads", "1", "--dtype", "float32", "--grad-clip", "0", "--no-plot"),
+    *("--warmup-iters", "2", "--lr-decay-iters", "12", "--eval-interval", "3"),
+    *("--eval-iters", "2", "--log-interval", "1", "--grad-accum", "2"),
+]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--bias", "--qk-norm"],  # learned positions, pre-norm; the biases and normed keys of cross-attention
+        ["--norm", "post", "--pos-encoding", "sinusoidal", "--label-smoothing", "0.1"],  # the paper's Transformer
+    ],
+)
+def test_tp2_seq2seq_matches_one_process_and_resumes_in_one(pairs_data, tmp_path, options):
+    """The encoder-decoder model at tp=2 (encoder blocks split as the decoder's, cross-attention by heads): the
+    losses of 3 steps equal one process's (rel 1e-5), so do weights and AdamW moments (1e-6), whose names and
+    order are a one-process run's (the fused cross-attention q|k|v too); resumed in one process it continues
+    that process's curve."""
+    common = [*SEQ2SEQ, "--data", pairs_data, *options]
+    run, ref = tmp_path / "tp2", tmp_path / "one"
+    res = torchrun(2, *common, "--max-iters", "3", "--out-dir", run, "--tp", "2")
+    one_process([*common, "--max-iters", "3"], ref)
+    assert losses(run) == pytest.approx(losses(ref), rel=RTOL) and len(losses(run)) == 3
+    assert_close_state(run, ref)
+    assert meta(run)["tokens_seen"] == meta(ref)["tokens_seen"] > 0
+    held, total = held_line(res)
+    assert held < 0.6 * total  # the encoder's and cross-attention's matrices are split too
+
+    train(resolve_run(["--resume", str(run), "--max-iters", "6", "--tp", "1"]))
+    train(resolve_run(["--resume", str(ref), "--max-iters", "6"]))
+    assert losses(run)[3:] == pytest.approx(losses(ref)[3:], rel=RTOL) and len(losses(run)) == 6
+    assert_close_state(run, ref)
+
+
+@pytest.mark.parametrize(
+    "data,options",
+    [
+        ("char", ["--pos-encoding", "rope", "--qk-norm", "--x0-skip", "--logit-softcap", "15", "--bias"]),
+        ("char", ["--norm", "post", "--pos-encoding", "sinusoidal", "--label-smoothing", "0.1", "--untied-head"]),
+        ("char", ["--activation-checkpointing", "--grad-clip", "1"]),  # learned positions
+        ("pairs", ["--norm", "post", "--pos-encoding", "sinusoidal", "--bias"]),  # seq2seq
+    ],
+)
+def test_sequence_parallel_matches_tp_alone(char_data, pairs_data, tmp_path, data, options):
+    """--sequence-parallel (norms, dropout and the residual stream on sequence shards) at tp=2: the losses of 3
+    steps, the weights and the AdamW moments equal the tp=2 run without it (rel 1e-5, 1e-6); both resumed in
+    one process (--tp 1, which drops the saved --sequence-parallel) continue alike."""
+    common = [*TINY, "--data", char_data] if data == "char" else [*SEQ2SEQ, "--data", pairs_data]
+    common += [*options, "--max-iters", "3", "--grad-accum", "2", "--no-plot", "--tp", "2"]
+    sp, tp = tmp_path / "sp", tmp_path / "tp"
+    res = torchrun(2, *common, "--out-dir", sp, "--sequence-parallel")
+    assert "sequence parallel" in res.stdout
+    torchrun(2, *common, "--out-dir", tp)
+    assert losses(sp) == pytest.approx(losses(tp), rel=RTOL) and len(losses(sp)) == 3
+    assert_close_state(sp, tp)
+    for run in (sp, tp):
+        train(resolve_run(["--resume", str(run), "--max-iters", "5", "--tp", "1"]))
+    assert losses(sp)[3:] == pytest.approx(losses(tp)[3:], rel=RTOL) and len(losses(sp)) == 5
+
+
+def test_sequence_parallel_needs_tp():
+    line = "--sequence-parallel: shards what --tp splits; add --tp N (N > 1) or drop it"
+    with pytest.raises(ConfigError) as e:
+        TrainConfig(sequence_parallel=True)
+    assert str(e.value) == line
+    assert TrainConfig(sequence_parallel=True, tp=2).problems() == []

@@ -77,11 +77,27 @@ class Attention(nn.Module):
         """qk_norm: each head's vector at unit RMS (no learned weight), times QK_NORM_SCALE."""
         return F.rms_norm(t, (t.size(-1),)) * QK_NORM_SCALE if self.qk_norm else t
 
+    def _project(self, x: torch.Tensor, rows: slice) -> torch.Tensor:
+        """`x` through the rows `rows` of the fused q|k|v projection (cross-attention reads q apart from k, v).
+
+        On a tensor-parallel model `c_attn` is split column-wise (gpt/train/tensor_parallel.py) and this
+        process's shard is [q | k | v] of its heads, n_head * head_dim rows each: `rows` counts in the shard.
+        The slice is computed as a split DTensor product, so the gradient of the (replicated) input is summed
+        over the processes in the backward, as `ColwiseParallel` does for the self-attention call."""
+        w, b = self.c_attn.weight, self.c_attn.bias
+        if not hasattr(w, "device_mesh"):
+            return F.linear(x, w[rows], b[rows] if b is not None else None)
+        from torch.distributed.tensor import DTensor, Replicate, Shard  # lazy: distributed (a split model)
+
+        mesh = w.device_mesh
+        part = lambda t: DTensor.from_local(t.to_local()[rows], mesh, [Shard(0)], run_check=False)  # noqa: E731
+        x = DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+        return F.linear(x, part(w), part(b) if b is not None else None).to_local()
+
     def project_kv(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values for cross-attention over `kv` (computed once per source in generation)."""
-        C = self.n_embd
-        b = self.c_attn.bias[C:] if self.c_attn.bias is not None else None
-        k, v = F.linear(kv, self.c_attn.weight[C:], b).split(C, dim=2)
+        C = self.n_head * self.head_dim  # the model's width, or this process's share under tensor parallelism
+        k, v = self._project(kv, slice(C, None)).split(C, dim=2)
         return self._normed(self._heads(k)), self._heads(v)
 
     def forward(
@@ -113,8 +129,7 @@ class Attention(nn.Module):
                     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
                 k, v = cache.append(k, v)
         else:  # cross-attention: kv is the memory (B, S, C) or its precomputed (k, v) heads
-            b = self.c_attn.bias[:C] if self.c_attn.bias is not None else None
-            q = self._normed(self._heads(F.linear(x, self.c_attn.weight[:C], b)))
+            q = self._normed(self._heads(self._project(x, slice(None, self.n_head * self.head_dim))))
             k, v = kv if isinstance(kv, tuple) else self.project_kv(kv)
             past, causal = 0, False
         if isinstance(past, torch.Tensor):  # a static cache: GPT.hidden's mask is already causal, per row

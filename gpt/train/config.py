@@ -194,6 +194,9 @@ class TrainConfig:
         "torchrun: shard parameters, gradients and optimizer state over the processes (FSDP2; sharded checkpoints)",
     )
     tp: int = opt(1, "torchrun: tensor parallelism, each layer's matrices split over N processes (Megatron-style)")
+    sequence_parallel: bool = opt(
+        False, "--tp: norms, dropout and the residual stream on sequence shards (less activation memory)"
+    )
     pp: int = opt(1, "torchrun: pipeline parallelism, the layers split into N stages that micro-batches flow through")
     pp_schedule: str = opt("1f1b", "--pp's schedule: gpipe | 1f1b | interleaved (two stages per process)")
     activation_checkpointing: bool = opt(
@@ -251,6 +254,8 @@ class TrainConfig:
         for name in ("muon_lr", "scalar_lr", "resid_lr"):
             if getattr(self, name) <= 0:
                 out.append(f"{flag(name)}: must be > 0, got {getattr(self, name)}")
+        if self.sequence_parallel and self.tp <= 1:
+            out.append("--sequence-parallel: shards what --tp splits; add --tp N (N > 1) or drop it")
         if self.muon_cautious_wd and self.optimizer != "muon":
             out.append("--muon-cautious-wd: Muon's weight decay; give --optimizer muon, or drop it")
         if self.optimizer == "muon" and self.fsdp:

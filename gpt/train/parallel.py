@@ -186,7 +186,7 @@ def split(model: GPT, cfg: TrainConfig, rt: Runtime) -> nn.Module:
     a mesh and split parameters where DDP takes neither)."""
     device_mesh = mesh.build(Layout.of(rt.world_size, cfg.tp, cfg.pp), rt.device.type)
     broadcast(model)
-    tensor_parallel.parallelize(model, device_mesh["tp"])
+    tensor_parallel.parallelize(model, device_mesh["tp"], sequence_parallel=cfg.sequence_parallel)
     if cfg.fsdp:
         shard(model, rt.dtype, mesh=device_mesh["dp"])
     elif device_mesh["dp"].size() > 1:

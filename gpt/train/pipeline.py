@@ -54,8 +54,9 @@ Footguns
 - Every process builds the whole model once (rank 0's initial weights are broadcast, as DDP does),
   then keeps its stages' parts: a model must fit one process's memory at start-up.
 - Not with: --lora-rank, seq2seq models, packed chat data, x0_skip, value_embeds, --compile,
-  float16 (the checks in `problems` name each). Dropout draws from each process's own generator, so a
-  run with dropout is not the one-process run's bit for bit (its distribution is the same).
+  --sequence-parallel, float16 (the checks in `problems` name each). Dropout draws from each process's
+  own generator, so a run with dropout is not the one-process run's bit for bit (its distribution is
+  the same).
 - A step needs at least N micro-batches per replica (--grad-accum >= N x dp): fewer leaves stages idle
   and 1F1B refuses them.
 """
@@ -95,6 +96,7 @@ def problems(cfg: TrainConfig, rt: Runtime) -> list[str]:
         "--value-embeds": m.value_embeds,
         "float16 (loss scaling over stages): use --dtype bfloat16": rt.dtype == torch.float16,
         "--batch-size auto": cfg.batch_size == 0,
+        "--sequence-parallel (stages hand whole sequences on)": cfg.sequence_parallel,
         f"a {kind} dataset (token streams only)": kind != "tokens",
     }
     out += [f"--pp: not with {name} in this version" for name, on in refused.items() if on]

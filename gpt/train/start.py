@@ -92,6 +92,8 @@ def resolve_run(argv: list[str]) -> RunPlan:
         for key in ("resume", "init_from", "force"):
             base.pop(key, None)
         base["out_dir"] = str(resume.path.parent)  # where it is now
+        if "tp" in cli and "sequence_parallel" not in cli and int(cli["tp"]) <= 1:
+            base.pop("sequence_parallel", None)  # a --tp run's layout option, resumed unsplit
     cfg = build_config(argv, base=base)
     explicit = set(cli) | set(base)
     if config_name:

@@ -2,9 +2,10 @@
 
     torchrun --nproc-per-node 2 -m gpt train --config ... --data ... --tp 2          # 2 shards
     torchrun --nproc-per-node 4 -m gpt train ... --tp 2 --fsdp                      # 2 replicas x 2 shards, FSDP2
+    torchrun --nproc-per-node 2 -m gpt train ... --tp 2 --sequence-parallel         # + norms on sequence shards
 
     tensor_parallel.check(model_config, cfg.tp)      # one line per refusal, before any work
-    tensor_parallel.parallelize(model, mesh["tp"])   # in place, before FSDP and the optimizer
+    tensor_parallel.parallelize(model, mesh["tp"], sequence_parallel=False)   # in place, before FSDP, optimizer
     with tensor_parallel.loss_context(model): ...    # forward and backward of a step (vocabulary-parallel loss)
 
 Megatron's split, written as `parallelize_module` plans (torch.distributed.tensor.parallel):
@@ -16,6 +17,8 @@ Megatron's split, written as `parallelize_module` plans (torch.distributed.tenso
 | `mlp.c_fc` / `mlp.c_proj`    | column- / row-wise    | 4C/N hidden units                | as attention              |
 | `transformer.wte`            | along the vocabulary  | vocab/N rows (uneven is fine)    | output all-reduce         |
 | `lm_head` (tied to wte)      | along the vocabulary  | the same rows (one parameter)    | none: loss_parallel       |
+| `encoder.h.*` (seq2seq)      | as the decoder's blocks | as the decoder's blocks        | as the decoder's blocks   |
+| `cross_attn.c_attn` / `c_proj` | column- / row-wise  | q, k and v of its heads          | as attention              |
 
 - **q, k, v**: `c_attn` holds the three projections one after another, so a plain column-wise split
   would give the first process every query and half the keys. Before the split its rows are put in
@@ -30,15 +33,36 @@ Megatron's split, written as `parallelize_module` plans (torch.distributed.tenso
   the processes instead of gathering (vocab x tokens) floats. With label smoothing, which
   loss_parallel does not take, the head gathers the logits instead. Evaluation gathers them
   (no gradients kept).
+- **Seq2seq**: the encoder's blocks take the decoder's plan; cross-attention's fused matrix is
+  reordered and split as self-attention's (`split_seq2seq`), and `Attention` reads q and k, v as
+  slices of this process's shard ([q | k | v] of its heads, n_embd / N rows each) through a DTensor
+  product, so the replicated input's gradient is summed over the processes as `ColwiseParallel` does.
+  `SavedLayout` finds every fused matrix by its name's ending (`attn.c_attn`, `cross_attn.c_attn`).
+  Encoder and decoder read the one split embedding.
 - Norms, position embeddings, dropout and x0_skip's scalars are not split: every process of a group
-  computes them on the same (replicated) activations. No sequence parallelism yet.
+  computes them on the same (replicated) activations, unless --sequence-parallel.
+- **Sequence parallelism** (`--sequence-parallel`, `sequence_plan` and `sequence_split`, as Megatron-SP and
+  torchtitan): between the attention and MLP layers the residual stream is a DTensor split along the
+  sequence (dim 1), so the norms (`SequenceParallel`, their weights replicated DTensors), the residual
+  dropouts and the adds run on T/N positions and keep T/N positions' activations for the backward. Each
+  attention / MLP gathers its input whole (`PrepareModuleInput`, an all-gather) and its row-wise output
+  projection reduce-scatters instead of all-reducing (`RowwiseParallel(output_layouts=Shard(1))`): the
+  same traffic. Positions (learned wpe, sinusoidal) are added to the whole embedding before it is
+  split at the embedding dropout (`transformer.drop`), rope inside attention on the gathered sequence,
+  so every encoding is right as it is; the head gathers ln_f's shards (`ColwiseParallel(input_layouts=
+  Shard(1))`); the encoder's output is gathered once for every cross-attention; x0_skip's scalars become
+  replicated DTensors. Uneven lengths (seq2seq batches) are fine: DTensor pads the collectives. The
+  split matrices' inputs (gathered) and attention itself are saved whole as before, so the saving is
+  the norms', dropouts' and residual adds' share of the saved activations (modest on small models).
 
-Refused in one line (`check`): heads not divisible by N, the seq2seq encoder (cross-attention
-reads slices of the fused matrix), value embeddings (per-head gates over a width the split divides).
+Refused in one line (`check`): heads not divisible by N, value embeddings (per-head gates over a width the split divides).
 Every positional encoding (learned, sinusoidal, rope), qk_norm, relu2, post-norm, logit_softcap,
-untied_head, x0_skip, zero_init_proj, label smoothing and dropout work.
+untied_head, x0_skip, zero_init_proj, label smoothing, dropout and the seq2seq model work.
 
 Footguns
+- With --sequence-parallel and dropout, the processes of a group draw the same mask pattern on their
+  different sequence shards (the RNG follows the data-parallel rank), as attention dropout already does
+  on their different heads: the masks are correlated across shards, not wrong per position.
 - Every process of a tp group must see the same batch and the same dropout masks on the replicated
   activations: batches are picked by the data-parallel rank and the RNG is seeded by it
   (gpt/train/trainer.py), never by the global rank.
@@ -70,11 +94,6 @@ def check(config: GPTConfig, tp: int) -> None:
         raise ConfigError(f"--tp {tp}: must divide the model's {config.n_head} attention heads (--n-head)")
     if config.n_embd % tp:
         raise ConfigError(f"--tp {tp}: must divide the model's width {config.n_embd} (--n-embd)")
-    if config.n_encoder_layer:
-        raise ConfigError(
-            f"--tp {tp}: the seq2seq model (n_encoder_layer {config.n_encoder_layer}) is not split in this "
-            "version; train it with DDP or --fsdp"
-        )
     if config.value_embeds:
         raise ConfigError(f"--tp {tp}: value_embeds is not split in this version; train without it or without --tp")
 
@@ -93,11 +112,12 @@ def _ungrouped(t: torch.Tensor, tp: int) -> torch.Tensor:
     return t[torch.argsort(fused_order(t.size(0), tp)).to(t.device)]
 
 
-def parallelize(model: nn.Module, mesh, gather_logits: bool = False) -> None:
-    """Split `model` (a decoder-only GPT, checked by `check`, or a pipeline stage of one: its blocks, and the
-    embedding and head where it holds them) over the 1-D "tp" `mesh`, in place. Every process of the group
-    must hold the same weights (the caller broadcasts rank 0's). `gather_logits`: the head's output whole
-    (a pipeline stage hands plain tensors on); otherwise split along the vocabulary for `loss_context`."""
+def parallelize(model: nn.Module, mesh, sequence_parallel: bool = False, gather_logits: bool = False) -> None:
+    """Split `model` (a GPT, decoder-only or seq2seq, checked by `check`, or a pipeline stage of a decoder: its
+    blocks, and the embedding and head where it holds them) over the 1-D "tp" `mesh`, in place. Every process
+    of the group must hold the same weights (the caller broadcasts rank 0's). `gather_logits`: the head's
+    output whole (a pipeline stage hands plain tensors on); otherwise split along the vocabulary for
+    `loss_context`."""
     from torch.distributed.tensor import Replicate, Shard  # lazy: distributed
     from torch.distributed.tensor.parallel import (  # lazy: distributed
         ColwiseParallel,
@@ -106,19 +126,18 @@ def parallelize(model: nn.Module, mesh, gather_logits: bool = False) -> None:
     )
 
     tp = mesh.size()
-    with torch.no_grad():
-        for block in model.blocks():
-            c_attn = block.attn.c_attn
-            c_attn.weight.copy_(_grouped(c_attn.weight, tp))
-            if c_attn.bias is not None:
-                c_attn.bias.copy_(_grouped(c_attn.bias, tp))
+    decoder = list(model.transformer.h.children())  # (a GPT's list, a pipeline stage's dict)
+    for block in decoder:
+        _regroup(block.attn.c_attn, tp)
     plan = {
         "attn.c_attn": ColwiseParallel(),
         "attn.c_proj": RowwiseParallel(),
         "mlp.c_fc": ColwiseParallel(),
         "mlp.c_proj": RowwiseParallel(),
     }
-    for block in model.blocks():
+    if sequence_parallel:
+        plan.update(sequence_plan("attn", "mlp"))
+    for block in decoder:
         parallelize_module(block, mesh, plan)
         block.attn.n_head = model.config.n_head // tp
     wte, head = model.transformer["wte"] if "wte" in model.transformer else None, model.lm_head
@@ -130,11 +149,103 @@ def parallelize(model: nn.Module, mesh, gather_logits: bool = False) -> None:
     if head is not None:
         split = model.split_logits
         ends["lm_head"] = ColwiseParallel(
-            output_layouts=Shard(-1) if split else Replicate(), use_local_output=not split
+            input_layouts=Shard(1) if sequence_parallel else Replicate(),
+            output_layouts=Shard(-1) if split else Replicate(),
+            use_local_output=not split,
         )
     parallelize_module(model, mesh, ends)
+    if sequence_parallel:
+        sequence_split(model, mesh)
     if tied:  # the plans made two parameters of the one matrix: the head reads the embedding's again
         model.lm_head.weight = model.transformer.wte.weight
+    split_seq2seq(model, mesh, plan, sequence_parallel)
+
+
+def split_seq2seq(model: nn.Module, mesh, plan: dict, sequence_parallel: bool = False) -> None:
+    """The seq2seq parts of `parallelize`: the encoder's blocks split by `plan` as the decoder's, and each
+    decoder block's cross-attention by heads (its fused q|k|v reordered as self-attention's; Attention reads
+    q and k, v as slices of this process's shard). Nothing for a decoder-only model. The embedding, split by
+    `parallelize`, is the one table both stacks read."""
+    from torch.distributed.tensor.parallel import (  # lazy: distributed
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    tp = mesh.size()
+    encoder = getattr(model, "encoder", None)
+    crossing = [b for b in model.transformer.h.children() if hasattr(b, "cross_attn")]
+    cross_plan = {"cross_attn.c_attn": ColwiseParallel(), "cross_attn.c_proj": RowwiseParallel()}
+    if sequence_parallel:
+        cross_plan.update(sequence_plan("cross_attn", norms=("ln_cross",)))
+    for block in encoder.h.children() if encoder is not None else ():
+        _regroup(block.attn.c_attn, tp)
+        parallelize_module(block, mesh, plan)
+        block.attn.n_head = model.config.n_head // tp
+    for block in crossing:
+        _regroup(block.cross_attn.c_attn, tp)
+        parallelize_module(block, mesh, cross_plan)
+        block.cross_attn.n_head = model.config.n_head // tp
+
+
+def sequence_plan(*layers: str, norms: tuple[str, ...] = ("ln_1", "ln_2")) -> dict:
+    """Sequence parallelism's entries of a block's plan: the block's input and output and its norms on
+    sequence shards (dim 1), each of `layers` (an attention or MLP) gathering its input whole and its
+    row-wise output projection reduce-scattering back to shards (dropout after it runs on the shards)."""
+    from torch.distributed.tensor import Replicate, Shard  # lazy: distributed
+    from torch.distributed.tensor.parallel import (  # lazy: distributed
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    plan = {norm: SequenceParallel() for norm in norms}
+    for layer in layers:
+        plan[layer] = PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+        )
+        plan[f"{layer}.c_proj"] = RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
+    return plan
+
+
+def sequence_split(model: nn.Module, mesh) -> None:
+    """Sequence parallelism's model-level entries: the embedding's output (with its positions, whole) split
+    into sequence shards at the embedding dropout, the final norms on shards, the encoder's output gathered
+    once for every cross-attention."""
+    from torch.distributed.tensor import Replicate, Shard  # lazy: distributed
+    from torch.distributed.tensor.parallel import (  # lazy: distributed
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    plan = {
+        "transformer.drop": PrepareModuleInput(
+            input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=False
+        ),
+        "transformer.ln_f": SequenceParallel(),
+    }
+    if getattr(model, "encoder", None) is not None:
+        plan["encoder.ln_f"] = SequenceParallel()
+    parallelize_module(model, mesh, plan)
+    from torch.distributed.tensor import DTensor  # lazy: distributed
+
+    for name in ("resid_lambdas", "x0_lambdas"):  # x0_skip's scalars scale the sharded stream: replicated DTensors
+        if hasattr(model, name):
+            p = getattr(model, name)
+            setattr(model, name, nn.Parameter(DTensor.from_local(p.data, mesh, [Replicate()], run_check=False)))
+    if getattr(model, "encoder", None) is not None:
+        gather = PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True)
+        parallelize_module(model.encoder.ln_f, mesh, gather)
+
+
+def _regroup(c_attn: nn.Linear, tp: int) -> None:
+    """A fused q|k|v projection's rows (weight and bias) in `fused_order`, in place, before its split."""
+    with torch.no_grad():
+        c_attn.weight.copy_(_grouped(c_attn.weight, tp))
+        if c_attn.bias is not None:
+            c_attn.bias.copy_(_grouped(c_attn.bias, tp))
 
 
 def held(model: nn.Module) -> int:

@@ -272,7 +272,10 @@ class Run:
             log.print(self.pipe.description)
         self.train_model = parallel.wrap(model, cfg, rt)  # before the optimizer: FSDP swaps in sharded parameters
         if cfg.tp > 1 or cfg.pp > 1:
-            log.print(f"layout {self.layout}: process 0 holds {tensor_parallel.held(model):,} of {total:,} parameters")
+            sp = ", sequence parallel" if cfg.sequence_parallel else ""
+            log.print(
+                f"layout {self.layout}: process 0 holds {tensor_parallel.held(model):,} of {total:,} parameters{sp}"
+            )
         self.optimizer = make_optimizer(model, cfg.optimizer_config(), rt.device, split=cfg.tp > 1)
         self.scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.dtype == torch.float16)
         self.step, self.best_val, self.skipped, self.saved_step, self.tokens_seen = 0, float("inf"), 0, None, 0
