@@ -28,6 +28,11 @@ The allocator (`tune_allocator`, which `setup` calls first, so every command get
   (trimmed only past 2 GiB free) and the heap grows in 512 MiB steps (address space: pages count in the
   RSS once touched). System time, wall time and peak RSS with and without it: bench/README.md, "The
   allocator" (the same loss). The cost: memory freed after a peak is kept until the process exits.
+- Training (`FreeMemoryCap`, the trainer's, on CPU): large blocks come from the heap too (a Multi30k
+  step's ~100 MiB logits were mapped and faulted in afresh every step), and once the resident set passes
+  the preflight estimate plus half a step's activations, free memory is given back (malloc_trim):
+  batches of varying shape leave holes that later shapes do not fit (a 20-minute Multi30k run grew to
+  4.87 GB RSS for an estimate of 1.3 GiB). `malloc_stats` says what malloc holds (mallinfo2).
 - oneDNN's primitive cache is bounded at 128 shapes (`bound_onednn_cache`; ONEDNN_PRIMITIVE_CACHE_CAPACITY
   as the user set it wins): batches of varying shape otherwise add a primitive and its buffers per shape.
 - `GPT_MALLOC=default` keeps glibc's own settings; a MALLOC_*_ variable or a GLIBC_TUNABLES
@@ -206,6 +211,7 @@ FAST_MALLOC = {
     "trim_threshold": (-1, 2**31 - 1),  # M_TRIM_THRESHOLD
     "top_pad": (-2, 512 << 20),  # M_TOP_PAD
 }
+M_MMAP_MAX = -4  # FreeMemoryCap sets it to 0: no block is mmap'd, however large
 
 
 def glibc() -> ctypes.CDLL | None:
@@ -225,6 +231,96 @@ def user_malloc_settings(environ=os.environ) -> set[str]:
     glibc.malloc.mmap_threshold=...): those stay as the user set them."""
     tunables = environ.get("GLIBC_TUNABLES", "")
     return {name for name in FAST_MALLOC if f"MALLOC_{name.upper()}_" in environ or f"glibc.malloc.{name}=" in tunables}
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc's struct mallinfo2 (malloc.h, glibc 2.33+): byte counts over all arenas."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()
+    ]
+
+
+def malloc_stats(libc: ctypes.CDLL | None = None) -> dict[str, int] | None:
+    """What glibc's malloc holds, in bytes: `heap` (from the system, heap arenas), `mmapped` (blocks
+    mapped one by one), `in_use` and `free` (held, free, the pages still resident unless trimmed). None
+    where the C library is not glibc 2.33+."""
+    libc = libc or glibc()
+    info = getattr(libc, "mallinfo2", None) if libc is not None else None
+    if info is None:
+        return None
+    info.restype = _MallInfo2
+    m = info()
+    return {"heap": m.arena, "mmapped": m.hblkhd, "in_use": m.uordblks + m.hblkhd, "free": m.fordblks}
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory now (Linux /proc; None elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class FreeMemoryCap:
+    """Keeps a training process's resident memory under `limit` by giving glibc's free memory back.
+
+        cap = FreeMemoryCap(limit=budget, least=worth_it)
+        cap.after_step()          # between steps: malloc_trim(0) when resident > limit and >= least is free
+
+    With the fast settings freed memory stays with the process for the next step, but batches of
+    varying shape (pairs grouped by length) free and allocate blocks of ever new sizes: free holes
+    that the next sizes do not fit pile up in the heap and every page of them stays resident (a
+    Multi30k run's RSS grew to several times what it used). Past `limit`, glibc's malloc_trim gives back
+    every whole free page, inside free blocks as well as at the heap's top; `least` (resident free
+    memory: the resident set less what malloc has handed out, mallinfo2, less what was resident outside
+    malloc when the cap was made) keeps it from trimming when there is little to give. Each trim costs
+    the next steps the page faults of what it gave back, so the limit is a ceiling, not a target.
+    It also stops glibc from mmap'ing large blocks (M_MMAP_MAX 0; MALLOC_MMAP_MAX_ as the user set it
+    wins): past glibc's largest mmap threshold, 32 MiB, a block (a translation step's logits and their
+    gradients: ~100 MiB each) was mapped and faulted in afresh every step. `trims` counts the trims,
+    `returned` the resident bytes they gave back.
+
+    Footguns: a no-op where the C library is not glibc 2.33+ (no mallinfo2), off Linux (no /proc) or under
+    GPT_MALLOC=default (glibc trims by itself there); a `limit` below what a step uses trims after every
+    step and faults its activations back in (system time), which is what the fast settings are for.
+    """
+
+    def __init__(self, limit: int, least: int = 64 << 20, environ=os.environ, libc: ctypes.CDLL | None = None):
+        self.limit, self.least, self.trims, self.returned = limit, least, 0, 0
+        self.libc = None if environ.get(MALLOC_SWITCH, "").strip() == "default" else (libc or glibc())
+        if self.libc is not None and getattr(self.libc, "mallinfo2", None) is None:
+            self.libc = None
+        self.outside = self._outside() if self.libc is not None else None
+        if self.outside is None:
+            self.libc = None
+        mine = "MALLOC_MMAP_MAX_" in environ or "glibc.malloc.mmap_max=" in environ.get("GLIBC_TUNABLES", "")
+        if self.libc is not None and not mine:  # large blocks from the heap too: reused, not faulted in again
+            self.libc.mallopt(M_MMAP_MAX, 0)
+
+    def _outside(self) -> int | None:
+        resident, stats = resident_bytes(), malloc_stats(self.libc)
+        return None if resident is None or stats is None else resident - stats["in_use"]
+
+    def resident_free(self) -> int:
+        """Bytes of free malloc memory that are resident now (an estimate, see the class notes)."""
+        return max(self._outside() - self.outside, 0) if self.libc is not None else 0
+
+    def after_step(self) -> int:
+        """Trim when the resident set is over `limit` with at least `least` bytes of it free; returns the
+        resident bytes the trim gave back (0: nothing done)."""
+        if self.libc is None:
+            return 0
+        before = resident_bytes()
+        if before <= self.limit or self.resident_free() < self.least:
+            return 0
+        self.libc.malloc_trim(0)
+        self.trims += 1
+        returned = max(before - resident_bytes(), 0)
+        self.returned += returned
+        return returned
 
 
 def tune_allocator(environ=os.environ, libc: ctypes.CDLL | None = None) -> str:

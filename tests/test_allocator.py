@@ -146,3 +146,65 @@ def test_onednn_keeps_a_bounded_number_of_shapes_unless_the_user_says_otherwise(
     mine = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}
     runtime.bound_onednn_cache(mine)
     assert mine == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}
+
+
+# a heap with holes: blocks of 10..40 MiB freed between small blocks that stay, so that no free top can be trimmed
+HOLES = """
+import ctypes, json, sys
+from gpt import runtime
+
+print(runtime.tune_allocator(), file=sys.stderr)
+libc = runtime.glibc()
+libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+
+
+def resident():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+cap = runtime.FreeMemoryCap(int(sys.argv[1]) << 20, least=16 << 20)
+big, small = [], []
+for i in range(16):
+    big.append(libc.malloc((10 + 2 * i) << 20))
+    libc.memset(big[-1], 1, (10 + 2 * i) << 20)  # touched: resident
+    small.append(libc.malloc(4096))
+for b in big:
+    libc.free(b)
+before, free = resident(), runtime.malloc_stats(libc)["free"]
+done = cap.after_step()
+returned = before - resident()
+mapped = runtime.malloc_stats(libc)["mmapped"]
+large = libc.malloc(512 << 20)  # over glibc's largest mmap threshold (32 MiB) and every free block (untouched)
+mapped = runtime.malloc_stats(libc)["mmapped"] - mapped
+print(json.dumps({"free": free, "done": done, "trims": cap.trims, "returned": returned, "mapped": mapped,
+                  "counted": cap.returned}))
+"""
+
+
+def holes(limit_mib: int, **env) -> dict:
+    import os
+
+    environ = {k: v for k, v in os.environ.items() if k != runtime.MALLOC_SWITCH and not k.startswith("MALLOC_")}
+    res = subprocess.run(
+        [sys.executable, "-c", HOLES, str(limit_mib)], cwd=ROOT, capture_output=True, text=True, env={**environ, **env}
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not hasattr(runtime.glibc(), "mallinfo2"), reason="mallinfo2: glibc 2.33+")
+def test_free_memory_past_the_cap_goes_back_to_the_system():
+    """400 MiB freed in holes the heap's top cannot give back: with the resident set over a limit of 64 MiB,
+    malloc_trim returns the pages (the resident set falls by most of them); under a limit of 1 GiB they stay
+    for the next step. Blocks over glibc's mmap threshold come from the heap, unless the user says otherwise."""
+    trimmed = holes(64)
+    assert trimmed["free"] >= 400 * MiB and trimmed["trims"] == 1
+    assert trimmed["returned"] >= 350 * MiB and trimmed["done"] == trimmed["counted"] >= 350 * MiB
+    assert trimmed["mapped"] == 0  # a block of 512 MiB comes from the heap
+    kept = holes(1024)
+    assert kept["done"] == 0 and kept["trims"] == 0 and abs(kept["returned"]) < 16 * MiB
+    assert holes(1024, MALLOC_MMAP_MAX_="65536")["mapped"] >= 512 * MiB  # the user's setting wins
+    off = holes(64, GPT_MALLOC="default")  # glibc's own settings: the cap does nothing
+    assert off["done"] == 0 and off["trims"] == 0 and off["mapped"] >= 512 * MiB

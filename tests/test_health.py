@@ -306,3 +306,12 @@ def test_batch_size_auto_on_cuda(tiny_char_data, tmp_path):
     assert "batch size auto: micro-batches of up to " in res.stdout
     saved = json.loads((tmp_path / "auto" / "config.json").read_text())["train"]
     assert saved["batch_size"] * saved["grad_accum"] >= 4096 and saved["batch_size"] > 1
+
+
+def test_a_cpu_run_is_held_under_the_estimate_plus_the_allocators_slack():
+    """The resident limit (gpt.runtime.FreeMemoryCap's) is the estimate plus half the activations, at least
+    preflight.MIN_SLACK: a step's activations are what the allocator frees and needs again."""
+    big = {"weights": 1 << 20, "gradients": 1 << 20, "optimizer": 2 << 20, "activations": 1 << 30, "runtime": 3 << 20}
+    assert preflight.resident_limit(big) == (sum(big.values()) + (512 << 20), 512 << 20)
+    small = {**big, "activations": 1 << 20}
+    assert preflight.resident_limit(small) == (sum(small.values()) + preflight.MIN_SLACK, preflight.MIN_SLACK)

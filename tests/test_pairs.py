@@ -558,3 +558,35 @@ def test_every_batch_is_checked_where_the_open_check_misses_damage(tmp_path, bad
     )
     assert r.returncode == 2 and re.match(message[1:].replace("^", ""), r.stderr[len("error: ") :]), r.stderr
     assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1
+
+
+def test_padding_to_a_multiple_repeats_shapes_and_keeps_the_loss(corpus):
+    """pad_to=8: every batch's lengths are multiples of 8 (far fewer shapes), within max_tokens, every pair
+    once; and an encoder-decoder's loss on the same pairs equals the unpadded batch's (the padding is masked
+    in the source and ignored in the targets)."""
+    from gpt import GPT, GPTConfig
+
+    plain, padded = (PairBatches(corpus, "train", max_tokens=200, pad_to=p) for p in (1, 8))
+    shapes = {p: {tuple(x.shape for x in b) for b in batches} for p, batches in ((1, plain), (8, padded))}
+    assert all(s[0][1] % 8 == 0 and s[2][1] % 8 == 0 for s in shapes[8])
+    assert len(shapes[8]) < len(shapes[1]) / 2
+    assert all(src.size(0) * max(src.size(1), tgt_in.size(1)) <= 200 for src, _, tgt_in, _ in padded)
+    assert sorted(i for b in padded.batches for i in b) == list(range(corpus.num_pairs("train")))
+    assert padded.padding_fraction() > plain.padding_fraction()
+    torch.manual_seed(0)
+    model = GPT(
+        GPTConfig(vocab_size=corpus.vocab_size, block_size=64, n_layer=2, n_encoder_layer=2, n_head=2, n_embd=32)
+    ).eval()
+    grown = [b for b in padded.batches if plain.collate(b)[2].shape != padded.collate(b)[2].shape]
+    assert len(grown) >= 4
+    for idx in grown[:4]:
+        (src, mask, tgt_in, tgt_out), (psrc, pmask, ptgt_in, ptgt_out) = plain.collate(idx), padded.collate(idx)
+        with torch.no_grad():
+            _, loss = model(tgt_in, tgt_out, src, mask)
+            _, padded_loss = model(ptgt_in, ptgt_out, psrc, pmask)
+        assert padded_loss.item() == pytest.approx(loss.item(), rel=1e-5)
+
+
+def test_pad_to_below_one_is_an_error(corpus):
+    with pytest.raises(ValueError, match="pad_to >= 1"):
+        PairBatches(corpus, "train", max_tokens=200, pad_to=0)

@@ -713,6 +713,15 @@ def test_seq2seq_trains_with_the_same_loop_and_resumes_exactly(reverse_pairs, tm
     assert meta["seq2seq"]["eos"] == meta["seq2seq"]["bos"] and meta["model_config"]["n_encoder_layer"] == 2
 
 
+def test_pad_to_trains_and_the_padded_length_must_fit_the_block(reverse_pairs, tmp_path):
+    tiny = ["--data", reverse_pairs, "--n-encoder-layer", "1", "--n-layer", "1", "--n-head", "2", "--n-embd", "16"]
+    tiny += ["--block-size", "16", "--max-tokens", "128", "--eval-iters", "1", "--log-interval", "1", "--no-plot"]
+    out = train_run(*tiny, "--pad-to", "8", "--out-dir", tmp_path / "a", "--max-iters", "3")
+    assert math.isfinite(out["val_loss"])
+    with pytest.raises(ValueError, match=r"longest side \(9 tokens, 32 padded to a multiple of --pad-to 32\)"):
+        train_run(*tiny, "--pad-to", "32", "--out-dir", tmp_path / "b", "--max-iters", "1")
+
+
 def test_pairs_dataset_needs_an_encoder(reverse_pairs, tmp_path):
     with pytest.raises(ValueError, match="n_encoder_layer: a pairs dataset needs an encoder"):
         train_run("--data", reverse_pairs, "--out-dir", tmp_path / "o", "--n-layer", "1", "--block-size", "8")

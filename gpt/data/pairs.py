@@ -363,6 +363,10 @@ class PairBatches:
 
     Padding: `src` and `tgt_in` hold `pad` there, `src_mask` is False and `tgt_out` is -1 (the
     loss's ignore_index). Batches hold different numbers of tokens; the loss is a mean per token.
+    `pad_to` > 1 pads both sides' lengths up to a multiple of it (packing counts the padded widths),
+    so that batch shapes repeat: every new shape costs the CPU new oneDNN primitives and blocks of new
+    sizes that the allocator's free holes do not fit (Multi30k at 3,072 tokens: 137 shapes, 5% padding;
+    pad_to 8: 24 shapes, 22% padding). The loss on the real tokens is the same.
     """
 
     def __init__(
@@ -375,17 +379,23 @@ class PairBatches:
         world_size: int = 1,
         grad_accum: int = 1,
         device="cpu",
+        pad_to: int = 1,
     ):
         import torch  # here, not at the top: preparing a dataset never imports torch
 
-        if not (0 <= rank < world_size) or grad_accum < 1:
-            raise ValueError(f"need 0 <= rank < world_size and grad_accum >= 1, got {rank}, {world_size}, {grad_accum}")
+        if not (0 <= rank < world_size) or grad_accum < 1 or pad_to < 1:
+            raise ValueError(
+                f"need 0 <= rank < world_size, grad_accum >= 1 and pad_to >= 1, got {rank}, {world_size}, "
+                f"{grad_accum}, {pad_to}"
+            )
         self.dataset, self.split, self.max_tokens, self.seed = dataset, split, max_tokens, seed
-        self.rank, self.world_size, self.grad_accum = rank, world_size, grad_accum
+        self.rank, self.world_size, self.grad_accum, self.pad_to = rank, world_size, grad_accum, pad_to
         self.device = torch.device(device)
         src_len, tgt_len = dataset.lengths(split)
         self.src_len, self.tgt_len = src_len + 1, tgt_len + 1  # with the end / start token
-        longest = int(np.maximum(self.src_len, self.tgt_len).max())
+        # the padded widths a batch takes: multiples of pad_to (what packing counts)
+        self.src_width, self.tgt_width = -(-self.src_len // pad_to) * pad_to, -(-self.tgt_len // pad_to) * pad_to
+        longest = int(np.maximum(self.src_width, self.tgt_width).max())
         if longest > max_tokens:
             raise PairsError(
                 f"max_tokens={max_tokens} is smaller than the longest {split} pair ({longest} tokens per side): "
@@ -400,10 +410,10 @@ class PairBatches:
         order = perm[np.argsort(self.src_len[perm], kind="stable")]  # by source, then target length
         batches, start, width = [], 0, 0
         for end, i in enumerate(order):
-            w = max(width, self.src_len[i], self.tgt_len[i])
+            w = max(width, self.src_width[i], self.tgt_width[i])
             if (end - start + 1) * w > self.max_tokens:
                 batches.append(order[start:end])
-                start, w = end, max(self.src_len[i], self.tgt_len[i])
+                start, w = end, max(self.src_width[i], self.tgt_width[i])
             width = w
         batches.append(order[start:])
         return batches
@@ -420,9 +430,8 @@ class PairBatches:
         """Share of padded positions over both sides of all batches (the waste length grouping avoids)."""
         real = padded = 0
         for b in self.batches:
-            s, t = self.src_len[b], self.tgt_len[b]
-            real += s.sum() + t.sum()
-            padded += len(b) * (s.max() + t.max())
+            real += self.src_len[b].sum() + self.tgt_len[b].sum()
+            padded += len(b) * (self.src_width[b].max() + self.tgt_width[b].max())
         return float(1 - real / padded)
 
     def indices(self, step: int, micro_step: int = 0) -> np.ndarray:
@@ -443,7 +452,7 @@ class PairBatches:
 
     def collate(self, idx: np.ndarray):
         ds = self.dataset
-        S, T = int(self.src_len[idx].max()), int(self.tgt_len[idx].max())
+        S, T = int(self.src_width[idx].max()), int(self.tgt_width[idx].max())
         src = np.full((len(idx), S), ds.pad, dtype=np.int64)
         tgt_in = np.full((len(idx), T), ds.pad, dtype=np.int64)
         tgt_out = np.full((len(idx), T), -1, dtype=np.int64)

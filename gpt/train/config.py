@@ -112,6 +112,7 @@ class TrainConfig:
         1, "micro-batches per optimizer step, over all processes (global batch = batch_size * grad_accum)"
     )
     max_tokens: int = opt(0, "seq2seq: tokens per micro-batch, pairs grouped by length (0 = batch_size * block_size)")
+    pad_to: int = opt(1, "seq2seq: pad batches' lengths to a multiple of this, so that shapes repeat (1 = off)")
     sampling: str = opt(
         "random",
         "token datasets' training windows: random (with replacement) | epoch (each window once per epoch); pairs "
@@ -229,7 +230,7 @@ class TrainConfig:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 out.append(f"{flag(name)}: {getattr(self, name)!r} is not one of {', '.join(map(repr, allowed))}")
-        for name in ("grad_accum", "max_iters", "eval_interval", "log_interval", "tp", "pp"):
+        for name in ("grad_accum", "max_iters", "eval_interval", "log_interval", "tp", "pp", "pad_to"):
             if getattr(self, name) < 1:
                 out.append(f"{flag(name)}: must be >= 1, got {getattr(self, name)}")
         if self.batch_size < 0 or (self.batch_size == 0 and not self.global_batch):  # 0 + a global batch = auto

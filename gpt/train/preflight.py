@@ -19,11 +19,14 @@ The memory estimate is per process, in bytes:
 | runtime     | CPU only: what the process held before the model (torch's libraries, the data), so the  |
 |             | sum is comparable with the RSS                                                         |
 
-Checked against a measured peak RSS (CPU, bf16, Multi30k's multi30k_cpu, 3,072 tokens of pairs, glibc
-tuned by gpt.runtime): the estimate is somewhat below it, where counting a batch of pairs as batch_size x
-block_size tokens and a logit as 10 bytes had put it at a fraction of it. Temporary buffers and the
-allocator's slack are left out, so a real peak is usually somewhat higher; on CUDA the log lines show the
-measured peak (`mem`) next to it.
+On a CPU the run holds its resident set under the estimate plus `resident_limit`'s slack (half the
+activations: the allocator's free memory, which varying batch shapes fragment) by trimming glibc's free
+memory past it (gpt.runtime.FreeMemoryCap); the preflight line says that limit. The estimate itself counts
+what is in use: a multi30k_cpu step (bf16, 3,072 tokens of pairs) used ~0.5 GiB of malloc'd memory above
+the process's start for an activation estimate of 0.87 GiB, while the allocator's free memory held the
+rest of the resident set (bench/results/m30k_memory.json: the peak RSS of 13-minute runs against the
+estimate, before and after the limit and --pad-to). A step's peak can pass the limit before the trim
+after it; on CUDA the log lines show the measured peak (`mem`) next to the estimate.
 
 `--batch-size auto` (CUDA only) tries micro-batches on the real model, a forward and backward pass
 each with the optimizer's memory held aside, under a 90% cap of the GPU's memory (headroom for
@@ -34,13 +37,13 @@ the micro-batch and `--grad-accum` that keep `--global-batch`.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 
 import torch
 
 from gpt.errors import ConfigError
 from gpt.progress import format_duration
+from gpt.runtime import resident_bytes
 
 PREFLIGHT_STEPS = 5  # steps measured before the first ETA is said (the first one pays for warm-up)
 MEMORY_CAP = 0.9  # share of the GPU's memory a probed micro-batch may use
@@ -83,13 +86,30 @@ def memory_estimate(
     }
 
 
-def resident_bytes() -> int | None:
-    """This process's resident memory now (Linux /proc; None elsewhere)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
+def _pairs_tokens(model: torch.nn.Module, cfg) -> int | None:
+    """A seq2seq run's most tokens per side of a micro-batch (None: not seq2seq)."""
+    return cfg.max_tokens or cfg.batch_size * cfg.model.block_size if model.config.n_encoder_layer else None
+
+
+def run_estimate(model: torch.nn.Module, cfg, rt) -> dict[str, int]:
+    """`memory_estimate` for this run's micro-batches, with the CPU's `runtime` part (see the module table)."""
+    micro = _pairs_tokens(model, cfg)
+    batch, seq = (1, micro) if micro else (cfg.batch_size, cfg.model.block_size)  # pairs: --max-tokens a side
+    mem = memory_estimate(model, batch, seq, autocast=rt.dtype != torch.float32, optimizer=cfg.optimizer)
+    resident = resident_bytes() if rt.device.type == "cpu" else None
+    if resident is not None:  # the weights are already in it
+        mem["runtime"] = max(resident - mem["weights"], 0)
+    return mem
+
+
+MIN_SLACK = 256 << 20  # the allocator's free memory a CPU run may hold at least (small models' steps vary more)
+
+
+def resident_limit(mem: dict[str, int]) -> tuple[int, int]:
+    """(limit, slack): the resident set a CPU run is held under (gpt.runtime.FreeMemoryCap), the estimate
+    plus `slack` for the allocator's free memory: half a step's activations, at least MIN_SLACK."""
+    slack = max(mem["activations"] // 2, MIN_SLACK)
+    return sum(mem.values()) + slack, slack
 
 
 def report(model: torch.nn.Module, cfg, rt, accum: int) -> list[str]:
@@ -98,16 +118,12 @@ def report(model: torch.nn.Module, cfg, rt, accum: int) -> list[str]:
     group share a batch)."""
     total = sum(t.numel() for t in _unique_tensors(model) if isinstance(t, torch.nn.Parameter))
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    micro = cfg.max_tokens or cfg.batch_size * cfg.model.block_size if model.config.n_encoder_layer else None
+    micro = _pairs_tokens(model, cfg)
     replicas = rt.world_size
     by = "data replicas" if cfg.tp * cfg.pp > 1 else "processes"
     tokens = (micro or cfg.batch_size * cfg.model.block_size) * accum * replicas
     shape = f"<= {micro:,} tokens of pairs" if micro else f"{cfg.batch_size} x {cfg.model.block_size}"
-    batch, seq = (1, micro) if micro else (cfg.batch_size, cfg.model.block_size)  # pairs: --max-tokens a side
-    mem = memory_estimate(model, batch, seq, autocast=rt.dtype != torch.float32, optimizer=cfg.optimizer)
-    resident = resident_bytes() if rt.device.type == "cpu" else None
-    if resident is not None:  # the weights are already in it
-        mem["runtime"] = max(resident - mem["weights"], 0)
+    mem = run_estimate(model, cfg, rt)
     frozen = f", {total - trained:,} frozen" if trained < total else ""
     return [
         f"preflight: {total:,} parameters, {trained:,} trained ({trained / max(total, 1):.2%}){frozen}",
@@ -116,7 +132,12 @@ def report(model: torch.nn.Module, cfg, rt, accum: int) -> list[str]:
         f"{tokens * cfg.max_iters:,} tokens",
         "preflight: estimated memory per process "
         + " + ".join(f"{k} {gib(v)}" for k, v in mem.items())
-        + f" = {gib(sum(mem.values()))}",
+        + f" = {gib(sum(mem.values()))}"
+        + (
+            f"; held under {gib(resident_limit(mem)[0])} resident (free memory past it is trimmed)"
+            if "runtime" in mem
+            else ""
+        ),
     ]
 
 

@@ -139,9 +139,11 @@ class Translation:
             problems.append("n_encoder_layer: a pairs dataset needs an encoder (e.g. --config multi30k_cpu)")
         splits = self.dataset.meta["splits"].values()
         need = 1 + max(max(s["max_src_len"], s["max_tgt_len"]) for s in splits)  # plus the start / end token
-        if cfg.model.block_size < need:
+        padded = -(-need // cfg.pad_to) * cfg.pad_to
+        if cfg.model.block_size < padded:
             problems.append(
-                f"block_size: {cfg.model.block_size} is shorter than the dataset's longest side ({need} tokens)"
+                f"block_size: {cfg.model.block_size} is shorter than the dataset's longest side ({need} tokens"
+                + (f", {padded} padded to a multiple of --pad-to {cfg.pad_to})" if padded > need else ")")
             )
         if problems:
             raise ConfigError("\n".join(problems))
@@ -160,6 +162,7 @@ class Translation:
             world_size=rt.world_size,
             grad_accum=accum,
             device=rt.device,
+            pad_to=cfg.pad_to,
         )
 
     @staticmethod
@@ -183,7 +186,9 @@ class Translation:
 
     def eval_batches(self, split: str):
         cfg = self.cfg
-        batches = PairBatches(self.dataset, split, self._tokens(cfg), seed=cfg.seed + 1, device=self.rt.device)
+        batches = PairBatches(
+            self.dataset, split, self._tokens(cfg), seed=cfg.seed + 1, device=self.rt.device, pad_to=cfg.pad_to
+        )
         if split == "val" or cfg.eval_iters == 0:
             return Counted(len(batches), (self._args(b) for b in batches))  # the whole split once
         return Counted(cfg.eval_iters, (self._args(batches.get(i)) for i in range(cfg.eval_iters)))

@@ -38,7 +38,7 @@ from gpt.errors import ConfigError
 from gpt.model import lora, qat
 from gpt.model.transformer import GPT
 from gpt.progress import Progress, format_duration
-from gpt.runtime import Runtime, setup
+from gpt.runtime import FreeMemoryCap, Runtime, setup
 from gpt.train import parallel, pipeline, plot, preflight, start, tensor_parallel
 from gpt.train.config import OptimizerConfig, TrainConfig
 from gpt.train.health import HealthMonitor
@@ -495,6 +495,9 @@ class Run:
         )
         for line in preflight.report(self.model, cfg, self.data_rt, self.accum):
             log.print(line)
+        # CPU: resident memory held under the estimate + the allocator's slack (gpt/runtime.py, FreeMemoryCap)
+        limit, slack = preflight.resident_limit(preflight.run_estimate(self.model, cfg, self.data_rt))
+        free_cap = FreeMemoryCap(limit, slack // 2) if rt.device.type == "cpu" else None
         if cfg.compile:  # the first step traces and compiles: say so before the wait
             log.print(
                 "compiling the model for the first step (torch.compile: tens of seconds on a CPU, less "
@@ -509,6 +512,8 @@ class Run:
         with StopSignal() as stop:
             while self.step < cfg.max_iters:
                 loss, grad_norm, loss_f, norm_f, lr = self.train_one_step()
+                if free_cap is not None:
+                    free_cap.after_step()
                 for warning in self.health.check(self.step, loss_f, norm_f):
                     log.print(f"warning: {warning}")
                     log.record("health", self.step, warning=warning)
@@ -564,6 +569,11 @@ class Run:
                         f"stopped by {reason} at step {self.step}; resume with: gpt train --resume {self.out_dir}"
                     )
                     break
+        if free_cap is not None and free_cap.trims:
+            log.print(
+                f"allocator: {free_cap.trims} trims (resident set over {preflight.gib(free_cap.limit)}) gave "
+                f"{preflight.gib(free_cap.returned)} back"
+            )
         return self._finish(last_eval, stop.signum)
 
     def _is_log_step(self, step: int) -> bool:
