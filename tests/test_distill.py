@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TRAIN, one_line_error, save_random_lm, torchrun, train_run, train_script
+from conftest import CHAT_TRAIN, TRAIN, one_line_error, save_random_lm, torchrun, train_run, train_script
 
 from gpt.checkpoints import native
 from gpt.checkpoints.hf import export_hf
@@ -171,3 +171,25 @@ def test_fsdp_distils_from_a_sharded_teacher_as_one_process_does(tiny_char_data,
     assert [s for s, *_ in losses(tmp_path / "fsdp")] == [1, 2]
     for a, b in zip(losses(tmp_path / "fsdp"), losses(tmp_path / "one")):
         assert a == pytest.approx(b, rel=1e-5)
+
+
+def test_chat_sft_distils_from_a_chat_teacher_and_refuses_its_base(chat_run, base_run, chat_data, tmp_path, capsys):
+    """The chat dataset's prompts (targets -1) are masked in the KL as in the usual loss (kl_term above); its
+    base, without the template's tokens, is another tokenizer."""
+    common = [
+        "--data",
+        chat_data,
+        "--config",
+        "sft",
+        *CHAT_TRAIN,
+        "--block-size",
+        "192",
+        "--max-iters",
+        "1",
+        "--eval-interval",
+        "1",
+    ]
+    train_run(*common, "--out-dir", tmp_path / "chat", "--distill-from", chat_run)
+    assert len(losses(tmp_path / "chat")) == 1
+    err = one_line_error(capsys, train_script.main, *common, "--out-dir", tmp_path / "b", "--distill-from", base_run)
+    assert "tokenizer" in err and str(base_run) in err
