@@ -106,6 +106,8 @@ def test_a_teacher_with_another_tokenizer_or_pp_is_one_line(tiny_char_data, tmp_
     assert f"--distill-from {other}" in err and "tokenizer" in err and str(tiny_char_data) in err
     err = one_line_error(capsys, train_script.main, *common, "--distill-from", other, "--pp", "2")
     assert "--distill-from: not with --pp" in err
+    err = one_line_error(capsys, train_script.main, *common, "--distill-from", tmp_path / "nothing")
+    assert err.startswith(f"error: --distill-from: no checkpoint at {tmp_path / 'nothing'}")
     err = one_line_error(capsys, train_script.main, *common, "--distill-alpha", "0.3")
     assert "--distill-alpha: give --distill-from" in err
 

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt.checkpoints import loader
+from gpt.checkpoints.native import CheckpointError
 from gpt.errors import ConfigError
 from gpt.train.start import tokenizers_match
 
@@ -56,7 +57,10 @@ class Teacher:
         weights in the run's compute dtype; refused in one line unless its tokenizer is the dataset's and it
         is decoder-only."""
         path, data = cfg.distill_from, cfg.data
-        model, meta = loader.load_model(path, device=rt.device)
+        try:
+            model, meta = loader.load_model(path, device=rt.device)
+        except CheckpointError as e:  # (no checkpoint there: the message names the flag)
+            raise ConfigError(f"--distill-from: {e}") from None
         spec = meta["tokenizer"]
         if not tokenizers_match(spec, task.tokenizer_spec):
             raise ConfigError(
