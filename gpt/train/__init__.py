@@ -10,6 +10,7 @@
   `mesh.py` the processes as pipeline x data x tensor parallel (`Layout`, the DeviceMesh);
   `tensor_parallel.py` `--tp`: each block's matrices split over the mesh's "tp" processes; `pipeline.py`
   pipeline parallelism (`--pp`: the decoder in stages, its schedule, step and evaluation);
+- `distill.py` knowledge distillation (`--distill-from`): the frozen teacher and the KL term mixed into the loss;
 - `rundir.py` the run directory and its lock; `runlog.py` console / JSONL / W&B / TensorBoard;
   `health.py` loss spikes and gradients; `preflight.py` parameters, memory and ETA before step 1;
   `stopping.py` signals and the time limit; `plan.py` the memory planner; `sizing.py` a whole run sized from

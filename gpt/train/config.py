@@ -182,6 +182,10 @@ class TrainConfig:
         "--quantize (int8, int4) or gguf --quant q4_0 will hold (off when empty)",
     )
     qat_group_size: int = opt(32, "--qat int4: input features sharing a scale, 32 | 64 | 128 (as --group-size)")
+    # knowledge distillation (gpt/train/distill.py)
+    distill_from: str = opt("", "distil from a teacher: a run dir, checkpoint or HF dir with the dataset's tokenizer")
+    distill_alpha: float = opt(0.5, "--distill-from: the KL term's weight; (1 - alpha) weighs the usual loss")
+    distill_temperature: float = opt(2.0, "--distill-from: softmax temperature of the KL term (scaled by T^2)")
     # system
     seed: int = opt(1337, "seed for initialisation, dropout and data order")
     device: str = opt("auto", "auto | cpu | cuda | cuda:N | mps")
@@ -270,8 +274,21 @@ class TrainConfig:
             out.append(
                 "--resume and --init-from: give one or the other (resume continues a run, init_from starts a new one)"
             )
-        out += self.lora_problems()
-        out += self.qat_problems()
+        out += self.lora_problems() + self.qat_problems() + self.distill_problems()
+        return out
+
+    def distill_problems(self) -> list[str]:
+        if not self.distill_from:
+            names = ("distill_alpha", "distill_temperature")
+            given = [flag(f.name) for f in fields(self) if f.name in names and getattr(self, f.name) != f.default]
+            return [f"{', '.join(given)}: give --distill-from TEACHER, or drop them"] if given else []
+        out = [f"--distill-from: not with {flag(n)} in this version" for n in ("pp", "tp") if getattr(self, n) > 1]
+        if self.model.n_encoder_layer:
+            out.append("--distill-from: decoder-only models only, not seq2seq (--n-encoder-layer), in this version")
+        if not 0 <= self.distill_alpha <= 1:
+            out.append(f"--distill-alpha: must be in [0, 1], got {self.distill_alpha}")
+        if self.distill_temperature <= 0:
+            out.append(f"--distill-temperature: must be > 0, got {self.distill_temperature}")
         return out
 
     def qat_problems(self) -> list[str]:

@@ -28,6 +28,7 @@ import signal
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -39,7 +40,7 @@ from gpt.model import lora, qat
 from gpt.model.transformer import GPT
 from gpt.progress import Progress, format_duration
 from gpt.runtime import FreeMemoryCap, Runtime, setup
-from gpt.train import parallel, pipeline, plot, preflight, start, tensor_parallel
+from gpt.train import distill, parallel, pipeline, plot, preflight, start, tensor_parallel
 from gpt.train.config import OptimizerConfig, TrainConfig
 from gpt.train.health import HealthMonitor
 from gpt.train.mesh import Layout
@@ -101,6 +102,7 @@ def train_step(
     grad_clip: float,
     count=count_targets,
     loss_context=nullcontext,
+    teacher: distill.Teacher | None = None,
 ):
     """Accumulate `accum` micro-batches, then clip; returns (mean loss, gradient norm, tokens trained on:
     `count(batch)` summed).
@@ -111,6 +113,7 @@ def train_step(
     Each micro-loss is divided by `accum` so the summed gradients equal the gradient of the mean
     loss over the whole global batch, the same as one big batch would give. `loss_context` is entered
     around each forward and backward (--tp: the vocabulary-parallel loss, gpt/train/tensor_parallel.py).
+    `teacher` (--distill-from): each micro-loss mixed with the KL to the teacher's logits (gpt/train/distill.py).
     """
     total = torch.zeros((), device=rt.device)
     tokens = torch.zeros((), dtype=torch.long, device=rt.device)
@@ -119,8 +122,8 @@ def train_step(
         last = micro == accum - 1
         with parallel.micro_step(train_model, last), loss_context():
             with rt.autocast():
-                _, loss = train_model(*batch)
-                loss = loss / accum
+                logits, loss = train_model(*batch)
+                loss = (teacher.mix(logits, loss, batch) if teacher else loss) / accum
             scaler.scale(loss).backward()
         total += parallel.full(loss.detach())
         tokens += count(batch)
@@ -265,6 +268,9 @@ class Run:
         self.cfg = cfg = replace(cfg, model=model.config)
         tensor_parallel.check(model.config, cfg.tp)  # a resumed or --init-from model's shape: known only now
         self.model = model.to(rt.device)
+        self.teacher = distill.Teacher.load(cfg, task, rt, model.config.vocab_size) if cfg.distill_from else None
+        if self.teacher:
+            log.print(self.teacher.describe())
         total = model.num_params(non_embedding=False)  # the whole model's, before a pipeline keeps its stages
         self.pipe = pipeline.Pipeline(model, cfg, rt) if cfg.pp > 1 else None  # this process's stages
         if self.pipe:
@@ -456,7 +462,8 @@ class Run:
         cfg, optimizer, scaler = self.cfg, self.optimizer, self.scaler
         lr = set_hyperparameters(optimizer, self.step, cfg)
         with explain_oom(cfg, self.step + 1, self.out_dir):
-            loss, grad_norm, n_tokens = (self.pipe.train_step if self.pipe else train_step)(
+            step_fn = self.pipe.train_step if self.pipe else partial(train_step, teacher=self.teacher)
+            loss, grad_norm, n_tokens = step_fn(
                 self.train_model,
                 optimizer,
                 scaler,
