@@ -305,8 +305,13 @@ def test_tp2_seq2seq_matches_one_process_and_resumes_in_one(pairs_data, tmp_path
     "data,options",
     [
         ("char", ["--pos-encoding", "rope", "--qk-norm", "--x0-skip", "--logit-softcap", "15", "--bias"]),
-        ("char", ["--norm", "post", "--pos-encoding", "sinusoidal", "--label-smoothing", "0.1", "--untied-head"]),
-        ("char", ["--activation-checkpointing", "--grad-clip", "1"]),  # learned positions
+        # (the other recipe options: out of the default run's time, `-m slow`)
+        pytest.param(
+            "char",
+            ["--norm", "post", "--pos-encoding", "sinusoidal", "--label-smoothing", "0.1", "--untied-head"],
+            marks=pytest.mark.slow,
+        ),
+        pytest.param("char", ["--activation-checkpointing", "--grad-clip", "1"], marks=pytest.mark.slow),  # learned
         ("pairs", ["--norm", "post", "--pos-encoding", "sinusoidal", "--bias"]),  # seq2seq
     ],
 )
