@@ -331,3 +331,19 @@ def chat_run(base_run, chat_data, tmp_path_factory):
     train_run("--data", chat_data, "--init-from", base_run, "--config", "sft", *CHAT_TRAIN, "--out-dir", out,
               "--max-iters", "4", "--eval-interval", "4")  # fmt: skip
     return out
+
+
+def reversed_words(directory: Path, n: int) -> Path:
+    """A tiny translation task: `n` lowercase words and their reverses, as a pairs dataset in `directory`."""
+    import random
+
+    from gpt.data.pairs import prepare_pairs
+
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefgh") for _ in range(rng.randint(3, 8))) for _ in range(n)]
+    (directory / "src.txt").write_text("\n".join(words) + "\n")
+    (directory / "tgt.txt").write_text("\n".join(w[::-1] for w in words) + "\n")
+    prepare_pairs(
+        directory / "src.txt", directory / "tgt.txt", directory / "rev", tokenizer="char", val_fraction=0.1, max_len=16
+    )
+    return directory / "rev"

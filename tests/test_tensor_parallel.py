@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 from conftest import TINY as TRAIN_TINY
-from conftest import torchrun
+from conftest import reversed_words, torchrun
 
 from gpt.checkpoints import loader, native
 from gpt.cli import dcp as cli_dcp
@@ -252,17 +252,7 @@ def test_tp2_runs_the_other_options_as_one_process(char_data, tmp_path):
 @pytest.fixture(scope="module")
 def pairs_data(tmp_path_factory):
     """A tiny translation task (words and their reverses) as a pairs dataset, as tests/test_train.py's."""
-    import random
-
-    from gpt.data.pairs import prepare_pairs
-
-    d = tmp_path_factory.mktemp("pairs")
-    rng = random.Random(0)
-    words = ["".join(rng.choice("abcdefgh") for _ in range(rng.randint(3, 8))) for _ in range(300)]
-    (d / "src.txt").write_text("\n".join(words) + "\n")
-    (d / "tgt.txt").write_text("\n".join(w[::-1] for w in words) + "\n")
-    prepare_pairs(d / "src.txt", d / "tgt.txt", d / "rev", tokenizer="char", val_fraction=0.1, max_len=16)
-    return d / "rev"
+    return reversed_words(tmp_path_factory.mktemp("pairs"), 300)
 
 
 SEQ2SEQ = [

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, TINY, prepare, torchrun, train_run
+from conftest import ROOT, TINY, prepare, reversed_words, torchrun, train_run
 
 from gpt.checkpoints import loader
 from gpt.errors import ConfigError
@@ -649,17 +649,7 @@ def test_ddp_two_processes_match_one_and_resume_in_one(char_data, tmp_path, opti
 @pytest.fixture(scope="session")
 def reverse_pairs(tmp_path_factory):
     """A tiny translation task: lowercase words and their reverses, as a pairs dataset."""
-    import random
-
-    from gpt.data.pairs import prepare_pairs
-
-    d = tmp_path_factory.mktemp("pairs")
-    rng = random.Random(0)
-    words = ["".join(rng.choice("abcdefgh") for _ in range(rng.randint(3, 8))) for _ in range(1200)]
-    (d / "src.txt").write_text("\n".join(words) + "\n")
-    (d / "tgt.txt").write_text("\n".join(w[::-1] for w in words) + "\n")
-    prepare_pairs(d / "src.txt", d / "tgt.txt", d / "rev", tokenizer="char", val_fraction=0.1, max_len=16)
-    return d / "rev"
+    return reversed_words(tmp_path_factory.mktemp("pairs"), 1200)
 
 
 @pytest.mark.precision

@@ -24,8 +24,8 @@ activations: the allocator's free memory, which varying batch shapes fragment) b
 memory past it (gpt.runtime.FreeMemoryCap); the preflight line says that limit. The estimate itself counts
 what is in use: a multi30k_cpu step (bf16, 3,072 tokens of pairs) used ~0.5 GiB of malloc'd memory above
 the process's start for an activation estimate of 0.87 GiB, while the allocator's free memory held the
-rest of the resident set (bench/results/m30k_memory.json: the peak RSS of 13-minute runs against the
-estimate, before and after the limit and --pad-to). A step's peak can pass the limit before the trim
+rest of the resident set (bench/results/m30k_memory.json: the peak RSS of 13-minute runs on a busy machine
+against the estimate, before and after the limit and --pad-to; bench/results/m30k-memory.json: a quiet run). A step's peak can pass the limit before the trim
 after it; on CUDA the log lines show the measured peak (`mem`) next to the estimate.
 
 `--batch-size auto` (CUDA only) tries micro-batches on the real model, a forward and backward pass
