@@ -18,15 +18,18 @@ The memory estimate is per process, in bytes:
 |             | attention keeps no T x T scores. Seq2seq: --max-tokens per side, the most a batch holds |
 | runtime     | CPU only: what the process held before the model (torch's libraries, the data), so the  |
 |             | sum is comparable with the RSS                                                         |
+| allocator   | CPU only: half the activations, the free memory glibc keeps between steps (freed blocks |
+|             | that steps of other shapes do not fit; measured, below)                                |
 
-On a CPU the run holds its resident set under the estimate plus `resident_limit`'s slack (half the
-activations: the allocator's free memory, which varying batch shapes fragment) by trimming glibc's free
-memory past it (gpt.runtime.FreeMemoryCap); the preflight line says that limit. The estimate itself counts
-what is in use: a multi30k_cpu step (bf16, 3,072 tokens of pairs) used ~0.5 GiB of malloc'd memory above
-the process's start for an activation estimate of 0.87 GiB, while the allocator's free memory held the
-rest of the resident set (bench/results/m30k_memory.json: the peak RSS of 13-minute runs on a busy machine
-against the estimate, before and after the limit and --pad-to; bench/results/m30k-memory.json: a quiet run). A step's peak can pass the limit before the trim
-after it; on CUDA the log lines show the measured peak (`mem`) next to the estimate.
+On a CPU the run holds its resident set under the estimate plus `resident_limit`'s slack (another half of
+the activations) by trimming glibc's free memory past it (gpt.runtime.FreeMemoryCap); the preflight line
+says that limit. What is in use stays under the estimate: a multi30k_cpu step (bf16, 3,072 tokens of pairs)
+used ~0.5 GiB of malloc'd memory above the process's start for an activation estimate of 0.87 GiB; the rest
+of the resident set is the allocator's free memory, which batches of varying shapes fragment, hence the
+`allocator` term (bench/results/m30k_memory.json: 13-minute runs on a busy machine, before and after the
+limit and --pad-to; bench/results/m30k-memory.json: a quiet run against this estimate). Each trim's memory
+is faulted back in by the steps after it, so the limit is a ceiling, not a target. A step's peak can pass
+the limit before the trim after it; on CUDA the log lines show the measured peak (`mem`) next to the estimate.
 
 `--batch-size auto` (CUDA only) tries micro-batches on the real model, a forward and backward pass
 each with the optimizer's memory held aside, under a 90% cap of the GPU's memory (headroom for
@@ -99,6 +102,7 @@ def run_estimate(model: torch.nn.Module, cfg, rt) -> dict[str, int]:
     resident = resident_bytes() if rt.device.type == "cpu" else None
     if resident is not None:  # the weights are already in it
         mem["runtime"] = max(resident - mem["weights"], 0)
+        mem["allocator"] = mem["activations"] // 2  # the free memory glibc holds between steps (module notes)
     return mem
 
 
