@@ -26,6 +26,7 @@ from types import SimpleNamespace
 from typing import NamedTuple
 
 from gpt.errors import ConfigError
+from gpt.model.windows import parse as parse_windows
 
 POS_ENCODINGS = ("learned", "sinusoidal", "rope")
 # GELU of the MLP: "gelu_tanh" is GPT-2's tanh approximation (gelu_new); "gelu" the exact erf form, the
@@ -75,6 +76,10 @@ class GPTConfig:
     untied_head: bool = False  # lm_head a matrix of its own, not the token embedding
     x0_skip: bool = False  # block i's input resid_lambdas[i] * x + x0_lambdas[i] * x0 (x0: the embedding output)
     value_embeds: bool = False  # per-token embeddings added, gated, to the values of alternating layers
+    # Sparse attention (gpt/model/windows.py): each layer's window, a pattern cycled over the layers ("64",
+    # "128,128,512,full"; "" = full attention everywhere), and the global tokens every query sees
+    attention_window: str = ""
+    global_tokens: int = 0
 
     def __post_init__(self):
         found = problems(dataclasses.asdict(self))
@@ -117,6 +122,15 @@ def problems(values: dict) -> list[tuple[str, str]]:
     for name in ("qk_norm", "zero_init_proj", "untied_head", "x0_skip", "value_embeds"):
         if not isinstance(getattr(c, name), bool):
             out.append((name, f"must be true or false, got {getattr(c, name)!r}"))
+    try:
+        pattern = parse_windows(c.attention_window)
+    except ValueError as e:
+        pattern = ()
+        out.append(("attention_window", str(e)))
+    if isinstance(c.global_tokens, bool) or not isinstance(c.global_tokens, int) or c.global_tokens < 0:
+        out.append(("global_tokens", f"must be an integer >= 0, got {c.global_tokens!r}"))
+    elif c.global_tokens and not pattern:
+        out.append(("global_tokens", "needs an attention window (--attention-window): full attention sees every token"))
     softcap = c.logit_softcap
     if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not 0.0 <= softcap < float("inf"):
         out.append(("logit_softcap", f"must be a number >= 0 (0 = off; nanochat uses 15), got {softcap!r}"))
@@ -196,6 +210,19 @@ EXPORTS = (
             "hf": f"GPT-2 and GPT-NeoX have no embeddings added to the attention values; {ONNX_HINT}",
             "gguf": "no embeddings added to the attention values",
         },
+    ),
+    Export(
+        "attention_window",
+        None,
+        {
+            "hf": f"GPT-2 and GPT-NeoX attend to the whole context; {ONNX_HINT}",
+            "gguf": "llama.cpp's gpt2 and gptneox graphs attend to the whole context",
+        },
+    ),
+    Export(
+        "global_tokens",
+        None,
+        {"hf": f"no global attention in GPT-2 or GPT-NeoX; {ONNX_HINT}", "gguf": "no global attention"},
     ),
     Export("untied_head", None, {}),  # the head written as its own matrix
     Export("bias", None, {}),  # bias=False: zero biases where a format needs them

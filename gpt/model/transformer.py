@@ -63,6 +63,7 @@ from gpt.model.positions import (
     rope_cos_sin,
     sinusoidal_positions,
 )
+from gpt.model.windows import Windows
 
 # the names other modules and tests import from here, wherever they now live
 __all__ = [
@@ -98,6 +99,7 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.positions = Positions.of(config)  # every question about the position scheme (positions.py)
+        self.windows = Windows.of(config)  # each layer's attention window (windows.py)
         ve_layers = value_layers(config.n_layer) if config.value_embeds else []
         self.transformer = nn.ModuleDict(
             dict(
@@ -214,13 +216,14 @@ class GPT(nn.Module):
         x = x0 = self.embed(idx, start, pos)
         rope = self.rope(start, idx.size(1), idx.device, pos)
         ve = self.value_embeds if self.config.value_embeds else {}
+        masks = self.window_masks(mask, *self._query_key_positions(idx, start, caches, pos), causal=True)
         for i, block in enumerate(self.transformer.h):
             mem = memory[i] if isinstance(memory, list) else memory
             if self.config.x0_skip:
                 x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
             x = block(
                 x,
-                mask=mask,
+                mask=masks[i] if masks else mask,
                 causal=True,
                 cache=caches[i] if caches else None,
                 memory=mem,
@@ -229,6 +232,31 @@ class GPT(nn.Module):
                 ve=ve[str(i)](idx) if str(i) in ve else None,
             )
         return self.transformer.ln_f(x)
+
+    def _query_key_positions(self, idx, start, caches, pos) -> tuple[torch.Tensor, torch.Tensor]:
+        """The absolute positions of `hidden`'s queries and of the keys they attend over: (T,) and (L,), or
+        per row (B or 1, T) / (B, L) with static caches and packed documents."""
+        T, dev = idx.size(1), idx.device
+        if pos is not None:  # packed documents: positions within each document
+            return pos, pos
+        if isinstance(start, torch.Tensor):  # static caches: every slot, slot i holding position i
+            return positions(start, T, dev), torch.arange(caches[0].max_len, device=dev)
+        return positions(start, T, dev), torch.arange(start + T, device=dev)
+
+    def window_masks(self, mask, q: torch.Tensor, k: torch.Tensor, causal: bool, encoder: bool = False):
+        """Per layer, `mask` (None, or boolean broadcastable to (B, nh, Tq, Tk)) narrowed to that layer's window
+        for queries at positions `q` over keys at `k` (windows.py); None when no layer has a window. One
+        (Tq, Tk) mask per distinct window size: the dense reference, O(T^2) memory."""
+        if not self.windows.any:
+            return None
+        n = self.config.n_encoder_layer if encoder else self.config.n_layer
+        by_size, out = {}, []
+        for size in self.windows.sizes(n):
+            if size and size not in by_size:
+                narrow = self.windows.allowed(size, q, k, causal).unsqueeze(-3)  # (B or 1, 1, Tq, Tk)
+                by_size[size] = narrow if mask is None else mask & narrow
+            out.append(by_size[size] if size else mask)
+        return out
 
     # ---- seq2seq: encode the source once, decode against it -------------------------------------
 
@@ -252,8 +280,10 @@ class GPT(nn.Module):
         mask = self.key_mask(src_mask)
         x = self.embed(src)
         rope = self.rope(0, src.size(1), src.device)
-        for block in self.encoder.h:
-            x = block(x, mask=mask, causal=False, rope=rope)
+        at = torch.arange(src.size(1), device=src.device)
+        masks = self.window_masks(mask, at, at, causal=False, encoder=True)
+        for i, block in enumerate(self.encoder.h):
+            x = block(x, mask=masks[i] if masks else mask, causal=False, rope=rope)
         return self.encoder.ln_f(x)
 
     def decode(

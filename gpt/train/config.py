@@ -51,6 +51,9 @@ MODEL_HELP = {  # the flags of the model's fields (GPTConfig, gpt/model/config.p
     "x0_skip": "each block's input mixes in the embedding output: resid_lambdas[i] * x + x0_lambdas[i] * x0, "
     "learned scalars at --scalar-lr / --resid-lr",
     "value_embeds": "token embeddings of their own added, gated per head, to every other layer's attention values",
+    "attention_window": "sliding-window attention: each layer's window in tokens, a pattern cycled over the layers "
+    "(64 | 128,128,512,full); empty = full attention",
+    "global_tokens": "with --attention-window: the first G tokens see and are seen by every token (Longformer)",
 }
 
 
