@@ -121,6 +121,30 @@ def test_several_prompts_token_ids_echo_and_extensions(client, loaded):
     assert topk.choices[0].text == by_text.choices[0].text  # top-1 sampling is greedy
 
 
+def test_penalties_min_p_and_logit_bias_sample_as_the_library_does(client, loaded):
+    z = loaded[1].encode("z")[0]
+    fields = dict(min_p=0.05, presence_penalty=0.3, frequency_penalty=0.8, logit_bias=((z, 2.0),))
+    r = client.completions.create(
+        model=NAME,
+        prompt="KING:",
+        max_tokens=40,
+        temperature=0.9,
+        n=2,
+        seed=7,
+        presence_penalty=0.3,
+        frequency_penalty=0.8,
+        logit_bias={str(z): 2.0},
+        extra_body={"min_p": 0.05},
+    )
+    same = reference(loaded, "KING:", max_new_tokens=40, temperature=0.9, num_samples=2, seed=7, **fields)
+    assert [c.text for c in r.choices] == same
+    assert same != reference(loaded, "KING:", max_new_tokens=40, temperature=0.9, num_samples=2, seed=7)
+    banned = client.completions.create(
+        model=NAME, prompt="KING:", max_tokens=40, temperature=0, logit_bias={str(i): -100 for i in range(1, 66)}
+    )
+    assert set(banned.choices[0].text) <= {loaded[1].decode([0])}  # every id but 0 banned
+
+
 def test_concurrent_requests_are_decoded_together(server, client, loaded):
     engine = server[1].state.worker.engine
     prompts = ["ROMEO:", "First Citizen:\nBefore we", "O", "KING HENRY:"]
@@ -169,7 +193,13 @@ def test_models_and_health(client, server):
         (dict(logprobs=21), openai.BadRequestError, "logprobs", "less than or equal to 20"),
         (dict(logprobs=-1), openai.BadRequestError, "logprobs", "greater than or equal to 0"),
         (dict(logprobs=2, stream=True), openai.BadRequestError, "logprobs", "with 'stream' is not supported"),
-        (dict(presence_penalty=0.5), openai.BadRequestError, "presence_penalty", "not supported"),
+        (dict(presence_penalty=2.5), openai.BadRequestError, "presence_penalty", "less than or equal to 2"),
+        (dict(frequency_penalty=-3), openai.BadRequestError, "frequency_penalty", "greater than or equal to -2"),
+        (dict(logit_bias={"a": 1}), openai.BadRequestError, "logit_bias", "must be token ids"),
+        (dict(logit_bias={"5": 101}), openai.BadRequestError, "logit_bias", "in [-100, 100]"),
+        (dict(logit_bias={"66": 1}), openai.BadRequestError, "logit_bias", "token id 66 is not in the vocabulary"),
+        (dict(extra_body={"min_p": 1.5}), openai.BadRequestError, "min_p", "less than or equal to 1"),
+        (dict(suffix="x"), openai.BadRequestError, "suffix", "not supported"),
         (dict(extra_body={"temprature": 0.5}), openai.BadRequestError, "temprature", "Unrecognized request argument"),
         (dict(extra_body={"max_tokens": "ten"}), openai.BadRequestError, "max_tokens", "valid integer"),
         (dict(extra_body={"seed": 1.5}), openai.BadRequestError, "seed", "valid integer"),
@@ -646,6 +676,9 @@ def test_seq2seq_checkpoints_translate_through_the_same_endpoint():
             client.completions.create(model="de-en", prompt="ein mann", max_tokens=20, temperature=0, stream=True)
         )
         assert "".join(c.choices[0].text for c in chunks) == expected[0]
+        with pytest.raises(openai.BadRequestError) as e:  # the translation engine would not apply it
+            client.completions.create(model="de-en", prompt="ein mann", frequency_penalty=0.5)
+        assert e.value.param == "frequency_penalty" and "translation" in e.value.message
 
 
 @pytest.mark.parametrize("quantize", ["int8", "int4"])

@@ -59,6 +59,10 @@ TEXT_ONLY = {
     "stop": ("--stop", []),
     "stop_at_eot": ("--no-stop-at-eot", True),
     "repetition_penalty": ("--repetition-penalty", 1.0),
+    "min_p": ("--min-p", 0.0),
+    "presence_penalty": ("--presence-penalty", 0.0),
+    "frequency_penalty": ("--frequency-penalty", 0.0),
+    "logit_bias": ("--logit-bias", []),
     "compile": ("--compile", False),
     "cuda_graph": ("--no-cuda-graph", True),
 }

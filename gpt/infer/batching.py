@@ -260,7 +260,7 @@ class BatchEngine(_Engine):
         groups: dict[tuple, list[Request]] = {}
         for request in by_request:
             c = request.config
-            key = (c.temperature, c.top_k, c.top_p) if c.repetition_penalty == 1.0 else (id(request),)
+            key = (c.temperature, c.top_k, c.top_p, c.min_p, c.logit_bias) if not c.penalises else (id(request),)
             groups.setdefault(key, []).append(request)
         for members in groups.values():
             cfg = members[0].config
@@ -273,15 +273,13 @@ class BatchEngine(_Engine):
                         for r in members
                     ]
                 )
-            if cfg.repetition_penalty != 1.0:  # a group of one request: its rows are equally long
+            if cfg.penalises:  # a group of one request: its rows are equally long
                 prev = torch.tensor([self.rows[i].tokens for i in rows], device=self.device)
             new = next_token(
                 logits[rows],
-                temperature=cfg.temperature,
-                top_k=cfg.top_k,
-                top_p=cfg.top_p,
-                repetition_penalty=cfg.repetition_penalty,
+                **cfg.filters(),
                 prev_ids=prev,
+                generated=self.rows[rows[0]].generated,
                 vocab_size=self.vocab_size,
                 uniforms=uniforms,
             )

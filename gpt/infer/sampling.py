@@ -47,6 +47,7 @@ Design notes
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import warnings
 from collections.abc import Iterator, Sequence
@@ -81,6 +82,10 @@ class SampleConfig:
     top_k: int | None = 200  # keep the k most likely ids; None keeps all
     top_p: float = 1.0  # nucleus: the smallest set of ids whose probability reaches top_p; 1.0 is off
     repetition_penalty: float = 1.0  # CTRL-style; 1.0 is off
+    min_p: float = 0.0  # llama.cpp's min-p: drop ids less likely than min_p times the top id; 0 is off
+    presence_penalty: float = 0.0  # OpenAI's: minus this from the logits of ids generated at least once
+    frequency_penalty: float = 0.0  # OpenAI's: minus this times how often each id was generated
+    logit_bias: tuple[tuple[int, float], ...] = ()  # OpenAI's: (id, bias in [-100, 100]) added to the logits
     stop: tuple[str, ...] = ()  # stop strings, not included in the output
     stop_at_eot: bool = True  # end a sample at the end-of-text token
     end_tokens: tuple[int, ...] = ()  # more ids that end a sample as end-of-text does (a chat's end of turn)
@@ -92,6 +97,7 @@ class SampleConfig:
     def __post_init__(self):
         self.stop = tuple(self.stop)
         self.end_tokens = tuple(self.end_tokens)
+        self.logit_bias = tuple(sorted(dict(self.logit_bias).items()))  # one entry per id, hashable
         problems = []
 
         def is_int(v):
@@ -109,6 +115,16 @@ class SampleConfig:
             problems.append(f"--top-p must be in (0, 1] (1 disables it), got {self.top_p!r}")
         if not isinstance(self.repetition_penalty, (int, float)) or not self.repetition_penalty > 0:
             problems.append(f"--repetition-penalty must be > 0 (1 disables it), got {self.repetition_penalty!r}")
+        if not isinstance(self.min_p, (int, float)) or not 0 <= self.min_p <= 1:
+            problems.append(f"--min-p must be in [0, 1] (0 disables it), got {self.min_p!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not -2 <= value <= 2:
+                problems.append(f"--{name.replace('_', '-')} must be in [-2, 2] (0 disables it), got {value!r}")
+        for token, bias in self.logit_bias:
+            if not is_int(token) or token < 0 or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+                problems.append(f"--logit-bias takes token ids >= 0 and biases in [-100, 100], got {token!r}={bias!r}")
+                break
         if any(not isinstance(s, str) or not s for s in self.stop):
             problems.append(f"--stop must be non-empty text, got {self.stop!r}")
         if self.seed is not None and not (is_int(self.seed) and -(2**63) <= self.seed < 2**63):
@@ -119,6 +135,24 @@ class SampleConfig:
             problems.append(f"batch_rows must be an integer >= 1, got {self.batch_rows!r}")
         if problems:
             raise SamplingError("invalid sampling settings: " + "; ".join(problems))
+
+    @property
+    def penalises(self) -> bool:
+        """Some penalty reads the tokens so far (each request's rows are then sampled apart)."""
+        return self.repetition_penalty != 1.0 or bool(self.presence_penalty or self.frequency_penalty)
+
+    def filters(self) -> dict:
+        """The settings `next_token` takes from this config."""
+        names = ("temperature", "top_k", "top_p", "repetition_penalty", "min_p", "presence_penalty")
+        return {name: getattr(self, name) for name in (*names, "frequency_penalty", "logit_bias")}
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Every logit_bias id within the vocabulary (SamplingError otherwise)."""
+        wrong = [token for token, _ in self.logit_bias if token >= vocab_size]
+        if wrong:
+            raise SamplingError(
+                f"--logit-bias: token id {wrong[0]} is not in the vocabulary (ids 0 to {vocab_size - 1})"
+            )
 
     def ends(self, tokenizer: Tokenizer) -> frozenset[int]:
         """The ids that end a sample: end-of-text (unless stop_at_eot is off) and `end_tokens`."""
@@ -136,6 +170,37 @@ def apply_repetition_penalty(logits: torch.Tensor, prev_ids: torch.Tensor, penal
     seen = logits.gather(-1, prev_ids)
     seen = torch.where(seen > 0, seen / penalty, seen * penalty)
     return logits.scatter(-1, prev_ids, seen)
+
+
+def apply_presence_frequency(
+    logits: torch.Tensor, generated: torch.Tensor, presence: float, frequency: float
+) -> torch.Tensor:
+    """OpenAI's penalties: logits[j] - frequency * c[j] - presence * (c[j] > 0), c[j] the times id j occurs in
+    `generated` (B, n), each row's own sample so far (not its prompt, as vLLM counts)."""
+    if (not presence and not frequency) or generated.size(-1) == 0:
+        return logits
+    counts = torch.zeros_like(logits).scatter_add_(-1, generated, torch.ones_like(generated, dtype=logits.dtype))
+    return logits - frequency * counts - presence * (counts > 0).to(logits.dtype)
+
+
+def apply_logit_bias(logits: torch.Tensor, bias: tuple[tuple[int, float], ...]) -> torch.Tensor:
+    """OpenAI's logit_bias: each (id, b) adds b to that id's logit in every row (-100 all but bans it)."""
+    if not bias:
+        return logits
+    ids, values = zip(*bias)
+    ids = torch.tensor(ids, device=logits.device)
+    return logits.index_add(
+        -1, ids, torch.tensor(values, dtype=logits.dtype, device=logits.device).expand(len(logits), -1)
+    )
+
+
+def min_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """llama.cpp's min-p: ids whose probability is below p times the most likely id's become -inf. Applied to
+    the logits before temperature, where llama.cpp's sampler chain applies it (a ratio of probabilities is
+    exp(logit difference), so no softmax is needed)."""
+    if p <= 0:
+        return logits
+    return logits.masked_fill(logits < logits.amax(-1, keepdim=True) + math.log(p), float("-inf"))
 
 
 def top_k_filter(logits: torch.Tensor, k: int | None) -> torch.Tensor:
@@ -189,10 +254,16 @@ def next_token(
     vocab_size: int | None = None,
     generator: torch.Generator | None = None,
     uniforms: torch.Tensor | None = None,
+    min_p: float = 0.0,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    logit_bias: tuple[tuple[int, float], ...] = (),
+    generated: int = 0,
 ) -> torch.Tensor:
     """Next ids (B,) from logits (B, V): only ids < vocab_size (a padded vocabulary's extra rows are
-    cut off), repetition penalty on prev_ids (B, T), then greedy argmax (temperature 0) or a draw
-    from softmax(logits / temperature) restricted by top-k, then top-p, with a uniform per row from
+    cut off), logit_bias, the repetition penalty on prev_ids (B, T) and the presence and frequency
+    penalties on its last `generated` ids, then greedy argmax (temperature 0) or min-p, then a draw from
+    softmax(logits / temperature) restricted by top-k, then top-p, with a uniform per row from
     `generator` or given as `uniforms` (see `sample_probs`).
 
     With top-k the draw happens among the k candidates only (the same distribution as filtering the
@@ -201,11 +272,14 @@ def next_token(
     logits = logits.float()
     if vocab_size is not None:
         logits = logits[..., :vocab_size]
+    logits = apply_logit_bias(logits, logit_bias)
     if prev_ids is not None:
         logits = apply_repetition_penalty(logits, prev_ids, repetition_penalty)
+        if generated:
+            logits = apply_presence_frequency(logits, prev_ids[:, -generated:], presence_penalty, frequency_penalty)
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits / temperature
+    logits = min_p_filter(logits, min_p) / temperature
     if top_k is not None and top_k < logits.size(-1):
         values, candidates = torch.topk(logits, top_k, dim=-1)  # (B, k), sorted
         choice = sample_probs(torch.softmax(top_p_filter(values, top_p), dim=-1), generator, uniforms)
@@ -515,14 +589,13 @@ def _generate(
     streams = [TextStream(tokenizer, cfg.stop) for _ in rows]
     ends = cfg.ends(tokenizer)
     vocab_size = tokenizer.vocab_size if tokenizer.vocab_size < model.config.vocab_size else None
+    cfg.check_vocab(tokenizer.vocab_size)
     for step in range(cfg.max_new_tokens):
         new = next_token(
             dec.logits,
-            temperature=cfg.temperature,
-            top_k=cfg.top_k,
-            top_p=cfg.top_p,
-            repetition_penalty=cfg.repetition_penalty,
-            prev_ids=dec.tokens if cfg.repetition_penalty != 1.0 else None,
+            **cfg.filters(),
+            prev_ids=dec.tokens if cfg.penalises else None,
+            generated=step,
             vocab_size=vocab_size,
             generator=generator,
         )

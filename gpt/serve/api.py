@@ -10,9 +10,11 @@ make.
 
 Supported: prompt (text, texts, token ids, lists of token ids), max_tokens, temperature, top_p, n,
 stop, seed (a signed 64-bit integer, as OpenAI's), stream, stream_options.include_usage, echo, user,
-logprobs (0 to 20; not with stream); extensions top_k and repetition_penalty (the openai client sends
-them with `extra_body`). Asked for with other than their neutral value, best_of, suffix, logit_bias and
-the presence / frequency penalties are a 400 that says so; unknown fields are a 400 that names them.
+logprobs (0 to 20; not with stream), logit_bias (token id -> bias in [-100, 100], added to the logits),
+presence_penalty and frequency_penalty (in [-2, 2], over the choice's own generated tokens, as vLLM counts
+them); extensions top_k, min_p (llama.cpp's, before temperature) and repetition_penalty (the openai client
+sends them with `extra_body`). Asked for with other than their neutral value, best_of and suffix are a 400
+that says so; unknown fields are a 400 that names them.
 
 Logprobs (the legacy completions shape, as vLLM serves it; `gpt.infer.logprobs` says what the numbers
 are): `choices[i].logprobs` is `{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`, one entry
@@ -69,12 +71,23 @@ class CompletionRequest(BaseModel):
     echo: bool | None = False
     user: str | None = None
     logprobs: int | None = Field(None, ge=0, le=20)  # OpenAI's (and vLLM's) bounds
+    min_p: float | None = Field(None, ge=0.0, le=1.0)  # extension (llama.cpp's and vLLM's name)
+    logit_bias: dict[str, float] | None = None  # token id (as text) -> bias in [-100, 100]
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     # accepted at their neutral value only
     best_of: int | None = None
     suffix: str | None = None
-    logit_bias: dict[str, float] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v):
+        for key, bias in (v or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"keys must be token ids (digits), got {key!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"biases must be in [-100, 100], got {bias!r} for token {key}")
+        return v
 
     @field_validator("stop")
     @classmethod
@@ -97,15 +110,8 @@ class CompletionRequest(BaseModel):
 
     def unsupported(self) -> str | None:
         """The first field asked for with a value this server does not implement, if any."""
-        neutral = {
-            "suffix": (None, ""),
-            "logit_bias": (None, {}),
-            "presence_penalty": (None, 0.0),
-            "frequency_penalty": (None, 0.0),
-        }
-        for name, values in neutral.items():
-            if getattr(self, name) not in values:
-                return name
+        if self.suffix not in (None, ""):
+            return "suffix"
         if self.best_of not in (None, self.n):
             return "best_of"
         return None
@@ -176,23 +182,19 @@ class ChatCompletionRequest(BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=-(2**63), lt=2**63)
     user: str | None = None
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    logit_bias: dict[str, float] | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     # accepted at their neutral value only
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    logit_bias: dict[str, float] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
 
     _stops = field_validator("stop")(CompletionRequest._stops.__func__)
+    _bias = field_validator("logit_bias")(CompletionRequest._bias.__func__)
 
     def unsupported(self) -> str | None:
-        neutral = {
-            "logprobs": (None, False),
-            "top_logprobs": (None, 0),
-            "logit_bias": (None, {}),
-            "presence_penalty": (None, 0.0),
-            "frequency_penalty": (None, 0.0),
-        }
+        neutral = {"logprobs": (None, False), "top_logprobs": (None, 0)}
         return next((name for name, values in neutral.items() if getattr(self, name) not in values), None)
 
     def conversation(self) -> list[dict]:

@@ -115,7 +115,17 @@ def within_limits(max_tokens: int, n: int, prompts: int, limits: Limits) -> None
         )
 
 
-def sampling(req, max_tokens: int | None, prompts: int, limits: Limits) -> SampleConfig:
+# settings the translation engine does not apply, at their values that change nothing
+TEXT_ONLY = {
+    "repetition_penalty": 1.0,
+    "min_p": 0.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "logit_bias": (),
+}
+
+
+def sampling(req, max_tokens: int | None, prompts: int, limits: Limits, seq2seq: bool = False) -> SampleConfig:
     """The request's sampling settings for `prompts` prompts, once its fields are supported, its model is the
     one served and it is within the limits. `max_tokens` None is OpenAI's default; 0 (scoring only) decodes
     one token for the engine, which the completion's scoring then leaves out."""
@@ -124,16 +134,39 @@ def sampling(req, max_tokens: int | None, prompts: int, limits: Limits) -> Sampl
     max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max(1, max_tokens)
     n = req.n or 1
     within_limits(max_tokens, n, max(1, prompts), limits)
-    return SampleConfig(
+    bias = {int(token): value for token, value in (req.logit_bias or {}).items()}
+    outside = [token for token in bias if token >= limits.vocab_size]
+    if outside:
+        raise APIError(
+            400,
+            f"Invalid 'logit_bias': token id {outside[0]} is not in the vocabulary (ids 0 to {limits.vocab_size - 1}).",
+            param="logit_bias",
+            code="invalid_value",
+        )
+    sample = SampleConfig(
         num_samples=n,
         max_new_tokens=max_tokens,
         temperature=1.0 if req.temperature is None else req.temperature,
         top_k=req.top_k,
         top_p=1.0 if req.top_p is None else req.top_p,
         repetition_penalty=req.repetition_penalty or 1.0,
+        min_p=req.min_p or 0.0,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        logit_bias=tuple(bias.items()),
         stop=tuple(req.stop or ()),
         seed=req.seed,
     )
+    if seq2seq:  # the translation engine samples with temperature, top_k and top_p (gpt/infer/translate.py)
+        asked = [name for name, off in TEXT_ONLY.items() if getattr(sample, name) != off]
+        if asked:
+            raise APIError(
+                400,
+                f"'{asked[0]}' is not supported for a translation (encoder-decoder) model; leave it out.",
+                param=asked[0],
+                code="unsupported_parameter",
+            )
+    return sample
 
 
 def prompt_ids(texts: list, encode: Callable, limits: Limits) -> list[list[int]]:

@@ -118,7 +118,7 @@ class Service:
         req = await self.parse(request, CompletionRequest)
         checks.scoring(req, self.seq2seq)
         texts = req.prompts()
-        sample = checks.sampling(req, req.max_tokens, len(texts), self.limits)
+        sample = checks.sampling(req, req.max_tokens, len(texts), self.limits, self.seq2seq)
         prompts, echoes = await self.off_loop(self.prompts, texts, bool(req.echo))
         checks.logprob_values(req, prompts, sample, self.limits)
         completion = Completion(self.config.model_name, self.config.fingerprint)
@@ -145,7 +145,7 @@ class Service:
         except (ValueError, ChatError) as e:
             raise APIError(400, f"Invalid messages: {e}.", param="messages", code="invalid_messages") from None
         max_tokens = req.max_completion_tokens or req.max_tokens or self.config.max_tokens
-        sample = checks.sampling(req, max_tokens, 1, self.limits)
+        sample = checks.sampling(req, max_tokens, 1, self.limits, self.seq2seq)
         ids, sample = await self.off_loop(self.chat_prompt, messages, sample)
         completion = ChatCompletion(self.config.model_name, self.config.fingerprint)
         return await self.answer(request, req, sample, [ids], completion, [""])
