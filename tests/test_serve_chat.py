@@ -142,3 +142,36 @@ def test_errors_in_openais_shape(client, server, trained_run):
             plain.chat.completions.create(model="plain", messages=[{"role": "user", "content": "hi"}])
         assert e.value.body["code"] == "not_a_chat_model"
         assert json.loads(httpx.get(url + "/v1/models").text)["data"][0]["chat"] is False
+
+
+def test_logprobs_and_top_logprobs_are_the_models_own_numbers(client, loaded):
+    import torch
+
+    model, tok, meta = loaded
+    messages = [{"role": "user", "content": USER}]
+    r = client.chat.completions.create(
+        model=NAME, messages=messages, max_tokens=12, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = r.choices[0].logprobs.content
+    assert "".join(c.token for c in content) == r.choices[0].message.content
+    prompt = chat_template(meta).prompt(messages, tok)
+    ids = [tok.encode(c.token)[0] for c in content]
+    with torch.no_grad():  # the full forward over prompt + answer: each answer token's log-probability
+        logits = model(torch.tensor([prompt + ids]))[0][0, len(prompt) - 1 : -1, : tok.vocab_size]
+    expected = torch.log_softmax(logits.float(), -1)
+    for t, c in enumerate(content):
+        assert c.bytes == list(c.token.encode()) and len(c.top_logprobs) == 3
+        assert abs(c.logprob - expected[t, ids[t]].item()) < 1e-4
+        best = expected[t].topk(3)
+        assert [x.token for x in c.top_logprobs] == [tok.decode([i]) for i in best.indices.tolist()]
+        assert c.top_logprobs[0].token == c.token  # greedy: the chosen token is the most likely
+    plain = client.chat.completions.create(model=NAME, messages=messages, max_tokens=3, temperature=0)
+    assert plain.choices[0].logprobs is None
+    for fields, words in [
+        (dict(top_logprobs=2), "needs 'logprobs': true"),
+        (dict(logprobs=True, stream=True), "with 'stream' is not supported"),
+        (dict(logprobs=True, top_logprobs=21), "less than or equal to 20"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=NAME, messages=messages, **fields)
+        assert words in e.value.message, e.value.message

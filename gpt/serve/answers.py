@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
 from gpt.infer.batching import Request
-from gpt.serve.api import APIError, Completion, logprobs_object
+from gpt.serve.api import APIError, Completion
 
 log = logging.getLogger("gpt.serve")
 
@@ -135,11 +135,11 @@ async def respond(
     echoes: list[str],
     prompt_tokens: int,
     off_loop,
-    decode=None,
+    tokenizer=None,
 ):
     """The whole completion as one JSON response, built by `off_loop` (`Service.off_loop`: a scored answer can
-    be megabytes); gives up (and frees the rows) if the client disconnects. With `decode` (the tokenizer's),
-    each choice carries its logprobs."""
+    be megabytes); gives up (and frees the rows) if the client disconnects. With the `tokenizer`, each choice
+    carries its logprobs."""
     n = total // len(requests)
     texts = [echoes[i // n] for i in range(total)]
     finishes: list[str] = [""] * total
@@ -166,18 +166,19 @@ async def respond(
         waiting.cancel()
         for request in requests:
             request.cancel()
-    return await off_loop(answer_json, completion, texts, finishes, prompt_tokens, generated, scores, decode)
+    return await off_loop(answer_json, completion, texts, finishes, prompt_tokens, generated, scores, tokenizer)
 
 
-def answer_json(completion: Completion, texts, finishes, prompt_tokens: int, generated: int, scores, decode=None):
-    """The answer as a JSONResponse (its bytes made here, on a text thread); with `decode`, with each choice's
-    logprobs, every distinct id among them decoded once."""
-    if decode is None:
+def answer_json(completion: Completion, texts, finishes, prompt_tokens: int, generated: int, scores, tokenizer=None):
+    """The answer as a JSONResponse (its bytes made here, on a text thread); with the `tokenizer`, with each
+    choice's logprobs (`completion.logprobs`), every distinct id among them decoded once."""
+    if tokenizer is None:
         return JSONResponse(completion.body(texts, finishes, prompt_tokens, generated))
     ids = {e.id for entries in scores for e in entries}
     ids.update(i for entries in scores for e in entries if e.top is not None for i in e.top)
-    token_text = {i: decode([i]) for i in ids}.__getitem__
-    logprobs = [logprobs_object(entries, token_text) for entries in scores]
+    token_bytes = {i: tokenizer.decode_bytes([i]) for i in ids}.__getitem__
+    token_text = {i: tokenizer.decode([i]) for i in ids}.__getitem__
+    logprobs = [completion.logprobs(entries, token_text, token_bytes) for entries in scores]
     return JSONResponse(completion.body(texts, finishes, prompt_tokens, generated, logprobs))
 
 

@@ -30,7 +30,8 @@ x (logprobs + 1), over every choice); more is a 400.
 user and assistant; content a string or a list of text parts) instead of a prompt, the same sampling
 fields (`max_completion_tokens` is a synonym of `max_tokens`); the answer is `choices[i].message`
 `{"role": "assistant", "content"}`, streamed as `chat.completion.chunk` objects whose `delta` carries
-the role first, then the text.
+the role first, then the text; `logprobs: true` (with `top_logprobs` 0 to 20; not with stream) gives
+`choices[i].logprobs` in the chat shape, `{"content": [{"token", "logprob", "bytes", "top_logprobs"}]}`.
 """
 
 from __future__ import annotations
@@ -186,16 +187,14 @@ class ChatCompletionRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    # accepted at their neutral value only
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
+    logprobs: bool | None = None  # each generated token's log-probability (not with stream)
+    top_logprobs: int | None = Field(None, ge=0, le=20)  # with logprobs: the most likely tokens at each position
 
     _stops = field_validator("stop")(CompletionRequest._stops.__func__)
     _bias = field_validator("logit_bias")(CompletionRequest._bias.__func__)
 
     def unsupported(self) -> str | None:
-        neutral = {"logprobs": (None, False), "top_logprobs": (None, 0)}
-        return next((name for name, values in neutral.items() if getattr(self, name) not in values), None)
+        return None
 
     def conversation(self) -> list[dict]:
         """The messages as gpt.data.chat takes them (`developer` is OpenAI's newer name for `system`)."""
@@ -305,6 +304,10 @@ class Completion:
     def chunk(self, index: int, text: str, finish: str | None) -> dict:
         return {**self._head(), "choices": [choice(index, text, finish)]}
 
+    def logprobs(self, entries: list, token_text, token_bytes) -> dict:
+        """A choice's `logprobs` in this route's shape (`logprobs_object`)."""
+        return logprobs_object(entries, token_text)
+
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
         return {**self._head(), "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
 
@@ -312,25 +315,47 @@ class Completion:
 class ChatCompletion(Completion):
     """A chat completion's identity, body and chunks (the first chunk of each choice carries the role)."""
 
-    def __init__(self, model: str, fingerprint: str):
+    def __init__(self, model: str, fingerprint: str, top_logprobs: int | None = None):
         super().__init__(model, fingerprint)
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.started: set[int] = set()
+        self.top = top_logprobs  # the request's top_logprobs (None: no logprobs asked)
 
     def _head(self, chunk: bool = False) -> dict:
         return {**super()._head(), "object": "chat.completion.chunk" if chunk else "chat.completion"}
 
-    def body(self, texts: list[str], finishes: list[str], prompt_tokens: int, completion_tokens: int) -> dict:
+    def body(
+        self,
+        texts: list[str],
+        finishes: list[str],
+        prompt_tokens: int,
+        completion_tokens: int,
+        logprobs: list[dict | None] | None = None,
+    ) -> dict:
         choices = [
             {
                 "index": i,
                 "message": {"role": "assistant", "content": text},
-                "logprobs": None,
+                "logprobs": logprobs[i] if logprobs else None,
                 "finish_reason": FINISH[finish] if finish else None,
             }
             for i, (text, finish) in enumerate(zip(texts, finishes))
         ]
         return {**self._head(), "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
+
+    def logprobs(self, entries: list, token_text, token_bytes) -> dict:
+        """A chat choice's `logprobs`: `{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}],
+        "refusal": None}`, the `top_logprobs` most likely tokens at each position, most likely first (the
+        sampled token's own entry is the item itself, not added to the list as completions add it)."""
+
+        def item(i: int, value: float) -> dict:
+            return {"token": token_text(i), "logprob": value, "bytes": list(token_bytes(i))}
+
+        content = [
+            {**item(e.id, e.logprob), "top_logprobs": [item(i, v) for i, v in list(e.top.items())[: self.top]]}
+            for e in entries
+        ]
+        return {"content": content, "refusal": None}
 
     def chunk(self, index: int, text: str, finish: str | None) -> dict:
         delta = {"content": text}

@@ -5,7 +5,7 @@ that names the field (`api.APIError`) and returns a new resolved value, never ch
     scoring(req, seq2seq=False)                             # completions: max_tokens 0, logprobs
     sample = sampling(req, req.max_tokens, len(texts), limits)  # supported fields, model, limits -> SampleConfig
     prompts = prompt_ids(texts, encode, limits)             # each prompt's ids, in the vocabulary and the limit
-    logprob_values(req, prompts, sample, limits)            # the logprobs its answer would carry, within the limit
+    logprob_values(req.logprobs, prompts, sample, limits)   # the logprobs its answer would carry, within the limit
 
 The pydantic shapes (`api.py`) check what a request is on its own; these check it against this server:
 its model, its limits, the model's vocabulary and context.
@@ -86,14 +86,8 @@ def scoring(req, seq2seq: bool) -> None:
             param="max_tokens",
             code="invalid_value",
         )
-    if req.logprobs is not None and (req.stream or seq2seq):
-        why = "with 'stream'" if req.stream else "for a translation (encoder-decoder) model"
-        raise APIError(
-            400,
-            f"'logprobs' {why} is not supported by this server; leave one out.",
-            param="logprobs",
-            code="unsupported_parameter",
-        )
+    if req.logprobs is not None:
+        unstreamed_logprobs(req.stream, seq2seq)
 
 
 def within_limits(max_tokens: int, n: int, prompts: int, limits: Limits) -> None:
@@ -195,23 +189,49 @@ def prompt_ids(texts: list, encode: Callable, limits: Limits) -> list[list[int]]
     return prompts
 
 
-def logprob_values(req, prompts: list[list[int]], sample: SampleConfig, limits: Limits) -> None:
-    """A completion's `logprobs` within what one answer may carry: each choice's tokens (the prompt's with
-    `echo`, then up to max_tokens generated) x (logprobs + 1) log-probabilities, summed over the choices."""
-    if req.logprobs is None:
+def logprob_values(
+    top: int | None, prompts: list[list[int]], sample: SampleConfig, limits: Limits, echo: bool = False, generate=True
+) -> None:
+    """The logprobs one answer would carry within what it may: each choice's tokens (the prompt's with `echo`,
+    then up to max_tokens generated unless it only scores) x (`top` + 1) log-probabilities, summed over the
+    choices. `top` None: no logprobs asked."""
+    if top is None:
         return
-    generated = sample.max_new_tokens if req.max_tokens != 0 else 0
-    tokens = sample.num_samples * sum((len(ids) if req.echo else 0) + generated for ids in prompts)
-    values = tokens * (req.logprobs + 1)
+    generated = sample.max_new_tokens if generate else 0
+    tokens = sample.num_samples * sum((len(ids) if echo else 0) + generated for ids in prompts)
+    values = tokens * (top + 1)
     if values > limits.max_logprob_values:
         raise APIError(
             400,
-            f"'logprobs' {req.logprobs} over {tokens:,} tokens (each choice's prompt with echo, and up to max_tokens "
+            f"'logprobs' {top} over {tokens:,} tokens (each choice's prompt with echo, and up to max_tokens "
             f"generated) is {values:,} log-probabilities, more than this server returns for one request "
             f"({limits.max_logprob_values:,}, --max-logprob-values): send fewer or shorter prompts, or a smaller "
             "logprobs or max_tokens.",
             param="logprobs",
             code="invalid_value",
+        )
+
+
+def chat_logprobs(req, seq2seq: bool) -> int | None:
+    """A chat request's `logprobs` / `top_logprobs` as the engine's count of top entries (None: not asked): not
+    streamed, and `top_logprobs` only with `logprobs` (OpenAI's rule)."""
+    if req.top_logprobs and not req.logprobs:
+        raise APIError(400, "'top_logprobs' needs 'logprobs': true.", param="top_logprobs", code="invalid_value")
+    if not req.logprobs:
+        return None
+    unstreamed_logprobs(req.stream, seq2seq)
+    return req.top_logprobs or 0
+
+
+def unstreamed_logprobs(stream: bool | None, seq2seq: bool) -> None:
+    """Logprobs are answered whole, by a language model: with a stream or a translation model, a 400."""
+    if stream or seq2seq:
+        why = "with 'stream'" if stream else "for a translation (encoder-decoder) model"
+        raise APIError(
+            400,
+            f"'logprobs' {why} is not supported by this server; leave one out.",
+            param="logprobs",
+            code="unsupported_parameter",
         )
 
 

@@ -120,7 +120,7 @@ class Service:
         texts = req.prompts()
         sample = checks.sampling(req, req.max_tokens, len(texts), self.limits, self.seq2seq)
         prompts, echoes = await self.off_loop(self.prompts, texts, bool(req.echo))
-        checks.logprob_values(req, prompts, sample, self.limits)
+        checks.logprob_values(req.logprobs, prompts, sample, self.limits, bool(req.echo), req.max_tokens != 0)
         completion = Completion(self.config.model_name, self.config.fingerprint)
         if req.max_tokens == 0 and req.logprobs is None:  # echo alone: the prompt is the whole answer
             echoed = [e for e in echoes for _ in range(sample.num_samples)]
@@ -145,10 +145,13 @@ class Service:
         except (ValueError, ChatError) as e:
             raise APIError(400, f"Invalid messages: {e}.", param="messages", code="invalid_messages") from None
         max_tokens = req.max_completion_tokens or req.max_tokens or self.config.max_tokens
+        top = checks.chat_logprobs(req, self.seq2seq)
         sample = checks.sampling(req, max_tokens, 1, self.limits, self.seq2seq)
         ids, sample = await self.off_loop(self.chat_prompt, messages, sample)
-        completion = ChatCompletion(self.config.model_name, self.config.fingerprint)
-        return await self.answer(request, req, sample, [ids], completion, [""])
+        checks.logprob_values(top, [ids], sample, self.limits)
+        completion = ChatCompletion(self.config.model_name, self.config.fingerprint, top)
+        scoring = {"logprobs": top, "echo": False, "generate": True} if top is not None else None
+        return await self.answer(request, req, sample, [ids], completion, [""], scoring)
 
     async def tokenizer_info(self, request: HTTPRequest) -> dict:
         """What lm-evaluation-harness's remote tokenizer reads first (vLLM's route): the end-of-text token
@@ -211,7 +214,7 @@ class Service:
 
     async def answer(self, request: HTTPRequest, req, sample: SampleConfig, prompts, completion, echoes, scoring=None):
         """Queue one engine request per prompt, then answer: the whole body, or a stream of chunks.
-        `scoring`: the engine Request's logprobs, echo and generate (completions only)."""
+        `scoring`: the engine Request's logprobs, echo and generate."""
         if self.stopping:
             raise STOPPING
         queue: asyncio.Queue = asyncio.Queue()
@@ -234,8 +237,8 @@ class Service:
             return StreamingResponse(
                 events, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
             )
-        decode = self.tokenizer.decode if scoring.get("logprobs") is not None else None
-        return await respond(request, completion, queue, requests, total, echoes, prompt_tokens, self.off_loop, decode)
+        scored = self.tokenizer if scoring.get("logprobs") is not None else None
+        return await respond(request, completion, queue, requests, total, echoes, prompt_tokens, self.off_loop, scored)
 
     # ---- text work, on a text thread (`off_loop`) ------------------------------------------------------
 
