@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+from pathlib import Path
 
 
 def _top_k(value: str) -> int | None:
@@ -64,6 +66,16 @@ def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: str, temper
         metavar="ID=BIAS",
         help="add BIAS in [-100, 100] to token ID's logit (-100 bans it); repeatable (default: none)",
     )
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument(
+        "--json-schema",
+        metavar="FILE",
+        help="every sample is JSON that matches this JSON schema file ('{}' or an object schema: any JSON object)",
+    )
+    shape.add_argument(
+        "--grammar", metavar="FILE", help="every sample is a sentence of this Lark grammar (or llama.cpp GBNF) file"
+    )
+    shape.add_argument("--regex", metavar="PATTERN", help="every sample matches this regular expression")
     p.add_argument(
         "--stop",
         action="append",
@@ -77,6 +89,30 @@ def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: str, temper
         default=None,
         help="random seed (default: a fresh one, printed in the summary to reproduce the run)",
     )
+
+
+def grammar_of(args: argparse.Namespace):
+    """The Grammar of --json-schema, --grammar or --regex (None without them); a file that cannot be read or a
+    schema that is not JSON is one UserError."""
+    from gpt.infer.constrain import Grammar, GrammarError  # torch: after flags
+
+    if args.regex is not None:
+        return Grammar.regex(args.regex)
+    path = args.json_schema or args.grammar
+    if path is None:
+        return None
+    flag = "--json-schema" if args.json_schema else "--grammar"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise GrammarError(f"{flag}: cannot read {path} ({getattr(e, 'strerror', None) or e})") from None
+    if args.grammar:
+        return Grammar.gbnf(text) if "::=" in text else Grammar.lark(text)
+    try:
+        schema = json.loads(text)
+    except ValueError as e:
+        raise GrammarError(f"--json-schema: {path} is not JSON ({e})") from None
+    return Grammar.json_schema(schema) if schema else Grammar.json_object()
 
 
 def _logit_bias(text: str) -> tuple[int, float]:
@@ -158,6 +194,7 @@ def sample_config(args: argparse.Namespace, defaults: dict, **fields):
         presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty,
         logit_bias=tuple(args.logit_bias),
+        grammar=grammar_of(args),
         stop=tuple(map(unescape, args.stop)),
         seed=fresh_seed(args),
         **fields,

@@ -63,6 +63,9 @@ TEXT_ONLY = {
     "presence_penalty": ("--presence-penalty", 0.0),
     "frequency_penalty": ("--frequency-penalty", 0.0),
     "logit_bias": ("--logit-bias", []),
+    "json_schema": ("--json-schema", None),
+    "grammar": ("--grammar", None),
+    "regex": ("--regex", None),
     "compile": ("--compile", False),
     "cuda_graph": ("--no-cuda-graph", True),
 }

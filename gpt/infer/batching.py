@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gpt.errors import UserError
+from gpt.infer.constrain import GrammarError, Matchers
 from gpt.infer.logprobs import first_token, token_logprobs
 from gpt.infer.sampling import (
     Piece,
@@ -88,6 +89,7 @@ class Request:
     logprobs: int | None = None
     echo: bool = False
     generate: bool = True
+    matchers: Matchers | None = field(default=None, repr=False)  # with a grammar: its samples' (the engine's)
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -260,7 +262,8 @@ class BatchEngine(_Engine):
         groups: dict[tuple, list[Request]] = {}
         for request in by_request:
             c = request.config
-            key = (c.temperature, c.top_k, c.top_p, c.min_p, c.logit_bias) if not c.penalises else (id(request),)
+            alone = c.penalises or c.grammar is not None  # rows that read their own tokens: one request a group
+            key = (id(request),) if alone else (c.temperature, c.top_k, c.top_p, c.min_p, c.logit_bias)
             groups.setdefault(key, []).append(request)
         for members in groups.values():
             cfg = members[0].config
@@ -275,14 +278,30 @@ class BatchEngine(_Engine):
                 )
             if cfg.penalises:  # a group of one request: its rows are equally long
                 prev = torch.tensor([self.rows[i].tokens for i in rows], device=self.device)
+            allowed = grammar = None
+            if cfg.grammar is not None:  # a group of one request: its samples' matchers
+                grammar, samples = members[0].matchers, [self.rows[i].sample for i in rows]
+                try:
+                    if grammar is None:
+                        ends = cfg.ends(self.tokenizer)
+                        grammar = Matchers(cfg.grammar, self.tokenizer, ends, cfg.num_samples)
+                        members[0].matchers = grammar
+                    allowed = grammar.allowed(self.tokenizer.vocab_size, samples, self.device)
+                except GrammarError as e:  # this request's fault: it fails alone, its rows leave next step
+                    members[0].emit(e)
+                    members[0].cancel()
+                    continue
             new = next_token(
                 logits[rows],
                 **cfg.filters(),
+                allowed=allowed,
                 prev_ids=prev,
                 generated=self.rows[rows[0]].generated,
                 vocab_size=self.vocab_size,
                 uniforms=uniforms,
             )
+            if grammar is not None:
+                grammar.advance(new.tolist(), samples)
             start = 0
             for request in members:
                 n = len(by_request[request])

@@ -57,6 +57,7 @@ import torch
 
 from gpt.data.tokenizer import StreamDecoder, Tokenizer
 from gpt.errors import UserError
+from gpt.infer.constrain import Grammar, Matchers
 from gpt.model.positions import Positions
 from gpt.model.transformer import GPT
 
@@ -86,6 +87,7 @@ class SampleConfig:
     presence_penalty: float = 0.0  # OpenAI's: minus this from the logits of ids generated at least once
     frequency_penalty: float = 0.0  # OpenAI's: minus this times how often each id was generated
     logit_bias: tuple[tuple[int, float], ...] = ()  # OpenAI's: (id, bias in [-100, 100]) added to the logits
+    grammar: Grammar | None = None  # what every sample must match (gpt/infer/constrain.py); None: free text
     stop: tuple[str, ...] = ()  # stop strings, not included in the output
     stop_at_eot: bool = True  # end a sample at the end-of-text token
     end_tokens: tuple[int, ...] = ()  # more ids that end a sample as end-of-text does (a chat's end of turn)
@@ -125,6 +127,8 @@ class SampleConfig:
             if not is_int(token) or token < 0 or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
                 problems.append(f"--logit-bias takes token ids >= 0 and biases in [-100, 100], got {token!r}={bias!r}")
                 break
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            problems.append(f"grammar must be a gpt.infer.constrain.Grammar, got {type(self.grammar).__name__}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             problems.append(f"--stop must be non-empty text, got {self.stop!r}")
         if self.seed is not None and not (is_int(self.seed) and -(2**63) <= self.seed < 2**63):
@@ -259,10 +263,12 @@ def next_token(
     frequency_penalty: float = 0.0,
     logit_bias: tuple[tuple[int, float], ...] = (),
     generated: int = 0,
+    allowed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Next ids (B,) from logits (B, V): only ids < vocab_size (a padded vocabulary's extra rows are
     cut off), logit_bias, the repetition penalty on prev_ids (B, T) and the presence and frequency
-    penalties on its last `generated` ids, then greedy argmax (temperature 0) or min-p, then a draw from
+    penalties on its last `generated` ids, only the `allowed` ids (B, V) bool (a grammar's), then greedy
+    argmax (temperature 0) or min-p, then a draw from
     softmax(logits / temperature) restricted by top-k, then top-p, with a uniform per row from
     `generator` or given as `uniforms` (see `sample_probs`).
 
@@ -277,6 +283,8 @@ def next_token(
         logits = apply_repetition_penalty(logits, prev_ids, repetition_penalty)
         if generated:
             logits = apply_presence_frequency(logits, prev_ids[:, -generated:], presence_penalty, frequency_penalty)
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
     if temperature == 0:
         return logits.argmax(dim=-1)
     logits = min_p_filter(logits, min_p) / temperature
@@ -590,6 +598,10 @@ def _generate(
     ends = cfg.ends(tokenizer)
     vocab_size = tokenizer.vocab_size if tokenizer.vocab_size < model.config.vocab_size else None
     cfg.check_vocab(tokenizer.vocab_size)
+    grammar = None
+    if cfg.grammar is not None:
+        cfg.grammar.check(tokenizer)
+        grammar = Matchers(cfg.grammar, tokenizer, ends, n)
     for step in range(cfg.max_new_tokens):
         new = next_token(
             dec.logits,
@@ -598,7 +610,10 @@ def _generate(
             generated=step,
             vocab_size=vocab_size,
             generator=generator,
+            allowed=grammar.allowed(tokenizer.vocab_size, rows, device) if grammar else None,
         )
+        if grammar:
+            grammar.advance(new.tolist(), rows)
         alive = []
         for row, (sample, token) in enumerate(zip(rows, new.tolist())):
             piece = streams[sample].piece(sample, token, ends, last=step == cfg.max_new_tokens - 1)

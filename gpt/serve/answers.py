@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
 from gpt.infer.batching import Request
+from gpt.infer.constrain import GrammarError
 from gpt.serve.api import APIError, Completion
 
 log = logging.getLogger("gpt.serve")
@@ -83,6 +84,8 @@ async def pieces(queue: asyncio.Queue, total: int):
         index, item = await queue.get()
         if isinstance(item, APIError):
             raise item
+        if isinstance(item, GrammarError):  # the request's grammar, not the server, could not go on
+            raise APIError(400, f"The answer cannot follow the request's grammar: {item}.", code="invalid_value")
         if isinstance(item, Exception):
             log.error("decoding failed: %r", item)
             raise APIError(500, f"Decoding failed on the server ({type(item).__name__}).", type="server_error")

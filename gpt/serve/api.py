@@ -39,10 +39,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpt.data.chat import openai_messages
+from gpt.infer.constrain import Grammar
 
 STRICT = ConfigDict(extra="forbid", strict=True)
 
@@ -52,7 +54,49 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class CompletionRequest(BaseModel):
+class JSONSchemaFormat(BaseModel):
+    """`response_format.json_schema`: the schema every answer must match (OpenAI's shape)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    json_schema: dict = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """`response_format`: free text, any JSON object, or JSON that matches a schema."""
+
+    model_config = STRICT
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
+class Constrained:
+    """The fields that constrain an answer (both routes): `response_format`, and the extensions `regex` and
+    `grammar` (Lark, or llama.cpp's GBNF when it has `::=`), at most one of them."""
+
+    def constraint(self) -> tuple[str, Grammar] | None:
+        """(the field that asked, its Grammar), or None for free text; ValueError when two are asked for."""
+        asked = []
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_object":
+            asked.append(("response_format", Grammar.json_object()))
+        elif fmt is not None and fmt.type == "json_schema":
+            if fmt.json_schema is None:
+                raise ValueError("response_format: type 'json_schema' needs its 'json_schema' object")
+            asked.append(("response_format", Grammar.json_schema(fmt.json_schema.json_schema)))
+        if self.regex is not None:
+            asked.append(("regex", Grammar.regex(self.regex)))
+        if self.grammar is not None:
+            kind = Grammar.gbnf if "::=" in self.grammar else Grammar.lark
+            asked.append(("grammar", kind(self.grammar)))
+        if len(asked) > 1:
+            raise ValueError(f"{asked[0][0]} and {asked[1][0]} both constrain the answer: send one of them")
+        return asked[0] if asked else None
+
+
+class CompletionRequest(Constrained, BaseModel):
     """The body of `POST /v1/completions` (field bounds that depend on the server are checked in checks.py)."""
 
     model_config = STRICT
@@ -76,6 +120,9 @@ class CompletionRequest(BaseModel):
     logit_bias: dict[str, float] | None = None  # token id (as text) -> bias in [-100, 100]
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    response_format: ResponseFormat | None = None
+    regex: str | None = None  # extension: the answer matches this regular expression
+    grammar: str | None = None  # extension: the answer is a sentence of this Lark (or GBNF) grammar
     # accepted at their neutral value only
     best_of: int | None = None
     suffix: str | None = None
@@ -164,7 +211,7 @@ class ChatMessage(BaseModel):
         return "".join(p.text for p in self.content)
 
 
-class ChatCompletionRequest(BaseModel):
+class ChatCompletionRequest(Constrained, BaseModel):
     """The body of `POST /v1/chat/completions` (bounds that depend on the server are checked in checks.py)."""
 
     model_config = STRICT
@@ -187,6 +234,9 @@ class ChatCompletionRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    response_format: ResponseFormat | None = None
+    regex: str | None = None
+    grammar: str | None = None
     logprobs: bool | None = None  # each generated token's log-probability (not with stream)
     top_logprobs: int | None = Field(None, ge=0, le=20)  # with logprobs: the most likely tokens at each position
 

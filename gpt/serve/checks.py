@@ -6,6 +6,7 @@ that names the field (`api.APIError`) and returns a new resolved value, never ch
     sample = sampling(req, req.max_tokens, len(texts), limits)  # supported fields, model, limits -> SampleConfig
     prompts = prompt_ids(texts, encode, limits)             # each prompt's ids, in the vocabulary and the limit
     logprob_values(req.logprobs, prompts, sample, limits)   # the logprobs its answer would carry, within the limit
+    grammar(req, tokenizer, seq2seq=False)                  # response_format / regex / grammar, compiled
 
 The pydantic shapes (`api.py`) check what a request is on its own; these check it against this server:
 its model, its limits, the model's vocabulary and context.
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpt.errors import UserError
+from gpt.infer.constrain import Grammar, GrammarError
 from gpt.infer.sampling import SampleConfig
 from gpt.serve.api import APIError
 from gpt.serve.config import ServeConfig
@@ -210,6 +212,31 @@ def logprob_values(
             param="logprobs",
             code="invalid_value",
         )
+
+
+def grammar(req, tokenizer, seq2seq: bool) -> Grammar | None:
+    """The grammar the answer must match (`response_format`, `regex` or `grammar`), compiled for the model's
+    tokenizer up front: what the engine cannot enforce is a 400 that names it, never an answer that ignores it.
+    Runs off the event loop (the first request builds the tokenizer's view: about a second for 50k ids)."""
+    try:
+        asked = req.constraint()
+    except ValueError as e:
+        raise APIError(400, f"{e}.", param="response_format", code="invalid_value") from None
+    if asked is None:
+        return None
+    param, grammar = asked
+    if seq2seq:
+        raise APIError(
+            400,
+            f"'{param}' is not supported for a translation (encoder-decoder) model; leave it out.",
+            param=param,
+            code="unsupported_parameter",
+        )
+    try:
+        grammar.check(tokenizer)
+    except GrammarError as e:
+        raise APIError(400, f"Invalid '{param}': {e}.", param=param, code="invalid_value") from None
+    return grammar
 
 
 def chat_logprobs(req, seq2seq: bool) -> int | None:

@@ -26,6 +26,7 @@ import os
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from importlib import resources
 
 from fastapi import Request as HTTPRequest
@@ -119,6 +120,7 @@ class Service:
         checks.scoring(req, self.seq2seq)
         texts = req.prompts()
         sample = checks.sampling(req, req.max_tokens, len(texts), self.limits, self.seq2seq)
+        sample = replace(sample, grammar=await self.off_loop(checks.grammar, req, self.tokenizer, self.seq2seq))
         prompts, echoes = await self.off_loop(self.prompts, texts, bool(req.echo))
         checks.logprob_values(req.logprobs, prompts, sample, self.limits, bool(req.echo), req.max_tokens != 0)
         completion = Completion(self.config.model_name, self.config.fingerprint)
@@ -147,6 +149,7 @@ class Service:
         max_tokens = req.max_completion_tokens or req.max_tokens or self.config.max_tokens
         top = checks.chat_logprobs(req, self.seq2seq)
         sample = checks.sampling(req, max_tokens, 1, self.limits, self.seq2seq)
+        sample = replace(sample, grammar=await self.off_loop(checks.grammar, req, self.tokenizer, self.seq2seq))
         ids, sample = await self.off_loop(self.chat_prompt, messages, sample)
         checks.logprob_values(top, [ids], sample, self.limits)
         completion = ChatCompletion(self.config.model_name, self.config.fingerprint, top)
