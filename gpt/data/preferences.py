@@ -343,10 +343,6 @@ def prepare_preferences(
         except CorpusError as e:
             raise DataError(str(e)) from None
         done = {s: splits[s].close(tmp) for s in SPLITS}
-        for error in bad[:3]:
-            log(f"skipped {error}")
-        if len(bad) > 3:
-            log(f"skipped {len(bad) - 3:,} more bad rows")
         for s in SPLITS:
             if not done[s]["pairs"]:
                 why = (
@@ -356,6 +352,10 @@ def prepare_preferences(
                 )
                 fix = "give --val-preferences, or a larger --val-fraction" if s == "val" else "see --long, --block-size"
                 raise DataError(f"no {s} pair to write{why}: {fix}")
+        for error in bad[:3]:
+            log(f"skipped {error}")
+        if len(bad) > 3:
+            log(f"skipped {len(bad) - 3:,} more bad rows")
         meta = new_meta(
             "preferences",
             tok.vocab_size,
