@@ -111,7 +111,8 @@ def test_prepared_pairs_are_the_chat_templates_rendering_and_batches_mask_the_an
         ids, mask = ds.sequence("train", side)
         conversation = [*row["prompt"], {"role": "assistant", "content": answer}]
         assert (ids.tolist(), mask.astype(int).tolist()) == template.render(conversation, tok)
-    x, y, z = batch(ds, "train", [0, 3])
+    x, y, z, ids = batch(ds, "train", [0, 3])
+    assert ids.tolist() == [0, 3] and batch(ds, "val", [0])[3].tolist() == [19]  # numbered over both splits
     assert x.shape == y.shape == z.shape and x.shape[0] == 4
     (c, cm), (r, rm) = ds.sequence("train", 6), ds.sequence("train", 7)  # pair 3: rows 1 (chosen) and 3
     assert y[3, : len(r) - 1].tolist() == [t if m else -1 for t, m in zip(r[1:], rm[1:])]
@@ -173,6 +174,27 @@ def test_training_runs_end_to_end_logs_trls_figures_and_resumes_exactly(objectiv
     assert [(r["step"], r["loss"], r["grad_norm"]) for r in log(tmp_path / "split")] == [
         (r["step"], r["loss"], r["grad_norm"]) for r in train
     ]  # bit for bit
+
+
+def test_a_cached_reference_gives_the_runs_losses(base, prefs, tmp_path, capsys):
+    common = ["--objective", "dpo", "--init-from", base, "--data", prefs, *TINY, "--eval-interval", "2"]
+    train_run(*common, "--out-dir", tmp_path / "live", "--max-iters", "3")
+    train_run(*common, "--out-dir", tmp_path / "cached", "--max-iters", "2", "--reference-cache")
+    cache = torch.load(tmp_path / "cached" / "reference_logps.pt", weights_only=True)
+    assert cache["logps"].shape == (20, 2) and cache["key"]["reference"] == str(base)
+    capsys.readouterr()
+    written = (tmp_path / "cached" / "reference_logps.pt").stat().st_mtime_ns
+    train_run("--resume", tmp_path / "cached", "--max-iters", "3")
+    assert (tmp_path / "cached" / "reference_logps.pt").stat().st_mtime_ns == written  # read back, not recomputed
+    assert "the reference's log-probs of 20 pairs cached" in capsys.readouterr().out
+    live, cached = log(tmp_path / "live"), log(tmp_path / "cached")
+    assert [r["step"] for r in cached] == [1, 2, 3]
+    for a, b in zip(live, cached):
+        for k in ("loss", "grad_norm", "rewards/margins", "rewards/chosen"):
+            assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), k
+    err = one_line_error(capsys, train_script.main, *common, "--out-dir", tmp_path / "o", "--objective", "orpo",
+                         "--reference-cache")  # fmt: skip
+    assert "--reference-cache: does nothing with --objective orpo" in err
 
 
 def test_lora_dpo_trains_only_the_adapters_against_the_base(base, prefs, tmp_path):

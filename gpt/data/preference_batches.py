@@ -3,7 +3,7 @@ the targets.
 
     ds = open_preferences("data/prefs")                        # written by gpt prepare --preferences
     batches = PreferenceBatches(ds, "train", batch_size=8, seed=0)
-    x, y, z = batches.get(step, micro_step)                    # (2B, T): B chosen rows, then their B rejected
+    x, y, z, ids = batches.get(step, micro_step)               # (2B, T): B chosen rows, then their B rejected
 
 Row i of the first half and row B + i of the second are one pair's chosen and rejected sequences (prompt +
 answer), right-padded with id 0 to the batch's longest, less one (x is a sequence's tokens but its last, y
@@ -70,8 +70,9 @@ def open_preferences(path: str | Path) -> PreferenceDataset:
 
 
 def batch(ds: PreferenceDataset, split: str, pairs: list[int]):
-    """(x, y, z) int64 (2 x len(pairs), longest - 1): the chosen sequences, then the rejected; y the answers'
-    next tokens, z every next token but the padding, -1 elsewhere (module docstring)."""
+    """(x, y, z, ids): x, y, z int64 (2 x len(pairs), longest - 1), the chosen sequences, then the rejected; y the
+    answers' next tokens, z every next token but the padding, -1 elsewhere (module docstring); ids the pairs'
+    numbers over both splits (train's first, then val's: what a cache of per-pair values is indexed by)."""
     seqs = [ds.sequence(split, 2 * i + side) for side in (0, 1) for i in pairs]
     T = max(len(ids) for ids, _ in seqs)
     tokens = np.zeros((len(seqs), T), dtype=np.int64)
@@ -81,7 +82,8 @@ def batch(ds: PreferenceDataset, split: str, pairs: list[int]):
         tokens[r, : len(ids)], target[r, : len(ids)], real[r, : len(ids)] = ids, mask, True
     y = np.where(target[:, 1:], tokens[:, 1:], -1)
     z = np.where(real[:, 1:], tokens[:, 1:], -1)
-    return tuple(torch.from_numpy(a) for a in (tokens[:, :-1].copy(), y, z))
+    ids = np.asarray(pairs, dtype=np.int64) + (ds.pairs("train") if split == "val" else 0)
+    return tuple(torch.from_numpy(a) for a in (tokens[:, :-1].copy(), y, z, ids))
 
 
 class PreferenceBatches:

@@ -191,6 +191,9 @@ class TrainConfig:
     reference: str = opt("", "--objective dpo: the frozen reference model (default: the --init-from checkpoint)")
     beta: float = opt(0.1, "--objective dpo: how far from the reference the policy may move (higher: less)")
     dpo_loss: str = opt("sigmoid", "--objective dpo: sigmoid (DPO) | ipo | hinge")
+    reference_cache: bool = opt(
+        False, "--objective dpo: the reference's log-probs of every pair computed once, kept in OUT_DIR for the run"
+    )
     orpo_lambda: float = opt(0.1, "--objective orpo: the odds-ratio term's weight beside the chosen answers' NLL")
     # system
     seed: int = opt(1337, "seed for initialisation, dropout and data order")
@@ -288,7 +291,7 @@ class TrainConfig:
             return ["--objective grpo: not built yet; use lm, dpo or orpo"]
         if self.objective not in ("lm", "dpo", "orpo"):
             return [f"--objective: {self.objective!r} is not one of 'lm', 'dpo', 'orpo'"]
-        owners = {"reference": "dpo", "beta": "dpo", "dpo_loss": "dpo", "orpo_lambda": "orpo"}
+        owners = {"reference": "dpo", "beta": "dpo", "dpo_loss": "dpo", "reference_cache": "dpo", "orpo_lambda": "orpo"}
         given = {f.name for f in fields(self) if f.name in owners and getattr(self, f.name) != f.default}
         out = [
             f"{flag(name)}: does nothing with --objective {self.objective}; it is for --objective {owners[name]}"

@@ -27,7 +27,8 @@ the same loss on val (and train) pairs, its figures under `val_` / `train_`.
 
 The reference is `--reference`, or the checkpoint the run starts from (`--init-from`; recorded in the run's
 config, so a resume reloads it); frozen, in eval mode, whole on every process (DDP / FSDP), its log-probs
-computed for each micro-batch under no_grad. Its tokenizer must be the policy's: the same ids (a chat
+computed for each micro-batch under no_grad; or, with --reference-cache, once for every pair before the first
+step (gpt/train/reference_cache.py), the reference then freed. Its tokenizer must be the policy's: the same ids (a chat
 dataset's tokens after a base's vocabulary grow it as they grow the policy).
 
 Footguns: the reference is read again at resume from the recorded path, so replacing it in between changes
@@ -44,6 +45,7 @@ import torch.nn.functional as F
 from gpt.checkpoints import loader
 from gpt.checkpoints.native import CheckpointError
 from gpt.errors import ConfigError
+from gpt.train import reference_cache
 from gpt.train.start import chat_growth, padded_vocab, tokenizers_match
 
 OBJECTIVES = ("lm", "dpo", "orpo")
@@ -88,9 +90,9 @@ def orpo_terms(mean_chosen, mean_rejected, lam: float):
 class Preference:
     """The DPO or ORPO loss of a micro-batch (`loss`), and its figures (`take_metrics`)."""
 
-    def __init__(self, kind: str, rt, beta: float, dpo_loss: str, orpo_lambda: float, reference=None):
+    def __init__(self, kind: str, rt, beta: float, dpo_loss: str, orpo_lambda: float, reference=None, cache=None):
         self.kind, self.rt, self.beta, self.dpo_loss, self.orpo_lambda = kind, rt, beta, dpo_loss, orpo_lambda
-        self.reference = reference
+        self.reference, self.cache = reference, cache  # cache: (pairs, 2) the reference's log-probs, or None
         self.metrics: dict[str, list[torch.Tensor]] = defaultdict(list)
         self.evaluated: dict[str, dict[str, float]] = {}  # split -> its figures at the last evaluation
 
@@ -102,12 +104,19 @@ class Preference:
                 f"--objective {cfg.objective}: {cfg.data} is not a preference dataset; prepare one with "
                 f"`gpt prepare --preferences FILE.jsonl --out DIR --tokenizer-from RUN`"
             )
-        reference = load_reference(cfg.reference, task, rt) if cfg.objective == "dpo" else None
-        return cls(cfg.objective, rt, cfg.beta, cfg.dpo_loss, cfg.orpo_lambda, reference)
+        if cfg.objective == "orpo":
+            return cls("orpo", rt, cfg.beta, cfg.dpo_loss, cfg.orpo_lambda)
+        reference = load_reference(cfg.reference, task, rt)
+        objective = cls("dpo", rt, cfg.beta, cfg.dpo_loss, cfg.orpo_lambda, reference)
+        if cfg.reference_cache:
+            objective.cache = reference_cache.load_or_compute(objective, task, cfg, rt)
+        return objective
 
     def describe(self) -> str:
         if self.kind == "orpo":
             return f"objective orpo: lambda {self.orpo_lambda:g}, no reference model"
+        if self.cache is not None:
+            return f"objective dpo ({self.dpo_loss}): beta {self.beta:g}, the reference's log-probs of {len(self.cache):,} pairs cached"
         n = sum(p.numel() for p in self.reference.parameters())
         return f"objective dpo ({self.dpo_loss}): beta {self.beta:g}, a frozen {n / 1e6:.2f}M-parameter reference"
 
@@ -120,13 +129,16 @@ class Preference:
     def loss(self, model, batch) -> torch.Tensor:
         """The micro-batch's mean loss over its pairs; its figures kept for `take_metrics` (under the split of
         `self.split`: "train", or the split being evaluated)."""
-        x, y, z = batch
+        x, y, z, ids = batch
         logits, _ = model(x, None)
         logps, counts = answer_logps(logits, y)
         b = x.shape[0] // 2
         keep = self.metrics
         if self.kind == "dpo":
-            ref = self.reference_logps(x, y)
+            if self.cache is not None:
+                ref = self.cache[ids.to(self.cache.device)].T.reshape(-1).to(logps.device)  # chosen, then rejected
+            else:
+                ref = self.reference_logps(x, y)
             losses, chosen, rejected = dpo_terms(
                 logps.split(b), ref.split(b), counts.split(b), self.beta, self.dpo_loss
             )
