@@ -233,7 +233,8 @@ def mode_error(args: argparse.Namespace) -> str | None:
     wrong = {}
     for key, (flag, modes) in ONLY_FOR.items():
         if this not in modes and getattr(args, key) not in (None, False):
-            wrong.setdefault(" and ".join(MODES[m] for m in MODES if m in modes), []).append(flag)
+            names = [MODES[m] for m in MODES if m in modes]
+            wrong.setdefault(", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + names[-1], []).append(flag)
     for modes, flags in wrong.items():
         return f"{', '.join(flags)} {'is' if len(flags) == 1 else 'are'} for {modes} datasets, not {MODES[this]}"
     unknown = [
