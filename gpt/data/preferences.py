@@ -58,7 +58,7 @@ from gpt.data.chat import ChatError, ChatTemplate, check_conversation, openai_me
 from gpt.data.corpus import BadRowError, CorpusError
 from gpt.data.format import SPLITS, DataError, OutputBudget, dtype_for_vocab, new_meta, staged, store_ranks, write_meta
 from gpt.data.records import DEFAULT_MAX_ROW_BYTES
-from gpt.data.sft import LONG_POLICIES, _base_tokenizer, _rows
+from gpt.data.sft import LONG_POLICIES, base_tokenizer, file_rows
 from gpt.data.tokenizer import CharTokenizer, SpecialsTokenizer
 from gpt.fsutil import open_new
 from gpt.progress import Progress
@@ -248,7 +248,7 @@ def read_pairs(paths, skip_bad_rows: bool, on_skip, progress, max_row_bytes: int
     """(pair, file, row) of each good row of the preference files in order; a bad row raises BadRowError (file
     and row), or with `skip_bad_rows` goes to `on_skip` and is left out."""
     for path in paths:
-        for row, value, problem in _rows(Path(path), progress, max_row_bytes):
+        for row, value, problem in file_rows(Path(path), progress, max_row_bytes):
             try:
                 if problem is not None:
                     raise ChatError(problem)
@@ -307,7 +307,7 @@ def prepare_preferences(
             f"--tokenizer {tokenizer}: preference pairs are encoded with the model's tokenizer: give "
             f"--tokenizer-from RUN_OR_DATASET (or --tokenizer gpt2 for GPT-2's)"
         )
-    base = _base_tokenizer(tokenizer_from, tokenizer, tokenizer_file)
+    base = base_tokenizer(tokenizer_from, tokenizer, tokenizer_file)
     files = [Path(p) for p in [*inputs, *(val_inputs or [])]]
     input_bytes = sum(p.stat().st_size for p in files if p.is_file())
     bad: list[BadRowError] = []
