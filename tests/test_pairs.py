@@ -359,16 +359,16 @@ def test_data_prepare_pairs_cli_errors_are_one_line(toy, tmp_path):
     [
         (
             ["--pairs", "s", "t", "corpus.txt"],
-            "give one of INPUT files, --pairs SRC TGT or --chat FILE, not INPUT and --pairs (got INPUT corpus.txt)",
+            "give one of INPUT files, --pairs SRC TGT, --chat FILE or --preferences FILE, not INPUT and --pairs (got INPUT corpus.txt)",
         ),
         (
             [],
             "nothing to prepare: give INPUT files and directories, --pairs SRC TGT for translation pairs, "
-            "or --chat FILE for chat conversations",
+            "--chat FILE for chat conversations or --preferences FILE for preference pairs",
         ),
         (
             ["--pairs", "s", "t", "--block-size", "64"],
-            "--block-size is for INPUT text and --chat datasets, not --pairs",
+            "--block-size is for INPUT text, --chat and --preferences datasets, not --pairs",
         ),
         (
             ["corpus.txt", "--max-len", "64", "--truncate"],

@@ -159,8 +159,11 @@ def test_cli_mistakes_are_one_line(base_data, tmp_path):
         (["--chat", src, "--max-len", "3"], "--max-len is for --pairs datasets, not --chat"),
         (["--chat", src, "--tokenizer", "bpe"], "--tokenizer bpe: a chat dataset is encoded with the base model's"),
         (["--chat", tmp_path / "nope.jsonl", "--tokenizer-from", base_data], "chat file not found"),
-        (["x.txt", "--chat", src], "give one of INPUT files, --pairs SRC TGT or --chat FILE, not INPUT and --chat"),
-        (["x.txt", "--long", "skip"], "--long is for --chat datasets, not INPUT text"),
+        (
+            ["x.txt", "--chat", src],
+            "give one of INPUT files, --pairs SRC TGT, --chat FILE or --preferences FILE, not INPUT and --chat",
+        ),
+        (["x.txt", "--long", "skip"], "--long is for --chat and --preferences datasets, not INPUT text"),
         (
             ["--chat", write_jsonl(tmp_path / "e.jsonl", []), "--tokenizer-from", base_data],
             "e.jsonl: no conversation (empty)",
@@ -173,9 +176,15 @@ def test_cli_mistakes_are_one_line(base_data, tmp_path):
         (["--chat", src, "--val-chat", src, "--val-fraction", "0.2"], "--val-fraction: only without --val-chat"),
         (["--chat", src, "--val-chat", src, "--seed", "3"], "--seed: only without --val-chat"),
         (["--pairs", src, src, "--val-pairs", src, src, "--seed", "3"], "--seed: only without --val-pairs"),
-        (["--pairs", src, src, "--max-row-bytes", "9"], "--max-row-bytes is for INPUT text and --chat datasets"),
+        (
+            ["--pairs", src, src, "--max-row-bytes", "9"],
+            "--max-row-bytes is for INPUT text, --chat and --preferences datasets",
+        ),
         (["--chat", src, "--max-row-bytes", "0"], "--max-row-bytes must be at least 1, got 0"),
-        (["--pairs", src, src, "--max-output-bytes", "9"], "--max-output-bytes is for INPUT text and --chat datasets"),
+        (
+            ["--pairs", src, src, "--max-output-bytes", "9"],
+            "--max-output-bytes is for INPUT text, --chat and --preferences datasets",
+        ),
         (["--chat", src, "--max-output-bytes", "0"], "--max-output-bytes must be at least 1, got 0"),
         (
             ["--chat", deep_json, "--tokenizer-from", base_data],

@@ -191,4 +191,4 @@ def test_a_missing_source_and_pairs_are_one_line(new_text, tmp_path, capsys):
         "--tokenizer-from",
         str(tmp_path),
     )
-    assert "--tokenizer-from is for INPUT text and --chat datasets, not --pairs" in err
+    assert "--tokenizer-from is for INPUT text, --chat and --preferences datasets, not --pairs" in err

@@ -8,6 +8,7 @@
     gpt prepare --pairs train.de train.en --val-pairs val.de val.en --out data/de-en --tokenizer bpe
     gpt prepare new.txt --out data/new --tokenizer-from out/shakespeare-char --unknown replace
     gpt prepare --chat chats.jsonl --out data/chat --tokenizer-from out/base --block-size 256
+    gpt prepare --preferences pairs.jsonl --out data/prefs --tokenizer-from out/chat --block-size 256
 
 Writes train.bin, val.bin and meta.json (plus tokenizer.tiktoken for bpe) into --out; see docs/data.md,
 gpt/data/prepare.py for the policies and gpt/data/format.py for the format. Never
@@ -16,6 +17,8 @@ SRC translates line i of TGT; no INPUT) it writes a pairs dataset for the seq2se
 {train,val}.{bin,idx} and meta.json, see gpt/data/pairs.py. With --chat (rows of OpenAI messages,
 prompt/completion or Alpaca instruction/input/output) it writes a chat dataset to fine-tune on: the
 conversations rendered by a chat template, and a loss mask on the assistant's tokens (gpt/data/sft.py).
+With --preferences (rows of prompt, chosen and rejected) it writes a preference dataset for `gpt train
+--objective dpo | orpo`: both sequences of each pair and a mask on the answers (gpt/data/preferences.py).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from gpt.cli.pairs import add_pairs_options, run_cli
 from gpt.data.chat import FORMATS
 from gpt.data.format import OUTPUT_FLOOR, OUTPUT_RATIO
 from gpt.data.pairs import DEFAULT_VAL_FRACTION
+from gpt.data.preferences import DEFAULT_VAL_FRACTION as DEFAULT_PREFERENCE_VAL_FRACTION
+from gpt.data.preferences import prepare_preferences
 from gpt.data.prepare import TOKENIZERS, prepare
 from gpt.data.records import DEFAULT_MAX_ROW_BYTES
 from gpt.data.sft import DEFAULT_VAL_FRACTION as DEFAULT_CHAT_VAL_FRACTION
@@ -35,18 +40,19 @@ from gpt.data.sft import LONG_POLICIES, prepare_chat
 from gpt.data.vocab import UNKNOWN_POLICIES, dataset_spec
 
 DEFAULT_BLOCK_SIZE = 1024
-MODES = {"text": "INPUT text", "pairs": "--pairs", "chat": "--chat"}
+MODES = {"text": "INPUT text", "pairs": "--pairs", "chat": "--chat", "preferences": "--preferences"}
+ROWS = {"text", "chat", "preferences"}  # the modes that read rows of record files
 # The options that belong to some modes only: argument name -> (flag, the modes it is for).
 ONLY_FOR = {
-    "block_size": ("--block-size", {"text", "chat"}),
+    "block_size": ("--block-size", ROWS),
     "strict_utf8": ("--strict-utf8", {"text"}),
     "workers": ("--workers", {"text"}),
-    "tokenizer_from": ("--tokenizer-from", {"text", "chat"}),
+    "tokenizer_from": ("--tokenizer-from", ROWS),
     "unknown": ("--unknown", {"text"}),
     "replacement": ("--replacement", {"text"}),
-    "skip_bad_rows": ("--skip-bad-rows", {"text", "chat"}),
-    "max_row_bytes": ("--max-row-bytes", {"text", "chat"}),
-    "max_output_bytes": ("--max-output-bytes", {"text", "chat"}),
+    "skip_bad_rows": ("--skip-bad-rows", ROWS),
+    "max_row_bytes": ("--max-row-bytes", ROWS),
+    "max_output_bytes": ("--max-output-bytes", ROWS),
     "vocab_size": ("--vocab-size", {"text", "pairs"}),
     "text_field": ("--text-field", {"text"}),
     "val_pairs": ("--val-pairs", {"pairs"}),
@@ -55,7 +61,8 @@ ONLY_FOR = {
     "seed": ("--seed", {"pairs", "chat"}),
     "val_chat": ("--val-chat", {"chat"}),
     "chat_format": ("--chat-format", {"chat"}),
-    "long": ("--long", {"chat"}),
+    "long": ("--long", {"chat", "preferences"}),
+    "val_preferences": ("--val-preferences", {"preferences"}),
 }
 
 
@@ -80,6 +87,13 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = "gpt prepare") -> 
         metavar="FILE",
         help="instead of INPUTs: chat files (.jsonl, .jsonl.gz, .parquet or a .json list; one conversation per row) "
         "for a chat dataset to fine-tune on, the loss on the assistant's answers",
+    )
+    p.add_argument(
+        "--preferences",
+        nargs="+",
+        metavar="FILE",
+        help="instead of INPUTs: preference files (.jsonl, .jsonl.gz, .parquet or a .json list; rows of prompt, "
+        "chosen and rejected, as TRL's or Anthropic HH's) for --objective dpo | orpo (gpt/data/preferences.py)",
     )
     p.add_argument("--out", required=True, help="dataset directory to create, e.g. data/NAME")
     p.add_argument("--tokenizer", choices=TOKENIZERS, default=None, help="a new tokenizer (default: gpt2)")
@@ -176,31 +190,51 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = "gpt prepare") -> 
         help="conversations longer than --block-size + 1 tokens are cut to it or left out, and counted "
         "(default: truncate)",
     )
+    prefs = p.add_argument_group(
+        "preference datasets (--preferences FILE ...; also --block-size, --tokenizer-from, --long, --val-fraction)"
+    )
+    prefs.add_argument(
+        "--val-preferences",
+        nargs="+",
+        metavar="FILE",
+        help="held-out pairs (default: every 20th pair of --preferences)",
+    )
     return p.parse_args(argv)
 
 
 def mode(args: argparse.Namespace) -> str:
-    return "pairs" if args.pairs else "chat" if args.chat else "text"
+    return "pairs" if args.pairs else "chat" if args.chat else "preferences" if args.preferences else "text"
 
 
 def mode_error(args: argparse.Namespace) -> str | None:
     """What is wrong with the mix of INPUTs, --pairs, --chat and the options of each, if anything."""
     given_modes = [
-        flag for flag, given in (("INPUT", args.inputs), ("--pairs", args.pairs), ("--chat", args.chat)) if given
+        flag
+        for flag, given in (
+            ("INPUT", args.inputs),
+            ("--pairs", args.pairs),
+            ("--chat", args.chat),
+            ("--preferences", args.preferences),
+        )
+        if given
     ]
     if len(given_modes) > 1:
         got = f" (got INPUT {' '.join(args.inputs)})" if args.inputs else ""
-        return f"give one of INPUT files, --pairs SRC TGT or --chat FILE, not {' and '.join(given_modes)}{got}"
+        return (
+            f"give one of INPUT files, --pairs SRC TGT, --chat FILE or --preferences FILE, not "
+            f"{' and '.join(given_modes)}{got}"
+        )
     if not given_modes:
         return (
             "nothing to prepare: give INPUT files and directories, --pairs SRC TGT for translation pairs, "
-            "or --chat FILE for chat conversations"
+            "--chat FILE for chat conversations or --preferences FILE for preference pairs"
         )
     this = mode(args)
     wrong = {}
     for key, (flag, modes) in ONLY_FOR.items():
         if this not in modes and getattr(args, key) not in (None, False):
-            wrong.setdefault(" and ".join(MODES[m] for m in MODES if m in modes), []).append(flag)
+            names = [MODES[m] for m in MODES if m in modes]
+            wrong.setdefault(", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + names[-1], []).append(flag)
     for modes, flags in wrong.items():
         return f"{', '.join(flags)} {'is' if len(flags) == 1 else 'are'} for {modes} datasets, not {MODES[this]}"
     unknown = [
@@ -213,12 +247,12 @@ def mode_error(args: argparse.Namespace) -> str | None:
         )
     if args.replacement is not None and args.unknown != "replace":
         return "--replacement: only with --unknown replace (the default refuses unknown characters)"
-    held_out = args.val_chat or args.val_pairs
+    held_out = args.val_chat or args.val_pairs or args.val_preferences
     ignored = [
         flag for flag, value in (("--val-fraction", args.val_fraction), ("--seed", args.seed)) if value is not None
     ]
     if held_out and ignored:
-        given = "--val-chat" if args.val_chat else "--val-pairs"
+        given = "--val-chat" if args.val_chat else "--val-pairs" if args.val_pairs else "--val-preferences"
         return f"{', '.join(ignored)}: only without {given} (they choose the share held out for val; {given} is it)"
     if args.max_row_bytes is not None and args.max_row_bytes < 1:
         return f"--max-row-bytes must be at least 1, got {args.max_row_bytes}"
@@ -247,6 +281,26 @@ def main(argv: Sequence[str] | None = None, prog: str = "gpt prepare") -> int:
     if args.pairs:
         args.tokenizer = args.tokenizer or "gpt2"
         return run_cli(args)
+    if args.preferences:
+        return run_main(
+            lambda: prepare_preferences(
+                args.preferences,
+                args.out,
+                val_inputs=args.val_preferences,
+                tokenizer_from=reused(args.tokenizer_from),
+                tokenizer=args.tokenizer,
+                tokenizer_file=args.tokenizer_file,
+                block_size=DEFAULT_BLOCK_SIZE if args.block_size is None else args.block_size,
+                long=args.long or "truncate",
+                val_fraction=DEFAULT_PREFERENCE_VAL_FRACTION if args.val_fraction is None else args.val_fraction,
+                skip_bad_rows=args.skip_bad_rows,
+                max_row_bytes=args.max_row_bytes or DEFAULT_MAX_ROW_BYTES,
+                max_output_bytes=args.max_output_bytes,
+                force=args.force,
+                progress=False if args.quiet else None,
+            ).line(),
+            interrupted=f"{args.out} was left as it was",
+        )
     if args.chat:
         return run_main(
             lambda: prepare_chat(

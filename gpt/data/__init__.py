@@ -9,7 +9,8 @@
   take); `chat.py` (conversations and the chat template), `chat_jinja.py` (the template as Jinja, for
   both exports).
 - `sft.py` turns chat files into a chat dataset (ids, a loss mask, where each conversation starts);
-  `packing.py` packs its conversations into training windows.
+  `packing.py` packs its conversations into training windows. `preferences.py` turns preference files
+  (prompt, chosen, rejected) into a preference dataset; `preference_batches.py` batches its pairs.
 - `format.py` owns the on-disk format: meta.json's schema, dtypes, checksums, atomic publishing.
 - `tokens.py` opens a token dataset memory-mapped and draws training / evaluation batches.
 

@@ -18,7 +18,7 @@ gpt/data/sft.py chat datasets):
 | `train.mask.bin`, `val.mask.bin` | chat only: one uint8 per token, 1 where the token is a target of the loss (the assistant's words and end-of-turn) |
 | `tokenizer.tiktoken` | a trained BPE's ranks in tiktoken's format; meta.json names it with its sha256 |
 
-meta.json, every kind: `format_version` (1), `kind` (`tokens`, `pairs` or `chat`), `dtype`, `vocab_size`,
+meta.json, every kind: `format_version` (1), `kind` (`tokens`, `pairs`, `chat` or `preferences`), `dtype`, `vocab_size`,
 `tokenizer` (the spec gpt.data.tokenizer.get_tokenizer takes; a bpe's pattern is one of its KNOWN_PATTERNS)
 and `splits`, where each split records `max_id`, its largest token id, so opening a dataset checks every
 id against the vocabulary without a pass over the files; a token dataset's split also records `bytes`, the
@@ -26,6 +26,9 @@ UTF-8 bytes of the text it was encoded from (bits per byte). Older datasets stil
 named the version `format`, token datasets had no `kind`, a split without `max_id` has its ids read once
 when opened, and one without `bytes` is decoded once when its bits per byte are first asked for
 (`TokenDataset.text_bytes`).
+A preference dataset (gpt/data/preferences.py) holds the chat dataset's files and fields, with two sequences
+per pair (prompt + chosen, prompt + rejected; the mask on the answers), `pairs` instead of `conversations`
+and `targets`, and `chat_template` null for pairs rendered as plain text.
 A chat dataset also holds `eot_token`, `chat_template` (gpt/data/chat.py), `block_size` (conversations
 were cut or left out to fit block_size + 1 tokens) and per split `file`, `mask`, `index`, `tokens`,
 `conversations`, `targets` (tokens under the mask), `sha256` of the .bin and `max_id`.
@@ -62,7 +65,12 @@ from gpt.fsutil import fsync_path, remove_stale_temps, temp_prefix, write_text
 FORMAT_VERSION = 1
 VERSION_KEY = "format_version"
 OLD_VERSION_KEY = "format"  # what pairs datasets called it before this module
-KINDS = {"tokens": "a token dataset", "pairs": "translation pairs", "chat": "chat conversations"}
+KINDS = {
+    "tokens": "a token dataset",
+    "pairs": "translation pairs",
+    "chat": "chat conversations",
+    "preferences": "preference pairs",
+}
 TOKENIZERS = ("gpt2", "char", "bpe")
 DTYPES = ("uint16", "uint32")
 SPLITS = ("train", "val")
@@ -84,6 +92,8 @@ def prepare_hint(kind: str, path: str | os.PathLike) -> str:
         return f"run `gpt prepare --pairs SRC TGT --out {path}`"
     if kind == "chat":
         return f"run `gpt prepare --chat FILE.jsonl --out {path} --tokenizer-from BASE_RUN`"
+    if kind == "preferences":
+        return f"run `gpt prepare --preferences FILE.jsonl --out {path} --tokenizer-from RUN`"
     return f"run `gpt prepare INPUT... --out {path} --tokenizer {{gpt2,char,bpe}}`"
 
 
@@ -308,6 +318,18 @@ def _check_fields(m: _Fields, kind: str) -> None:
             for key in ("file", "mask", "index"):
                 split.name(key)
             for key in ("tokens", "conversations", "targets", "max_id"):
+                split.int(key)
+            split.str("sha256")
+        return
+    if kind == "preferences":
+        m.int("eot_token", below=vocab, default=None)
+        m.get("chat_template", "an object or null", lambda v: v is None or isinstance(v, dict))
+        for name in SPLITS:
+            split = splits.obj(name)
+            for key in ("file", "mask", "index"):
+                split.name(key)
+            split.int("pairs", low=1)
+            for key in ("tokens", "max_id"):
                 split.int(key)
             split.str("sha256")
         return

@@ -108,7 +108,7 @@ def read_conversations(
     `check(messages)` refuses with a ChatError, included) raises BadRowError (file and row), or is passed to
     `on_skip(error)` and left out with `skip_bad_rows`. `progress(n)` is told the bytes read."""
     for path in paths:
-        for row, value, problem in _rows(Path(path), progress, max_row_bytes):
+        for row, value, problem in file_rows(Path(path), progress, max_row_bytes):
             try:
                 if problem is not None:
                     raise ChatError(problem)
@@ -124,7 +124,11 @@ def read_conversations(
                     on_skip(error)
 
 
-def _rows(path: Path, progress=None, max_row_bytes=DEFAULT_MAX_ROW_BYTES) -> Iterator[tuple[int, object, str | None]]:
+def file_rows(
+    path: Path, progress=None, max_row_bytes=DEFAULT_MAX_ROW_BYTES
+) -> Iterator[tuple[int, object, str | None]]:
+    """(row, value, problem) of each row of a `.jsonl` / `.jsonl.gz`, `.parquet` or `.json` (a list) file (chat and
+    preference files); a missing or unreadable file is a CorpusError."""
     if not path.is_file():
         raise CorpusError(f"chat file not found: {path}" if not path.exists() else f"{path} is not a file")
     if path.suffix == ".parquet":
@@ -233,7 +237,7 @@ def prepare_chat(
             f"--tokenizer-from BASE_RUN_OR_DATASET (or --tokenizer gpt2 for GPT-2's)"
         )
     template = template or ChatTemplate()
-    tok = template.tokenizer(_base_tokenizer(tokenizer_from, tokenizer, tokenizer_file))
+    tok = template.tokenizer(base_tokenizer(tokenizer_from, tokenizer, tokenizer_file))
     check = _encodable(tok)
     with staged(out, force, log) as tmp:
         bad, bad_val = [], []
@@ -344,7 +348,8 @@ def _encodable(tok) -> Callable[[list[dict]], None] | None:
     return check
 
 
-def _base_tokenizer(tokenizer_from, tokenizer, tokenizer_file):
+def base_tokenizer(tokenizer_from, tokenizer, tokenizer_file):
+    """The tokenizer of --tokenizer-from, else GPT-2's (chat and preference datasets)."""
     spec = reused_spec(tokenizer_from, tokenizer, None, tokenizer_file)
     if spec is not None:
         return reused_tokenizer(spec, tokenizer_file)

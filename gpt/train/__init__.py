@@ -5,12 +5,14 @@
   `configs/*.toml` the shipped configs.
 - `start.py` `resolve_run`: the command line resolved once into a `RunPlan` (the config, the `--resume` /
   `--init-from` / LoRA base checkpoints located with their meta read); what a run starts from.
-- `trainer.py` the loop and its step; `tasks.py` what it trains on (tokens or pairs); `schedule.py`
+- `trainer.py` the loop and its step; `tasks.py` what it trains on (tokens, pairs, chat or preferences); `schedule.py`
   learning rates; `muon.py` the Muon optimizer; `parallel.py` DDP / FSDP2 / activation checkpointing;
   `mesh.py` the processes as pipeline x data x tensor parallel (`Layout`, the DeviceMesh);
   `tensor_parallel.py` `--tp`: each block's matrices split over the mesh's "tp" processes; `pipeline.py`
   pipeline parallelism (`--pp`: the decoder in stages, its schedule, step and evaluation);
 - `distill.py` knowledge distillation (`--distill-from`): the frozen teacher and the KL term mixed into the loss;
+  `prefer.py` preference tuning (`--objective dpo | orpo`): the frozen reference and the DPO / ORPO losses;
+  `reference_cache.py` the reference's log-probs computed once for the run (`--reference-cache`);
 - `rundir.py` the run directory and its lock; `runlog.py` console / JSONL / W&B / TensorBoard;
   `health.py` loss spikes and gradients; `preflight.py` parameters, memory and ETA before step 1;
   `stopping.py` signals and the time limit; `plan.py` the memory planner; `sizing.py` a whole run sized from

@@ -189,6 +189,15 @@ class TrainConfig:
     distill_from: str = opt("", "distil from a teacher: a run dir, checkpoint or HF dir with the dataset's tokenizer")
     distill_alpha: float = opt(0.5, "--distill-from: the KL term's weight; (1 - alpha) weighs the usual loss")
     distill_temperature: float = opt(2.0, "--distill-from: softmax temperature of the KL term (scaled by T^2)")
+    # preference tuning (gpt/train/prefer.py): a dataset of `gpt prepare --preferences`
+    objective: str = opt("lm", "lm (the next tokens) | dpo | orpo (preference pairs: gpt prepare --preferences)")
+    reference: str = opt("", "--objective dpo: the frozen reference model (default: the --init-from checkpoint)")
+    beta: float = opt(0.1, "--objective dpo: how far from the reference the policy may move (higher: less)")
+    dpo_loss: str = opt("sigmoid", "--objective dpo: sigmoid (DPO) | ipo | hinge")
+    reference_cache: bool = opt(
+        False, "--objective dpo: the reference's log-probs of every pair computed once, kept in OUT_DIR for the run"
+    )
+    orpo_lambda: float = opt(0.1, "--objective orpo: the odds-ratio term's weight beside the chosen answers' NLL")
     # system
     seed: int = opt(1337, "seed for initialisation, dropout and data order")
     device: str = opt("auto", "auto | cpu | cuda | cuda:N | mps")
@@ -277,7 +286,43 @@ class TrainConfig:
             out.append(
                 "--resume and --init-from: give one or the other (resume continues a run, init_from starts a new one)"
             )
-        out += self.lora_problems() + self.qat_problems() + self.distill_problems()
+        out += self.lora_problems() + self.qat_problems() + self.distill_problems() + self.objective_problems()
+        return out
+
+    def objective_problems(self) -> list[str]:
+        if self.objective == "grpo":
+            return ["--objective grpo: not built yet; use lm, dpo or orpo"]
+        if self.objective not in ("lm", "dpo", "orpo"):
+            return [f"--objective: {self.objective!r} is not one of 'lm', 'dpo', 'orpo'"]
+        owners = {"reference": "dpo", "beta": "dpo", "dpo_loss": "dpo", "reference_cache": "dpo", "orpo_lambda": "orpo"}
+        given = {f.name for f in fields(self) if f.name in owners and getattr(self, f.name) != f.default}
+        out = [
+            f"{flag(name)}: does nothing with --objective {self.objective}; it is for --objective {owners[name]}"
+            for name in sorted(given)
+            if owners[name] != self.objective
+        ]
+        if self.objective == "lm":
+            return out
+        out += [
+            f"--objective {self.objective}: not with {flag(n)} in this version"
+            for n in ("pp", "tp")
+            if getattr(self, n) > 1
+        ]
+        if self.distill_from:
+            out.append(f"--objective {self.objective}: not with --distill-from")
+        if self.model.n_encoder_layer:
+            out.append(f"--objective {self.objective}: decoder-only models only (no --n-encoder-layer)")
+        if self.objective == "dpo":
+            if self.beta <= 0:
+                out.append(f"--beta: must be > 0, got {self.beta}")
+            if self.dpo_loss not in ("sigmoid", "ipo", "hinge"):
+                out.append(f"--dpo-loss: {self.dpo_loss!r} is not one of 'sigmoid', 'ipo', 'hinge'")
+            if not (self.reference or self.init_from or self.resume):
+                out.append(
+                    "--objective dpo: needs a reference model: --init-from CKPT (the reference is its weights) or --reference CKPT"
+                )
+        if self.objective == "orpo" and self.orpo_lambda < 0:
+            out.append(f"--orpo-lambda: must be >= 0, got {self.orpo_lambda}")
         return out
 
     def distill_problems(self) -> list[str]:

@@ -156,8 +156,9 @@ def padded_vocab(task) -> int:
 def new_model(plan: RunPlan, task, log) -> tuple[GPT, dict]:
     """A fresh model, or one initialised from `plan.init`; returns (model, the model config used)."""
     cfg, init = plan.cfg, plan.init
-    if init is None:
-        mcfg = dataclasses.replace(cfg.model, vocab_size=padded_vocab(task))
+    if init is None:  # a resumed run keeps its own vocabulary (an --init-from checkpoint's need not be padded)
+        vocab = plan.resume.meta["model_config"]["vocab_size"] if plan.resume else padded_vocab(task)
+        mcfg = dataclasses.replace(cfg.model, vocab_size=vocab)
         return GPT(mcfg), mcfg.to_dict()
     source = str(plan.base or cfg.init_from)  # (as the user named it, or the LoRA base its run records)
     model, meta = loader.load_model(init)

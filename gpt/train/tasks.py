@@ -1,7 +1,7 @@
-"""What the trainer trains on: a token stream (language modelling), sentence pairs (seq2seq) or chat
-conversations (fine-tuning with the loss on the answers).
+"""What the trainer trains on: a token stream (language modelling), sentence pairs (seq2seq), chat
+conversations (fine-tuning with the loss on the answers) or preference pairs (DPO, ORPO).
 
-The dataset directory's meta.json says which (`"kind"`: tokens, pairs or chat). Every kind gives the
+The dataset directory's meta.json says which (`"kind"`: tokens, pairs, chat or preferences). Every kind gives the
 loop the same face, so the loop itself never asks:
 
     task = open_task(cfg.data)                  # vocab_size, tokenizer_spec, checkpoint_meta
@@ -17,7 +17,7 @@ resumed run draw exactly the batches the uninterrupted one would.
 
 from __future__ import annotations
 
-from gpt.data import packing
+from gpt.data import packing, preference_batches
 from gpt.data.format import dataset_kind, inline_ranks
 from gpt.data.pairs import PairBatches, open_pairs
 from gpt.data.tokens import Batches, bits_per_byte, eval_batches, open_dataset
@@ -281,7 +281,76 @@ class ChatFineTuning:
         return None
 
 
+class PreferenceTuning:
+    """Pairs of a chosen and a rejected answer to one prompt, for --objective dpo | orpo
+    (gpt/data/preference_batches.py; the loss is gpt/train/prefer.py's)."""
+
+    kind = "preferences"
+
+    def __init__(self, path: str):
+        self.dataset = preference_batches.open_preferences(path)
+        self.vocab_size = self.dataset.vocab_size
+        self.tokenizer_spec = inline_ranks(self.dataset.path, self.dataset.meta["tokenizer"])
+        template = self.dataset.template
+        self.checkpoint_meta = {"chat_template": template.spec} if template else {}
+
+    def check_model(self, cfg) -> None:
+        if cfg.model.n_encoder_layer:
+            raise ConfigError("n_encoder_layer: a preference dataset trains a decoder-only model (no encoder)")
+
+    def start(self, cfg, rt, accum: int) -> None:
+        longest = int(max(self.dataset.lengths(split).max() for split in ("train", "val")))
+        if longest > cfg.model.block_size + 1:
+            raise ConfigError(
+                f"block_size: the model's {cfg.model.block_size} is too short for the dataset's longest sequence "
+                f"({longest} tokens, a window holds block_size + 1): prepare the pairs with --block-size "
+                f"{cfg.model.block_size}"
+            )
+        self.cfg, self.device = cfg, rt.device
+        self.sampler = preference_batches.PreferenceBatches(
+            self.dataset,
+            "train",
+            cfg.batch_size,
+            seed=cfg.seed,
+            rank=rt.rank,
+            world_size=rt.world_size,
+            grad_accum=accum,
+            device=rt.device,
+        )
+
+    def train_batch(self, step: int, micro_step: int):
+        return self.sampler.get(step, micro_step)
+
+    @staticmethod
+    def tokens(batch):
+        """Every position of both sequences of each pair (the model reads them all)."""
+        return batch[0].numel()
+
+    def describe_batch(self, cfg) -> str:
+        return f"{cfg.batch_size * cfg.grad_accum} preference pairs (x 2 sequences)"
+
+    def _eval_size(self) -> tuple[int, int]:
+        cfg = self.cfg
+        bs = cfg.eval_batch_size or cfg.batch_size
+        n = -(-self.dataset.pairs("val") // bs)
+        return (n if cfg.eval_iters == 0 else min(n, cfg.eval_iters)), bs
+
+    def eval_tokens(self) -> int:
+        n, bs = self._eval_size()
+        return (2 if self.cfg.eval_train else 1) * n * 2 * bs * self.cfg.model.block_size
+
+    def eval_batches(self, split: str):
+        """The first pairs of the split in order: as many batches as val has (at most `eval_iters`)."""
+        n, bs = self._eval_size()
+        return Counted(n, preference_batches.eval_batches(self.dataset, split, bs, n, self.device))
+
+    def val_bits_per_byte(self, val_loss: float) -> None:
+        """None: the loss is a preference loss, not one on running text."""
+        return None
+
+
 def open_task(path: str):
     """The task for a prepared dataset directory, by its meta.json kind."""
     kind = dataset_kind(path)
-    return {"pairs": Translation, "chat": ChatFineTuning}.get(kind, LanguageModelling)(path)
+    tasks = {"pairs": Translation, "chat": ChatFineTuning, "preferences": PreferenceTuning}
+    return tasks.get(kind, LanguageModelling)(path)

@@ -40,7 +40,7 @@ from gpt.model import lora, qat
 from gpt.model.transformer import GPT
 from gpt.progress import Progress, format_duration
 from gpt.runtime import FreeMemoryCap, Runtime, setup
-from gpt.train import distill, parallel, pipeline, plot, preflight, start, tensor_parallel
+from gpt.train import distill, parallel, pipeline, plot, prefer, preflight, start, tensor_parallel
 from gpt.train.config import OptimizerConfig, TrainConfig
 from gpt.train.health import HealthMonitor
 from gpt.train.mesh import Layout
@@ -103,6 +103,7 @@ def train_step(
     count=count_targets,
     loss_context=nullcontext,
     teacher: distill.Teacher | None = None,
+    objective: prefer.Preference | None = None,
 ):
     """Accumulate `accum` micro-batches, then clip; returns (mean loss, gradient norm, tokens trained on:
     `count(batch)` summed).
@@ -114,6 +115,7 @@ def train_step(
     loss over the whole global batch, the same as one big batch would give. `loss_context` is entered
     around each forward and backward (--tp: the vocabulary-parallel loss, gpt/train/tensor_parallel.py).
     `teacher` (--distill-from): each micro-loss mixed with the KL to the teacher's logits (gpt/train/distill.py).
+    `objective` (--objective dpo | orpo): each micro-loss is its preference loss (gpt/train/prefer.py).
     """
     total = torch.zeros((), device=rt.device)
     tokens = torch.zeros((), dtype=torch.long, device=rt.device)
@@ -122,8 +124,11 @@ def train_step(
         last = micro == accum - 1
         with parallel.micro_step(train_model, last), loss_context():
             with rt.autocast():
-                logits, loss = train_model(*batch)
-                loss = (teacher.mix(logits, loss, batch) if teacher else loss) / accum
+                if objective is not None:
+                    loss = objective.loss(train_model, batch) / accum
+                else:
+                    logits, loss = train_model(*batch)
+                    loss = (teacher.mix(logits, loss, batch) if teacher else loss) / accum
             scaler.scale(loss).backward()
         total += parallel.full(loss.detach())
         tokens += count(batch)
@@ -134,12 +139,18 @@ def train_step(
 
 
 @torch.no_grad()
-def estimate_loss(model: GPT, task, splits=("train", "val"), rt: Runtime | None = None) -> dict[str, float]:
-    """Mean loss per target token on each split, over the task's evaluation batches."""
+def estimate_loss(
+    model: GPT, task, splits=("train", "val"), rt: Runtime | None = None, objective: prefer.Preference | None = None
+) -> dict[str, float]:
+    """Mean loss per target token on each split, over the task's evaluation batches; with an `objective`, its
+    mean loss per pair (its figures in `objective.evaluated[split]`)."""
     was_training = model.training
     model.eval()
     out = {}
     for split in splits:
+        if objective is not None:
+            out[split], objective.evaluated[split] = objective.evaluate(model, task.eval_batches(split))
+            continue
         total, count = 0.0, 0
         batches = task.eval_batches(split)
         bar = Progress(f"eval {split}", len(batches), unit="batches", scale=1)  # drawn on a terminal only
@@ -220,6 +231,10 @@ def train(plan: start.RunPlan) -> dict:
         parallel.check(cfg, rt)
         pipeline.check(cfg, rt)
         task = open_task(cfg.data)
+        if task.kind == "preferences" and cfg.objective == "lm":
+            raise ConfigError(
+                f"--data {cfg.data} holds preference pairs: train on them with --objective dpo or --objective orpo"
+            )
         if not cfg.init_from:
             task.check_model(cfg)
         with run_dir.claim(resume=bool(cfg.resume), force=cfg.force):
@@ -271,6 +286,11 @@ class Run:
         self.teacher = distill.Teacher.load(cfg, task, rt, model.config.vocab_size) if cfg.distill_from else None
         if self.teacher:
             log.print(self.teacher.describe())
+        if cfg.objective == "dpo" and not cfg.reference:  # the weights the run starts from, recorded for a resume
+            self.cfg = cfg = replace(cfg, reference=str(cfg.init_from))
+        self.objective = prefer.Preference.load(cfg, task, rt) if cfg.objective != "lm" else None
+        if self.objective:
+            log.print(self.objective.describe())
         total = model.num_params(non_embedding=False)  # the whole model's, before a pipeline keeps its stages
         self.pipe = pipeline.Pipeline(model, cfg, rt) if cfg.pp > 1 else None  # this process's stages
         if self.pipe:
@@ -418,16 +438,24 @@ class Run:
         """Losses on both splits; saves last.pt (and best.pt when val improved)."""
         t_eval = time.time()
         with explain_oom(self.cfg, self.step, self.out_dir, evaluating=True):
-            losses = (self.pipe.estimate_loss if self.pipe else estimate_loss)(
-                self.model, self.task, ("train", "val") if self.cfg.eval_train else ("val",), rt=self.rt
-            )
+            splits = ("train", "val") if self.cfg.eval_train else ("val",)
+            if self.pipe:
+                losses = self.pipe.estimate_loss(self.model, self.task, splits, rt=self.rt)
+            else:
+                losses = estimate_loss(self.model, self.task, splits, rt=self.rt, objective=self.objective)
         val = losses["val"]
         train = f"train {losses['train']:.4f} | " if "train" in losses else ""
         self.limit.eval_seconds = time.time() - t_eval
         bpb = self.task.val_bits_per_byte(val) if math.isfinite(val) else None  # None: not a token stream
         self.last_bpb = bpb
         self.log.print(
-            f"eval {self.step:>6} | {train}val {val:.4f} | val ppl {math.exp(min(val, 50)):.2f}"
+            f"eval {self.step:>6} | {train}val {val:.4f}"
+            + (f" | val ppl {math.exp(min(val, 50)):.2f}" if not self.objective else "")
+            + "".join(
+                f" | val {k.split('/')[-1]} {v:.2f}"
+                for k, v in (self.objective.evaluated.get("val", {}) if self.objective else {}).items()
+                if k in ("rewards/accuracies", "rewards/margins")
+            )
             + (f" | val bpb {bpb:.4f}" if bpb is not None else "")
             + f" | {self.limit.eval_seconds:.1f}s | elapsed {format_duration(time.time() - self.t_start)}"
         )
@@ -439,6 +467,11 @@ class Run:
             val_ppl=math.exp(min(val, 50)),
             val_bpb=bpb,
             elapsed=time.time() - self.t_start,
+            **{
+                f"{split}_{k}": v
+                for split, figures in (self.objective.evaluated.items() if self.objective else ())
+                for k, v in figures.items()
+            },
         )
         if not math.isfinite(val):
             raise TrainingError(
@@ -462,7 +495,11 @@ class Run:
         cfg, optimizer, scaler = self.cfg, self.optimizer, self.scaler
         lr = set_hyperparameters(optimizer, self.step, cfg)
         with explain_oom(cfg, self.step + 1, self.out_dir):
-            step_fn = self.pipe.train_step if self.pipe else partial(train_step, teacher=self.teacher)
+            step_fn = (
+                self.pipe.train_step
+                if self.pipe
+                else partial(train_step, teacher=self.teacher, objective=self.objective)
+            )
             loss, grad_norm, n_tokens = step_fn(
                 self.train_model,
                 optimizer,
@@ -613,6 +650,7 @@ class Run:
             eta = f"eta {format_duration(ahead[0])} at the {cfg.max_minutes:g}-minute limit (~{ahead[1]:,} steps)"
         interval.update(steps=0, seconds=0.0, tokens=0)
         loss, grad_norm = loss.item(), grad_norm.item()
+        figures = self.objective.take_metrics() if self.objective else {}
         self.log.print(
             f"step {self.step:>6} | loss {loss:.4f} | lr {lr:.2e} | {tok_s / 1e3:,.1f}k tok/s | "
             f"{dt * 1e3:.0f} ms/step"
@@ -620,6 +658,7 @@ class Run:
             + (f" | mem {mem:.1f} GiB" if mem is not None else "")
             + f" | {eta}"
             + (f" | upd/w {self.health.update_ratio:.1e}" if self.health.update_ratio else "")
+            + (f" | acc {figures['rewards/accuracies']:.2f}" if "rewards/accuracies" in figures else "")
         )
         self.log.record(
             "train",
@@ -635,6 +674,7 @@ class Run:
             elapsed=now - self.t_start,
             tokens=self.tokens_seen,
             update_ratio=self.health.update_ratio,
+            **figures,
         )
         self.health.update_ratio = None
 
