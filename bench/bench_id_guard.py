@@ -60,7 +60,7 @@ def main_job_step_seconds(steps: int) -> float:
     from gpt.model.transformer import GPT
     from gpt.runtime import setup
     from gpt.train.start import resolve_run
-    from gpt.train.trainer import make_optimizer, train_step
+    from gpt.train.step import make_optimizer, train_step
 
     cfg = resolve_run(["--config", "shakespeare_char_cpu", "--device", "cpu", "--dtype", "float32"]).cfg
     rt = setup("cpu", "float32", 0, False)

@@ -5,7 +5,7 @@
 
 1. memory: the same model trained 3 steps by 2 processes under torchrun (gloo on CPU, nccl on CUDA)
    with DDP, DDP + activation checkpointing, FSDP and FSDP + activation checkpointing, through the
-   trainer's own pieces (gpt.train.parallel.wrap, gpt.train.trainer.make_optimizer / train_step). Per rank: the
+   trainer's own pieces (gpt.train.parallel.wrap, gpt.train.step.make_optimizer / train_step). Per rank: the
    bytes of parameters, gradients and AdamW state it holds (exact: its tensors, shards under FSDP),
    and the peak memory: on CUDA max_memory_allocated, on CPU the growth of the process's peak RSS
    from before the model was built (which also counts allocator slack, and the whole model every
@@ -64,7 +64,7 @@ def worker(mode: str, steps: int) -> None:
     from gpt.runtime import setup
     from gpt.train import parallel
     from gpt.train.config import TrainConfig
-    from gpt.train.trainer import make_optimizer, train_step
+    from gpt.train.step import make_optimizer, train_step
 
     rt = setup(device="auto", dtype="float32", threads=1)
     fsdp, ac = MODES[mode]
@@ -159,7 +159,7 @@ def recompute(repeats: int = 5, steps: int = 4) -> dict:
     from gpt.model.transformer import GPT, GPTConfig
     from gpt.runtime import Runtime
     from gpt.train import parallel
-    from gpt.train.trainer import train_step
+    from gpt.train.step import train_step
 
     torch.set_num_threads(1)
     rt = Runtime(torch.device("cpu"), torch.float32)

@@ -264,7 +264,7 @@ def throughput(steps: int = 60) -> dict:
     from gpt.runtime import Runtime, cpu_has_native_bf16
     from gpt.train.config import TrainConfig
     from gpt.train.parallel import compile_options
-    from gpt.train.trainer import make_optimizer, train_step
+    from gpt.train.step import make_optimizer, train_step
 
     cfg = TrainConfig(
         model=GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0, bias=False), batch_size=12
@@ -331,7 +331,7 @@ def precision(steps: int = 30, repeats: int = 5) -> dict:
     from gpt.model.transformer import GPT
     from gpt.runtime import BF16_OVERRIDE, Runtime
     from gpt.train.start import resolve_run
-    from gpt.train.trainer import make_optimizer, train_step
+    from gpt.train.step import make_optimizer, train_step
 
     cfg = resolve_run(["--config", "shakespeare_char_cpu", "--data", "unused"]).cfg
     mcfg = replace(cfg.model, vocab_size=128)  # 65 chars padded
@@ -429,7 +429,7 @@ def step_times(base: Path, data: Path, steps: int = 20, repeats: int = 3) -> dic
     from gpt.model import lora
     from gpt.runtime import Runtime
     from gpt.train.config import build_config
-    from gpt.train.trainer import make_optimizer, train_step
+    from gpt.train.step import make_optimizer, train_step
 
     torch.set_num_threads(1)
     cfg = build_config(["--batch-size", "8", "--block-size", "64"])

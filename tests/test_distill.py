@@ -16,8 +16,8 @@ from gpt.data.tokens import open_dataset
 from gpt.model.transformer import GPT, GPTConfig
 from gpt.runtime import Runtime
 from gpt.train.distill import Teacher, kl_term
+from gpt.train.step import train_step
 from gpt.train.tasks import open_task
-from gpt.train.trainer import train_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -18,7 +18,7 @@ from gpt.model.config import GPTConfig
 from gpt.model.transformer import GPT
 from gpt.runtime import Runtime
 from gpt.train.config import TrainConfig
-from gpt.train.trainer import make_optimizer, train_step
+from gpt.train.step import make_optimizer, train_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

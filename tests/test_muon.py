@@ -10,7 +10,7 @@ from gpt.errors import ConfigError
 from gpt.model.transformer import GPT, GPTConfig
 from gpt.train.config import TrainConfig, build_config
 from gpt.train.muon import Muon, ns_dtype_for, orthogonalize
-from gpt.train.trainer import make_optimizer, set_hyperparameters
+from gpt.train.step import make_optimizer, set_hyperparameters
 
 
 @pytest.mark.parametrize("shape", [(32, 96), (96, 32), (64, 128)])

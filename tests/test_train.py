@@ -16,8 +16,9 @@ from gpt.errors import ConfigError
 from gpt.model.transformer import GPT, GPTConfig
 from gpt.runtime import Runtime
 from gpt.train.rundir import RunDir, RunDirError
+from gpt.train.step import train_step
 from gpt.train.stopping import StopSignal, TimeLimit
-from gpt.train.trainer import TrainingError, train_step
+from gpt.train.trainer import TrainingError
 
 
 def records(out_dir, kind):

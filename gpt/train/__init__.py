@@ -5,7 +5,8 @@
   `configs/*.toml` the shipped configs.
 - `start.py` `resolve_run`: the command line resolved once into a `RunPlan` (the config, the `--resume` /
   `--init-from` / LoRA base checkpoints located with their meta read); what a run starts from.
-- `trainer.py` the loop and its step; `tasks.py` what it trains on (tokens, pairs, chat or preferences); `schedule.py`
+- `trainer.py` the loop; `step.py` its step (the optimizer, each step's hyperparameters, the micro-batches,
+  the evaluation loss); `tasks.py` what it trains on (tokens, pairs, chat or preferences); `schedule.py`
   learning rates; `muon.py` the Muon optimizer; `parallel.py` DDP / FSDP2 / activation checkpointing;
   `mesh.py` the processes as pipeline x data x tensor parallel (`Layout`, the DeviceMesh);
   `tensor_parallel.py` `--tp`: each block's matrices split over the mesh's "tp" processes; `pipeline.py`

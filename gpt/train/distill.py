@@ -3,7 +3,7 @@
     gpt train --data data/shakespeare_char --out-dir out/small --distill-from out/big \\
         --distill-alpha 0.5 --distill-temperature 2
     teacher = Teacher.load(cfg, task, rt, student_vocab=128)   # --distill-from: frozen, eval, inference precision
-    loss = teacher.mix(logits, loss, batch)                     # in the step (trainer.train_step), per micro-batch
+    loss = teacher.mix(logits, loss, batch)                     # in the step (step.train_step), per micro-batch
 
 Each micro-batch's loss is `alpha * T^2 * KL(teacher || student)` at temperature T (both softmaxes of the
 logits / T) plus `(1 - alpha) *` the usual loss. The KL is the mean over the positions whose target is not

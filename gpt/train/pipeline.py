@@ -272,7 +272,7 @@ class Pipeline:
     def train_step(
         self, train_model, optimizer, scaler, get_batch, step, accum, rt, grad_clip, count=None, loss_context=None
     ):
-        """`trainer.train_step` through the pipeline: (mean loss, gradient norm, tokens), the loss and norm the
+        """`step.train_step` through the pipeline: (mean loss, gradient norm, tokens), the loss and norm the
         same on every process, the tokens counted on the first stage only (the trainer sums them over all)."""
         schedule = self._schedule(accum)
         batches = [get_batch(step, micro) for micro in range(accum)]
@@ -312,7 +312,7 @@ class Pipeline:
 
     @torch.no_grad()
     def estimate_loss(self, model, task, splits=("train", "val"), rt: Runtime | None = None) -> dict[str, float]:
-        """`trainer.estimate_loss` through the stages in order; every process returns the last stage's figures."""
+        """`step.estimate_loss` through the stages in order; every process returns the last stage's figures."""
         was_training = self.part.training
         self.part.eval()
         out = {}

@@ -4,7 +4,7 @@
     gpt train --objective dpo --init-from out/chat --data data/prefs --out-dir out/dpo --beta 0.1
     gpt train --objective orpo --init-from out/chat --data data/prefs --out-dir out/orpo --orpo-lambda 0.1
     objective = Preference.load(cfg, task, rt)       # in the trainer, after the policy is built
-    loss = objective.loss(train_model, batch)        # in the step (trainer.train_step), per micro-batch
+    loss = objective.loss(train_model, batch)        # in the step (step.train_step), per micro-batch
 
 A batch (gpt/data/preference_batches.py) holds B chosen sequences then their B rejected ones; `y` targets
 the answers' tokens, `z` every next token but the padding. From the policy's logits, the log-probability of

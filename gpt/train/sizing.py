@@ -52,7 +52,7 @@ from gpt.model.transformer import GPT
 from gpt.train.config import TrainConfig, build_config
 from gpt.train.preflight import plan_batch
 from gpt.train.start import padded_vocab
-from gpt.train.trainer import make_optimizer, train_step
+from gpt.train.step import make_optimizer, train_step
 
 REFERENCE = "shakespeare_char_cpu"
 ASPECT_RATIO = 64  # nanochat's n_embd / n_layer
