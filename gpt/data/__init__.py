@@ -7,7 +7,7 @@
   (reusing a dataset's vocabulary, the unknown-character policy), `bytelevel.py` (any of them as
   the tokens, merges, pre-tokenizer and specials that Hugging Face's tokenizer.json and llama.cpp's GGUF
   take); `chat.py` (conversations and the chat template), `chat_jinja.py` (the template as Jinja, for
-  both exports).
+  both exports), `tools.py` (tool calls and results as the template's text, the grammar of a call).
 - `sft.py` turns chat files into a chat dataset (ids, a loss mask, where each conversation starts);
   `packing.py` packs its conversations into training windows. `preferences.py` turns preference files
   (prompt, chosen, rejected) into a preference dataset; `preference_batches.py` batches its pairs.

@@ -11,7 +11,7 @@ file come in four shapes, recognised by their keys (or named with `fmt`):
 
 | fmt          | row                                                   | becomes                              |
 |--------------|-------------------------------------------------------|--------------------------------------|
-| `messages`   | `{"messages": [{"role": ..., "content": ...}, ...]}` (OpenAI) | the messages as they are     |
+| `messages`   | `{"messages": [{"role": ..., "content": ...}, ...]}` (OpenAI; `tools`, `tool_calls` and `tool` messages as gpt/data/tools.py writes them) | the messages |
 | `prompt`     | `{"prompt": P, "completion": C}`                      | user P, assistant C                  |
 | `alpaca`     | `{"instruction": I, "input": X, "output": O}` (input optional) | user `I\\n\\nX` (or I), assistant O |
 | `sharegpt`   | `{"conversations": [{"from": "human", "value": ...}, {"from": "gpt", ...}]}` | human: user, gpt: assistant |
@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpt.data.tokenizer import SpecialsTokenizer, Tokenizer, TokenizerError
+from gpt.data.tools import ToolError, check_tools, with_tools
 from gpt.errors import UserError
 
 ROLES = ("system", "user", "assistant")
@@ -179,7 +180,10 @@ def conversation(row, fmt: str | None = None) -> list[dict]:
         messages = row.get("messages")
         if not isinstance(messages, list):
             raise ChatError("field 'messages' is not a list of messages")
-        messages = openai_messages(messages)
+        try:
+            messages = openai_messages(with_tools(messages, check_tools(row["tools"]) if row.get("tools") else None))
+        except ToolError as e:
+            raise ChatError(str(e)) from None
     elif fmt == "sharegpt":
         turns = row.get("conversations")
         if not isinstance(turns, list):

@@ -116,8 +116,9 @@ async def stream(
         try:
             async for index, piece in pieces(queue, total):
                 generated += len(piece.ids)
-                if piece.text or piece.finish:
-                    yield sse(completion.chunk(index, piece.text, piece.finish))
+                chunk = completion.chunk(index, piece.text, piece.finish) if piece.text or piece.finish else None
+                if chunk is not None:  # (a chat answer of tool calls sends each call whole)
+                    yield sse(chunk)
         except APIError as e:
             yield sse(e.body())
             return

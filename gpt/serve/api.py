@@ -44,6 +44,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpt.data.chat import openai_messages
+from gpt.data.tools import ToolError, calls_grammar, check_tools, compact, parse_calls, with_tools
 from gpt.infer.constrain import Grammar
 
 STRICT = ConfigDict(extra="forbid", strict=True)
@@ -196,14 +197,31 @@ class TextPart(BaseModel):
     text: str
 
 
+class CalledFunction(BaseModel):
+    model_config = STRICT
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    """An assistant message's call (OpenAI's shape)."""
+
+    model_config = STRICT
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     role: str
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = None  # None: an assistant message of tool calls
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool's result: the call it answers
 
-    def text(self) -> str:
-        if isinstance(self.content, str):
+    def text(self) -> str | None:
+        if self.content is None or isinstance(self.content, str):
             return self.content
         kinds = [p.type for p in self.content if p.type != "text"]
         if kinds:
@@ -237,6 +255,9 @@ class ChatCompletionRequest(Constrained, BaseModel):
     response_format: ResponseFormat | None = None
     regex: str | None = None
     grammar: str | None = None
+    tools: list[dict] | None = None  # [{"type": "function", "function": {"name", "description", "parameters"}}]
+    tool_choice: str | dict | None = None  # none | auto (the default with tools) | required | {"type": "function", ...}
+    parallel_tool_calls: bool | None = None  # False: at most one call
     logprobs: bool | None = None  # each generated token's log-probability (not with stream)
     top_logprobs: int | None = Field(None, ge=0, le=20)  # with logprobs: the most likely tokens at each position
 
@@ -247,8 +268,47 @@ class ChatCompletionRequest(Constrained, BaseModel):
         return None
 
     def conversation(self) -> list[dict]:
-        """The messages as gpt.data.chat takes them (`developer` is OpenAI's newer name for `system`)."""
-        return openai_messages([{"role": m.role, "content": m.text()} for m in self.messages])
+        """The messages as gpt.data.chat takes them (`developer` is OpenAI's newer name for `system`), calls and
+        tool results written in the template's text (gpt/data/tools.py), the tools listed in the system message."""
+        messages = [
+            {
+                "role": m.role,
+                "content": m.text(),
+                **({"tool_calls": [c.model_dump() for c in m.tool_calls]} if m.tool_calls else {}),
+            }
+            for m in self.messages
+        ]
+        return openai_messages(with_tools(messages, self.tool_list()))
+
+    def tool_list(self) -> list[dict] | None:
+        """`tools` checked (`check_tools`' shape), None without; ValueError naming what is wrong."""
+        if self.tools is None:
+            if self.tool_choice is not None:
+                raise ValueError("tool_choice needs tools")
+            return None
+        try:
+            return check_tools(self.tools)
+        except ToolError as e:
+            raise ValueError(str(e)) from None
+
+    def constraint(self) -> tuple[str, Grammar] | None:
+        """`Constrained.constraint`, or with `tools` the grammar of an answer of text or calls (tool_choice,
+        parallel_tool_calls); tools and another constraint together are a ValueError."""
+        tools = self.tool_list()
+        asked = super().constraint()
+        if not tools:
+            return asked
+        if asked is not None:
+            raise ValueError(f"tools and {asked[0]} both constrain the answer: send one of them")
+        try:
+            lark = calls_grammar(tools, self.tool_choice or "auto", self.parallel_tool_calls is not False)
+        except ToolError as e:
+            raise ValueError(str(e)) from None
+        return "tools", Grammar.lark(lark)
+
+    def calls_expected(self) -> bool:
+        """The answer may be tool calls (tools given, tool_choice not "none")."""
+        return bool(self.tools) and self.tool_choice != "none"
 
 
 class APIError(Exception):
@@ -365,14 +425,32 @@ class Completion:
 class ChatCompletion(Completion):
     """A chat completion's identity, body and chunks (the first chunk of each choice carries the role)."""
 
-    def __init__(self, model: str, fingerprint: str, top_logprobs: int | None = None):
+    def __init__(self, model: str, fingerprint: str, top_logprobs: int | None = None, tools: bool = False):
         super().__init__(model, fingerprint)
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.started: set[int] = set()
         self.top = top_logprobs  # the request's top_logprobs (None: no logprobs asked)
+        self.tools = tools  # an answer may be tool calls (gpt/data/tools.py's text, turned into tool_calls)
+        self.mode: dict[int, str] = {}  # streaming with tools: each choice's "text" or "calls", once told
+        self.held: dict[int, str] = {}  # ... a choice of calls: its text so far
+        self.sent: dict[int, int] = {}  # ... and how many of its calls were sent
 
     def _head(self, chunk: bool = False) -> dict:
         return {**super()._head(), "object": "chat.completion.chunk" if chunk else "chat.completion"}
+
+    def message(self, text: str, finish: str | None) -> tuple[dict, str | None]:
+        """A choice's message and finish_reason: its calls as `tool_calls` ("tool_calls") when it is calls."""
+        calls = parse_calls(text) if self.tools else None
+        if calls is None:
+            return {"role": "assistant", "content": text}, FINISH[finish] if finish else None
+        tool_calls = [self._call(call) for call in calls]
+        return {"role": "assistant", "content": None, "tool_calls": tool_calls}, "tool_calls" if finish else None
+
+    @staticmethod
+    def _call(call: dict, index: int | None = None) -> dict:
+        out = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function"}
+        out["function"] = {"name": call["name"], "arguments": compact(call["arguments"])}
+        return out if index is None else {"index": index, **out}
 
     def body(
         self,
@@ -382,15 +460,12 @@ class ChatCompletion(Completion):
         completion_tokens: int,
         logprobs: list[dict | None] | None = None,
     ) -> dict:
-        choices = [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs[i] if logprobs else None,
-                "finish_reason": FINISH[finish] if finish else None,
-            }
-            for i, (text, finish) in enumerate(zip(texts, finishes))
-        ]
+        choices = []
+        for i, (text, finish) in enumerate(zip(texts, finishes)):
+            message, reason = self.message(text, finish)
+            choices.append(
+                {"index": i, "message": message, "logprobs": logprobs[i] if logprobs else None, "finish_reason": reason}
+            )
         return {**self._head(), "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
 
     def logprobs(self, entries: list, token_text, token_bytes) -> dict:
@@ -407,12 +482,29 @@ class ChatCompletion(Completion):
         ]
         return {"content": content, "refusal": None}
 
-    def chunk(self, index: int, text: str, finish: str | None) -> dict:
-        delta = {"content": text}
+    def chunk(self, index: int, text: str, finish: str | None) -> dict | None:
+        """The stream chunk of a choice's new text; None when there is nothing to send yet. An answer of calls
+        (its first character `<`: text never starts so, see gpt/data/tools.py) is held back and sent as
+        `tool_calls` deltas, each call whole as soon as it closes."""
+        delta: dict = {"content": text}
+        finish_reason = FINISH[finish] if finish else None
+        if self.tools and self.mode.get(index) != "text":
+            if index not in self.mode and text:
+                self.mode[index] = "calls" if text.startswith("<") else "text"
+            if self.mode.get(index) != "text":  # calls, or nothing to tell by yet
+                held = self.held[index] = self.held.get(index, "") + text
+                calls, sent = parse_calls(held) or [], self.sent.get(index, 0)
+                self.sent[index] = len(calls)
+                delta = {"tool_calls": [self._call(c, sent + k) for k, c in enumerate(calls[sent:])]}
+                if not calls[sent:]:
+                    delta = {}
+                    if not finish:
+                        return None
+                if finish and self.mode.get(index) == "calls":
+                    finish_reason = "tool_calls"
         if index not in self.started:
             self.started.add(index)
             delta = {"role": "assistant", **delta}
-        finish_reason = FINISH[finish] if finish else None
         return {
             **self._head(chunk=True),
             "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],

@@ -221,7 +221,8 @@ def grammar(req, tokenizer, seq2seq: bool) -> Grammar | None:
     try:
         asked = req.constraint()
     except ValueError as e:
-        raise APIError(400, f"{e}.", param="response_format", code="invalid_value") from None
+        param = "tool_choice" if "tool_choice" in str(e) else "response_format"
+        raise APIError(400, f"{e}.", param=param, code="invalid_value") from None
     if asked is None:
         return None
     param, grammar = asked

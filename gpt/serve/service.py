@@ -142,6 +142,11 @@ class Service:
                 code="not_a_chat_model",
             )
         try:
+            req.tool_list()
+        except ValueError as e:
+            param = "tools" if req.tools is not None else "tool_choice"
+            raise APIError(400, f"Invalid '{param}': {e}.", param=param, code="invalid_value") from None
+        try:
             messages = req.conversation()
             check_conversation(messages, for_prompt=True)
         except (ValueError, ChatError) as e:
@@ -152,7 +157,7 @@ class Service:
         sample = replace(sample, grammar=await self.off_loop(checks.grammar, req, self.tokenizer, self.seq2seq))
         ids, sample = await self.off_loop(self.chat_prompt, messages, sample)
         checks.logprob_values(top, [ids], sample, self.limits)
-        completion = ChatCompletion(self.config.model_name, self.config.fingerprint, top)
+        completion = ChatCompletion(self.config.model_name, self.config.fingerprint, top, req.calls_expected())
         scoring = {"logprobs": top, "echo": False, "generate": True} if top is not None else None
         return await self.answer(request, req, sample, [ids], completion, [""], scoring)
 
