@@ -51,6 +51,12 @@ MODEL_HELP = {  # the flags of the model's fields (GPTConfig, gpt/model/config.p
     "x0_skip": "each block's input mixes in the embedding output: resid_lambdas[i] * x + x0_lambdas[i] * x0, "
     "learned scalars at --scalar-lr / --resid-lr",
     "value_embeds": "token embeddings of their own added, gated per head, to every other layer's attention values",
+    "rope_scaling": "rope context extension: linear (position interpolation) | yarn; with --init-from a rope "
+    "checkpoint and a longer --block-size",
+    "rope_factor": "how far --rope-scaling stretches the rotary frequencies (at least --block-size over the block "
+    "trained at)",
+    "rope_original_block": "the block the model was trained at (0 = --init-from's block, else --block-size / "
+    "--rope-factor)",
 }
 
 
@@ -524,6 +530,8 @@ def build_config(argv: list[str] | None = None, base: dict | None = None) -> Tra
     if problems:
         raise ConfigError("\n".join(problems))
     model = {key: typed.pop(key) for key in list(typed) if key in MODEL_HELP}
+    if model.get("rope_scaling") and typed.get("init_from") and "pos_encoding" not in model:
+        model["pos_encoding"] = "rope"  # the checkpoint's scheme (gpt/train/start.py checks that it is)
     model_problems = [f"{flag(name)}: {why}" for name, why in check_model(default_model().to_dict() | model)]
     try:  # the run's problems first, then the model's, all in one error
         cfg = TrainConfig(**typed, model=default_model() if model_problems else replace(default_model(), **model))
