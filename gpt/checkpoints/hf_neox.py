@@ -119,9 +119,11 @@ def rope_scaling_from_neox(rope: dict, block_size: int, problems: list[str]) -> 
     for key, value in defaults.items():
         if rope.get(key) not in (None, value):
             problems.append(f"yarn {key} {rope[key]!r} (only {value!r})")
+    ours = RopeScaling("yarn", float(factor), 1).attention
     for key in ("attention_factor", "mscale", "mscale_all_dim"):
-        if rope.get(key) is not None:
-            problems.append(f"yarn {key} {rope[key]!r} (only the default 0.1 ln(factor) + 1)")
+        value = rope.get(key)
+        if value is not None and not (key == "attention_factor" and abs(value - ours) < 1e-9):
+            problems.append(f"yarn {key} {value!r} (only the default attention factor 0.1 ln(factor) + 1)")
     original = rope.get("original_max_position_embeddings", block_size)
     if isinstance(original, float) and original.is_integer():
         original = int(original)
