@@ -271,7 +271,7 @@ def test_fine_tuning_at_four_times_the_block_with_yarn_saves_and_samples(base_ru
 )
 def test_bad_combinations_are_one_line_errors(base_run, char_data, tmp_path, capsys, argv, message):
     err = one_line_error(capsys, train_main, "--data", char_data, "--init-from", base_run, "--out-dir",
-                         tmp_path / "x", "--device", "cpu", *argv)  # fmt: skip
+                         tmp_path / "x", "--device", "cpu", "--max-iters", "1", *argv)  # fmt: skip
     assert err.startswith(message.format(base=base_run)), err
 
 
@@ -280,10 +280,10 @@ def test_scaling_a_model_with_a_position_table_is_a_one_line_error(char_data, tm
               "--n-embd", "16", "--block-size", "32", "--max-iters", "1", "--eval-interval", "1")  # fmt: skip
     err = one_line_error(capsys, train_main, "--data", char_data, "--init-from", tmp_path / "learned", "--out-dir",
                          tmp_path / "x", "--device", "cpu", "--block-size", "128", "--rope-scaling", "yarn",
-                         "--rope-factor", "4")  # fmt: skip
+                         "--rope-factor", "4", "--max-iters", "1")  # fmt: skip
     assert err.startswith(f"error: --rope-scaling yarn: {tmp_path / 'learned'} has pos_encoding 'learned'"), err
     err = one_line_error(capsys, train_main, "--data", char_data, "--out-dir", tmp_path / "y", "--device", "cpu",
-                         "--rope-scaling", "yarn", "--rope-factor", "4")  # fmt: skip
+                         "--rope-scaling", "yarn", "--rope-factor", "4", "--max-iters", "1")  # fmt: skip
     assert err == "error: --rope-scaling: stretches rotary frequencies: it needs pos_encoding 'rope', not 'learned'\n"
 
 
