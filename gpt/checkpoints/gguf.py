@@ -124,7 +124,7 @@ def rope_scaling(w, scaling) -> None:
     """llama.cpp's rope.scaling.* keys of a context extension (none without one): its "linear" divides every
     frequency by the factor; its "yarn" is ours (the same truncated ramp between beta_fast 32 and beta_slow 1
     over the original context, cos and sin times 0.1 ln(factor) + 1)."""
-    import gguf
+    import gguf  # (the writer package, optional: write_gguf has imported it already)
 
     if scaling is None:
         return
