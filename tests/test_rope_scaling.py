@@ -299,3 +299,15 @@ def test_gguf_refuses_a_fractional_original_block_in_one_line(tmp_path, capsys):
     )
     assert err.startswith("error: this checkpoint's yarn scaling starts from block_size / rope_factor = 33.3333")
     assert not (tmp_path / "m.gguf").exists()
+
+
+def test_a_lora_run_at_the_longer_block_loads_and_resumes_with_its_scaling(base_run, char_data, tmp_path):
+    out = tmp_path / "lora"
+    train_run("--data", char_data, "--init-from", base_run, "--out-dir", out, *TRAIN, "--block-size", "128",
+              "--rope-scaling", "yarn", "--rope-factor", "4", "--lora-rank", "4", "--max-iters", "2",
+              "--eval-interval", "2")  # fmt: skip
+    model, _, meta = load_checkpoint(out)  # the base (block 32, no scaling) rebuilt as the run built it
+    assert model.config.block_size == 128 and model.positions.scaling == RopeScaling("yarn", 4.0, 32)
+    train_run("--resume", out, "--max-iters", "3")
+    again, _, _ = load_checkpoint(out / "last.pt")
+    assert again.config.block_size == 128 and again.positions.scaling == RopeScaling("yarn", 4.0, 32)

@@ -117,8 +117,8 @@ def plan_run(cfg: TrainConfig, explicit: set[str], resume: Located | None = None
                 f"start a LoRA run from it with --init-from {cfg.resume}"
             )
         base = adapters.find_base(resume.meta["lora"], resume.path)
-        # a resumed run's config restates its base's architecture: only its block size is the run's own
-        return RunPlan(cfg, frozenset({"block_size"}), resume, loader.locate(base), lora, base)
+        # a resumed run's config restates its base's architecture: only its block size (and rope scaling) is its own
+        return RunPlan(cfg, frozenset(EXTENSION), resume, loader.locate(base), lora, base)
     init = loader.locate(cfg.init_from) if cfg.init_from else None
     return RunPlan(cfg, asked, resume, init, lora, loader.base_path(init) if lora else None)
 
