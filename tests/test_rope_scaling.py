@@ -311,3 +311,15 @@ def test_a_lora_run_at_the_longer_block_loads_and_resumes_with_its_scaling(base_
     train_run("--resume", out, "--max-iters", "3")
     again, _, _ = load_checkpoint(out / "last.pt")
     assert again.config.block_size == 128 and again.positions.scaling == RopeScaling("yarn", 4.0, 32)
+
+
+def test_a_scaling_from_block_size_over_factor_keeps_its_angles_at_another_block(char_data, tmp_path):
+    """rope_original_block 0 means block_size / rope_factor: a fine-tune at another block pins it first."""
+    train_run("--data", char_data, "--out-dir", tmp_path / "a", *TRAIN, "--pos-encoding", "rope", "--n-layer", "1",
+              "--n-head", "2", "--n-embd", "16", "--block-size", "64", "--rope-scaling", "yarn", "--rope-factor", "2",
+              "--max-iters", "1", "--eval-interval", "1")  # fmt: skip
+    assert load_checkpoint(tmp_path / "a")[0].positions.scaling == RopeScaling("yarn", 2.0, 32)
+    train_run("--data", char_data, "--init-from", tmp_path / "a", "--out-dir", tmp_path / "b", *TRAIN, "--block-size",
+              "48", "--max-iters", "1", "--eval-interval", "1")  # fmt: skip
+    model = load_checkpoint(tmp_path / "b")[0]
+    assert model.config.rope_original_block == 32 and model.positions.scaling == RopeScaling("yarn", 2.0, 32)

@@ -215,16 +215,18 @@ def context_extension(plan: RunPlan, mdict: dict, block: int, source: str, log) 
         return False
     before = mdict["block_size"]
     if "rope_scaling" in asked:
-        scaled = RopeScaling.of(SimpleNamespace(**{**GPTConfig().to_dict(), **mdict}))
+        scaled = _scaling(mdict)
         original = scaled.original if scaled else before  # the block the checkpoint was first trained at
         if "rope_original_block" in asked and model.rope_original_block:
             original = model.rope_original_block
         if model.rope_scaling:
-            mdict.update(
-                rope_scaling=model.rope_scaling, rope_factor=model.rope_factor, rope_original_block=round(original)
-            )
+            mdict.update(rope_scaling=model.rope_scaling, rope_factor=model.rope_factor)
+            mdict["rope_original_block"] = round(original)
         else:
             mdict.update(rope_scaling="", rope_factor=1.0, rope_original_block=0)
+    kept = _scaling(mdict)  # rope_original_block 0 means block_size / factor: pinned before the block moves
+    if kept and not mdict.get("rope_original_block") and float(kept.original).is_integer():
+        mdict["rope_original_block"] = int(kept.original)
     found = rope_problems(SimpleNamespace(**{**GPTConfig().to_dict(), **mdict, "block_size": block}))
     if found:
         raise ConfigError(f"--init-from {source}: " + "; ".join(f"{flag(name)}: {why}" for name, why in found))
@@ -238,6 +240,11 @@ def context_extension(plan: RunPlan, mdict: dict, block: int, source: str, log) 
         )
         log(f"init_from: block_size {before} -> {block} ({how})")
     return True
+
+
+def _scaling(mdict: dict) -> RopeScaling | None:
+    """The rope scaling of a checkpoint's model config (one from before these fields: none)."""
+    return RopeScaling.of(SimpleNamespace(**{**GPTConfig().to_dict(), **mdict}))
 
 
 def check_resumable(meta: dict, model_config: dict, task, cfg: TrainConfig) -> None:
