@@ -37,6 +37,9 @@ exports carry them (gpt/checkpoints/hf_neox.py, gguf.py); `rope_cos_sin` is the 
 Footguns
 - `GPT.__init__` builds `transformer.wpe` for every scheme and deletes it where the scheme has no learned
   table: its construction draws from the random generator, and the weights a seed gives must not change.
+- `rope_original_block = 0` means block_size / rope_factor: a config whose block_size changes afterwards
+  (`GPT.crop_block_size`) describes other yarn angles than the model built from it computes; `gpt train
+  --init-from` pins the number before it moves the block (gpt/train/start.py `context_extension`).
 - The table lives in the model (`wpe`, `pe`): `Positions` holds no tensors, only the answers, so one object
   serves a model, a pipeline stage and a stand-in with a config.
 """
@@ -108,7 +111,7 @@ class RopeScaling:
 
     def ramp(self, head_dim: int) -> tuple[float, float]:
         """YaRN's (low, high): the frequency indices where the ramp from kept (below) to divided (above)
-        begins and ends, whole numbers within 0 .. head_dim - 1."""
+        begins and ends, whole numbers, low >= 0 and high <= head_dim - 1 (high < low for a tiny `original`)."""
 
         def index(turns: float) -> float:  # the index i whose frequency turns `turns` times over `original`
             return head_dim * math.log(self.original / (turns * 2 * math.pi)) / (2 * math.log(ROPE_THETA))
