@@ -135,9 +135,14 @@ def test_requests_with_different_settings_share_a_batch():
         assert r["text"] == complete(model, tok, p, max_new_tokens=25, stop_at_eot=False, **kw)
 
 
-@pytest.mark.parametrize("pos_encoding", ["learned", "rope"])  # rope: the cache rolls, no re-prefill
-def test_window_slides_per_row_like_generate(pos_encoding):
-    model, tok = random_model(block=16, pos_encoding=pos_encoding), CharTokenizer(CHARS)
+YARN = dict(pos_encoding="rope", rope_scaling="yarn", rope_factor=4.0, rope_original_block=4)  # (stretched angles)
+
+
+@pytest.mark.parametrize(
+    "pos", [dict(pos_encoding="learned"), dict(pos_encoding="rope"), YARN], ids=["learned", "rope", "yarn"]
+)
+def test_window_slides_per_row_like_generate(pos):  # rope: the cache rolls, no re-prefill
+    model, tok = random_model(block=16, **pos), CharTokenizer(CHARS)
     engine = BatchEngine(model, tok, max_rows=4)  # keep = 8, as generate's default
     # sampled, not greedy: this random model's greedy text is one repeated character whatever the context
     settings = dict(temperature=1.0, top_k=None, stop_at_eot=False, seed=3)

@@ -92,8 +92,17 @@ def test_after_the_compile_a_step_never_runs_the_python_model(learned, monkeypat
     assert greedy(compiled, PROMPT, 12) == greedy(model, PROMPT, 12)
 
 
-def test_rope_rolling_cache_compiled_for_one_row_equals_eager():
-    model = tiny(pos_encoding="rope")
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        {},
+        pytest.param(  # the stretched angles are in the compiled step too (another ~15 s compile)
+            dict(rope_scaling="yarn", rope_factor=4.0, rope_original_block=4), marks=pytest.mark.slow
+        ),
+    ],
+)
+def test_rope_rolling_cache_compiled_for_one_row_equals_eager(scaling):
+    model = tiny(pos_encoding="rope", **scaling)
     twin = twin_of(model)
     prompt = torch.tensor([[3, 1, 4, 1, 5, 9]])
     eager, compiled = Decoder(model, prompt), Decoder(twin, prompt)

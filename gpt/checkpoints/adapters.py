@@ -7,7 +7,9 @@
 base moved together with the run still loads), `base_sha256` (a fingerprint of the base weights as
 adapted: a base that changed since, e.g. a best.pt that moved on, is refused in one line instead of
 silently giving other text), and `rank`, `alpha`, `dropout`, `targets`; `grown` when the run grew the
-base's vocabulary for a chat template's tokens (the base is grown the same way when loaded). Loading the base itself is the
+base's vocabulary for a chat template's tokens (the base is grown the same way when loaded). A run that
+fine-tuned a rope base at a longer block with rope scaling records them in its model_config; the base is
+rebuilt with them when loaded (`attach`). Loading the base itself is the
 loader's (gpt/checkpoints/loader.py: `load_model`, `load_adapted`); this module never imports it.
 """
 
@@ -19,7 +21,11 @@ from pathlib import Path
 import torch.nn as nn
 
 from gpt.errors import ConfigError
+from gpt.model.config import GPTConfig
 from gpt.model.lora import LoRAConfig, LoRAError, apply, fingerprint, trainable_params
+from gpt.model.transformer import GPT
+
+EXTENSION = ("rope_scaling", "rope_factor", "rope_original_block")  # a LoRA run's own, beside its block size
 
 
 def meta(config: LoRAConfig, model: nn.Module, base: Path, out_dir, grown: dict | None = None) -> dict:
@@ -51,6 +57,7 @@ def find_base(lora_meta: dict, source) -> Path:
 def attach(model: nn.Module, lora_meta: dict, model_config: dict, source, base) -> nn.Module:
     """The base model a LoRA checkpoint adapts, cropped as it was, adapters applied (B still zero), its
     fingerprint checked."""
+    model = _extended(model, model_config)
     if model_config["block_size"] < model.config.block_size:
         model.crop_block_size(model_config["block_size"])
     if "grown" in lora_meta:  # the chat template's tokens, added to the base as the run added them
@@ -62,6 +69,21 @@ def attach(model: nn.Module, lora_meta: dict, model_config: dict, source, base) 
         )
     apply(model, LoRAConfig(lora_meta["rank"], lora_meta["alpha"], lora_meta["dropout"], lora_meta["targets"]))
     return model
+
+
+def _extended(model: nn.Module, model_config: dict) -> nn.Module:
+    """The base rebuilt at the run's longer block and rope scaling, as the run built it (a rope model:
+    gpt/train/start.py `context_extension`), else the base itself."""
+    changed = {
+        k: model_config[k] for k in EXTENSION if k in model_config and getattr(model.config, k) != model_config[k]
+    }
+    if model_config["block_size"] <= model.config.block_size and not changed:
+        return model
+    config = GPTConfig.from_dict({**model.config.to_dict(), **changed, "block_size": model_config["block_size"]})
+    weight = next(model.parameters())
+    rebuilt = GPT(config).to(device=weight.device, dtype=weight.dtype)
+    rebuilt.load_state_dict(model.state_dict())  # (a rope model: the same weights at any block)
+    return rebuilt.train(model.training)
 
 
 def check_resume(saved: dict, lora_meta: dict | None, source) -> None:

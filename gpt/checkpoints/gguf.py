@@ -14,6 +14,8 @@ Written with `gguf`, the llama.cpp project's own writer (`pip install -e ".[gguf
 |                                             | (`output`, tied to wte here) is written on its own         |
 | RoPE                                        | `gptneox`, sequential residual, rotary over whole heads,   |
 |                                             | NeoX's half-split rotation (ours), theta ROPE_THETA        |
+| RoPE with rope_scaling linear / yarn        | `rope.scaling.*` (type, factor; yarn: original context,    |
+|                                             | beta_fast 32, beta_slow 1): llama.cpp computes our angles  |
 | untied_head                                 | the head written as `output`                               |
 | post-norm, encoder-decoder, relu2, qk_norm, | refused (gpt/model/config.py's `EXPORTS`): no llama.cpp    |
 |                                             | architecture computes them                                |
@@ -80,7 +82,7 @@ from gpt.data.tokenizer import GPT2_PATTERN
 from gpt.errors import UserError, storage_error
 from gpt.fsutil import replacing
 from gpt.model.config import refusals
-from gpt.model.positions import Positions
+from gpt.model.positions import YARN_BETA_FAST, YARN_BETA_SLOW, Positions
 from gpt.model.transformer import ROPE_THETA
 
 QUANTS = ("f32", "f16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k")
@@ -106,6 +108,32 @@ def architecture(config) -> str:
             "export it with `gpt export --format onnx` instead"
         )
     return Positions.of(config).family("gguf")
+
+
+def check_rope_scaling(scaling) -> None:
+    """GGUFError for a yarn scaling from a fractional original block (rope_original_block 0: block_size /
+    rope_factor), which llama.cpp's whole-number original context cannot say."""
+    if scaling is not None and scaling.kind == "yarn" and not float(scaling.original).is_integer():
+        raise GGUFError(
+            f"this checkpoint's yarn scaling starts from block_size / rope_factor = {scaling.original:g} positions: "
+            "llama.cpp's rope.scaling.original_context_length is a whole number"
+        )
+
+
+def rope_scaling(w, scaling) -> None:
+    """llama.cpp's rope.scaling.* keys of a context extension (none without one): its "linear" divides every
+    frequency by the factor; its "yarn" is ours (the same truncated ramp between beta_fast 32 and beta_slow 1
+    over the original context, cos and sin times 0.1 ln(factor) + 1)."""
+    import gguf  # (the writer package, optional: write_gguf has imported it already)
+
+    if scaling is None:
+        return
+    w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR if scaling.kind == "linear" else gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(scaling.factor)
+    if scaling.kind == "yarn":
+        w.add_rope_scaling_orig_ctx_len(round(scaling.original))
+        w.add_rope_scaling_yarn_beta_fast(YARN_BETA_FAST)
+        w.add_rope_scaling_yarn_beta_slow(YARN_BETA_SLOW)
 
 
 def weights(model, arch: str, n_vocab: int) -> list[tuple[str, np.ndarray]]:
@@ -170,6 +198,7 @@ def write_gguf(model, tokenizer, path: str | Path, quant: str = "f32", chat_temp
     if quant in K_QUANTS:
         k_quant_check(cfg.n_embd, quant)
     arch = architecture(cfg)
+    check_rope_scaling(Positions.of(cfg).scaling)
     words = vocabulary(tokenizer)
     vocab = byte_level(words)
     if vocab.pattern not in (None, GPT2_PATTERN):
@@ -208,6 +237,7 @@ def write_gguf(model, tokenizer, path: str | Path, quant: str = "f32", chat_temp
                 w.add_rope_dimension_count(cfg.n_embd // cfg.n_head)
                 w.add_rope_freq_base(ROPE_THETA)
                 w.add_parallel_residual(False)
+                rope_scaling(w, Positions.of(cfg).scaling)
             w.add_tokenizer_model("gpt2")
             w.add_tokenizer_pre("gpt-2")
             w.add_token_list(tokens)

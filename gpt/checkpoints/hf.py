@@ -12,6 +12,7 @@
 | learned positions          | GPT2LMHeadModel                                                             |
 | sinusoidal positions       | GPT2LMHeadModel, `wpe` = our table; wte scaled by sqrt(n_embd), ln_f by 1/that |
 | rope                       | GPTNeoXForCausalLM, sequential residual, full rotary (gpt/checkpoints/hf_neox.py) |
+| rope scaling linear, yarn  | GPT-NeoX's `rope_scaling` (transformers' rope types of those names)         |
 | activation relu2           | transformers' `relu2` (activation_function / hidden_act)                    |
 | untied_head                | `tie_word_embeddings: false`, the head's own matrix (sinusoidal: ln_f unscaled) |
 | encoder-decoder, post-norm,| refused in one line, as gpt/model/config.py's `EXPORTS` says (zero_init_proj is training only) |
@@ -286,6 +287,8 @@ def read(path) -> tuple[dict, dict[str, torch.Tensor], dict]:
         config["dropout"] = ours.get("dropout", 0.0)
         config["label_smoothing"] = ours.get("label_smoothing", 0.0)
         config["zero_init_proj"] = ours.get("zero_init_proj", False)
+        if config.get("rope_scaling") == "linear" and ours.get("rope_factor") == config.get("rope_factor"):
+            config["rope_original_block"] = ours.get("rope_original_block", 0)  # (HF's linear type has no field for it)
         biases = [k for k in sd if k.endswith(".bias")]
         if ours.get("bias") is False and not any(sd[k].any() for k in biases):
             sd = {k: v for k, v in sd.items() if k not in biases}

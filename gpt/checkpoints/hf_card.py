@@ -18,6 +18,15 @@ POSITIONS = {
 TOKENIZER_KINDS = {"gpt2": "GPT-2's byte-level BPE", "bpe": "own byte-level BPE", "char": "characters"}
 
 
+def _scaling(hf_config: dict) -> str:
+    """How the card names a context extension (config.json's rope_scaling), "" without one."""
+    rope = hf_config.get("rope_scaling")
+    if not rope:
+        return ""
+    since = f" from {rope['original_max_position_embeddings']}" if "original_max_position_embeddings" in rope else ""
+    return f", {rope['rope_type']} scaling x{rope['factor']:g}{since}"
+
+
 def model_card(model, tokenizer, hf_config: dict, template: ChatTemplate | None, facts: dict) -> str:
     """README.md: the Hub's front matter, what the model is, how to load it; nothing that differs between
     two exports of one model (no dates, no paths)."""
@@ -29,7 +38,7 @@ def model_card(model, tokenizer, hf_config: dict, template: ChatTemplate | None,
         ("parameters", f"{model.num_params():,}"),
         ("layers / heads / width", f"{cfg.n_layer} / {cfg.n_head} / {cfg.n_embd}"),
         ("context", f"{cfg.block_size} tokens"),
-        ("positions", POSITIONS.get(cfg.pos_encoding, cfg.pos_encoding)),
+        ("positions", POSITIONS.get(cfg.pos_encoding, cfg.pos_encoding) + _scaling(hf_config)),
         ("activation", "GELU (tanh approximation)" if cfg.activation == "gelu_tanh" else "GELU (exact)"),
         ("biases", "yes" if cfg.bias else "none (exported as zeros)"),
         ("tokenizer", f"{TOKENIZER_KINDS[base['kind']]}, {tokenizer.vocab_size:,} ids ({cfg.vocab_size:,} rows)"),

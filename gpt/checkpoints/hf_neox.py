@@ -17,6 +17,11 @@ Design notes
   transformers 4.x reads) and what later versions derive from them, so older versions load it too.
 - Import refuses what our block cannot compute (parallel residual, partial rotary, another theta, an
   MLP width other than 4 * n_embd, untied heads), naming the field.
+- A context extension (GPTConfig.rope_scaling) is `rope_scaling` {"rope_type": "linear" | "yarn", "factor",
+  and for yarn "original_max_position_embeddings", "beta_fast" 32, "beta_slow" 1}: transformers' rope
+  types of those names compute our angles and attention factor. Import takes back linear and yarn at those
+  betas (another rope type, beta or attention factor is refused, named); without
+  original_max_position_embeddings transformers takes max_position_embeddings, and so does import.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from gpt.errors import UserError
+from gpt.model.positions import YARN_BETA_FAST, YARN_BETA_SLOW, RopeScaling
 from gpt.model.transformer import ROPE_THETA
 
 NEOX_ACTIVATIONS = {
@@ -75,7 +81,56 @@ def config_to_neox(cfg, eot_token: int, dtype: torch.dtype) -> dict:
         "bos_token_id": eot_token,
         "eos_token_id": eot_token,
         "torch_dtype": str(dtype).replace("torch.", ""),
+        **rope_scaling_to_neox(cfg),
     }
+
+
+def rope_scaling_to_neox(cfg) -> dict:
+    """{"rope_scaling": ...} for a config with a context extension (transformers 4.x and 5.x read that key;
+    5.x adds rope_theta and partial_rotary_factor to it), else {}."""
+    scaling = RopeScaling.of(cfg)
+    if scaling is None:
+        return {}
+    out = {"rope_type": scaling.kind, "factor": scaling.factor}
+    if scaling.kind == "yarn":
+        original = scaling.original
+        out["original_max_position_embeddings"] = int(original) if float(original).is_integer() else original
+        out |= {"beta_fast": YARN_BETA_FAST, "beta_slow": YARN_BETA_SLOW}
+    return {"rope_scaling": out}
+
+
+def rope_scaling_from_neox(rope: dict, block_size: int, problems: list[str]) -> dict:
+    """Our rope_scaling fields of a GPT-NeoX rope_parameters / rope_scaling dict; what they cannot say goes
+    to `problems`."""
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return {}
+    if kind not in ("linear", "yarn"):
+        problems.append(f"rope scaling {kind!r} (only plain RoPE, 'linear' or 'yarn')")
+        return {}
+    factor = rope.get("factor")
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor < 1:
+        problems.append(f"rope scaling factor {factor!r} (a number >= 1)")
+        return {}
+    out = {"rope_scaling": kind, "rope_factor": float(factor)}
+    if kind == "linear":
+        return out
+    defaults = {"beta_fast": YARN_BETA_FAST, "beta_slow": YARN_BETA_SLOW, "truncate": True}
+    for key, value in defaults.items():
+        if rope.get(key) not in (None, value):
+            problems.append(f"yarn {key} {rope[key]!r} (only {value!r})")
+    ours = RopeScaling("yarn", float(factor), 1).attention
+    for key in ("attention_factor", "mscale", "mscale_all_dim"):
+        value = rope.get(key)
+        if value is not None and not (key == "attention_factor" and abs(value - ours) < 1e-9):
+            problems.append(f"yarn {key} {value!r} (only the default attention factor 0.1 ln(factor) + 1)")
+    original = rope.get("original_max_position_embeddings", block_size)
+    if isinstance(original, float) and original.is_integer():
+        original = int(original)
+    if not isinstance(original, int) or isinstance(original, bool) or original <= 0:
+        problems.append(f"original_max_position_embeddings {original!r} (a whole number of positions)")
+        return out
+    return out | {"rope_original_block": original}
 
 
 def config_from_neox(hf: dict, source) -> dict:
@@ -97,8 +152,7 @@ def config_from_neox(hf: dict, source) -> dict:
         problems.append(f"rotary_pct {pct!r} (only 1.0: every dimension rotates)")
     if theta != ROPE_THETA:
         problems.append(f"rotary base {theta!r} (only {ROPE_THETA:g})")
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        problems.append(f"rope scaling {rope.get('rope_type', rope.get('type'))!r} (only plain RoPE)")
+    scaling = rope_scaling_from_neox(rope, get("max_position_embeddings", 2048), problems)
     activation = NEOX_ACTIVATIONS.get(get("hidden_act", "gelu"))
     if activation is None:
         problems.append(f"hidden_act {get('hidden_act')!r} (only 'gelu_new', 'gelu' or 'relu2')")
@@ -120,6 +174,7 @@ def config_from_neox(hf: dict, source) -> dict:
         activation=activation,
         # transformers' GPTNeoXConfig leaves the head untied unless told otherwise
         untied_head=not get("tie_word_embeddings", False),
+        **scaling,
     )
 
 

@@ -29,6 +29,7 @@ from gpt.errors import ConfigError
 from gpt.model.windows import parse as parse_windows
 
 POS_ENCODINGS = ("learned", "sinusoidal", "rope")
+ROPE_SCALINGS = ("linear", "yarn")  # rope_scaling's values besides "" (gpt/model/positions.py computes them)
 # GELU of the MLP: "gelu_tanh" is GPT-2's tanh approximation (gelu_new); "gelu" the exact erf form, the
 # same curve to 1e-3 and cheaper forward + backward on CPUs (bench/README.md, "Training");
 # "relu2" is ReLU squared, relu(x)^2 (So et al. 2021, "Primer"; the speedruns' and nanochat's MLP).
@@ -80,6 +81,12 @@ class GPTConfig:
     # "128,128,512,full"; "" = full attention everywhere), and the global tokens every query sees
     attention_window: str = ""
     global_tokens: int = 0
+    # Context extension of a rope model (gpt/model/positions.py `RopeScaling`): "" (none), "linear" or "yarn";
+    # the frequencies stretch by rope_factor from the block trained at, rope_original_block (0: block_size /
+    # rope_factor; `gpt train --init-from` records the checkpoint's block).
+    rope_scaling: str = ""
+    rope_factor: float = 1.0
+    rope_original_block: int = 0
 
     def __post_init__(self):
         found = problems(dataclasses.asdict(self))
@@ -136,6 +143,39 @@ def problems(values: dict) -> list[tuple[str, str]]:
         out.append(("logit_softcap", f"must be a number >= 0 (0 = off; nanochat uses 15), got {softcap!r}"))
     if not isinstance(c.label_smoothing, (int, float)) or not 0.0 <= c.label_smoothing < 1.0:
         out.append(("label_smoothing", f"must be in [0, 1), got {c.label_smoothing!r}"))
+    return out + rope_problems(c)
+
+
+def rope_problems(c) -> list[tuple[str, str]]:
+    """The context extension's problems (`problems`): scaling only of rope, a factor >= 1, and a block the
+    stretched frequencies cover (at most rope_factor * rope_original_block)."""
+    scaling, factor, original = c.rope_scaling, c.rope_factor, c.rope_original_block
+    out = []
+    if scaling not in ("", *ROPE_SCALINGS):
+        out.append(
+            ("rope_scaling", f"must be one of {', '.join(map(repr, ROPE_SCALINGS))} (or empty), got {scaling!r}")
+        )
+    elif scaling and c.pos_encoding != "rope":
+        out.append(
+            ("rope_scaling", f"stretches rotary frequencies: it needs pos_encoding 'rope', not {c.pos_encoding!r}")
+        )
+    bad_factor = isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1.0 <= factor < float("inf")
+    if bad_factor:
+        out.append(("rope_factor", f"must be a number >= 1, got {factor!r}"))
+    elif factor != 1.0 and not scaling:
+        out.append(("rope_factor", f"{factor:g} needs a rope_scaling ('linear' or 'yarn') to apply it"))
+    if not isinstance(original, int) or isinstance(original, bool) or original < 0:
+        out.append(("rope_original_block", f"must be an integer >= 0 (0 = block_size / rope_factor), got {original!r}"))
+    elif original and not scaling:
+        out.append(("rope_original_block", f"{original} needs a rope_scaling ('linear' or 'yarn')"))
+    elif original and not bad_factor and isinstance(c.block_size, int) and c.block_size > factor * original:
+        out.append(
+            (
+                "rope_factor",
+                f"{factor:g} stretches the {original} positions trained at to {factor * original:g}, fewer than "
+                f"block_size {c.block_size}: raise it to {c.block_size / original:g}",
+            )
+        )
     return out
 
 
@@ -224,6 +264,10 @@ EXPORTS = (
         None,
         {"hf": f"no global attention in GPT-2 or GPT-NeoX; {ONNX_HINT}", "gguf": "no global attention"},
     ),
+    Export("rope_scaling", "linear", {}),  # Hugging Face's rope_scaling, llama.cpp's rope.scaling.* keys
+    Export("rope_scaling", "yarn", {}),  # (onnx and pt2 trace our own forward: the angles are in the graph)
+    Export("rope_factor", None, {}),  # (written with rope_scaling)
+    Export("rope_original_block", None, {}),
     Export("untied_head", None, {}),  # the head written as its own matrix
     Export("bias", None, {}),  # bias=False: zero biases where a format needs them
 )

@@ -28,9 +28,18 @@ positions only and there is no position table. Cross-attention is not rotated (i
 keys come from different sequences). Angles are computed in float64, so positions past
 block_size (a sliding KV cache, gpt/infer/sampling.py) stay exact; the base is ROPE_THETA.
 
+Context extension (`rope_scaling`, `rope_factor`, `rope_original_block` of GPTConfig; `RopeScaling`): a rope
+model trained at block B is fine-tuned briefly at block F * B with its frequencies stretched by F, "linear"
+(position interpolation) or "yarn" (only the slow frequencies, and cos and sin times 0.1 ln F + 1). The
+angles are Hugging Face's rope types "linear" and "yarn" (beta_fast 32, beta_slow 1, truncated ramp), so
+exports carry them (gpt/checkpoints/hf_neox.py, gguf.py); `rope_cos_sin` is the one place they are computed.
+
 Footguns
 - `GPT.__init__` builds `transformer.wpe` for every scheme and deletes it where the scheme has no learned
   table: its construction draws from the random generator, and the weights a seed gives must not change.
+- `rope_original_block = 0` means block_size / rope_factor: a config whose block_size changes afterwards
+  (`GPT.crop_block_size`) describes other yarn angles than the model built from it computes; `gpt train
+  --init-from` pins the number before it moves the block (gpt/train/start.py `context_extension`).
 - The table lives in the model (`wpe`, `pe`): `Positions` holds no tensors, only the answers, so one object
   serves a model, a pipeline stage and a stand-in with a config.
 """
@@ -70,14 +79,71 @@ def doc_mask(doc: torch.Tensor) -> torch.Tensor:
     return (doc[:, :, None] == doc[:, None, :]).unsqueeze(1)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin (..., T, head_dim) of the rotary angles pos * ROPE_THETA^(-2i/head_dim), each frequency
-    repeated for the two halves of a head; float32, from angles computed in float64 (but on MPS)."""
+YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0  # YaRN's ramp bounds, in rotations over the original context
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How the rotary frequencies stretch to a longer context than the block trained at (`original`):
+    "linear" (position interpolation, Chen et al. 2023) divides every frequency by `factor`; "yarn" (Peng
+    et al. 2023) divides only the slow ones (fewer than YARN_BETA_SLOW turns over `original` positions),
+    keeps the fast ones (more than YARN_BETA_FAST turns), ramps linearly between them, and multiplies cos
+    and sin by `attention` = 0.1 ln(factor) + 1. Hugging Face's rope types of the same names compute the same
+    angles (tests/test_rope_scaling.py checks against transformers)."""
+
+    kind: str  # "linear" or "yarn" (gpt/model/config.py ROPE_SCALINGS)
+    factor: float
+    original: float  # the block trained at (GPTConfig.rope_original_block, or block_size / factor)
+
+    @classmethod
+    def of(cls, config) -> RopeScaling | None:
+        """The scaling of a GPTConfig (or anything with its fields), None when it has none."""
+        kind = getattr(config, "rope_scaling", "")
+        if not kind:
+            return None
+        factor = float(config.rope_factor)
+        return cls(kind, factor, config.rope_original_block or config.block_size / factor)
+
+    @property
+    def attention(self) -> float:
+        """What cos and sin are multiplied by (YaRN's mscale; HF's attention_factor): 1 for linear."""
+        return 0.1 * math.log(self.factor) + 1.0 if self.kind == "yarn" and self.factor > 1 else 1.0
+
+    def ramp(self, head_dim: int) -> tuple[float, float]:
+        """YaRN's (low, high): the frequency indices where the ramp from kept (below) to divided (above)
+        begins and ends, whole numbers, low >= 0 and high <= head_dim - 1 (high < low for a tiny `original`)."""
+
+        def index(turns: float) -> float:  # the index i whose frequency turns `turns` times over `original`
+            return head_dim * math.log(self.original / (turns * 2 * math.pi)) / (2 * math.log(ROPE_THETA))
+
+        return max(math.floor(index(YARN_BETA_FAST)), 0), min(math.ceil(index(YARN_BETA_SLOW)), head_dim - 1)
+
+    def frequencies(self, inv_freq: torch.Tensor) -> torch.Tensor:
+        """The scaled frequencies of the plain ones `inv_freq` (head_dim / 2,)."""
+        if self.kind == "linear":
+            return inv_freq / self.factor
+        low, high = self.ramp(2 * inv_freq.numel())
+        i = torch.arange(inv_freq.numel(), dtype=inv_freq.dtype, device=inv_freq.device)
+        span = high - low if high != low else 0.001  # (high may fall below low for a tiny `original`)
+        divided = ((i - low) / span).clamp(0, 1)  # 0: kept as is, 1: divided by factor
+        return inv_freq * (1 - divided) + inv_freq / self.factor * divided
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, scaling: RopeScaling | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (..., T, head_dim) of the rotary angles pos * ROPE_THETA^(-2i/head_dim) (stretched by
+    `scaling`, and times its attention factor), each frequency repeated for the two halves of a head; float32,
+    from angles computed in float64 (but on MPS)."""
     wide = torch.float32 if positions.device.type == "mps" else torch.float64
     inv_freq = ROPE_THETA ** (-torch.arange(0, head_dim, 2, dtype=wide, device=positions.device) / head_dim)
+    if scaling is not None:
+        inv_freq = scaling.frequencies(inv_freq)
     angles = positions.to(wide)[..., None] * inv_freq  # (..., T, hs/2)
     angles = torch.cat([angles, angles], dim=-1)  # (..., T, hs)
-    return angles.cos().float(), angles.sin().float()
+    if scaling is None or scaling.attention == 1.0:
+        return angles.cos().float(), angles.sin().float()
+    return (angles.cos() * scaling.attention).float(), (angles.sin() * scaling.attention).float()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -108,12 +174,16 @@ class Positions:
     families: tuple[tuple[str, str], ...]  # (export format, the family there that carries the scheme)
     n_embd: int = 0
     head_dim: int = 0
+    scaling: RopeScaling | None = None  # rotary frequencies stretched to a longer context (GPTConfig.rope_scaling)
 
     @classmethod
     def of(cls, config) -> Positions:
         """The scheme of `config.pos_encoding` (a GPTConfig, or anything with its fields), sized for it."""
         return dataclasses.replace(
-            SCHEMES[config.pos_encoding], n_embd=config.n_embd, head_dim=config.n_embd // config.n_head
+            SCHEMES[config.pos_encoding],
+            n_embd=config.n_embd,
+            head_dim=config.n_embd // config.n_head,
+            scaling=RopeScaling.of(config),
         )
 
     @staticmethod
@@ -161,7 +231,7 @@ class Positions:
         if not self.rotary:
             return None
         pos = positions(start, T, device) if pos is None else pos
-        cos, sin = rope_cos_sin(pos, self.head_dim)
+        cos, sin = rope_cos_sin(pos, self.head_dim, self.scaling)
         return (cos, sin) if pos.dim() == 1 else (cos.unsqueeze(1), sin.unsqueeze(1))  # (B or 1, 1, T, hs)
 
     def crop(self, model: nn.Module, block_size: int) -> None:

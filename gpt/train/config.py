@@ -54,6 +54,12 @@ MODEL_HELP = {  # the flags of the model's fields (GPTConfig, gpt/model/config.p
     "attention_window": "sliding-window attention: each layer's window in tokens, a pattern cycled over the layers "
     "(64 | 128,128,512,full); empty = full attention",
     "global_tokens": "with --attention-window: the first G tokens see and are seen by every token (Longformer)",
+    "rope_scaling": "rope context extension: linear (position interpolation) | yarn; with --init-from a rope "
+    "checkpoint and a longer --block-size",
+    "rope_factor": "how far --rope-scaling stretches the rotary frequencies (at least --block-size over the block "
+    "trained at)",
+    "rope_original_block": "the block the model was trained at (0 = --init-from's block, else --block-size / "
+    "--rope-factor)",
 }
 
 
@@ -572,6 +578,8 @@ def build_config(argv: list[str] | None = None, base: dict | None = None) -> Tra
     if problems:
         raise ConfigError("\n".join(problems))
     model = {key: typed.pop(key) for key in list(typed) if key in MODEL_HELP}
+    if model.get("rope_scaling") and typed.get("init_from") and "pos_encoding" not in model:
+        model["pos_encoding"] = "rope"  # the checkpoint's scheme (gpt/train/start.py checks that it is)
     model_problems = [f"{flag(name)}: {why}" for name, why in check_model(default_model().to_dict() | model)]
     try:  # the run's problems first, then the model's, all in one error
         cfg = TrainConfig(**typed, model=default_model() if model_problems else replace(default_model(), **model))

@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch.nn as nn
 
@@ -23,8 +24,9 @@ from gpt.checkpoints import adapters, loader
 from gpt.checkpoints.loader import Located
 from gpt.checkpoints.native import LATEST
 from gpt.errors import ConfigError, UserError
-from gpt.model.config import GPTConfig
+from gpt.model.config import GPTConfig, rope_problems
 from gpt.model.lora import LoRAConfig, apply
+from gpt.model.positions import Positions, RopeScaling
 from gpt.model.transformer import GPT
 from gpt.train.config import (
     TrainConfig,
@@ -52,7 +54,10 @@ ARCHITECTURE = (
     "untied_head",
     "x0_skip",
     "value_embeds",
+    *("rope_scaling", "rope_factor", "rope_original_block"),
 )  # what a resumed run cannot change (dropout and label smoothing it can)
+EXTENSION = ("block_size", "rope_scaling", "rope_factor", "rope_original_block")  # --init-from takes these from
+# the command line (a longer context: `context_extension`), the rest of the architecture from the checkpoint
 
 
 class TrainingError(UserError, RuntimeError):
@@ -112,8 +117,8 @@ def plan_run(cfg: TrainConfig, explicit: set[str], resume: Located | None = None
                 f"start a LoRA run from it with --init-from {cfg.resume}"
             )
         base = adapters.find_base(resume.meta["lora"], resume.path)
-        # a resumed run's config restates its base's architecture: only its block size is the run's own
-        return RunPlan(cfg, frozenset({"block_size"}), resume, loader.locate(base), lora, base)
+        # a resumed run's config restates its base's architecture: only its block size (and rope scaling) is its own
+        return RunPlan(cfg, frozenset(EXTENSION), resume, loader.locate(base), lora, base)
     init = loader.locate(cfg.init_from) if cfg.init_from else None
     return RunPlan(cfg, asked, resume, init, lora, loader.base_path(init) if lora else None)
 
@@ -167,10 +172,12 @@ def new_model(plan: RunPlan, task, log) -> tuple[GPT, dict]:
     ignored = [
         f"{flag(k)} {getattr(cfg.model, k)}"
         for k in ARCHITECTURE
-        if k in plan.asked and k != "block_size" and k in mdict and getattr(cfg.model, k) != mdict[k]
+        if k in plan.asked and k not in EXTENSION and k in mdict and getattr(cfg.model, k) != mdict[k]
     ]
     if ignored:
         log(f"init_from: the architecture comes from {source}; ignoring {', '.join(ignored)}")
+    block = cfg.model.block_size if "block_size" in plan.asked else mdict["block_size"]
+    grows = context_extension(plan, mdict, block, source, log)
     state = model.state_dict()
     model = GPT(GPTConfig.from_dict(mdict))
     model.load_state_dict(state)
@@ -183,13 +190,62 @@ def new_model(plan: RunPlan, task, log) -> tuple[GPT, dict]:
             f"{source}: its embedding and tied head grow to {model.config.vocab_size:,} rows, the new ones "
             f"starting at the mean of the old"
         )
-    block = cfg.model.block_size if "block_size" in plan.asked else mdict["block_size"]
-    if block < mdict["block_size"]:
+    if block < mdict["block_size"] and not grows:
         log(f"init_from: cropping block_size {mdict['block_size']} -> {block}")
         model.crop_block_size(block)
-    elif block > mdict["block_size"]:
-        raise ConfigError(f"--block-size: {block} exceeds the checkpoint's {mdict['block_size']} (it can only shrink)")
     return model, model.config.to_dict()
+
+
+def context_extension(plan: RunPlan, mdict: dict, block: int, source: str, log) -> bool:
+    """Fine-tuning from a checkpoint at another block: a model with a position table only shrinks it; a rope
+    model (no table) takes the block as asked, and the rope scaling the command line asks for (its
+    rope_original_block the checkpoint's block, or the block its own scaling started from). Updates `mdict`
+    (the checkpoint's config); True when the model is built at `block` (no crop needed)."""
+    asked, model = plan.asked, plan.cfg.model
+    rope = mdict.get("pos_encoding") == "rope"
+    if "rope_scaling" in asked and model.rope_scaling and not rope:
+        raise ConfigError(
+            f"--rope-scaling {model.rope_scaling}: {source} has pos_encoding {mdict.get('pos_encoding')!r}: "
+            "only a rope model's rotary frequencies stretch to a longer context"
+        )
+    if block > mdict["block_size"] and not rope:
+        raise ConfigError(
+            f"--block-size: {block} exceeds the checkpoint's {mdict['block_size']} (its position table can only shrink)"
+        )
+    if not rope:
+        return False
+    before = mdict["block_size"]
+    if "rope_scaling" in asked:
+        scaled = _scaling(mdict)
+        original = scaled.original if scaled else before  # the block the checkpoint was first trained at
+        if "rope_original_block" in asked and model.rope_original_block:
+            original = model.rope_original_block
+        if model.rope_scaling:
+            mdict.update(rope_scaling=model.rope_scaling, rope_factor=model.rope_factor)
+            mdict["rope_original_block"] = round(original)
+        else:
+            mdict.update(rope_scaling="", rope_factor=1.0, rope_original_block=0)
+    kept = _scaling(mdict)  # rope_original_block 0 means block_size / factor: pinned before the block moves
+    if kept and not mdict.get("rope_original_block") and float(kept.original).is_integer():
+        mdict["rope_original_block"] = int(kept.original)
+    found = rope_problems(SimpleNamespace(**{**GPTConfig().to_dict(), **mdict, "block_size": block}))
+    if found:
+        raise ConfigError(f"--init-from {source}: " + "; ".join(f"{flag(name)}: {why}" for name, why in found))
+    mdict["block_size"] = block
+    if block != before:
+        scaling = Positions.of(GPTConfig.from_dict(mdict)).scaling
+        how = (
+            f"{scaling.kind} rope scaling x{scaling.factor:g} from {scaling.original:g}"
+            if scaling
+            else "no rope scaling: positions past it are new to the model (--rope-scaling yarn stretches them)"
+        )
+        log(f"init_from: block_size {before} -> {block} ({how})")
+    return True
+
+
+def _scaling(mdict: dict) -> RopeScaling | None:
+    """The rope scaling of a checkpoint's model config (one from before these fields: none)."""
+    return RopeScaling.of(SimpleNamespace(**{**GPTConfig().to_dict(), **mdict}))
 
 
 def check_resumable(meta: dict, model_config: dict, task, cfg: TrainConfig) -> None:
