@@ -245,6 +245,8 @@ class Decoder:
         self.keep = min(keep or max(1, cfg.block_size // 2), cfg.block_size)
         self.rolling = Positions.of(cfg).slides  # the window slides in the cache (module notes)
         self.caches = model.new_caches(idx.size(0))
+        # the compiled step's symbolic length: the slots of the caches of every position (rings are whole)
+        self.span = max((c.max_len for c in self.caches if not c.ring), default=self.caches[0].max_len)
         self.tokens = idx
         self.start = max(0, idx.size(1) - cfg.block_size)
         self.prefills = 0
@@ -300,7 +302,7 @@ class Decoder:
             # over the written slots only (the whole buffer would cost a 1024-slot attention per layer at
             # every step: GPT-2 bf16 decoded 0.7x eager that way); one compile serves every length
             with torch.no_grad():
-                return self.compiled(static_ids, self.caches, min(self.fed + 1, self.caches[0].max_len))
+                return self.compiled(static_ids, self.caches, min(self.fed + 1, self.span))
         if ids.device.type != "cuda":
             return self._forward(static_ids)
         if graph is None:

@@ -255,7 +255,7 @@ class GPT(nn.Module):
         by_kind, out = {}, []
         for i, cache in enumerate(caches):
             size = self.windows.size(i)
-            kind = (size, cache.ring, cache.n_global, cache.period, cache.max_len)
+            kind = (size, cache.ring, cache.n_global, cache.period)  # (one call's caches of a kind are alike)
             if kind not in by_kind:
                 k = cache.key_positions(T)[..., None, :]  # (1, L) or (B or 1, 1, L)
                 allowed = (k >= 0) & (k <= q[..., :, None])
