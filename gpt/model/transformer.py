@@ -217,9 +217,10 @@ class GPT(nn.Module):
         x = x0 = self.embed(idx, start, pos)
         rope = self.rope(start, idx.size(1), idx.device, pos)
         ve = self.value_embeds if self.config.value_embeds else {}
+        masks = None  # (no positions computed without windows: a decode step dispatches only the ops it needs)
         if windowed:
             masks = self.cache_masks(mask, caches, idx.size(1))
-        else:
+        elif self.windows.any:
             masks = self.window_masks(mask, *self._query_key_positions(idx, start, caches, pos), causal=True)
         for i, block in enumerate(self.transformer.h):
             mem = memory[i] if isinstance(memory, list) else memory
