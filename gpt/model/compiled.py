@@ -143,8 +143,8 @@ class AheadOfTimeStep:
             tensors += (cache.k, cache.v)
         # one row (the common case) is a compile of its own, unless a program for many rows exists: samples
         # that finish leave the batch, and the last one must not wait for a second compile
-        key = (ids.size(0) == 1, caches[0].k.shape[1:], tuple(cache.max_len for cache in caches))
-        run = self._runs.get(key) or self._runs.get((False, *key[1:]))
+        key = (ids.size(0) == 1, (caches[0].k.shape[1:], *(cache.max_len for cache in caches)))  # (rings: sizes)
+        run = self._runs.get(key) or self._runs.get((False, key[1]))
         if run is None:
             start = time.perf_counter()
             rings = tuple((c.n_global, c.period) if c.ring else None for c in caches)
