@@ -12,7 +12,7 @@ from gpt.infer.batching import BatchEngine, Request
 from gpt.infer.sampling import Decoder, SampleConfig
 from gpt.infer.translate import beam_search
 from gpt.infer.translate import generate as translate
-from gpt.model.compiled import AheadOfTimeStep
+from gpt.model.compiled import AheadOfTimeStep, DynamoStep
 from gpt.model.quantize import quantize
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
@@ -210,3 +210,20 @@ def test_the_compiled_step_through_the_ring_equals_eager(compiled, rows, monkeyp
     eager, _ = greedy(model, prompt(rows, 9), 40, check=False)
     assert dec.compiled is not None and torch.equal(eager, step) and len(set(step[0].tolist())) > 3
     assert [c.max_len for c in dec.caches] == [7, 16]
+
+
+@pytest.mark.slow
+def test_the_dynamo_step_through_the_ring_equals_eager():
+    """torch.compile's step (CUDA's `--compile`, built here on the CPU): rings whole, the full layer's views marked
+    dynamic; about 30 s of compiling on a busy 2-core machine, hence slow."""
+    torch._dynamo.reset()
+    try:
+        model = tiny(attention_window="5,full", global_tokens=2, n_layer=2)
+        twin = GPT.__new__(GPT)
+        twin.__dict__ = dict(model.__dict__)
+        twin.decode_step = DynamoStep(twin)
+        greedy(twin, prompt(2, 9), 7)  # within block_size: the dense forward's logits
+        step, _ = greedy(twin, prompt(2, 9), 40, check=False)
+        assert torch.equal(step, greedy(model, prompt(2, 9), 40, check=False)[0])
+    finally:
+        torch._dynamo.reset()

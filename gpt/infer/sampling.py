@@ -29,6 +29,10 @@ Design notes
   cache, which equals a full forward with a banded causal mask (tested). It is not nanoGPT's crop:
   the cached keys of the window's first tokens still carry what they saw before the window.
   `keep` does not apply to them.
+- Attention windows (`attention_window`): a windowed layer's cache is a ring of its window and the global
+  tokens (gpt/model/cache.py), so memory stays constant; a RoPE model whose layers are all windowed decodes
+  past block_size exactly as the dense masked forward of the whole sequence would (tests/test_ring_cache.py).
+  Learned positions still crop and prefill again.
 - Only the last position goes through the head (`model.hidden` then `model.head(h[:, -1])`); the
   model's `forward` keeps returning full logits.
 - Logits are processed in float32 whatever the model's dtype.
@@ -486,7 +490,8 @@ def batch_rows(model: GPT, budget: int | None = None) -> int:
     BATCH_BYTES), at least 1."""
     c = model.config
     itemsize = model.cache_dtype().itemsize
-    per_row = 2 * c.n_layer * c.block_size * c.n_embd * itemsize + 2 * c.vocab_size * 4
+    slots = sum(model.cache_slots(i) for i in range(c.n_layer))  # (windowed layers: their rings)
+    per_row = 2 * slots * c.n_embd * itemsize + 2 * c.vocab_size * 4
     return max(1, (budget or BATCH_BYTES) // per_row)
 
 

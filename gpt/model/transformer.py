@@ -419,6 +419,12 @@ class GPT(nn.Module):
         bounded = self.windows.global_tokens + size < (max_len or self.config.block_size)
         return size if size and (bounded or self.positions.slides) else 0
 
+    def cache_slots(self, layer: int, max_len: int | None = None) -> int:
+        """The slots of decoder layer `layer`'s KV cache (`new_caches`): its ring and the global tokens, or every
+        position."""
+        ring = self.cache_window(layer, max_len)
+        return self.windows.global_tokens + ring if ring else max_len or self.config.block_size
+
     def new_caches(self, batch: int, max_len: int | None = None) -> list[KVCache]:
         """One empty self-attention KVCache per decoder layer, on the model's device, in `cache_dtype`: a ring
         of the window (and the global tokens) for a windowed layer (`cache_window`), else `max_len` slots."""
