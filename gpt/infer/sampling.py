@@ -490,7 +490,8 @@ def batch_rows(model: GPT, budget: int | None = None) -> int:
     BATCH_BYTES), at least 1."""
     c = model.config
     itemsize = model.cache_dtype().itemsize
-    slots = sum(model.cache_slots(i) for i in range(c.n_layer))  # (windowed layers: their rings)
+    slots_of = getattr(model, "cache_slots", lambda i: c.block_size)  # (windowed layers: their rings; stand-ins)
+    slots = sum(slots_of(i) for i in range(c.n_layer))
     per_row = 2 * slots * c.n_embd * itemsize + 2 * c.vocab_size * 4
     return max(1, (budget or BATCH_BYTES) // per_row)
 
