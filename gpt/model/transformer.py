@@ -201,7 +201,9 @@ class GPT(nn.Module):
         which is causal in any case. Static caches (a tensor `pos`, shared or per row) attend over
         their whole buffer: query t of row b sees the keys at positions <= pos[b] + t. `doc` (B, T) packs
         several documents in a row (chat fine-tuning): a token attends within its document only, and
-        positions restart at each document's first token, as if each were alone.
+        positions restart at each document's first token, as if each were alone. With attention windows and
+        caches, each layer's mask comes from the positions its cache holds (`cache_masks`): a windowed
+        layer's cache is a ring of its window (gpt/model/cache.py).
         """
         start = caches[0].pos if caches else 0
         pos = None
