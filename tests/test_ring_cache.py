@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from gpt import GPT, GPTConfig
+from gpt.checkpoints import native
+from gpt.cli import sample
 from gpt.data.tokenizer import CharTokenizer
 from gpt.infer.batching import BatchEngine, Request
 from gpt.infer.sampling import Decoder, SampleConfig
@@ -116,6 +118,24 @@ def test_four_times_past_block_size_equals_the_full_forward_with_constant_memory
     assert torch.equal(full[:, 8:-1].argmax(-1), generated)  # each generated token is the forward's argmax
     torch.testing.assert_close(dec.logits, full[:, -1], atol=1e-4, rtol=1e-4)
     assert size == 2 * (7 + 9 + 7) * 2 * 2 * 16 * 4  # k and v, slots, rows, heads, head dim, float32
+
+
+def test_gpt_sample_goes_four_times_past_block_size_as_the_full_forward(tmp_path, capsys):
+    """`gpt sample --max-new-tokens 4*block` from a windowed RoPE checkpoint: the greedy text of the dense masked
+    forward over the whole sequence, from caches of the window only."""
+    tok = CharTokenizer(CHARS)
+    model = tiny(block=16, attention_window="6", global_tokens=1, vocab_size=tok.vocab_size)
+    native.save(
+        tmp_path / "best.pt", {"model": model.state_dict()}, native.build_meta(model.config.to_dict(), tok.spec)
+    )
+    argv = ["--ckpt", tmp_path, "--prompt", "abc", "--max-new-tokens", 64, "--temperature", 0, "--no-stop-at-eot"]
+    assert sample.main([str(a) for a in argv]) == 0
+    out = capsys.readouterr().out
+    ids = tok.encode("abc")
+    with torch.no_grad():
+        for _ in range(64):  # the reference: every token from a forward over the whole sequence so far
+            ids.append(model(torch.tensor([ids]))[0][0, -1, : tok.vocab_size].argmax().item())
+    assert out.rstrip("\n") == tok.decode(ids) and len(set(ids[3:])) > 3
 
 
 def test_the_static_step_past_block_size_equals_the_int_step():
