@@ -32,7 +32,8 @@ Design notes
   block_size keeps its last `keep` tokens, re-prefilled alone in its own row (all but the newest
   token, which the batched step then appends). RoPE rows never re-prefill: their keys carry their
   rotation, so a full row writes each new key over its oldest (slot pos % block_size), as the
-  sampler's rolling cache does.
+  sampler's rolling cache does. Windowed layers keep a ring of their window per row (gpt/model/cache.py):
+  a right-padded prefill tells it each row's real length, so padding never overwrites a row's keys.
 """
 
 from __future__ import annotations
@@ -107,8 +108,15 @@ class SlotPool:
         self.layers = model.new_caches(rows)
         self.rows = rows
 
-    def caches(self, start: int, stop: int, length: int, pos: torch.Tensor) -> list[KVCache]:
-        return [layer.view(slice(start, stop), length, pos) for layer in self.layers]
+    def caches(
+        self, start: int, stop: int, length: int, pos: torch.Tensor, lengths: torch.Tensor | None = None
+    ) -> list[KVCache]:
+        """`lengths` (B,): each row's real tokens of a right-padded step, for the windowed layers' rings (whose
+        views are whole: a ring is attended over every slot, `KVCache`)."""
+        views = [layer.view(slice(start, stop), length, pos) for layer in self.layers]
+        for view in views:
+            view.lengths = lengths
+        return views
 
     def move(self, src: int, dst: int) -> None:
         for layer in self.layers:
@@ -316,7 +324,8 @@ class BatchEngine(_Engine):
         pad = self.tokenizer.eot_token
         idx = torch.tensor([c + [pad] * (T - len(c)) for c in contexts], device=self.device)  # (B, T)
         length = min(max(pos) + T, self.block_size)  # (a rolling row past block_size writes at pos % block_size)
-        caches = self.pool.caches(start, start + len(contexts), length, torch.tensor(pos, device=self.device))
+        lengths = torch.tensor([len(c) for c in contexts], device=self.device) if T > 1 else None
+        caches = self.pool.caches(start, start + len(contexts), length, torch.tensor(pos, device=self.device), lengths)
         h = self.model.hidden(idx, caches)  # (B, T, C)
         last = torch.tensor([len(c) - 1 for c in contexts], device=self.device)
         logits = self.model.head(h[torch.arange(len(contexts), device=self.device), last]).float()  # (B, V)

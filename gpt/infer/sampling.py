@@ -29,6 +29,10 @@ Design notes
   cache, which equals a full forward with a banded causal mask (tested). It is not nanoGPT's crop:
   the cached keys of the window's first tokens still carry what they saw before the window.
   `keep` does not apply to them.
+- Attention windows (`attention_window`): a windowed layer's cache is a ring of its window and the global
+  tokens (gpt/model/cache.py), so memory stays constant; a RoPE model whose layers are all windowed decodes
+  past block_size exactly as the dense masked forward of the whole sequence would (tests/test_ring_cache.py).
+  Learned positions still crop and prefill again.
 - Only the last position goes through the head (`model.hidden` then `model.head(h[:, -1])`); the
   model's `forward` keeps returning full logits.
 - Logits are processed in float32 whatever the model's dtype.
@@ -327,6 +331,8 @@ class Decoder:
         self.keep = min(keep or max(1, cfg.block_size // 2), cfg.block_size)
         self.rolling = Positions.of(cfg).slides  # the window slides in the cache (module notes)
         self.caches = model.new_caches(idx.size(0))
+        # the compiled step's symbolic length: the slots of the caches of every position (rings are whole)
+        self.span = max((c.max_len for c in self.caches if not c.ring), default=self.caches[0].max_len)
         self.tokens = idx
         self.start = max(0, idx.size(1) - cfg.block_size)
         self.prefills = 0
@@ -382,7 +388,7 @@ class Decoder:
             # over the written slots only (the whole buffer would cost a 1024-slot attention per layer at
             # every step: GPT-2 bf16 decoded 0.7x eager that way); one compile serves every length
             with torch.no_grad():
-                return self.compiled(static_ids, self.caches, min(self.fed + 1, self.caches[0].max_len))
+                return self.compiled(static_ids, self.caches, min(self.fed + 1, self.span))
         if ids.device.type != "cuda":
             return self._forward(static_ids)
         if graph is None:
@@ -566,7 +572,9 @@ def batch_rows(model: GPT, budget: int | None = None) -> int:
     BATCH_BYTES), at least 1."""
     c = model.config
     itemsize = model.cache_dtype().itemsize
-    per_row = 2 * c.n_layer * c.block_size * c.n_embd * itemsize + 2 * c.vocab_size * 4
+    slots_of = getattr(model, "cache_slots", lambda i: c.block_size)  # (windowed layers: their rings; stand-ins)
+    slots = sum(slots_of(i) for i in range(c.n_layer))
+    per_row = 2 * slots * c.n_embd * itemsize + 2 * c.vocab_size * 4
     return max(1, (budget or BATCH_BYTES) // per_row)
 
 

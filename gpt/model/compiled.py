@@ -69,16 +69,28 @@ class StepModule(nn.Module):
     """What is exported: ids (B, 1), the shared position (0-dim) and each layer's cached keys and values
     (B, nh, L, hs) -> the logits (B, V) after ids; the keys and values of ids are written in place."""
 
-    def __init__(self, model: nn.Module, rolling: bool):
+    def __init__(self, model: nn.Module, rolling: bool, rings: tuple = ()):
         super().__init__()
         self.model, self.rolling = model, rolling
+        self.rings = rings or (None,) * len(model.transformer.h)  # per layer: a ring's (n_global, window), or None
 
     def forward(
         self, ids: torch.Tensor, pos: torch.Tensor, written: torch.Tensor, kv: list[torch.Tensor]
     ) -> torch.Tensor:
         slots = torch.arange(written.size(0), device=ids.device)
-        caches = [_Written(k, v, pos, slots, self.rolling) for k, v in zip(kv[::2], kv[1::2], strict=True)]
+        caches = [
+            _Written(k, v, pos, slots, self.rolling) if ring is None else _ring(k, v, pos, *ring)
+            for k, v, ring in zip(kv[::2], kv[1::2], self.rings, strict=True)
+        ]
         return self.model._logits_after(ids, caches)
+
+
+def _ring(k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, n_global: int, window: int) -> KVCache:
+    """A windowed layer's ring cache (gpt/model/cache.py) over the step's inputs: attended whole, every step."""
+    ring = KVCache.__new__(KVCache)
+    ring.k, ring.v, ring.pos, ring.rolling, ring.lengths = k, v, pos, True, None
+    ring.ring, ring.n_global, ring.period = True, n_global, window
+    return ring
 
 
 class _Written(KVCache):
@@ -88,6 +100,7 @@ class _Written(KVCache):
 
     def __init__(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, rolling: bool):
         self.k, self.v, self.pos, self.slots, self.rolling = k, v, pos, slots, rolling
+        self.ring, self.n_global, self.period, self.lengths = False, 0, k.size(2), None  # (key_positions)
 
     @property
     def max_len(self) -> int:
@@ -121,7 +134,7 @@ class AheadOfTimeStep:
 
     def __call__(self, ids: torch.Tensor, caches: list[KVCache], length: int) -> torch.Tensor:
         """The logits after ids (B, 1) over `caches` (static: a tensor position) of which the first `length`
-        slots are written (the position's included)."""
+        slots are written (the position's included); windowed layers' rings are attended whole."""
         written = self._lengths.get(length)
         if written is None:  # a tensor of that length, the one symbolic size: one per length, made once
             written = self._lengths[length] = torch.empty(length, dtype=torch.bool)
@@ -130,24 +143,26 @@ class AheadOfTimeStep:
             tensors += (cache.k, cache.v)
         # one row (the common case) is a compile of its own, unless a program for many rows exists: samples
         # that finish leave the batch, and the last one must not wait for a second compile
-        key = (ids.size(0) == 1, caches[0].k.shape[1:])
+        key = (ids.size(0) == 1, (caches[0].k.shape[1:], *(cache.max_len for cache in caches)))  # (rings: sizes)
         run = self._runs.get(key) or self._runs.get((False, key[1]))
         if run is None:
             start = time.perf_counter()
-            run = self._runs[key] = self._compile(tensors, one_row=key[0])
+            rings = tuple((c.n_global, c.period) if c.ring else None for c in caches)
+            run = self._runs[key] = self._compile(tensors, one_row=key[0], rings=rings)
             self.compile_seconds += time.perf_counter() - start
         return run(tensors)[0]
 
-    def _compile(self, tensors: list[torch.Tensor], one_row: bool):
+    def _compile(self, tensors: list[torch.Tensor], one_row: bool, rings: tuple = ()):
         rolling = self.model.positions.slides
         if not self.compiled:
-            step = StepModule(self.model, rolling)
+            step = StepModule(self.model, rolling, rings)
             return lambda t: [step(t[0], t[1], t[2], t[3:])]
         ids, pos, _, *kv = tensors
         options = inductor_options(self.model, one_row)
         layout = (
             f"rows {'one' if one_row else 'any'}, rolling {rolling}, ids {ids.dtype}, pos {pos.dtype}, "
             + ", ".join(f"{t.dtype}{tuple(t.shape[1:])}" for t in kv)
+            + (f", rings {rings}" if any(rings) else "")
         )
         cache = stepcache.usable()  # None: off, or not trusted (a warning says why)
         name = stepcache.key(self.model, layout, options) if cache else None
@@ -162,13 +177,14 @@ class AheadOfTimeStep:
         ids = ids.new_zeros((rows, 1))
         kv = [t.new_zeros((rows, *t.shape[1:])) for t in kv]
         rows = None if one_row else {0: torch.export.Dim("rows", min=1, max=1 << 16)}
-        length = torch.export.Dim("length", min=1, max=kv[0].size(2))
+        plain = [t.size(2) for t, ring in zip(kv[::2], rings or (None,) * len(kv), strict=False) if ring is None]
+        length = torch.export.Dim("length", min=1, max=max(plain, default=kv[0].size(2)))
         shapes = (rows, None, {0: length}, [rows for _ in kv])
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # torch's own, from inside export
             example = (ids, pos.new_zeros(()), torch.empty(2, dtype=torch.bool), kv)
             with row_products(self.model, one_row and "realize_opcount_threshold" in options):
-                program = torch.export.export(StepModule(self.model, rolling), example, dynamic_shapes=shapes)
+                program = torch.export.export(StepModule(self.model, rolling, rings), example, dynamic_shapes=shapes)
             try:
                 with tempfile.TemporaryDirectory(prefix="gpt-step-") as tmp:
                     path = torch._inductor.aoti_compile_and_package(
@@ -197,12 +213,12 @@ class DynamoStep:
         self._marked = False
 
     def __call__(self, ids: torch.Tensor, caches: list[KVCache], length: int) -> torch.Tensor:
-        views = [cache.view(slice(None), length, cache.pos) for cache in caches]
-        if length < caches[0].max_len and not self._marked:
+        views = [cache.view(slice(None), length, cache.pos) for cache in caches]  # (rings: whole)
+        if length < max((c.max_len for c in caches if not c.ring), default=0) and not self._marked:
             # marked once (marking at every step cost ~35 us a token on the char model): the symbolic-length
             # graph, once compiled, serves the unmarked views after
             self._marked = True
-            for view in views:
+            for view in (view for view in views if not view.ring):
                 torch._dynamo.mark_dynamic(view.k, 2)
                 torch._dynamo.mark_dynamic(view.v, 2)
         return self.step(ids, views)

@@ -201,14 +201,17 @@ class GPT(nn.Module):
         which is causal in any case. Static caches (a tensor `pos`, shared or per row) attend over
         their whole buffer: query t of row b sees the keys at positions <= pos[b] + t. `doc` (B, T) packs
         several documents in a row (chat fine-tuning): a token attends within its document only, and
-        positions restart at each document's first token, as if each were alone.
+        positions restart at each document's first token, as if each were alone. With attention windows and
+        caches, each layer's mask comes from the positions its cache holds (`cache_masks`): a windowed
+        layer's cache is a ring of its window (gpt/model/cache.py).
         """
         start = caches[0].pos if caches else 0
         pos = None
         if doc is not None:
             pos = doc_positions(doc)
             mask = doc_mask(doc) if mask is None else mask & doc_mask(doc)
-        if isinstance(start, torch.Tensor):
+        windowed = bool(caches) and self.windows.any  # per-layer masks from each cache's key positions
+        if isinstance(start, torch.Tensor) and not windowed:
             query_pos = start.view(-1, 1) + torch.arange(idx.size(1), device=idx.device)  # (B or 1, T)
             written = torch.arange(caches[0].max_len, device=idx.device) <= query_pos[..., None]  # (B or 1, T, L)
             written = written.unsqueeze(1)  # (B or 1, 1, T, L)
@@ -216,7 +219,11 @@ class GPT(nn.Module):
         x = x0 = self.embed(idx, start, pos)
         rope = self.rope(start, idx.size(1), idx.device, pos)
         ve = self.value_embeds if self.config.value_embeds else {}
-        masks = self.window_masks(mask, *self._query_key_positions(idx, start, caches, pos), causal=True)
+        masks = None  # (no positions computed without windows: a decode step dispatches only the ops it needs)
+        if windowed:
+            masks = self.cache_masks(mask, caches, idx.size(1))
+        elif self.windows.any:
+            masks = self.window_masks(mask, *self._query_key_positions(idx, start, caches, pos), causal=True)
         for i, block in enumerate(self.transformer.h):
             mem = memory[i] if isinstance(memory, list) else memory
             if self.config.x0_skip:
@@ -224,7 +231,7 @@ class GPT(nn.Module):
             x = block(
                 x,
                 mask=masks[i] if masks else mask,
-                causal=True,
+                causal=not windowed,  # (cache_masks are causal already; a ring's keys are in no order)
                 cache=caches[i] if caches else None,
                 memory=mem,
                 memory_mask=memory_mask,
@@ -242,6 +249,25 @@ class GPT(nn.Module):
         if isinstance(start, torch.Tensor):  # static caches: every slot, slot i holding position i
             return positions(start, T, dev), torch.arange(caches[0].max_len, device=dev)
         return positions(start, T, dev), torch.arange(start + T, device=dev)
+
+    def cache_masks(self, mask, caches: list[KVCache], T: int) -> list[torch.Tensor]:
+        """Per decoder layer, the mask of T queries continuing `caches` over the keys that layer's cache returns
+        (`KVCache.key_positions`: a ring's slots are in no order): written keys at positions up to the query's,
+        within the layer's window (windows.py), and `mask`. Layers with equal windows and caches share one."""
+        q = positions(caches[0].pos, T, caches[0].k.device)  # (T,) or (B or 1, T)
+        by_kind, out = {}, []
+        for i, cache in enumerate(caches):
+            size = self.windows.size(i)
+            kind = (size, cache.ring, cache.n_global, cache.period)  # (one call's caches of a kind are alike)
+            if kind not in by_kind:
+                k = cache.key_positions(T)[..., None, :]  # (1, L) or (B or 1, 1, L)
+                allowed = (k >= 0) & (k <= q[..., :, None])
+                if size:
+                    allowed = allowed & self.windows.allowed(size, q, k[..., 0, :])
+                allowed = allowed.unsqueeze(-3)  # (1, 1, T, L) or (B or 1, 1, T, L)
+                by_kind[kind] = allowed if mask is None else mask & allowed
+            out.append(by_kind[kind])
+        return out
 
     def window_masks(self, mask, q: torch.Tensor, k: torch.Tensor, causal: bool, encoder: bool = False):
         """Per layer, `mask` (None, or boolean broadcastable to (B, nh, Tq, Tk)) narrowed to that layer's window
@@ -385,8 +411,25 @@ class GPT(nn.Module):
         cpu_bf16 = dtype == torch.bfloat16 and self.transformer.wte.weight.device.type == "cpu"
         return torch.float32 if cpu_bf16 else dtype
 
+    ring_cache: bool = True  # windowed layers cache their window only (False: every position, the reference)
+
+    def cache_window(self, layer: int, max_len: int | None = None) -> int:
+        """The ring of decoder layer `layer`'s KV cache, in slots after the global ones (`KVCache`); 0 for a
+        cache of every position: a layer without a window, `ring_cache` off, or a window whose ring would not
+        be smaller than the context (but for RoPE, whose context has no end: gpt/model/cache.py)."""
+        size = self.windows.size(layer) if self.ring_cache else 0
+        bounded = self.windows.global_tokens + size < (max_len or self.config.block_size)
+        return size if size and (bounded or self.positions.slides) else 0
+
+    def cache_slots(self, layer: int, max_len: int | None = None) -> int:
+        """The slots of decoder layer `layer`'s KV cache (`new_caches`): its ring and the global tokens, or every
+        position."""
+        ring = self.cache_window(layer, max_len)
+        return self.windows.global_tokens + ring if ring else max_len or self.config.block_size
+
     def new_caches(self, batch: int, max_len: int | None = None) -> list[KVCache]:
-        """One empty self-attention KVCache per decoder layer, on the model's device, in `cache_dtype`."""
+        """One empty self-attention KVCache per decoder layer, on the model's device, in `cache_dtype`: a ring
+        of the window (and the global tokens) for a windowed layer (`cache_window`), else `max_len` slots."""
         param = self.transformer.wte.weight
         head_dim = self.config.n_embd // self.config.n_head
         rolling = self.positions.slides  # (rotated keys: a full cache can drop its oldest entry)
@@ -399,8 +442,10 @@ class GPT(nn.Module):
                 param.device,
                 self.cache_dtype(),
                 rolling,
+                window=self.cache_window(i, max_len),
+                n_global=self.windows.global_tokens,
             )
-            for _ in self.transformer.h
+            for i in range(len(self.transformer.h))
         ]
 
     def cross_kv(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
