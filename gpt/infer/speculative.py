@@ -23,7 +23,7 @@ Footguns
   model's block: when it is full, the last half of it is prefilled again, as learned positions need; a RoPE
   model's plain decoding rolls its cache instead, so past block_size the two texts may differ.
 - The caches roll back by moving their position (stale keys past it are overwritten): only caches with an
-  integer position, never the static ones of `--compile`.
+  integer position that keep every position, never the static ones of `--compile` nor a windowed model's rings.
 """
 
 from __future__ import annotations
@@ -192,6 +192,8 @@ def generate(
         raise SamplingError("speculative decoding continues text with decoder-only models")
     if cfg.grammar is not None:
         raise SamplingError("speculative decoding does not take a grammar (--json-schema, --grammar, --regex)")
+    if any(m.windows.any for m in (model, getattr(drafter, "model", model))):
+        raise SamplingError("speculative decoding rolls its caches back, which a windowed model's ring cannot do")
     if isinstance(drafter, DraftModel) and drafter.model.config.vocab_size < tokenizer.vocab_size:
         raise SamplingError("the draft model's vocabulary is smaller than the tokenizer's: not the same tokenizer")
     cfg.check_vocab(tokenizer.vocab_size)
