@@ -1,0 +1,126 @@
+"""Attention windows and global tokens without a cache (gpt/model/sparse.py): the linear-cost path equals the
+dense per-layer masks of GPT.window_masks (the reference) in logits and gradients."""
+
+import pytest
+import torch
+
+import gpt.model.sparse as sparse
+from gpt.model.config import GPTConfig
+from gpt.model.sparse import Band
+from gpt.model.transformer import GPT
+
+REL = 1e-5  # float32: |got - want| <= REL |want| (norms over the tensor: a bias gradient sums B T terms)
+
+
+def tiny(**kw) -> GPT:
+    base = dict(vocab_size=50, block_size=512, n_layer=3, n_head=2, n_embd=16, dropout=0.0, bias=True)
+    return GPT(GPTConfig(**{**base, **kw})).eval()
+
+
+def logits_and_grads(model: GPT, reference: bool, monkeypatch, **inputs):
+    """Logits and every parameter's gradient of sum(logits * r), through the bands or the dense reference."""
+    with monkeypatch.context() as m:
+        if reference:  # what b165f84 computes: a dense (T, T) mask per window size
+            m.setattr(GPT, "bands", lambda self, *a, **k: None)
+        model.zero_grad()
+        logits, _ = model(**inputs)
+        (logits * torch.linspace(-1, 1, logits.numel()).view_as(logits)).sum().backward()
+    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return bool((got - want).norm() <= REL * want.norm())
+
+
+def assert_same(model, monkeypatch, **inputs):
+    got, grads = logits_and_grads(model, False, monkeypatch, **inputs)
+    want, ref = logits_and_grads(model, True, monkeypatch, **inputs)
+    assert close(got, want), (got - want).abs().max()
+    assert grads.keys() == ref.keys()
+    for name in ref:
+        assert close(grads[name], ref[name]), f"{name}: {(grads[name] - ref[name]).norm() / ref[name].norm():.1e}"
+
+
+@pytest.fixture
+def chunks_always(monkeypatch):
+    """The chunked kernel at any length (it runs only past DENSE_MAX positions otherwise)."""
+    monkeypatch.setattr(sparse, "DENSE_MAX", 0)
+
+
+@pytest.mark.parametrize("T", [1, 63, 64, 130, 200])
+@pytest.mark.parametrize(
+    "window,G,pos", [("5", 0, "learned"), ("5,70,full", 2, "rope"), ("1", 3, "learned"), ("64", 1, "rope")]
+)
+def test_decoder_equals_the_dense_reference(T, window, G, pos, chunks_always, monkeypatch, one_thread):
+    model = tiny(attention_window=window, global_tokens=G, pos_encoding=pos)
+    assert_same(model, monkeypatch, idx=torch.randint(0, 50, (2, T)))
+
+
+def test_long_sequences_take_the_chunks_by_default_and_agree(monkeypatch, one_thread):
+    calls = []
+    real = sparse.chunked
+    monkeypatch.setattr(sparse, "chunked", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = tiny(attention_window="32,full", global_tokens=2, pos_encoding="rope", n_layer=2)
+    assert_same(model, monkeypatch, idx=torch.randint(0, 50, (1, sparse.DENSE_MAX + 45)))
+    assert len(calls) == 1  # one windowed layer, one forward (the reference made no call)
+
+
+def test_packed_documents_stay_in_their_document(chunks_always, monkeypatch, one_thread):
+    model = tiny(attention_window="9", pos_encoding="rope")
+    doc = torch.tensor([[0] * 40 + [1] * 70 + [2] * 20, [5] * 130])
+    assert_same(model, monkeypatch, idx=torch.randint(0, 50, (2, 130)), doc=doc)
+
+
+def test_global_tokens_with_packed_documents_are_refused_in_one_line(chunks_always):
+    model = tiny(attention_window="9", global_tokens=2)
+    with pytest.raises(ValueError, match="global tokens with packed documents"):
+        model(torch.randint(0, 50, (1, 100)), doc=torch.zeros(1, 100, dtype=torch.long))
+
+
+@pytest.mark.parametrize("S", [50, 141])
+def test_encoder_windows_are_bidirectional_and_cross_attention_full(S, chunks_always, monkeypatch, one_thread):
+    model = tiny(attention_window="7,full", global_tokens=2, n_encoder_layer=2, n_layer=2)
+    src = torch.randint(0, 50, (2, S))
+    src_mask = torch.ones(2, S, dtype=torch.bool)
+    src_mask[1, S - 13 :] = False  # a padded source
+    assert_same(model, monkeypatch, idx=torch.randint(0, 50, (2, 20)), src=src, src_mask=src_mask)
+    enc = model.attention_maps(torch.randint(0, 50, (1, 5)), src[:1], src_mask[:1])
+    assert (enc["encoder"][0][0, 0, 30] > 0).sum() == 13 + 2  # 24 .. 36 and the global 0, 1
+    assert (enc["cross"][0][0, 0, 4] > 0).sum() == S  # cross-attention sees the whole source
+
+
+def test_a_later_token_changes_no_earlier_logit(chunks_always, one_thread):
+    model = tiny(attention_window="8,33", global_tokens=2, pos_encoding="rope")
+    idx = torch.randint(0, 50, (1, 150))
+    changed = idx.clone()
+    changed[0, 100] = (idx[0, 100] + 1) % 50
+    a, b = model(idx)[0], model(changed)[0]
+    assert torch.equal(a[0, :100], b[0, :100])
+    assert not torch.allclose(a[0, 100], b[0, 100])
+
+
+@pytest.mark.parametrize("W,G", [(6, 0), (6, 3), (70, 0)])
+def test_a_one_layer_model_sees_exactly_its_window(W, G, chunks_always, one_thread):
+    """The gradient of the last logit reaches the embeddings of exactly the W last tokens and the G first."""
+    model = tiny(attention_window=str(W), global_tokens=G, n_layer=1, pos_encoding="rope")
+    T = 150
+    x = model.transformer.wte(torch.randint(0, 50, (1, T))).detach().requires_grad_(True)
+    h = x
+    rope = model.rope(0, T, x.device)
+    band = model.bands(None, None, T, causal=True)[0]
+    h = model.transformer.h[0](h, mask=band, causal=True, rope=rope)
+    h[0, -1].sum().backward()
+    seen = (x.grad[0].abs().sum(-1) > 0).nonzero().flatten().tolist()
+    assert seen == list(range(G)) + list(range(T - W, T))
+
+
+def test_band_dense_is_the_windows_reference():
+    at = torch.arange(40)
+    for causal in (True, False):
+        band = Band(5, 2, causal)
+        m = band.dense(40, "cpu")[0, 0]
+        d = at[:, None] - at[None, :]
+        want = (d.abs() < 5) | (at[None, :] < 2) | (at[:, None] < 2)
+        if causal:
+            want = ((d < 5) | (at[None, :] < 2)) & (d >= 0)
+        assert torch.equal(m, want)
