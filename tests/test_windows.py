@@ -1,13 +1,17 @@
 """Attention windows and global tokens without a cache (gpt/model/sparse.py): the linear-cost path equals the
 dense per-layer masks of GPT.window_masks (the reference) in logits and gradients."""
 
+import json
+
 import pytest
 import torch
+from conftest import TINY, reversed_words, sample_script, torchrun, train_run
 
 import gpt.model.sparse as sparse
 from gpt.model.config import GPTConfig
 from gpt.model.sparse import Band
 from gpt.model.transformer import GPT
+from gpt.train import pipeline
 
 REL = 1e-5  # float32: |got - want| <= REL |want| (norms over the tensor: a bias gradient sums B T terms)
 
@@ -124,3 +128,82 @@ def test_band_dense_is_the_windows_reference():
         if causal:
             want = ((d < 5) | (at[None, :] < 2)) & (d >= 0)
         assert torch.equal(m, want)
+
+
+def test_pipeline_stages_carry_each_layers_window(chunks_always, one_thread):
+    model = tiny(attention_window="6,full,20", global_tokens=1, n_layer=4, pos_encoding="rope")
+    x = torch.randint(0, 50, (2, 140))
+    h = x
+    runs = pipeline.split(4, 2)
+    for s in range(2):
+        h = pipeline.Stage(model, runs[s], s == 0, s == 1)(h)
+    assert torch.equal(h, model(x)[0])
+
+
+# ---- training end to end: past DENSE_MAX positions, so the chunks run ---------------------------------------
+
+LONG = [
+    *TINY,
+    "--threads",
+    "1",
+    "--dtype",
+    "float32",
+    "--grad-clip",
+    "0",
+    "--block-size",
+    "300",
+    "--batch-size",
+    "2",
+    "--grad-accum",
+    "2",
+]
+WINDOWS = ["--attention-window", "16,full", "--global-tokens", "2", "--pos-encoding", "rope", "--no-plot"]
+
+
+def losses(out_dir) -> list[float]:
+    lines = (out_dir / "log.jsonl").read_text().splitlines()
+    return [r["loss"] for r in map(json.loads, lines) if r["kind"] == "train"]
+
+
+@pytest.fixture(scope="module")
+def one(char_data, tmp_path_factory):
+    """One process, 2 steps of a windowed model: the run the parallel layouts must equal."""
+    out = tmp_path_factory.mktemp("win") / "one"
+    train_run(*LONG, *WINDOWS, "--data", char_data, "--max-iters", "2", "--out-dir", out)
+    return out
+
+
+def test_a_windowed_model_trains_saves_resumes_and_samples(one, capsys):
+    assert json.loads((one / "config.json").read_text())["model"]["attention_window"] == "16,full"
+    train_run("--resume", one, "--max-iters", "3")
+    assert len(losses(one)) == 3
+    capsys.readouterr()
+    assert sample_script.main(["--ckpt", str(one), "--prompt", "KING", "--max-new-tokens", "20", "--seed", "1"]) == 0
+    assert capsys.readouterr().out.startswith("KING")
+
+
+@pytest.mark.parametrize("layout", [["--tp", "2"], ["--pp", "2"]])
+def test_tensor_and_pipeline_parallel_windows_match_one_process(layout, one, char_data, tmp_path):
+    out = tmp_path / "par"
+    torchrun(2, *LONG, *WINDOWS, "--data", char_data, "--max-iters", "2", "--out-dir", out, *layout)
+    assert losses(out) == pytest.approx(losses(one)[:2], rel=1e-5)
+
+
+def test_a_seq2seq_model_with_encoder_windows_trains(tmp_path):
+    data = reversed_words(tmp_path, 100)
+    argv = ["--n-encoder-layer", "2", "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16"]
+    argv += [
+        "--max-tokens",
+        "64",
+        "--threads",
+        "1",
+        "--dtype",
+        "float32",
+        "--no-plot",
+        "--eval-iters",
+        "1",
+        "--log-interval",
+        "1",
+    ]
+    summary = train_run(*argv, *WINDOWS[:4], "--data", data, "--max-iters", "3", "--out-dir", tmp_path / "run")
+    assert summary["val_loss"] < 5 and len(losses(tmp_path / "run")) == 3
