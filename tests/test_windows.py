@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import TINY, reversed_words, sample_script, torchrun, train_run
+from conftest import TINY, one_line_error, reversed_words, sample_script, torchrun, train_run
 
 import gpt.model.sparse as sparse
 from gpt.model.config import GPTConfig
@@ -207,3 +207,26 @@ def test_a_seq2seq_model_with_encoder_windows_trains(tmp_path):
     ]
     summary = train_run(*argv, *WINDOWS[:4], "--data", data, "--max-iters", "3", "--out-dir", tmp_path / "run")
     assert summary["val_loss"] < 5 and len(losses(tmp_path / "run")) == 3
+
+
+# ---- exports: ONNX and .pt2 carry the windows (a dense mask in the graph), HF and GGUF refuse in one line -----
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
+def test_onnx_and_pt2_carry_the_windows(fmt, one, tmp_path):
+    from gpt.checkpoints import loader
+    from gpt.infer.export import export, parity
+
+    model, tok, _ = loader.load_checkpoint(one)
+    path = export(model.eval(), tok, tmp_path / fmt, fmt)
+    for seq in (5, 290):  # (290: the chunks in PyTorch, the dense mask in the graph)
+        assert parity(model, path, batch=2, seq=seq) < 1e-5
+
+
+def test_hf_and_gguf_refuse_windows_in_one_line(one, tmp_path, capsys):
+    from gpt.cli import export, hf
+
+    err = one_line_error(capsys, export.main, "--ckpt", one, "--format", "gguf", "--out", tmp_path / "m.gguf")
+    assert "attention_window='16,full' (no sliding window there" in err and "global_tokens=2" in err
+    err = one_line_error(capsys, hf.main, "export", "--ckpt", one, "--out", tmp_path / "hf")
+    assert "attention_window='16,full' (GPT-2 and GPT-NeoX attend to the whole context" in err
