@@ -11,7 +11,8 @@ narrowed further) without building a T x T mask. `attend` runs it one of two way
 
 - dense: SDPA with the (T, T) boolean mask of `dense`, when T <= DENSE_MAX (a short sequence: one fused
   call beats the chunks' bookkeeping) or T <= size (the window covers the whole block anyway), and in
-  torch.export (ONNX, .pt2: one graph right at every length, quadratic in it; gpt/infer/export.py);
+  torch.export (ONNX, .pt2: one graph right at every length, quadratic in it; gpt/infer/export.py); a
+  window that holds the whole sequence with no padding or documents is plain attention (is_causal);
 - chunks ("sliding chunks"): the queries split into chunks of C >= size positions; each chunk attends to
   the global keys, its own chunk and the one before (and the one after in the encoder) under a small
   (C, G + 2C or 3C) mask, as one batched SDPA call. Memory and time O(T (G + C)); eager PyTorch, so
@@ -77,7 +78,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, band: Band, dropou
     T = q.size(2)
     if band.doc is not None and band.global_tokens:
         raise ValueError("global tokens with packed documents are not supported (each document's own first tokens)")
-    if torch.compiler.is_exporting() or T <= DENSE_MAX or T <= band.size:  # an export: one graph for any T
+    exporting = torch.compiler.is_exporting()
+    if not exporting and T <= band.size and band.keys is None and band.doc is None:  # the window holds every key
+        return F.scaled_dot_product_attention(q, k, v, is_causal=band.causal, dropout_p=dropout_p)
+    if exporting or T <= DENSE_MAX or T <= band.size:  # an export: one graph for any T
         return F.scaled_dot_product_attention(q, k, v, attn_mask=band.dense(T, q.device), dropout_p=dropout_p)
     return chunked(q, k, v, band, dropout_p)
 
