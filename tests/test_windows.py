@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import TINY, one_line_error, reversed_words, sample_script, torchrun, train_run
+from conftest import TINY, one_line_error, reversed_words, sample_script, torchrun, train_run, train_script
 
 import gpt.model.sparse as sparse
 from gpt.model.config import GPTConfig
@@ -230,3 +230,38 @@ def test_hf_and_gguf_refuse_windows_in_one_line(one, tmp_path, capsys):
     assert "attention_window='16,full' (no sliding window there" in err and "global_tokens=2" in err
     err = one_line_error(capsys, hf.main, "export", "--ckpt", one, "--out", tmp_path / "hf")
     assert "attention_window='16,full' (GPT-2 and GPT-NeoX attend to the whole context" in err
+
+
+# ---- --window-schedule: the windows grow over the run ---------------------------------------------------------
+
+
+def test_the_window_schedule_grows_to_the_configured_windows_and_is_logged(char_data, tmp_path):
+    out = tmp_path / "grow"
+    argv = [*LONG, "--attention-window", "256,full", "--pos-encoding", "rope", "--no-plot", "--grad-accum", "1"]
+    train_run(*argv, "--data", char_data, "--max-iters", "6", "--window-schedule", "64", "--out-dir", out)
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    grown = [r["window"] for r in records if r["kind"] == "train"]
+    assert grown == [64, 128, 192, 192, 256, 256]  # steps 0..5: 64 + 192 * step / 5, rounded up to 64s
+    assert json.loads((out / "config.json").read_text())["model"]["attention_window"] == "256,full"
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--window-schedule", "64"], "grows the windows of --attention-window; give one"),
+        (["--attention-window", "128", "--window-schedule", "256"], "from 1 to --attention-window's largest (128)"),
+    ],
+)
+def test_window_schedule_mistakes_are_one_line(argv, message, char_data, tmp_path, capsys):
+    err = one_line_error(capsys, train_script.main, "--data", char_data, "--out-dir", tmp_path / "r", *argv)
+    assert message in err
+
+
+def test_chat_data_trains_with_windows_and_refuses_global_tokens_in_one_line(chat_data, tmp_path, capsys):
+    from conftest import CHAT_TRAIN
+
+    argv = ["--data", chat_data, *CHAT_TRAIN, "--block-size", "192", "--max-iters", "2", "--no-plot"]
+    train_run(*argv, "--attention-window", "16", "--out-dir", tmp_path / "chat")
+    assert len(losses(tmp_path / "chat")) == 2
+    err = one_line_error(capsys, train_script.main, *argv, *WINDOWS[:4], "--out-dir", tmp_path / "g")
+    assert "global_tokens: not with a chat dataset's packed conversations" in err

@@ -47,7 +47,7 @@ from gpt.train.mesh import Layout
 from gpt.train.muon import Muon, ns_dtype_for
 from gpt.train.rundir import RunDir
 from gpt.train.runlog import RunLogger, peak_flops
-from gpt.train.schedule import lr_at, wd_at
+from gpt.train.schedule import lr_at, wd_at, windows_at
 from gpt.train.start import TrainingError
 from gpt.train.stopping import StopSignal, TimeLimit
 from gpt.train.tasks import count_targets, open_task
@@ -461,6 +461,8 @@ class Run:
         and the LR."""
         cfg, optimizer, scaler = self.cfg, self.optimizer, self.scaler
         lr = set_hyperparameters(optimizer, self.step, cfg)
+        if cfg.window_schedule:  # (the model's windows of this step: gpt/train/schedule.py)
+            self.model.windows = windows_at(self.step, cfg)
         with explain_oom(cfg, self.step + 1, self.out_dir):
             step_fn = self.pipe.train_step if self.pipe else partial(train_step, teacher=self.teacher)
             loss, grad_norm, n_tokens = step_fn(
@@ -620,6 +622,7 @@ class Run:
             + (f" | mem {mem:.1f} GiB" if mem is not None else "")
             + f" | {eta}"
             + (f" | upd/w {self.health.update_ratio:.1e}" if self.health.update_ratio else "")
+            + (f" | window {max(self.model.windows.pattern)}" if cfg.window_schedule else "")
         )
         self.log.record(
             "train",
@@ -635,6 +638,7 @@ class Run:
             elapsed=now - self.t_start,
             tokens=self.tokens_seen,
             update_ratio=self.health.update_ratio,
+            **({"window": max(self.model.windows.pattern)} if cfg.window_schedule else {}),
         )
         self.health.update_ratio = None
 
