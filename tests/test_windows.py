@@ -69,6 +69,22 @@ def test_long_sequences_take_the_chunks_by_default_and_agree(monkeypatch, one_th
     assert len(calls) == 1  # one windowed layer, one forward (the reference made no call)
 
 
+def test_no_t_by_t_mask_is_built_past_dense_max(monkeypatch, one_thread):
+    """A long sequence, packed documents, every layer windowed: neither a band's dense mask nor the
+    documents' (T, T) mask is made, forward or backward."""
+    import gpt.model.transformer as transformer
+
+    def refuse(*a, **k):
+        raise AssertionError("a (T, T) mask was built")
+
+    monkeypatch.setattr(Band, "dense", refuse)
+    monkeypatch.setattr(transformer, "doc_mask", refuse)
+    model = tiny(attention_window="8,40", pos_encoding="rope")
+    doc = (torch.arange(sparse.DENSE_MAX + 100) // 90).unsqueeze(0)
+    logits, _ = model(torch.randint(0, 50, doc.shape), doc=doc)
+    logits.sum().backward()
+
+
 def test_packed_documents_stay_in_their_document(chunks_always, monkeypatch, one_thread):
     model = tiny(attention_window="9", pos_encoding="rope")
     doc = torch.tensor([[0] * 40 + [1] * 70 + [2] * 20, [5] * 130])

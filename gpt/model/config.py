@@ -219,7 +219,8 @@ EXPORTS = (
             # GELU, learned positions, one window size beside full layers; but no q/k/v biases and no 1/sqrt(d)
             # scale, folded into the queries): not written. Mistral, Qwen2, Gemma2 (and llama.cpp's windowed
             # graphs, gemma2/gemma3) have sliding windows but RMSNorm and gated MLPs, weights ours are not.
-            "hf": f"GPT-2 and GPT-NeoX attend to the whole context; {ONNX_HINT}",
+            "hf": f"GPT-2 and GPT-NeoX attend to the whole context, and an export to GPT-Neo's local layers is not "
+            f"written; {ONNX_HINT}",
             "gguf": "no sliding window there: llama.cpp windows only other families, e.g. gemma2",
         },
     ),

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from gpt.model.windows import Windows
 
-DENSE_MAX = 256  # at most this many positions: the dense mask (T^2 booleans, 64 KiB); measured in docs/attention.md
+DENSE_MAX = 256  # at most this many positions: the dense mask (T^2 booleans, 64 KiB); chosen by timing both
 MIN_CHUNK = 64  # chunks of at least this many queries: fewer, larger SDPA calls for small windows
 
 
