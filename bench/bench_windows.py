@@ -3,6 +3,7 @@ the linear-cost chunks (gpt/model/sparse.py), and windows through the dense refe
 
     python bench/bench_windows.py                                   # 512 .. 16384, full and windows 128, 512
     python bench/bench_windows.py --lengths 512,1024 --rounds 2 --out /tmp/w.json   # a quick check that it runs
+    python bench/bench_windows.py --lengths 256,384,512,768,1024 --attention 64,128 --dense-max 0   # the crossover
 
 Each (length, attention) case runs in a process of its own (so its peak resident set is its own): a model of
 --n-layer blocks, --n-embd wide, one sequence of T tokens per step, float32; one warm-up step, then --rounds
@@ -31,6 +32,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import harness  # noqa: E402
 
+from gpt.model import sparse  # noqa: E402
+
 
 def rss_mib() -> float:
     """The process's resident set now (Linux: /proc/self/statm)."""
@@ -47,6 +50,8 @@ def one_case(T: int, attention: str, args) -> dict:
     from gpt.model.config import GPTConfig
     from gpt.model.transformer import GPT
 
+    if args.dense_max is not None:  # where the dense band mask gives way to the chunks (the crossover to tune)
+        sparse.DENSE_MAX = args.dense_max
     window, reference = attention.removesuffix("-reference"), attention.endswith("-reference")
     cfg = GPTConfig(
         vocab_size=256,
@@ -98,6 +103,7 @@ def main() -> None:
     p.add_argument("--n-layer", type=int, default=2)
     p.add_argument("--n-head", type=int, default=4)
     p.add_argument("--n-embd", type=int, default=128)
+    p.add_argument("--dense-max", type=int, help="gpt/model/sparse.py's DENSE_MAX for this run (default: its own)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "windows.json"))
     p.add_argument("--one", nargs=2, metavar=("T", "ATTENTION"), help=argparse.SUPPRESS)  # (a child process)
     args = p.parse_args()
@@ -111,6 +117,7 @@ def main() -> None:
                 continue
             cmd = [sys.executable, __file__, "--one", str(T), attention, "--rounds", str(args.rounds)]
             cmd += ["--n-layer", str(args.n_layer), "--n-head", str(args.n_head), "--n-embd", str(args.n_embd)]
+            cmd += ["--dense-max", str(args.dense_max)] if args.dense_max is not None else []
             res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
             if res.returncode:
                 raise SystemExit(f"T={T} {attention} failed:\n{res.stderr[-2000:]}")
@@ -131,6 +138,7 @@ def main() -> None:
             "dtype": "float32",
             "pos_encoding": "rope",
             "optimizer": "adamw",
+            "dense_max": args.dense_max if args.dense_max is not None else sparse.DENSE_MAX,
         },
         "rounds": args.rounds,
         "cases": cases,
