@@ -8,8 +8,9 @@
   `block.py` `Block` and `MLP`, pre/post-norm residual sublayers; `positions.py` `Positions`, the one owner of
   the position scheme (what the embedding adds, what attention receives, whether a KV cache slides, the
   export family), position ids, the sinusoidal table and rotary embeddings; `windows.py` `Windows`, the
-  one owner of attention windows and global tokens (which keys each layer sees); `cache.py` the `KVCache`
-  (for a windowed layer, a ring of its window).
+  one owner of attention windows and global tokens (which keys each layer sees); `sparse.py` how a windowed
+  layer attends without a cache, at linear cost (`Band`, `attend`); `cache.py` the `KVCache` (for a windowed
+  layer, a ring of its window).
 - `lora.py` LoRA adapter layers (apply, merge); `quantize.py` int8 and int4 Linear layers; `grids.py` the
   quantisation grids (int8, int4, llama.cpp's Q4_0) they and `qat.py` (quantisation-aware training) share;
   `packed.py` the Linear weights laid out for CPU decoding (transposed float32, oneDNN-packed bf16);

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from gpt.model.cache import KVCache
 from gpt.model.config import GPTConfig
 from gpt.model.positions import apply_rope
+from gpt.model.sparse import Band, attend
 
 QK_NORM_SCALE = 1.2  # qk_norm: each unit-RMS query and key times this (scores x 1.44; nanochat's value)
 VE_GATE_CHANNELS = 12  # value_embeds: the gate reads this many leading channels of the attention's input (nanochat)
@@ -52,7 +53,8 @@ class Attention(nn.Module):
 
     Self-attention when `kv is None`; cross-attention otherwise (queries from `x`, keys and values
     from `kv`, both through the one fused `c_attn` weight as torch.nn.MultiheadAttention does).
-    `mask` is a boolean (B or 1, 1, Tq or 1, Tk) tensor, True where attention is allowed.
+    `mask` is a boolean (B or 1, 1, Tq or 1, Tk) tensor, True where attention is allowed, or a window's
+    `Band` (gpt/model/sparse.py: self-attention without a cache, at linear cost).
     """
 
     def __init__(self, config: GPTConfig, value_embed: bool = False):
@@ -132,6 +134,10 @@ class Attention(nn.Module):
             q = self._normed(self._heads(self._project(x, slice(None, self.n_head * self.head_dim))))
             k, v = kv if isinstance(kv, tuple) else self.project_kv(kv)
             past, causal = 0, False
+        band = mask if isinstance(mask, Band) else None  # a window, no cache (gpt/model/sparse.py)
+        if band is not None:  # causal or not, the band says; recording spells it out as the dense reference
+            mask, causal = (band.dense(T, x.device), False) if self.weights is not None else (None, False)
+            band = band if self.weights is None else None
         if isinstance(past, torch.Tensor):  # a static cache: GPT.hidden's mask is already causal, per row
             causal = False
         if causal and (mask is not None or past > 0):
@@ -141,7 +147,9 @@ class Attention(nn.Module):
                 allowed = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
                 mask = allowed if mask is None else mask & allowed
             causal = False
-        if T == 1 and isinstance(past, torch.Tensor) and torch.compiler.is_compiling():
+        if band is not None:
+            y = attend(q, k, v, band, dropout_p=self.dropout if self.training else 0.0)
+        elif T == 1 and isinstance(past, torch.Tensor) and torch.compiler.is_compiling():
             y = one_query_attention(q, k, v, mask)  # a compiled decode step (gpt/model/compiled.py)
         elif self.weights is None:  # the fast path (flash / memory-efficient kernels)
             y = F.scaled_dot_product_attention(

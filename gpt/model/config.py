@@ -255,8 +255,13 @@ EXPORTS = (
         "attention_window",
         None,
         {
-            "hf": f"GPT-2 and GPT-NeoX attend to the whole context; {ONNX_HINT}",
-            "gguf": "llama.cpp's gpt2 and gptneox graphs attend to the whole context",
+            # GPT-Neo's "local" layers are the one transformers family our weights could map onto (LayerNorm,
+            # GELU, learned positions, one window size beside full layers; but no q/k/v biases and no 1/sqrt(d)
+            # scale, folded into the queries): not written. Mistral, Qwen2, Gemma2 (and llama.cpp's windowed
+            # graphs, gemma2/gemma3) have sliding windows but RMSNorm and gated MLPs, weights ours are not.
+            "hf": f"GPT-2 and GPT-NeoX attend to the whole context, and an export to GPT-Neo's local layers is not "
+            f"written; {ONNX_HINT}",
+            "gguf": "no sliding window there: llama.cpp windows only other families, e.g. gemma2",
         },
     ),
     Export(

@@ -63,6 +63,7 @@ from gpt.model.positions import (
     rope_cos_sin,
     sinusoidal_positions,
 )
+from gpt.model.sparse import Band
 from gpt.model.windows import Windows
 
 # the names other modules and tests import from here, wherever they now live
@@ -207,9 +208,11 @@ class GPT(nn.Module):
         """
         start = caches[0].pos if caches else 0
         pos = None
+        bands = self.bands(mask, doc, idx.size(1), causal=True) if caches is None else None
         if doc is not None:
             pos = doc_positions(doc)
-            mask = doc_mask(doc) if mask is None else mask & doc_mask(doc)
+            if bands is None or None in bands:  # (a band compares document ids itself, at linear cost)
+                mask = doc_mask(doc) if mask is None else mask & doc_mask(doc)
         windowed = bool(caches) and self.windows.any  # per-layer masks from each cache's key positions
         if isinstance(start, torch.Tensor) and not windowed:
             query_pos = start.view(-1, 1) + torch.arange(idx.size(1), device=idx.device)  # (B or 1, T)
@@ -222,6 +225,8 @@ class GPT(nn.Module):
         masks = None  # (no positions computed without windows: a decode step dispatches only the ops it needs)
         if windowed:
             masks = self.cache_masks(mask, caches, idx.size(1))
+        elif bands is not None:  # no cache: each windowed layer's Band, the others `mask`
+            masks = [mask if b is None else b for b in bands]
         elif self.windows.any:
             masks = self.window_masks(mask, *self._query_key_positions(idx, start, caches, pos), causal=True)
         for i, block in enumerate(self.transformer.h):
@@ -269,6 +274,19 @@ class GPT(nn.Module):
             out.append(by_kind[kind])
         return out
 
+    def bands(self, mask, doc, T: int, causal: bool, encoder: bool = False) -> list[Band | None] | None:
+        """Per layer, its window's `Band` (None for a full layer) for T tokens without a cache: attention at
+        linear cost (gpt/model/sparse.py). None when no layer has a window, or when `mask` is more than a
+        key mask (B or 1, 1, 1, T): such a mask is T x T already, and `window_masks` narrows it densely."""
+        if not self.windows.any:
+            return None
+        if mask is not None and not (mask.dim() == 4 and mask.shape[1:3] == (1, 1) and mask.size(-1) == T):
+            return None
+        keys = mask[:, 0, 0, :] if mask is not None else None
+        n = self.config.n_encoder_layer if encoder else self.config.n_layer
+        G = self.windows.global_tokens
+        return [Band(w, G, causal, keys, doc) if w else None for w in self.windows.sizes(n)]
+
     def window_masks(self, mask, q: torch.Tensor, k: torch.Tensor, causal: bool, encoder: bool = False):
         """Per layer, `mask` (None, or boolean broadcastable to (B, nh, Tq, Tk)) narrowed to that layer's window
         for queries at positions `q` over keys at `k` (windows.py); None when no layer has a window. One
@@ -306,8 +324,12 @@ class GPT(nn.Module):
         mask = self.key_mask(src_mask)
         x = self.embed(src)
         rope = self.rope(0, src.size(1), src.device)
-        at = torch.arange(src.size(1), device=src.device)
-        masks = self.window_masks(mask, at, at, causal=False, encoder=True)
+        bands = self.bands(mask, None, src.size(1), causal=False, encoder=True)
+        if bands is not None:
+            masks = [mask if b is None else b for b in bands]
+        else:
+            at = torch.arange(src.size(1), device=src.device)
+            masks = self.window_masks(mask, at, at, causal=False, encoder=True)
         for i, block in enumerate(self.encoder.h):
             x = block(x, mask=masks[i] if masks else mask, causal=False, rope=rope)
         return self.encoder.ln_f(x)

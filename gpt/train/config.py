@@ -28,6 +28,7 @@ from gpt.errors import ConfigError
 from gpt.model.config import LORA_DEFAULT_TARGETS, LORA_TARGETS, POS_ENCODINGS, GPTConfig, LoRAConfig
 from gpt.model.config import problems as check_model
 from gpt.model.grids import GROUP_SIZES, SCHEMES
+from gpt.model.windows import parse as parse_windows
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
@@ -149,6 +150,11 @@ class TrainConfig:
     scalar_lr: float = opt(0.5, "--x0-skip: peak LR of the x0 scalars x0_lambdas (AdamW, no decay; nanochat's)")
     resid_lr: float = opt(0.005, "--x0-skip: peak LR of the residual scalars resid_lambdas (AdamW, no decay)")
     weight_decay: float = opt(0.1, "decoupled weight decay (matrices only)")
+    window_schedule: int = opt(
+        0,
+        "--attention-window: grow the windows linearly from this many tokens at step 0 (the largest layer's; the "
+        "others in proportion) to --attention-window's at the last step, in at most 4 sizes (0 = off)",
+    )
     wd_schedule: str = opt(
         "constant",
         "weight decay over the run: constant | linear (to 0 at the LR's decay end) | cosine (to 0 likewise)",
@@ -293,6 +299,7 @@ class TrainConfig:
                 "--resume and --init-from: give one or the other (resume continues a run, init_from starts a new one)"
             )
         out += self.lora_problems() + self.qat_problems() + self.distill_problems() + self.objective_problems()
+        out += self.window_problems()
         return out
 
     def objective_problems(self) -> list[str]:
@@ -330,6 +337,19 @@ class TrainConfig:
         if self.objective == "orpo" and self.orpo_lambda < 0:
             out.append(f"--orpo-lambda: must be >= 0, got {self.orpo_lambda}")
         return out
+
+    def window_problems(self) -> list[str]:
+        if not self.window_schedule:
+            return []
+        pattern = parse_windows(self.model.attention_window) if isinstance(self.model.attention_window, str) else ()
+        if not pattern:
+            return ["--window-schedule: grows the windows of --attention-window; give one, or drop it"]
+        if not 1 <= self.window_schedule <= max(pattern):
+            return [
+                f"--window-schedule: the starting window in tokens, from 1 to --attention-window's largest "
+                f"({max(pattern)}); got {self.window_schedule}"
+            ]
+        return ["--window-schedule: not with --pp in this version"] if self.pp > 1 else []
 
     def distill_problems(self) -> list[str]:
         if not self.distill_from:

@@ -159,6 +159,7 @@ class Stage(GPT):
     def __init__(self, model: GPT, layers, first: bool, last: bool):
         nn.Module.__init__(self)
         self.config, self.positions, self.first, self.last = model.config, model.positions, first, last
+        self.windows = model.windows  # each layer's attention window, by its index in the whole model
         t, tied = model.transformer, not model.config.untied_head
         parts = {}
         if first or (last and tied):  # the last stage's copy of the tied matrix (see the module notes)
@@ -180,8 +181,9 @@ class Stage(GPT):
         stage's logits, out."""
         h = self.embed(x) if self.first else x
         rope = self.rope(0, h.size(1), h.device)
-        for block in self.transformer.h.values():
-            h = block(h, causal=True, rope=rope)
+        bands = self.bands(None, None, h.size(1), causal=True)  # windowed layers (gpt/model/sparse.py), or None
+        for i, block in self.transformer.h.items():
+            h = block(h, mask=bands[int(i)] if bands else None, causal=True, rope=rope)
         return self.head(self.transformer.ln_f(h)) if self.last else h
 
     def blocks(self) -> list:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 
+from gpt.model.windows import Windows
+
 
 def noam_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
     """The paper's schedule: `scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)`.
@@ -93,3 +95,21 @@ def get_wd(step: int, *, schedule: str, wd: float, decay_iters: int = 1) -> floa
 def wd_at(step: int, cfg) -> float:
     """The weight decay of `step` under a TrainConfig's settings."""
     return get_wd(step, schedule=cfg.wd_schedule, wd=cfg.weight_decay, decay_iters=cfg.lr_decay_iters or cfg.max_iters)
+
+
+WINDOW_SIZES = 4  # --window-schedule: at most this many sizes (compiled: 2 graphs each, train and eval; torch keeps 8)
+WINDOW_ROUND = 64  # ... each a multiple of this many tokens (or the configured window itself)
+
+
+def windows_at(step: int, cfg) -> Windows:
+    """The model's windows at `step` under --window-schedule: the largest window grows linearly from
+    `window_schedule` tokens at step 0 to the configured one at the last step (max_iters - 1), in steps of
+    a multiple of WINDOW_ROUND tokens (rounded up), at most WINDOW_SIZES distinct sizes over the run; every
+    other window scaled in proportion, full layers full."""
+    configured = Windows.of(cfg.model)
+    top, start = max(configured.pattern), cfg.window_schedule
+    quantum = WINDOW_ROUND * max(1, math.ceil((top - start) / (WINDOW_ROUND * (WINDOW_SIZES - 1))))
+    progress = min(step / max(1, cfg.max_iters - 1), 1.0)
+    size = min(top, start + math.ceil((top - start) * progress / quantum) * quantum)
+    pattern = tuple(max(1, round(w * size / top)) if w else 0 for w in configured.pattern)
+    return Windows(pattern, configured.global_tokens)

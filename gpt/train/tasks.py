@@ -212,6 +212,8 @@ class ChatFineTuning:
     def check_model(self, cfg) -> None:
         if cfg.model.n_encoder_layer:
             raise ConfigError("n_encoder_layer: a chat dataset trains a decoder-only model (no encoder)")
+        if cfg.model.global_tokens:  # (packed conversations: each one's first tokens; gpt/model/sparse.py)
+            raise ConfigError("global_tokens: not with a chat dataset's packed conversations in this version")
 
     def start(self, cfg, rt, accum: int) -> None:
         longest = int(max(self.dataset.lengths(split).max() for split in ("train", "val")))

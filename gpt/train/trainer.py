@@ -44,6 +44,7 @@ from gpt.train.health import HealthMonitor
 from gpt.train.mesh import Layout
 from gpt.train.rundir import RunDir
 from gpt.train.runlog import RunLogger, peak_flops
+from gpt.train.schedule import windows_at
 from gpt.train.start import TrainingError
 from gpt.train.step import estimate_loss, make_optimizer, set_hyperparameters, train_step
 from gpt.train.stopping import StopSignal, TimeLimit
@@ -375,6 +376,8 @@ class Run:
         and the LR."""
         cfg, optimizer, scaler = self.cfg, self.optimizer, self.scaler
         lr = set_hyperparameters(optimizer, self.step, cfg)
+        if cfg.window_schedule:  # (the model's windows of this step: gpt/train/schedule.py)
+            self.model.windows = windows_at(self.step, cfg)
         with explain_oom(cfg, self.step + 1, self.out_dir):
             step_fn = (
                 self.pipe.train_step
@@ -540,6 +543,7 @@ class Run:
             + f" | {eta}"
             + (f" | upd/w {self.health.update_ratio:.1e}" if self.health.update_ratio else "")
             + (f" | acc {figures['rewards/accuracies']:.2f}" if "rewards/accuracies" in figures else "")
+            + (f" | window {max(self.model.windows.pattern)}" if cfg.window_schedule else "")
         )
         self.log.record(
             "train",
@@ -556,6 +560,7 @@ class Run:
             tokens=self.tokens_seen,
             update_ratio=self.health.update_ratio,
             **figures,
+            **({"window": max(self.model.windows.pattern)} if cfg.window_schedule else {}),
         )
         self.health.update_ratio = None
 
