@@ -58,6 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-batch", type=int, default=32, help="samples decoded together (rows of the batch)")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting for rows; more are answered 429")
+    p.add_argument(
+        "--prefix-cache-mb",
+        type=int,
+        default=0,
+        help="keep the keys and values of prompt prefixes (system prompts, earlier turns) in this many MiB, so a "
+        "prompt that starts as an earlier one prefills only what is new; answers equal up to float rounding "
+        "(default: 0, off)",
+    )
     p.add_argument("--max-tokens", type=int, default=1024, help="the largest max_tokens a request may ask for")
     p.add_argument(
         "--max-prompt-tokens", type=int, default=None, help="longest prompt in tokens (default: the model's block_size)"
@@ -157,6 +165,7 @@ def run(args: argparse.Namespace) -> None:
         model_name=name,
         api_key=api_key,
         max_batch=args.max_batch,
+        prefix_cache_mb=args.prefix_cache_mb,
         max_queue=args.max_queue,
         max_tokens=args.max_tokens,
         max_prompt_tokens=args.max_prompt_tokens,

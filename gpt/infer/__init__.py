@@ -3,6 +3,7 @@
 - `sampling.py` next-token sampling (temperature, top-k, top-p, penalties) and the KV-cached decode loop.
 - `speculative.py` speculative decoding (prompt lookup, a draft model): guesses checked in one pass.
 - `constrain.py` constrained decoding: a JSON schema, regex or grammar as each step's token mask (llguidance).
+- `prefix.py` the prefix cache: prompt prefixes' keys and values kept across requests (LRU, a byte budget).
 - `batching.py` continuous batching: requests joining and leaving one decode batch (the server's engine).
 - `translate.py` seq2seq greedy and beam decoding; `evaluate.py` BLEU and ROUGE of translations.
 - `perplexity.py` loss, perplexity and bits per byte of a text file, in sliding windows.

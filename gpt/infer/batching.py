@@ -34,6 +34,8 @@ Design notes
   rotation, so a full row writes each new key over its oldest (slot pos % block_size), as the
   sampler's rolling cache does. Windowed layers keep a ring of their window per row (gpt/model/cache.py):
   a right-padded prefill tells it each row's real length, so padding never overwrites a row's keys.
+- Prefix cache (`prefix_cache_bytes`, gpt/infer/prefix.py): a joining row loads the keys and values of the
+  longest prefix of its prompt an earlier request left, and prefills the rest.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import torch
 from gpt.errors import UserError
 from gpt.infer.constrain import GrammarError, Matchers
 from gpt.infer.logprobs import first_token, token_logprobs
+from gpt.infer.prefix import PrefixCache
 from gpt.infer.sampling import (
     Piece,
     SampleConfig,
@@ -193,10 +196,13 @@ class _Engine:
 class BatchEngine(_Engine):
     """Decodes every active request one token per `step()`; see the module notes."""
 
-    def __init__(self, model: GPT, tokenizer, max_rows: int = 32, keep: int | None = None):
+    def __init__(self, model: GPT, tokenizer, max_rows: int = 32, keep: int | None = None, prefix_cache_bytes: int = 0):
         if model.config.n_encoder_layer:
             raise ValueError("BatchEngine runs decoder-only models; encoder-decoder ones use Seq2seqEngine")
         super().__init__(model, tokenizer, max_rows)
+        # prompts' prefixes kept across requests (gpt/infer/prefix.py); not for windowed layers, whose rings
+        # hold the last positions only
+        self.prefix = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes and not model.windows.any else None
         self.keep = min(keep or max(1, self.block_size // 2), self.block_size)
         self.rolling = Positions.of(model.config).slides  # full rows overwrite their oldest slot, no re-prefill
         self.pool = SlotPool(model, max_rows)
@@ -367,22 +373,44 @@ class BatchEngine(_Engine):
                 self._reject(request, e)
 
     def _prefill(self, first: int) -> torch.Tensor:
-        """Prompts of the rows from `first` on (the joining requests), in one forward; their next-token logits."""
+        """Prompts of the rows from `first` on (the joining requests); their next-token logits. Without a prefix
+        cache one forward; with one, each row first loads its longest cached prefix and the rows prefill what
+        is left, one forward per run of rows that start at the same position."""
         joined = self.rows[first:]
-        logits, h = self._forward([row.tokens[row.start :] for row in joined], first, [0] * len(joined), True)
+        cached = [self._cached_prefix(first + b, row) for b, row in enumerate(joined)]
+        logits, hidden, b = [], [], 0
+        while b < len(joined):  # runs of equal starts: right-padding never writes past a row's block
+            e = b
+            while e < len(joined) and cached[e] == cached[b]:
+                e += 1
+            run = [row.tokens[row.start + cached[b] :] for row in joined[b:e]]
+            out, h = self._forward(run, first + b, [cached[b]] * (e - b), True)
+            logits.append(out)
+            hidden += list(h)
+            b = e
         scored: dict[Request, list] = {}  # a request's samples share its prompt's scores
         for b, row in enumerate(joined):
             request = row.request
+            if self.prefix is not None and row.start == 0 and row.sample == 0:
+                self.prefix.store(row.tokens, self.pool.layers, first + b)
             if not (request.echo and request.logprobs is not None):
                 continue
             if request not in scored:  # submit() checked that the prompt fits: row.start == 0
                 ids = torch.tensor(row.tokens[1:], device=self.device)
                 scores = token_logprobs(
-                    self.model.head(h[b, : len(ids)]), ids, self.tokenizer.vocab_size, request.logprobs
+                    self.model.head(hidden[b][: len(ids)]), ids, self.tokenizer.vocab_size, request.logprobs
                 )
                 scored[request] = [first_token(row.tokens[0]), *scores]
             row.prompt_logprobs = scored[request]
-        return logits
+        return torch.cat(logits)
+
+    def _cached_prefix(self, index: int, row: _Row) -> int:
+        """Tokens of row `index`'s prompt loaded from the prefix cache (0 without one, for a context that slid,
+        and for a prompt to score: its scores need every position's hidden state)."""
+        request = row.request
+        if self.prefix is None or row.start or (request.echo and request.logprobs is not None):
+            return 0
+        return self.prefix.load(row.tokens, self.pool.layers, index)
 
     def _leave(self, rows: list[int]) -> None:
         """Remove batch rows; the last active rows move into the holes."""

@@ -15,6 +15,7 @@ class ServeConfig:
     api_key: str | None = None  # None: no authentication
     max_batch: int = 32  # rows (samples) decoded together
     max_queue: int = 64  # requests waiting for rows; beyond that, 429
+    prefix_cache_mb: int = 0  # keys and values of prompt prefixes kept across requests (gpt/infer/prefix.py); 0: off
     max_tokens: int = 1024  # the largest max_tokens a request may ask for
     max_prompt_tokens: int | None = None  # None: the model's block_size
     max_body_bytes: int = 1 << 20
@@ -35,6 +36,8 @@ class ServeConfig:
             for name in ("max_batch", "max_queue", "max_tokens", "max_body_bytes", "max_logprob_values")
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1
         ]
+        if not isinstance(self.prefix_cache_mb, int) or self.prefix_cache_mb < 0:
+            problems.append(f"--prefix-cache-mb must be an integer >= 0 (0 = off), got {self.prefix_cache_mb!r}")
         for name in ("max_prompt_tokens", "max_connections", "max_connections_per_client"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(self, name)!r}")

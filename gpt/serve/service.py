@@ -68,7 +68,7 @@ class Service:
         engine = (
             Seq2seqEngine(model, tokenizer, meta, config.max_batch)
             if self.seq2seq
-            else BatchEngine(model, tokenizer, config.max_batch)
+            else BatchEngine(model, tokenizer, config.max_batch, prefix_cache_bytes=config.prefix_cache_mb << 20)
         )
         self.worker = BatchWorker(engine, config.max_queue)
         self.limits = checks.Limits.of(config, model.config.block_size, tokenizer.vocab_size)
@@ -104,7 +104,9 @@ class Service:
         return self.page
 
     async def health(self) -> dict:
-        return {"status": "ok", "model": self.config.model_name, **self.worker.load}
+        prefix = getattr(self.worker.engine, "prefix", None)
+        cached = {"prefix_cache": prefix.stats} if prefix is not None else {}
+        return {"status": "ok", "model": self.config.model_name, **self.worker.load, **cached}
 
     async def models(self, request: HTTPRequest) -> dict:
         self.authorize(request)
