@@ -189,6 +189,7 @@ def load_for_inference(
     single_stream: bool = False,
     compile_step: bool = False,
     group_size: int = 32,
+    adapters: tuple = (),
 ) -> Inference:
     """What sample.py, translation, evaluation and the server share: the runtime for --device / --dtype /
     --threads, the checkpoint in that precision, its Linear layers in int8 or int4 with --quantize (int4 in
@@ -197,7 +198,10 @@ def load_for_inference(
     `single_stream` (one sequence decoded at a time, sample.py): on CPU without --threads, the thread
     count `decode_threads` picks for the model's size.
     `compile_step` (`sample.py --compile`): the one-token decode step compiled (`GPT.compile_decoding`) and
-    the Linear layers left unpacked (on the CPU the compiled step lays its weights out itself)."""
+    the Linear layers left unpacked (on the CPU the compiled step lays its weights out itself).
+    `adapters`: LoRA checkpoints of this very model served beside it (`serve_adapters`, `gpt serve --lora`)."""
+    if adapters and (quantize != "none" or compile_step):
+        raise lora.LoRAError("--lora adapters are served on the model's float weights: leave out --quantize")
     dtype = dtype_flag(dtype, quantize)
     rt = setup(device, dtype, threads, distributed=False)
     model, meta = load_model(path, device=rt.device)
@@ -210,6 +214,8 @@ def load_for_inference(
     warning = qat.mismatch(meta.get("qat"), quantize, group_size)
     if warning:
         warnings.warn(warning, stacklevel=2)
+    if adapters:
+        serve_adapters(model, list(adapters), rt.device)
     model = quantize_model(model.to(rt.dtype), quantize, group_size)
     if quantize != "none":  # the run's header and summary: "float32 (int8 Linear layers)"
         rt.reason = quantize_summary(model, quantize, group_size)
@@ -238,6 +244,19 @@ def load_adapted(path, device="cpu", merge_adapters: bool = False, base=None):
     if "lora" not in ckpt["meta"]:
         raise lora.LoRAError(f"{ckpt.source} is not a LoRA checkpoint (it holds all the weights already)")
     return _adapted(ckpt, device, merge_adapters, base)
+
+
+def serve_adapters(model: GPT, paths: list, device="cpu") -> None:
+    """The LoRA checkpoints `paths` (each of `model`'s very weights) put on `model` side by side, adapters 1..n
+    (`gpt.model.lora.serve_side_by_side`; `lora.select` picks one per batch row): `gpt serve --lora`."""
+    base = lora.fingerprint(model)
+    adapted = []
+    for path in paths:
+        other, _ = load_adapted(path, device)
+        if lora.fingerprint(other) != base:
+            raise lora.LoRAError(f"--lora {path}: its base is not the checkpoint served (--ckpt): other weights")
+        adapted.append(other)
+    lora.serve_side_by_side(model, adapted)
 
 
 def base_path(init_from: str | os.PathLike | Located) -> Path:

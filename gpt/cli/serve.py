@@ -59,6 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=32, help="samples decoded together (rows of the batch)")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting for rows; more are answered 429")
     p.add_argument(
+        "--lora",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="serve this LoRA run (trained on --ckpt) beside the model as model NAME; repeatable: a request's "
+        "`model` picks the adapter, and rows of different adapters decode in one batch (default: none)",
+    )
+    p.add_argument(
         "--prefix-cache-mb",
         type=int,
         default=0,
@@ -160,11 +168,15 @@ def run(args: argparse.Namespace) -> None:
     )
 
     name = args.model_name or Path(args.ckpt).resolve().with_suffix("").name
+    named = [spec.partition("=") for spec in args.lora]
+    if any(not sep or not adapter or not path for adapter, sep, path in named):
+        raise ServeError(f"--lora takes NAME=DIR (a LoRA run trained on --ckpt), got {args.lora}")
     api_key = args.api_key or os.environ.get("GPT_SERVE_API_KEY") or None
     config = ServeConfig(
         model_name=name,
         api_key=api_key,
         max_batch=args.max_batch,
+        adapters=tuple(adapter for adapter, _, _ in named),
         prefix_cache_mb=args.prefix_cache_mb,
         max_queue=args.max_queue,
         max_tokens=args.max_tokens,
@@ -181,7 +193,13 @@ def run(args: argparse.Namespace) -> None:
         docs=args.docs,
     )  # checked before anything slow
     rt, model, tokenizer, meta, n_params = load_for_inference(
-        args.ckpt, args.device, args.dtype, args.threads, args.quantize, group_size=args.group_size
+        args.ckpt,
+        args.device,
+        args.dtype,
+        args.threads,
+        args.quantize,
+        group_size=args.group_size,
+        adapters=tuple(path for _, _, path in named),
     )
     device, dtype = rt.device, rt.dtype
     quantized = f"{args.quantize}/{args.group_size}" if args.quantize == "int4" else args.quantize

@@ -35,7 +35,10 @@ Design notes
   sampler's rolling cache does. Windowed layers keep a ring of their window per row (gpt/model/cache.py):
   a right-padded prefill tells it each row's real length, so padding never overwrites a row's keys.
 - Prefix cache (`prefix_cache_bytes`, gpt/infer/prefix.py): a joining row loads the keys and values of the
-  longest prefix of its prompt an earlier request left, and prefills the rest.
+  longest prefix of its prompt an earlier request left (with the same adapter), and prefills the rest.
+- Adapters side by side (`gpt serve --lora`): a request names its LoRA adapter (`Request.adapter`), and every
+  forward tells the model's MultiLoRALinear layers the adapter of each row: rows with different adapters
+  decode in one batch.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from gpt.infer.sampling import (
 )
 from gpt.infer.translate import check_vocab, seq2seq_ids
 from gpt.infer.translate import generate as translate_ids
+from gpt.model import lora
 from gpt.model.cache import KVCache
 from gpt.model.positions import Positions
 from gpt.model.transformer import GPT
@@ -90,6 +94,7 @@ class Request:
     config: SampleConfig
     emit: Callable[[Piece | Exception], None]
     cancelled: bool = False
+    adapter: int = 0  # the LoRA adapter its rows decode with (gpt serve --lora; 0: the base)
     logprobs: int | None = None
     echo: bool = False
     generate: bool = True
@@ -203,6 +208,7 @@ class BatchEngine(_Engine):
         # prompts' prefixes kept across requests (gpt/infer/prefix.py); not for windowed layers, whose rings
         # hold the last positions only
         self.prefix = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes and not model.windows.any else None
+        self.adapters = any(isinstance(m, lora.MultiLoRALinear) for m in model.modules())
         self.keep = min(keep or max(1, self.block_size // 2), self.block_size)
         self.rolling = Positions.of(model.config).slides  # full rows overwrite their oldest slot, no re-prefill
         self.pool = SlotPool(model, max_rows)
@@ -332,6 +338,9 @@ class BatchEngine(_Engine):
         length = min(max(pos) + T, self.block_size)  # (a rolling row past block_size writes at pos % block_size)
         lengths = torch.tensor([len(c) for c in contexts], device=self.device) if T > 1 else None
         caches = self.pool.caches(start, start + len(contexts), length, torch.tensor(pos, device=self.device), lengths)
+        if self.adapters:  # each row's adapter (gpt/model/lora.py's MultiLoRALinear)
+            rows = [row.request.adapter for row in self.rows[start : start + len(contexts)]]
+            lora.select(self.model, torch.tensor(rows, device=self.device) if any(rows) else None)
         h = self.model.hidden(idx, caches)  # (B, T, C)
         last = torch.tensor([len(c) - 1 for c in contexts], device=self.device)
         logits = self.model.head(h[torch.arange(len(contexts), device=self.device), last]).float()  # (B, V)
@@ -392,7 +401,7 @@ class BatchEngine(_Engine):
         for b, row in enumerate(joined):
             request = row.request
             if self.prefix is not None and row.start == 0 and row.sample == 0:
-                self.prefix.store(row.tokens, self.pool.layers, first + b)
+                self.prefix.store(row.tokens, self.pool.layers, first + b, salt=request.adapter)
             if not (request.echo and request.logprobs is not None):
                 continue
             if request not in scored:  # submit() checked that the prompt fits: row.start == 0
@@ -410,7 +419,7 @@ class BatchEngine(_Engine):
         request = row.request
         if self.prefix is None or row.start or (request.echo and request.logprobs is not None):
             return 0
-        return self.prefix.load(row.tokens, self.pool.layers, index)
+        return self.prefix.load(row.tokens, self.pool.layers, index, salt=request.adapter)
 
     def _leave(self, rows: list[int]) -> None:
         """Remove batch rows; the last active rows move into the holes."""

@@ -41,20 +41,21 @@ class PrefixCache:
         self.hits = self.lookups = self.reused = 0  # requests that found a prefix, requests, tokens not prefilled
 
     @staticmethod
-    def keys(tokens: list[int], n_blocks: int) -> list[int]:
-        """The chained keys of the first `n_blocks` blocks of `tokens`."""
-        out, key = [], 0
+    def keys(tokens: list[int], n_blocks: int, salt: int = 0) -> list[int]:
+        """The chained keys of the first `n_blocks` blocks of `tokens` (`salt`: the LoRA adapter that computed
+        them, whose keys and values differ from the base's)."""
+        out, key = [], hash(("prefix", salt))
         for b in range(n_blocks):
             key = hash((key, tuple(tokens[b * BLOCK : (b + 1) * BLOCK])))
             out.append(key)
         return out
 
-    def load(self, tokens: list[int], layers: list[KVCache], row: int) -> int:
+    def load(self, tokens: list[int], layers: list[KVCache], row: int, salt: int = 0) -> int:
         """Copy the longest cached prefix of `tokens` (whole blocks, leaving at least one token) into pool row
         `row` of every layer; its length in tokens (0: none)."""
         self.lookups += 1
         found = []
-        for key in self.keys(tokens, (len(tokens) - 1) // BLOCK):
+        for key in self.keys(tokens, (len(tokens) - 1) // BLOCK, salt):
             if key not in self.blocks:
                 break
             found.append(key)
@@ -68,9 +69,9 @@ class PrefixCache:
         self.reused += n
         return n
 
-    def store(self, tokens: list[int], layers: list[KVCache], row: int) -> None:
+    def store(self, tokens: list[int], layers: list[KVCache], row: int, salt: int = 0) -> None:
         """Keep the whole blocks of `tokens` (written at positions 0.. of pool row `row`) not cached yet."""
-        for b, key in enumerate(self.keys(tokens, len(tokens) // BLOCK)):
+        for b, key in enumerate(self.keys(tokens, len(tokens) // BLOCK, salt)):
             if key in self.blocks:
                 self.blocks.move_to_end(key)
                 continue

@@ -138,6 +138,62 @@ class LoRAEmbedding(nn.Module):
         return out
 
 
+class MultiLoRALinear(nn.Module):
+    """A frozen nn.Linear serving several adapters side by side: row b of a batch adds adapter `rows[b]`'s update
+    (0: none), all rows in one batched product (gathered A and B, zero-padded to the largest rank: exact).
+    `select(model, rows)` sets the rows before each forward."""
+
+    def __init__(self, base: nn.Linear, updates: list[tuple[torch.Tensor, torch.Tensor, float] | None]):
+        super().__init__()
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.weight, self.bias = base.weight, base.bias
+        rank = max((a.size(0) for a, _, _ in filter(None, updates)), default=1)
+        kw = dict(device=base.weight.device, dtype=base.weight.dtype)
+        A = torch.zeros(len(updates) + 1, rank, self.in_features, **kw)  # adapter 0: none
+        B = torch.zeros(len(updates) + 1, self.out_features, rank, **kw)
+        for j, update in enumerate(updates, start=1):
+            if update is not None:
+                a, b, scale = update
+                A[j, : a.size(0)] = a
+                B[j, :, : a.size(0)] = b * scale  # the scale folded in
+        self.register_buffer("stacked_A", A, persistent=False)
+        self.register_buffer("stacked_B", B, persistent=False)
+        self.rows: torch.Tensor | None = None  # (B,) adapter of each row; None: every row the base
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight, self.bias)
+        if self.rows is None:
+            return y
+        A, B = self.stacked_A[self.rows], self.stacked_B[self.rows]  # (B, r, in), (B, out, r)
+        rows = x.reshape(x.size(0), -1, x.size(-1))  # (B, T, in)
+        return y + torch.bmm(torch.bmm(rows, A.transpose(1, 2)), B.transpose(1, 2)).view(y.shape)
+
+
+def serve_side_by_side(model: nn.Module, adapted: list[nn.Module]) -> None:
+    """Put the adapters of `adapted` (models of this base with LoRALinear layers, unmerged) on `model`'s layers,
+    in place, as adapters 1..n of MultiLoRALinear layers; `select` picks one per batch row. Adapters of the
+    embedding (target wte) are refused: its rows are looked up, not multiplied, per batch row."""
+    for other in adapted:
+        if any(isinstance(m, (TiedLoRAEmbedding, LoRAEmbedding)) for m in other.modules()):
+            raise LoRAError("an adapter of the token embedding (--lora-targets wte) cannot be served beside others")
+    names = {name for other in adapted for name, m in other.named_modules() if isinstance(m, LoRALinear)}
+    for name in sorted(names):
+        parent, _, attr = name.rpartition(".")
+        base = model.get_submodule(name)
+        updates = []
+        for other in adapted:
+            m = dict(other.named_modules()).get(name)
+            updates.append((m.lora_A.detach(), m.lora_B.detach(), m.scale) if isinstance(m, LoRALinear) else None)
+        setattr(model.get_submodule(parent), attr, MultiLoRALinear(base, updates))
+
+
+def select(model: nn.Module, rows: torch.Tensor | None) -> None:
+    """The adapter of each row of the next forward (0: the base), on every MultiLoRALinear; None: all the base."""
+    for m in model.modules():
+        if isinstance(m, MultiLoRALinear):
+            m.rows = rows
+
+
 def _targets(model: nn.Module, targets: list[str]):
     """(parent module, attribute name, Linear) for every targeted Linear of the decoder blocks."""
     for name, module in list(model.named_modules()):

@@ -39,6 +39,7 @@ class Limits:
     block_size: int
     vocab_size: int
     max_logprob_values: int
+    adapters: tuple[str, ...] = ()  # the LoRA adapters' names (gpt serve --lora): models 1..n beside the base
 
     @classmethod
     def of(cls, config: ServeConfig, block_size: int, vocab_size: int) -> Limits:
@@ -51,6 +52,7 @@ class Limits:
             block_size,
             vocab_size,
             config.max_logprob_values,
+            tuple(config.adapters),
         )
 
 
@@ -66,15 +68,20 @@ def supported(req) -> None:
         )
 
 
-def served_model(name: str, limits: Limits) -> None:
-    """A model other than the one served is a 404."""
-    if name != limits.model_name:
-        raise APIError(
-            404,
-            f"The model '{name}' does not exist; this server serves '{limits.model_name}'.",
-            param="model",
-            code="model_not_found",
-        )
+def served_model(name: str, limits: Limits) -> int:
+    """The model a request names: 0 for the one served, i for its i-th LoRA adapter (`gpt serve --lora`); any
+    other name is a 404."""
+    if name == limits.model_name:
+        return 0
+    if name in limits.adapters:
+        return limits.adapters.index(name) + 1
+    served = ", ".join(repr(n) for n in (limits.model_name, *limits.adapters))
+    raise APIError(
+        404,
+        f"The model '{name}' does not exist; this server serves {served}.",
+        param="model",
+        code="model_not_found",
+    )
 
 
 def scoring(req, seq2seq: bool) -> None:

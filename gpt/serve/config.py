@@ -15,6 +15,7 @@ class ServeConfig:
     api_key: str | None = None  # None: no authentication
     max_batch: int = 32  # rows (samples) decoded together
     max_queue: int = 64  # requests waiting for rows; beyond that, 429
+    adapters: tuple[str, ...] = ()  # LoRA adapters served beside the model (gpt serve --lora NAME=DIR), by name
     prefix_cache_mb: int = 0  # keys and values of prompt prefixes kept across requests (gpt/infer/prefix.py); 0: off
     max_tokens: int = 1024  # the largest max_tokens a request may ask for
     max_prompt_tokens: int | None = None  # None: the model's block_size
@@ -48,6 +49,9 @@ class ServeConfig:
                 )
         if not self.model_name:
             problems.append("--model-name must not be empty")
+        names = [self.model_name, *self.adapters]
+        if len(set(names)) != len(names) or not all(names):
+            problems.append(f"--lora names must be non-empty and differ from each other and --model-name, got {names}")
         if problems:
             raise ServeError("invalid server settings: " + "; ".join(problems))
         if self.max_connections is None:

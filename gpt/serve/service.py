@@ -110,12 +110,12 @@ class Service:
 
     async def models(self, request: HTTPRequest) -> dict:
         self.authorize(request)
-        return {"object": "list", "data": [self.card()]}
+        return {"object": "list", "data": [self.card(name) for name in (self.config.model_name, *self.config.adapters)]}
 
     async def model_info(self, name: str, request: HTTPRequest) -> dict:
         self.authorize(request)
         checks.served_model(name, self.limits)
-        return self.card()
+        return self.card(name)
 
     async def completions(self, request: HTTPRequest):
         req = await self.parse(request, CompletionRequest)
@@ -125,7 +125,7 @@ class Service:
         sample = replace(sample, grammar=await self.off_loop(checks.grammar, req, self.tokenizer, self.seq2seq))
         prompts, echoes = await self.off_loop(self.prompts, texts, bool(req.echo))
         checks.logprob_values(req.logprobs, prompts, sample, self.limits, bool(req.echo), req.max_tokens != 0)
-        completion = Completion(self.config.model_name, self.config.fingerprint)
+        completion = Completion(req.model, self.config.fingerprint)
         if req.max_tokens == 0 and req.logprobs is None:  # echo alone: the prompt is the whole answer
             echoed = [e for e in echoes for _ in range(sample.num_samples)]
             tokens = sum(len(ids) for ids in prompts)
@@ -159,7 +159,7 @@ class Service:
         sample = replace(sample, grammar=await self.off_loop(checks.grammar, req, self.tokenizer, self.seq2seq))
         ids, sample = await self.off_loop(self.chat_prompt, messages, sample)
         checks.logprob_values(top, [ids], sample, self.limits)
-        completion = ChatCompletion(self.config.model_name, self.config.fingerprint, top, req.calls_expected())
+        completion = ChatCompletion(req.model, self.config.fingerprint, top, req.calls_expected())
         scoring = {"logprobs": top, "echo": False, "generate": True} if top is not None else None
         return await self.answer(request, req, sample, [ids], completion, [""], scoring)
 
@@ -189,8 +189,8 @@ class Service:
 
     # ---- what the routes share -------------------------------------------------------------------------
 
-    def card(self) -> dict:
-        return model_card(self.config.model_name, self.created, self.template is not None)
+    def card(self, name: str | None = None) -> dict:
+        return model_card(name or self.config.model_name, self.created, self.template is not None)
 
     def authorize(self, request: HTTPRequest) -> None:
         """With an API key, a 401 unless the request carries it as `Authorization: Bearer KEY`."""
@@ -231,8 +231,9 @@ class Service:
         self.open.add(queue)
         loop = asyncio.get_running_loop()
         scoring = scoring or {}
+        adapter = checks.served_model(req.model, self.limits)  # (checked already: the base or an adapter)
         requests = [
-            Request(ids, sample, emit_to(loop, queue, i * sample.num_samples), **scoring)
+            Request(ids, sample, emit_to(loop, queue, i * sample.num_samples), adapter=adapter, **scoring)
             for i, ids in enumerate(prompts)
         ]
         try:
