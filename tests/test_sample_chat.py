@@ -214,3 +214,17 @@ def test_gpt_chat_is_the_same_conversation_as_sample_chat(chat_run, trained_run,
                        text=True)  # fmt: skip
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("error: ") and "is not a chat model" in r.stderr
+
+
+def test_chat_through_a_pipe_speculates_to_the_same_answers(chat_run, reference):
+    first = [{"role": "user", "content": ASK}]
+    stdin = json.dumps(first) + "\n" + json.dumps([{"role": "user", "content": "Translate to English: Hallo."}]) + "\n"
+    for extra in (["--speculate", "4"], ["--draft-ckpt", chat_run, "--speculate", "3"]):
+        r = subprocess.run(
+            [sys.executable, "-m", "gpt", "chat", "--ckpt", chat_run, "--temperature", "0", "--top-k", "none",
+             "--max-new-tokens", "20", *extra], cwd=ROOT, input=stdin, capture_output=True, text=True,
+        )  # fmt: skip
+        answers = [json.loads(line) for line in r.stdout.splitlines()]
+        assert r.returncode == 0, r.stderr
+        assert answers[0] == {"role": "assistant", "content": reference(first)}
+        assert answers[1]["content"] == reference([{"role": "user", "content": "Translate to English: Hallo."}])

@@ -20,7 +20,13 @@ import sys
 from collections.abc import Sequence
 
 from gpt.cli import ArgumentParser, for_terminal, run_main, writing
-from gpt.cli.options import add_model_options, add_sampling_options, sample_config
+from gpt.cli.options import (
+    add_model_options,
+    add_sampling_options,
+    add_speculation_options,
+    sample_config,
+    speculation,
+)
 from gpt.errors import UserError
 
 CHAT_DEFAULTS = {"temperature": 0.7, "max_new_tokens": 256}
@@ -45,7 +51,8 @@ def chat(args: argparse.Namespace) -> int | None:
             f"dataset (gpt prepare --chat, then gpt train --config sft --init-from it), or continue text "
             f"with --prompt"
         )
-    session = Chat(model, tokenizer, template, args.system, cfg)
+    drafter, _ = speculation(args, model, tokenizer)
+    session = Chat(model, tokenizer, template, args.system, cfg, drafter)
     if not sys.stdin.isatty():
         failed, safe = 0, for_terminal(sys.stdout, "\\u{:04x}")  # (JSON escapes C0 itself)
         for number, line in enumerate(sys.stdin.buffer, 1):  # bytes: a line that is not UTF-8 is one error
@@ -111,6 +118,7 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = "gpt chat") -> arg
         max_new_tokens=f"{CHAT_DEFAULTS['max_new_tokens']}, fewer when the context is nearly full",
         temperature=str(CHAT_DEFAULTS["temperature"]),
     )
+    add_speculation_options(p)
     add_model_options(p)
     return p.parse_args(argv)
 

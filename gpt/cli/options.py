@@ -199,3 +199,45 @@ def sample_config(args: argparse.Namespace, defaults: dict, **fields):
         seed=fresh_seed(args),
         **fields,
     )
+
+
+def add_speculation_options(p: argparse.ArgumentParser) -> None:
+    """--speculate and --draft-ckpt (gpt sample, gpt chat): speculative decoding."""
+    p.add_argument(
+        "--speculate",
+        type=int,
+        default=None,
+        metavar="K",
+        help="speculative decoding: guess up to K tokens at a time and check them in one pass of the model; "
+        "the guesses come from --draft-ckpt, else from the prompt and text so far (prompt lookup). Greedy text "
+        "is plain decoding's, sampled text has its distribution; faster on text that repeats its input "
+        "(default: off; 4 with --draft-ckpt alone)",
+    )
+    p.add_argument(
+        "--draft-ckpt",
+        default=None,
+        metavar="CKPT",
+        help="speculative decoding with this smaller checkpoint's guesses (the same tokenizer) (default: none)",
+    )
+
+
+def speculation(args: argparse.Namespace, model, tokenizer):
+    """(drafter, its stats) of --speculate / --draft-ckpt, or (None, None) without them."""
+    from gpt.checkpoints.loader import load_checkpoint  # torch: after flags
+    from gpt.infer import speculative  # torch: after flags
+    from gpt.infer.sampling import SamplingError  # torch: after flags
+
+    if args.speculate is None and args.draft_ckpt is None:
+        return None, None
+    if args.speculate is not None and args.speculate < 1:
+        raise SamplingError(f"--speculate must be a number of tokens >= 1, got {args.speculate}")
+    if args.draft_ckpt is None:
+        return speculative.PromptLookup(k=args.speculate), speculative.Stats()
+    param = next(model.parameters())
+    draft, draft_tok, _ = load_checkpoint(args.draft_ckpt, param.device)
+    if draft_tok.spec != tokenizer.spec:
+        raise SamplingError(
+            f"--draft-ckpt {args.draft_ckpt} has another tokenizer than {args.ckpt}: it must be the same"
+        )
+    draft = draft.to(dtype=param.dtype).eval()
+    return speculative.DraftModel(draft, k=args.speculate or 4), speculative.Stats()

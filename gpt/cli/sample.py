@@ -44,7 +44,15 @@ import warnings
 
 from gpt.cli import ArgumentParser, fail, for_terminal, run_main, writing
 from gpt.cli.chat import chat
-from gpt.cli.options import add_model_options, add_sampling_options, fresh_seed, given, sample_config
+from gpt.cli.options import (
+    add_model_options,
+    add_sampling_options,
+    add_speculation_options,
+    fresh_seed,
+    given,
+    sample_config,
+    speculation,
+)
 from gpt.errors import storage_error
 
 SEPARATOR = "\n---------------\n"
@@ -73,6 +81,7 @@ TEXT_ONLY = {
 }
 # text-only flags a chat conversation takes too (gpt/cli/chat.py reads them through sample_config)
 CHAT_TOO = {"stop", "min_p", "presence_penalty", "frequency_penalty", "logit_bias", "json_schema", "grammar", "regex"}
+CHAT_TOO |= {"speculate", "draft_ckpt"}
 TRANSLATION_ONLY = {
     "beam_size": ("--beam-size", None),
     "length_penalty": ("--length-penalty", None),
@@ -130,22 +139,7 @@ def parse_args(argv=None, prog: str = "gpt sample") -> argparse.Namespace:
         'most for small models and with --quantize int8 (compile times and tokens/s: bench/README.md, "Against '
         'llama.cpp"): worth it for long generations (default: off)',
     )
-    p.add_argument(
-        "--speculate",
-        type=int,
-        default=None,
-        metavar="K",
-        help="speculative decoding: guess up to K tokens at a time and check them in one pass of the model; "
-        "the guesses come from --draft-ckpt, else from the prompt and text so far (prompt lookup). Greedy text "
-        "is plain decoding's, sampled text has its distribution; faster on text that repeats its input "
-        "(default: off; 4 with --draft-ckpt alone)",
-    )
-    p.add_argument(
-        "--draft-ckpt",
-        default=None,
-        metavar="CKPT",
-        help="speculative decoding with this smaller checkpoint's guesses (the same tokenizer) (default: none)",
-    )
+    add_speculation_options(p)
     p.add_argument(
         "--no-cuda-graph",
         dest="cuda_graph",
@@ -227,26 +221,6 @@ class OrderedPrinter:
                 self.write("\n")
 
 
-def speculation(args: argparse.Namespace, model, tokenizer, meta):
-    """(drafter, its stats) of --speculate / --draft-ckpt, or (None, None) without them."""
-    from gpt.checkpoints.loader import load_checkpoint  # torch: after flags
-    from gpt.infer import speculative  # torch: after flags
-    from gpt.infer.sampling import SamplingError  # torch: after flags
-
-    if args.speculate is None and args.draft_ckpt is None:
-        return None, None
-    if args.draft_ckpt is None:
-        return speculative.PromptLookup(k=args.speculate), speculative.Stats()
-    param = next(model.parameters())
-    draft, draft_tok, _ = load_checkpoint(args.draft_ckpt, param.device)
-    if draft_tok.spec != tokenizer.spec:
-        raise SamplingError(
-            f"--draft-ckpt {args.draft_ckpt} has another tokenizer than {args.ckpt}: it must be the same"
-        )
-    draft = draft.to(dtype=param.dtype).eval()
-    return speculative.DraftModel(draft, k=args.speculate or 4), speculative.Stats()
-
-
 def run(args: argparse.Namespace) -> None:
     import torch  # torch: after flags
 
@@ -320,7 +294,7 @@ def run(args: argparse.Namespace) -> None:
     n_tokens = 0
     with warnings.catch_warnings():
         warnings.simplefilter("always", ContextWarning)
-        drafter, stats = speculation(args, model, tokenizer, meta)
+        drafter, stats = speculation(args, model, tokenizer)
         if drafter is None:
             pieces = generate(model, tokenizer, prompt, cfg)  # checks the prompt before anything is printed
         else:

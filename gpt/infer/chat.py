@@ -29,6 +29,7 @@ import torch
 
 from gpt.data.chat import ChatError, ChatTemplate, check_conversation, openai_messages
 from gpt.data.records import BadJSONError, parse_json_line
+from gpt.infer import speculative
 from gpt.infer.sampling import Decoder, Piece, SampleConfig, generate
 
 DEFAULT_CHAT = SampleConfig(max_new_tokens=256, temperature=0.7, top_k=50)
@@ -130,9 +131,16 @@ class Chat:
     """One conversation with a chat model: the messages so far, and the next answer, streamed."""
 
     def __init__(
-        self, model, tok, template: ChatTemplate, system: str | None = None, config: SampleConfig = DEFAULT_CHAT
+        self,
+        model,
+        tok,
+        template: ChatTemplate,
+        system: str | None = None,
+        config: SampleConfig = DEFAULT_CHAT,
+        drafter: speculative.Drafter | None = None,
     ):
         self.model, self.tok, self.template = model, tok, template
+        self.drafter = drafter  # speculative decoding's guesses (gpt/infer/speculative.py), or None
         self.system = system
         self.config = dataclasses.replace(config, end_tokens=end_tokens(template, tok), num_samples=1)
         self.dropped = 0  # turns dropped to fit the context, in the last answer
@@ -155,7 +163,11 @@ class Chat:
 
     def _stream(self, prompt: ChatPrompt) -> Iterator[Piece]:
         answer = []
-        for piece in generate(self.model, self.tok, prompt.ids, prompt.config):
+        if self.drafter is None:
+            pieces = generate(self.model, self.tok, prompt.ids, prompt.config)
+        else:
+            pieces = speculative.generate(self.model, self.tok, prompt.ids, prompt.config, self.drafter)
+        for piece in pieces:
             answer.append(piece.text)
             yield piece
         self.messages = [*prompt.messages, {"role": "assistant", "content": "".join(answer)}]
