@@ -22,7 +22,7 @@ its log-probs kept for the next --grpo-updates - 1 steps, which train on the sam
 (`--reference`, default the `--init-from` checkpoint) is loaded only when --beta > 0, frozen.
 
 Logged (TRL's names), as the mean over the steps since the last log line: reward, reward_std (the groups'
-mean std), completions/mean_length, kl, clip_ratio (the share of completion tokens whose ratio is clipped),
+mean std), completions/mean_length, kl, clip_ratio/region_mean (the share of completion tokens whose ratio is clipped),
 frac_reward_zero_std (groups that all scored alike: no gradient). Evaluation is greedy: the mean reward of one
 completion per held-out prompt (`val_reward`); its loss is minus that reward, so the best checkpoint is the
 highest-reward one.
@@ -84,7 +84,7 @@ def grpo_loss(logps, old, ref, advantages, mask, epsilon: float, beta: float, ki
     else:
         loss = (per_token * m).sum() / (per_token.size(0) * max_new)
     clipped = ((ratio < 1 - epsilon) & (a < 0)) | ((ratio > 1 + epsilon) & (a > 0))
-    figures["clip_ratio"] = (clipped.float() * m).sum().detach() / m.sum().clamp(min=1)
+    figures["clip_ratio/region_mean"] = (clipped.float() * m).sum().detach() / m.sum().clamp(min=1)
     return loss, figures
 
 
@@ -155,7 +155,7 @@ class GRPO:
 
     def _generator(self, step: int, micro: int) -> torch.Generator:
         gen = torch.Generator(device=self.rt.device)
-        gen.manual_seed(hash((self.cfg.seed, step, micro, self.rt.rank)) & 0x7FFF_FFFF_FFFF)
+        gen.manual_seed(hash((self.cfg.seed, step, micro)) & 0x7FFF_FFFF_FFFF)  # micro: the place in the global batch
         return gen
 
     @torch.no_grad()

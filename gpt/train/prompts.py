@@ -24,8 +24,8 @@ Policies
   and row; `--skip-bad-rows` skips it, and the run's log counts them.
 - Every 20th good row is held out for evaluation (the greedy completions' mean reward); a file of fewer than
   20 rows is evaluated on its train rows.
-- Batches are pure functions of (seed, step // --grpo-updates, micro step, rank): a resumed run draws the
-  same prompts.
+- Batches are pure functions of (seed, step // --grpo-updates, place in the global batch): a resumed run
+  draws the same prompts, and N processes those of one accumulating N times more.
 
 Footguns: the prompts are kept in memory, encoded (a few million short prompts fit; a corpus does not).
 """
@@ -55,7 +55,7 @@ class Prompts:
     ids: list[list[int]]
     rows: list[dict]
     step: int = 0  # the step and micro step that drew them (the loss keeps its completions by them)
-    micro: int = 0
+    micro: int = 0  # (its place in the global batch)
     tokens: int = field(default=0)
 
 
@@ -109,7 +109,8 @@ class PromptTask:
             if self.template is not None:
                 messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
                 return self.template.prompt(messages, self.tokenizer)
-            return self.tokenizer.encode(prompt)
+            start = [] if self.tokenizer.eot_token is None else [self.tokenizer.eot_token]
+            return start + self.tokenizer.encode(prompt)
         except TokenizerError as e:
             raise ChatError(f"the prompt: {e}") from None
 
@@ -159,12 +160,15 @@ class PromptTask:
         )
 
     def train_batch(self, step: int, micro_step: int) -> Prompts:
-        """--batch-size prompts, drawn without replacement, the same for the --grpo-updates steps of a batch."""
+        """--batch-size prompts, drawn without replacement, the same for the --grpo-updates steps of a batch.
+        They depend on the micro-batch's place in the global batch (rank x accumulation + micro step), not on
+        how it is split: N processes draw what one process accumulating N times as many micro-batches does."""
         ids, rows = self.splits["train"]
         cfg = self.cfg
-        seq = np.random.SeedSequence([cfg.seed, step // cfg.grpo_updates, micro_step, self.rt.rank])
+        micro = self.rt.rank * self.accum + micro_step
+        seq = np.random.SeedSequence([cfg.seed, step // cfg.grpo_updates, micro])
         pick = np.random.default_rng(seq).choice(len(ids), cfg.batch_size, replace=len(ids) < cfg.batch_size)
-        return Prompts([ids[i] for i in pick], [rows[i] for i in pick], step, micro_step)
+        return Prompts([ids[i] for i in pick], [rows[i] for i in pick], step, micro)
 
     @staticmethod
     def tokens(batch: Prompts) -> int:
