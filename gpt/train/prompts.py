@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt.checkpoints import loader
 from gpt.data.chat import ChatError, ChatTemplate, check_conversation, openai_messages
 from gpt.data.corpus import BadRowError, CorpusError
 from gpt.data.sft import file_rows
@@ -70,8 +71,6 @@ class PromptTask:
             raise ConfigError("--objective grpo: needs a model to start from: --init-from CKPT (or --resume RUN)")
         meta = located.meta
         if meta is None:  # a Hugging Face directory: its meta comes with its weights
-            from gpt.checkpoints import loader
-
             meta = loader.load_model(located)[1]
         self.path, self.log = Path(path), log
         self.tokenizer_spec = dict(meta["tokenizer"])
