@@ -149,7 +149,9 @@ def main(argv=None) -> None:
             "held_out_after": after,
             "wall_s": round(r["seconds"], 1),
         }
-        print(f"seed {seed}: {json.dumps({k: v for k, v in seeds[seed].items() if k != 'reward_per_step'})}", flush=True)
+        print(
+            f"seed {seed}: {json.dumps({k: v for k, v in seeds[seed].items() if k != 'reward_per_step'})}", flush=True
+        )
 
     def spread(f) -> dict:
         return harness.spread([f(s) for s in seeds.values()])
