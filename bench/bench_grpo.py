@@ -4,10 +4,12 @@
     python bench/bench_grpo.py                    # SFT once, GRPO with seeds 0..2: about 10 minutes, 1 thread
     python bench/bench_grpo.py --seeds 0          # one GRPO run
 
-1. data: `data/arithmetic/prepare.py`: 7,000 of the 10,000 problems a + b (a, b < 100) as a corpus, the
-   other 3,000 as prompt rows; GRPO holds out every 20th row (150 problems neither phase trains on).
-2. SFT: a 3-layer x 96 char model on the corpus (`gpt train`, --sft-steps), seed 0: it gets some sums right.
-3. GRPO from it, per seed: --steps steps of 8 prompts x 8 completions (<= 4 tokens, temperature 1), LR
+1. data: `data/arithmetic/prepare.py`: 7,000 of the 10,000 problems a + b (a, b < 100) as a corpus, a share
+   --period of them ending with a full stop ("12+7=19."), the other 3,000 as prompt rows (the answer alone:
+   "19"); GRPO holds out every 20th row (150 problems neither phase trains on).
+2. SFT: a 3-layer x 96 char model on the corpus (`gpt train`, --sft-steps), seed 0: it learns most sums, and
+   ends about half of its answers with a full stop, which the exact reward scores 0.
+3. GRPO from it, per seed: --steps steps of 8 prompts x 8 completions (<= 5 tokens, temperature 1), LR
    --lr constant, beta --beta; the train log's per-step reward (the sampled completions' mean) is the curve.
 4. before and after, on the 150 held-out problems, measured here with the run's own sampler
    (gpt/train/grpo.py `sample_group`): the greedy exact-match rate, and the mean reward of 8 sampled
@@ -35,6 +37,7 @@ QUIET = ["--no-plot", "--device", "cpu", "--dtype", "float32", "--threads", "1"]
 SFT = ["--n-layer", "3", "--n-head", "4", "--n-embd", "96", "--block-size", "16", "--batch-size", "32"]
 SFT += ["--learning-rate", "3e-3", "--warmup-iters", "50", "--dropout", "0", "--eval-iters", "20"]
 WINDOW = 25
+MAX_NEW = 5  # a sum's 3 digits, a full stop, the end-of-text token
 
 
 def run(cmd: list, log: Path) -> dict:
@@ -66,7 +69,7 @@ def measure(ckpt: Path, rows: list[dict], group: int = 8, seed: int = 1234) -> d
     gen = torch.Generator().manual_seed(seed)
 
     def rewards(prompt: list[int], answer: str, g: int, temperature: float) -> list[float]:
-        out, n = sample_group(model, prompt, g, 4, temperature, [tok.eot_token], gen)
+        out, n = sample_group(model, prompt, g, MAX_NEW, temperature, [tok.eot_token], gen)
         texts = [tok.decode([t for t in row[:k] if t != tok.eot_token]) for row, k in zip(out.tolist(), n.tolist())]
         return [float(t.strip() == answer) for t in texts]
 
@@ -111,11 +114,13 @@ def main(argv=None) -> None:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--beta", type=float, default=0.04)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--period", type=float, default=0.5, help="the share of the corpus's sums ending with '.'")
     args = p.parse_args(argv)
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
     py = sys.executable
-    subprocess.run([py, "data/arithmetic/prepare.py", "--out", str(work)], cwd=ROOT, check=True, capture_output=True)
+    prep = [py, "data/arithmetic/prepare.py", "--out", str(work), "--period", str(args.period)]
+    subprocess.run(prep, cwd=ROOT, check=True, capture_output=True)
     run([py, "-m", "gpt", "prepare", work / "corpus.jsonl", "--out", work / "chars", "--tokenizer", "char",
          "--block-size", "16", "--force", "--quiet"], work / "prepare.log")  # fmt: skip
     sft = work / "sft"
@@ -131,7 +136,7 @@ def main(argv=None) -> None:
         cmd = [py, "-m", "gpt", "train", "--objective", "grpo", "--init-from", sft, "--data", work / "prompts.jsonl",
                "--reward", "exact", "--out-dir", out, "--force", *QUIET, "--max-iters", args.steps,
                "--eval-interval", 50, "--eval-iters", 0, "--no-eval-train", "--batch-size", 8, "--group-size", 8,
-               "--grpo-max-new-tokens", 4, "--learning-rate", args.lr, "--min-lr", 0, "--lr-schedule", "constant",
+               "--grpo-max-new-tokens", MAX_NEW, "--learning-rate", args.lr, "--min-lr", 0, "--lr-schedule", "constant",
                "--warmup-iters", 0, "--beta", args.beta, "--log-interval", 1, "--seed", seed]  # fmt: skip
         r = run(cmd, work / f"grpo-{seed}.log")
         log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
@@ -161,8 +166,9 @@ def main(argv=None) -> None:
         "note": "one thread per run, on a 2-core machine shared with other work: wall times are noisy",
         "threads": 1,
         "settings": {
+            "corpus_period": args.period,
             "sft": SFT + ["--max-iters", str(n)],
-            "grpo": {"steps": args.steps, "lr": args.lr, "beta": args.beta, "batch": 8, "group": 8, "max_new": 4},
+            "grpo": {"steps": args.steps, "lr": args.lr, "beta": args.beta, "batch": 8, "group": 8, "max_new": MAX_NEW},
             "seeds": args.seeds,
             "held_out_problems": len(rows),
             "window": WINDOW,

@@ -237,7 +237,7 @@ def test_mistakes_are_one_line(base, prefs, tiny_char_data, tmp_path, capsys):
     assert "--orpo-lambda: does nothing with --objective dpo" in err
     err = one_line_error(capsys, train_script.main, *run, "--beta", "0.2")
     assert "--beta: does nothing with --objective lm" in err
-    err = one_line_error(capsys, train_script.main, *run, "--objective", "grpo")
+    err = one_line_error(capsys, train_script.main, *run, "--objective", "grpo", "--init-from", base)
     assert "--objective grpo: needs --reward" in err
     err = one_line_error(capsys, train_script.main, *run, "--objective", "dpo")
     assert "needs a reference model" in err
