@@ -10,10 +10,11 @@ A row is `{"prompt": P, ...}`, P a text or a list of OpenAI messages, beside the
 (`answer` for exact, `reference` for bleu, `schema` for json: gpt/train/rewards.py); a `.jsonl.gz`, `.parquet`
 or `.json` list is read the same way (gpt/data/sft.py's `file_rows`). With a chat checkpoint (its meta holds a
 chat template) the prompt is rendered as `gpt chat` renders a conversation waiting for the assistant (a text is
-one user message), and a completion ends at the end-of-turn token; otherwise the prompt's text is encoded as
-it is and a completion ends at the end-of-text token.
+one user message), and a completion ends at the end-of-turn token; otherwise the prompt is the end-of-text
+token (where `gpt prepare` starts every document of a stream) then its text, and a completion ends at the
+end-of-text token.
 
-Why no `gpt prepare --prompts`: the rows carry whatever their reward reads (answers, references, schemas)
+Why no prepare step: the rows carry whatever their reward reads (answers, references, schemas)
 as JSON, which a token dataset would have to keep beside its ids anyway, and the tokenizer is the policy
 checkpoint's by construction, so no prepared dataset can disagree with the policy. Rows are read one at a
 time (memory per row bounded by --max-row-bytes' default); the encoded prompts are kept in memory.
