@@ -328,3 +328,46 @@ def test_mistakes_are_one_line(base, prompts, tmp_path, capsys):
     out = tmp_path / "skip"
     train_run(*grpo[:5], bad, *TINY, "--max-iters", "1", "--reward", "exact", "--skip-bad-rows", "--out-dir", out)
     assert (out / "log.jsonl").exists()
+
+
+def test_a_resumed_run_is_the_uninterrupted_one(base, prompts, low_digit, tmp_path):
+    """The prompts and the completions' sampling are functions of (seed, step, place): a run stopped at step 2
+    and resumed to 4 logs the uninterrupted run's losses, rewards and gradient norms bit for bit (the
+    reference recorded and reloaded)."""
+    common = ["--objective", "grpo", "--init-from", base, "--data", prompts, "--reward", low_digit, *TINY]
+    common += ["--eval-interval", "2", "--beta", "0.1", "--lr-schedule", "constant"]  # (the split run: the same LRs)
+    train_run(*common, "--out-dir", tmp_path / "full", "--max-iters", "4")
+    train_run(*common, "--out-dir", tmp_path / "split", "--max-iters", "2")
+    train_run("--resume", tmp_path / "split", "--max-iters", "4")
+    keys = ("step", "loss", "grad_norm", "reward", "kl")
+    assert [tuple(r[k] for k in keys) for r in log(tmp_path / "split")] == [
+        tuple(r[k] for k in keys) for r in log(tmp_path / "full")
+    ]
+
+
+def test_prompts_of_a_chat_checkpoint_go_through_its_template(tmp_path):
+    """With a chat checkpoint a text prompt is one user message and messages are rendered as `gpt chat` does,
+    ending with the assistant's marker; completions stop at the end-of-turn token. A plain checkpoint's prompt
+    starts with the end-of-text token, and messages are a bad row."""
+    from gpt.checkpoints import native
+    from gpt.data.chat import ChatError, ChatTemplate
+    from gpt.data.tokenizer import CharTokenizer
+    from gpt.train.prompts import PromptTask
+
+    template = ChatTemplate()
+    tok = template.tokenizer(CharTokenizer(DIGITS))
+    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16)
+    meta = native.build_meta(cfg.to_dict(), tok.spec, chat_template=template.spec)
+    plan = SimpleNamespace(resume=None, init=SimpleNamespace(meta=meta))
+    task = PromptTask(str(tmp_path / "p.jsonl"), plan)
+    msgs = [{"role": "system", "content": "1"}, {"role": "user", "content": "2+2="}]
+    assert task.encode({"prompt": msgs}) == template.prompt(msgs, tok)
+    assert task.encode({"prompt": "2+2="}) == template.prompt([{"role": "user", "content": "2+2="}], tok)
+    assert task.stops == [tok.special(template.end)] and task.checkpoint_meta == {"chat_template": template.spec}
+    plain = CharTokenizer(DIGITS)
+    meta = native.build_meta(cfg.to_dict(), plain.spec)
+    task = PromptTask(str(tmp_path / "p.jsonl"), SimpleNamespace(resume=None, init=SimpleNamespace(meta=meta)))
+    assert task.encode({"prompt": "2+2="}) == [plain.eot_token, *plain.encode("2+2=")]
+    assert task.stops == [plain.eot_token]
+    with pytest.raises(ChatError, match="the checkpoint has no chat template"):
+        task.encode({"prompt": msgs})
