@@ -1,6 +1,7 @@
 """GRPO (issue 48 section 3): the loss against TRL's GRPOTrainer computation on fixed batches, by hand and by
 finite differences; group advantages; the sampler against an uncached forward; the rewards; `gpt train
---objective grpo` end to end on a tiny model, its 2-process run against one process; the one-line refusals."""
+--objective grpo` end to end on a tiny model, exact resume, its 2-process run against one process, prompts through a
+chat template; the one-line refusals. The worked example that shows it learning is bench/bench_grpo.py."""
 
 import json
 import sys
