@@ -61,6 +61,14 @@ class Reward:
         return float(value)
 
 
+def _optional(module: str, reward: str):
+    """An optional package a reward needs, imported on first use (a missing one is one line)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(f"--reward {reward} needs {module}: pip install {module} (or the gpt[grpo] extra)") from None
+
+
 def exact(completion: str, row: dict) -> float:
     return float(completion.strip() in {a.strip() for a in _texts(row["answer"])})
 
@@ -73,7 +81,7 @@ def json_valid(completion: str, row: dict) -> float:
     schema = row.get("schema")
     if schema is None:
         return 1.0
-    import jsonschema  # (only for rows with a schema)
+    jsonschema = _optional("jsonschema", "json")  # (only for rows with a schema)
 
     try:
         jsonschema.validate(value, schema)
@@ -85,7 +93,7 @@ def json_valid(completion: str, row: dict) -> float:
 
 
 def bleu(completion: str, row: dict) -> float:
-    import sacrebleu  # (only for --reward bleu)
+    sacrebleu = _optional("sacrebleu", "bleu")
 
     return sacrebleu.sentence_bleu(completion.strip(), _texts(row["reference"])).score / 100
 
@@ -97,6 +105,7 @@ def load_reward(spec: str) -> Reward:
     if spec == "json":
         return Reward(spec, json_valid)
     if spec == "bleu":
+        _optional("sacrebleu", "bleu")  # (missing: refused before the run starts)
         return Reward(spec, bleu, "reference")
     module, sep, name = spec.partition(":")
     if not sep or not module or not name:
