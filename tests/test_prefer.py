@@ -230,15 +230,15 @@ def test_mistakes_are_one_line(base, prefs, tiny_char_data, tmp_path, capsys):
     )
     assert f"--reference {other}" in err and "tokenizer" in err
     err = one_line_error(capsys, train_script.main, *run, "--objective", "orpo", "--init-from", base, "--beta", "0.2")
-    assert "--beta: does nothing with --objective orpo; it is for --objective dpo" in err
+    assert "--beta: does nothing with --objective orpo; it is for --objective dpo | grpo" in err
     err = one_line_error(
         capsys, train_script.main, *run, "--objective", "dpo", "--orpo-lambda", "0.3", "--init-from", base
     )
     assert "--orpo-lambda: does nothing with --objective dpo" in err
     err = one_line_error(capsys, train_script.main, *run, "--beta", "0.2")
     assert "--beta: does nothing with --objective lm" in err
-    err = one_line_error(capsys, train_script.main, *run, "--objective", "grpo")
-    assert "--objective grpo: not built yet" in err
+    err = one_line_error(capsys, train_script.main, *run, "--objective", "grpo", "--init-from", base)
+    assert "--objective grpo: needs --reward" in err
     err = one_line_error(capsys, train_script.main, *run, "--objective", "dpo")
     assert "needs a reference model" in err
     err = one_line_error(capsys, train_script.main, *run, "--init-from", base)

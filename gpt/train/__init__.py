@@ -14,6 +14,9 @@
 - `distill.py` knowledge distillation (`--distill-from`): the frozen teacher and the KL term mixed into the loss;
   `prefer.py` preference tuning (`--objective dpo | orpo`): the frozen reference and the DPO / ORPO losses;
   `reference_cache.py` the reference's log-probs computed once for the run (`--reference-cache`);
+  `grpo.py` GRPO (`--objective grpo`): group sampling on the model's caches, the advantages and the clipped
+  loss; `prompts.py` its prompt rows (a `.jsonl` read at the start, the policy's tokenizer); `rewards.py` the
+  checkers that score completions (`--reward exact | json | bleu | module:function`);
 - `rundir.py` the run directory and its lock; `runlog.py` console / JSONL / W&B / TensorBoard;
   `health.py` loss spikes and gradients; `preflight.py` parameters, memory and ETA before step 1;
   `stopping.py` signals and the time limit; `plan.py` the memory planner; `sizing.py` a whole run sized from

@@ -85,6 +85,29 @@ def default_model() -> GPTConfig:
 AUTO = {"batch_size": 0}  # fields that take `auto`, and the number that stands for it
 
 
+OBJECTIVES = ("lm", "dpo", "orpo", "grpo")
+OBJECTIVE_OPTIONS = {  # the options of an objective, and the objectives they do something for
+    "reference": ("dpo", "grpo"),
+    "beta": ("dpo", "grpo"),
+    "dpo_loss": ("dpo",),
+    "reference_cache": ("dpo",),
+    "orpo_lambda": ("orpo",),
+    **dict.fromkeys(
+        (
+            "reward",
+            "group_size",
+            "grpo_max_new_tokens",
+            "grpo_temperature",
+            "grpo_updates",
+            "grpo_loss",
+            "epsilon",
+            "skip_bad_rows",
+        ),
+        ("grpo",),
+    ),
+}
+
+
 def opt(default, help: str):
     return field(default=default, metadata={"help": help})
 
@@ -202,14 +225,28 @@ class TrainConfig:
     distill_alpha: float = opt(0.5, "--distill-from: the KL term's weight; (1 - alpha) weighs the usual loss")
     distill_temperature: float = opt(2.0, "--distill-from: softmax temperature of the KL term (scaled by T^2)")
     # preference tuning (gpt/train/prefer.py): a dataset of `gpt prepare --preferences`
-    objective: str = opt("lm", "lm (the next tokens) | dpo | orpo (preference pairs: gpt prepare --preferences)")
-    reference: str = opt("", "--objective dpo: the frozen reference model (default: the --init-from checkpoint)")
-    beta: float = opt(0.1, "--objective dpo: how far from the reference the policy may move (higher: less)")
+    objective: str = opt(
+        "lm",
+        "lm (the next tokens) | dpo | orpo (preference pairs: gpt prepare --preferences) | grpo (prompts and a --reward)",
+    )
+    reference: str = opt("", "--objective dpo | grpo: the frozen reference model (default: the --init-from checkpoint)")
+    beta: float = opt(
+        0.1, "--objective dpo | grpo: how far from the reference the policy may move (higher: less; grpo: 0 = no KL)"
+    )
     dpo_loss: str = opt("sigmoid", "--objective dpo: sigmoid (DPO) | ipo | hinge")
     reference_cache: bool = opt(
         False, "--objective dpo: the reference's log-probs of every pair computed once, kept in OUT_DIR for the run"
     )
     orpo_lambda: float = opt(0.1, "--objective orpo: the odds-ratio term's weight beside the chosen answers' NLL")
+    # GRPO (gpt/train/grpo.py): --data is a file of prompt rows (gpt/train/prompts.py)
+    reward: str = opt("", "--objective grpo: exact | json | bleu | module:function (gpt/train/rewards.py)")
+    group_size: int = opt(8, "--objective grpo: completions sampled per prompt (G)")
+    grpo_max_new_tokens: int = opt(64, "--objective grpo: the longest completion, in tokens")
+    grpo_temperature: float = opt(1.0, "--objective grpo: the sampling temperature of the completions")
+    grpo_updates: int = opt(1, "--objective grpo: policy updates (steps) on each sampled batch")
+    grpo_loss: str = opt("grpo", "--objective grpo: grpo (per completion) | bnpo (per token) | dr_grpo")
+    epsilon: float = opt(0.2, "--objective grpo: the policy ratio's clip range, 1 +- epsilon")
+    skip_bad_rows: bool = opt(False, "--objective grpo: skip bad prompt rows (counted) instead of stopping")
     # system
     seed: int = opt(1337, "seed for initialisation, dropout and data order")
     device: str = opt("auto", "auto | cpu | cuda | cuda:N | mps")
@@ -303,16 +340,14 @@ class TrainConfig:
         return out
 
     def objective_problems(self) -> list[str]:
-        if self.objective == "grpo":
-            return ["--objective grpo: not built yet; use lm, dpo or orpo"]
-        if self.objective not in ("lm", "dpo", "orpo"):
-            return [f"--objective: {self.objective!r} is not one of 'lm', 'dpo', 'orpo'"]
-        owners = {"reference": "dpo", "beta": "dpo", "dpo_loss": "dpo", "reference_cache": "dpo", "orpo_lambda": "orpo"}
-        given = {f.name for f in fields(self) if f.name in owners and getattr(self, f.name) != f.default}
+        if self.objective not in OBJECTIVES:
+            return [f"--objective: {self.objective!r} is not one of {', '.join(map(repr, OBJECTIVES))}"]
+        given = {f.name for f in fields(self) if f.name in OBJECTIVE_OPTIONS and getattr(self, f.name) != f.default}
         out = [
-            f"{flag(name)}: does nothing with --objective {self.objective}; it is for --objective {owners[name]}"
+            f"{flag(name)}: does nothing with --objective {self.objective}; it is for --objective "
+            + " | ".join(OBJECTIVE_OPTIONS[name])
             for name in sorted(given)
-            if owners[name] != self.objective
+            if self.objective not in OBJECTIVE_OPTIONS[name]
         ]
         if self.objective == "lm":
             return out
@@ -336,6 +371,33 @@ class TrainConfig:
                 )
         if self.objective == "orpo" and self.orpo_lambda < 0:
             out.append(f"--orpo-lambda: must be >= 0, got {self.orpo_lambda}")
+        if self.objective == "grpo":
+            out += self.grpo_problems()
+        return out
+
+    def grpo_problems(self) -> list[str]:
+        out = []
+        if not self.reward:
+            out.append("--objective grpo: needs --reward exact | json | bleu | module:function")
+        if not (self.init_from or self.resume):
+            out.append("--objective grpo: needs a model to start from: --init-from CKPT (or --resume RUN)")
+        if self.beta < 0:
+            out.append(f"--beta: must be >= 0, got {self.beta}")
+        if self.group_size < 2:
+            out.append(
+                f"--group-size: must be >= 2 (the advantage compares completions of a prompt), got {self.group_size}"
+            )
+        for name in ("grpo_max_new_tokens", "grpo_updates"):
+            if getattr(self, name) < 1:
+                out.append(f"{flag(name)}: must be >= 1, got {getattr(self, name)}")
+        if self.grpo_temperature <= 0:
+            out.append(f"--grpo-temperature: must be > 0, got {self.grpo_temperature}")
+        if not 0 < self.epsilon < 1:
+            out.append(f"--epsilon: must be in (0, 1), got {self.epsilon}")
+        if self.grpo_loss not in ("grpo", "bnpo", "dr_grpo"):
+            out.append(f"--grpo-loss: {self.grpo_loss!r} is not one of 'grpo', 'bnpo', 'dr_grpo'")
+        if self.fsdp:
+            out.append("--objective grpo: not with --fsdp in this version (use DDP: torchrun without --fsdp)")
         return out
 
     def window_problems(self) -> list[str]:

@@ -89,7 +89,7 @@ def train_step(
     loss over the whole global batch, the same as one big batch would give. `loss_context` is entered
     around each forward and backward (--tp: the vocabulary-parallel loss, gpt/train/tensor_parallel.py).
     `teacher` (--distill-from): each micro-loss mixed with the KL to the teacher's logits (gpt/train/distill.py).
-    `objective` (--objective dpo | orpo): each micro-loss is its preference loss (gpt/train/prefer.py).
+    `objective` (--objective dpo | orpo | grpo): each micro-loss is its loss (gpt/train/prefer.py, grpo.py).
     """
     total = torch.zeros((), device=rt.device)
     tokens = torch.zeros((), dtype=torch.long, device=rt.device)

@@ -38,7 +38,7 @@ from gpt.errors import ConfigError
 from gpt.model import lora, qat
 from gpt.progress import format_duration
 from gpt.runtime import FreeMemoryCap, Runtime, setup
-from gpt.train import distill, parallel, pipeline, plot, prefer, preflight, start, tensor_parallel
+from gpt.train import distill, grpo, parallel, pipeline, plot, prefer, preflight, prompts, start, tensor_parallel
 from gpt.train.config import TrainConfig
 from gpt.train.health import HealthMonitor
 from gpt.train.mesh import Layout
@@ -112,7 +112,7 @@ def train(plan: start.RunPlan) -> dict:
     try:
         parallel.check(cfg, rt)
         pipeline.check(cfg, rt)
-        task = open_task(cfg.data)
+        task = prompts.PromptTask(cfg.data, plan) if cfg.objective == "grpo" else open_task(cfg.data)
         if task.kind == "preferences" and cfg.objective == "lm":
             raise ConfigError(
                 f"--data {cfg.data} holds preference pairs: train on them with --objective dpo or --objective orpo"
@@ -168,9 +168,10 @@ class Run:
         self.teacher = distill.Teacher.load(cfg, task, rt, model.config.vocab_size) if cfg.distill_from else None
         if self.teacher:
             log.print(self.teacher.describe())
-        if cfg.objective == "dpo" and not cfg.reference:  # the weights the run starts from, recorded for a resume
+        if cfg.objective in ("dpo", "grpo") and not cfg.reference and cfg.init_from:  # recorded for a resume
             self.cfg = cfg = replace(cfg, reference=str(cfg.init_from))
-        self.objective = prefer.Preference.load(cfg, task, rt) if cfg.objective != "lm" else None
+        objectives = {"dpo": prefer.Preference, "orpo": prefer.Preference, "grpo": grpo.GRPO}
+        self.objective = objectives[cfg.objective].load(cfg, task, rt) if cfg.objective != "lm" else None
         if self.objective:
             log.print(self.objective.describe())
         total = model.num_params(non_embedding=False)  # the whole model's, before a pipeline keeps its stages
@@ -336,7 +337,7 @@ class Run:
             + "".join(
                 f" | val {k.split('/')[-1]} {v:.2f}"
                 for k, v in (self.objective.evaluated.get("val", {}) if self.objective else {}).items()
-                if k in ("rewards/accuracies", "rewards/margins")
+                if k in ("rewards/accuracies", "rewards/margins", "reward")
             )
             + (f" | val bpb {bpb:.4f}" if bpb is not None else "")
             + f" | {self.limit.eval_seconds:.1f}s | elapsed {format_duration(time.time() - self.t_start)}"
@@ -544,6 +545,11 @@ class Run:
             + (f" | upd/w {self.health.update_ratio:.1e}" if self.health.update_ratio else "")
             + (f" | acc {figures['rewards/accuracies']:.2f}" if "rewards/accuracies" in figures else "")
             + (f" | window {max(self.model.windows.pattern)}" if cfg.window_schedule else "")
+            + (
+                f" | reward {figures['reward']:.3f} | len {figures['completions/mean_length']:.1f}"
+                if "reward" in figures
+                else ""
+            )
         )
         self.log.record(
             "train",
