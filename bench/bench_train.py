@@ -428,7 +428,7 @@ def step_times(base: Path, data: Path, steps: int = 20, repeats: int = 3) -> dic
     from gpt.data.tokens import Batches, open_dataset
     from gpt.model import lora
     from gpt.runtime import Runtime
-    from gpt.train.config import build_config
+    from gpt.train.flags import build_config
     from gpt.train.step import make_optimizer, train_step
 
     torch.set_num_threads(1)

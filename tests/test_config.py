@@ -2,7 +2,8 @@ import pytest
 
 from gpt.errors import ConfigError
 from gpt.model.config import GPTConfig, LoRAConfig
-from gpt.train.config import OptimizerConfig, TrainConfig, build_config, help_text
+from gpt.train.config import OptimizerConfig, TrainConfig
+from gpt.train.flags import build_config, help_text
 
 
 def test_defaults_file_cli_precedence(tmp_path):

@@ -15,7 +15,7 @@ from gpt.errors import ConfigError
 from gpt.model import lora
 from gpt.model.transformer import GPT, GPTConfig
 from gpt.train import preflight
-from gpt.train.config import build_config
+from gpt.train.flags import build_config
 from gpt.train.health import HealthMonitor
 
 

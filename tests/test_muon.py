@@ -8,7 +8,8 @@ import torch
 from gpt import runtime
 from gpt.errors import ConfigError
 from gpt.model.transformer import GPT, GPTConfig
-from gpt.train.config import TrainConfig, build_config
+from gpt.train.config import TrainConfig
+from gpt.train.flags import build_config
 from gpt.train.muon import Muon, ns_dtype_for, orthogonalize
 from gpt.train.step import make_optimizer, set_hyperparameters
 

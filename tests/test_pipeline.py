@@ -25,7 +25,7 @@ from gpt.cli import sample
 from gpt.errors import ConfigError
 from gpt.model.transformer import GPT, GPTConfig
 from gpt.train import parallel, pipeline, plan
-from gpt.train.config import build_config
+from gpt.train.flags import build_config
 from gpt.train.start import resolve_run
 from gpt.train.trainer import train
 

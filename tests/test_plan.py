@@ -10,7 +10,7 @@ from gpt.cli import plan as cli_plan
 from gpt.model.config import GPTConfig
 from gpt.model.transformer import GPT
 from gpt.train import parallel, plan
-from gpt.train.config import build_config
+from gpt.train.flags import build_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 

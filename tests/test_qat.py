@@ -14,7 +14,7 @@ from gpt import GPT, GPTConfig, load_checkpoint
 from gpt.errors import ConfigError
 from gpt.model import grids, qat
 from gpt.model.quantize import quantize
-from gpt.train.config import build_config
+from gpt.train.flags import build_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 WIDE = [*TINY, "--n-embd", "64", "--dtype", "float32", "--no-plot", "--eval-interval", "3", "--lr-decay-iters", "12"]

@@ -22,7 +22,7 @@ from gpt.model.compiled import AheadOfTimeStep
 from gpt.model.quantize import quantize
 from gpt.model.transformer import QK_NORM_SCALE
 from gpt.train import parallel
-from gpt.train.config import build_config
+from gpt.train.flags import build_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 

@@ -9,7 +9,7 @@ from conftest import one_line_error
 
 from gpt.cli import plan as cli_plan
 from gpt.train import sizing
-from gpt.train.config import build_config
+from gpt.train.flags import build_config
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from gpt.cli import ArgumentParser, run_main
-from gpt.train.config import build_config
+from gpt.train.flags import build_config
 from gpt.train.pipeline import SCHEDULES
 from gpt.train.plan import GPUS, SIZES, PlanError, detail, layout_table, layouts, plan, plan_lines, summary
 from gpt.train.sizing import ASPECT_RATIO, HEAD_DIM, size

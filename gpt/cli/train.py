@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from gpt.cli import run_main
-from gpt.train.config import help_text
+from gpt.train.flags import help_text
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "gpt train") -> int:

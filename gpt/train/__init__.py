@@ -1,8 +1,8 @@
 """The training room: from a config to checkpoints.
 
-- `config.py` `TrainConfig` (holding the model's fields), TOML files and `--key value` flags, and the small
-  configs it builds for its components (`OptimizerConfig`, the model room's `LoRAConfig`);
-  `configs/*.toml` the shipped configs.
+- `config.py` `TrainConfig` (holding the model's fields) and its checks, and the small configs it builds for
+  its components (`OptimizerConfig`, the model room's `LoRAConfig`); `flags.py` TOML files and `--key value`
+  flags into one (`build_config`, `gpt train --help`); `configs/*.toml` the shipped configs.
 - `start.py` `resolve_run`: the command line resolved once into a `RunPlan` (the config, the `--resume` /
   `--init-from` / LoRA base checkpoints located with their meta read); what a run starts from.
 - `trainer.py` the loop; `step.py` its step (the optimizer, each step's hyperparameters, the micro-batches,

@@ -49,7 +49,8 @@ from gpt.data.format import read_meta
 from gpt.errors import UserError
 from gpt.model.config import GPTConfig
 from gpt.model.transformer import GPT
-from gpt.train.config import TrainConfig, build_config
+from gpt.train.config import TrainConfig
+from gpt.train.flags import build_config
 from gpt.train.preflight import plan_batch
 from gpt.train.start import padded_vocab
 from gpt.train.step import make_optimizer, train_step

@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpt.errors import ConfigError
-from gpt.train.config import _coerce, _field_types, _unknown, build_config, flag, read_toml
+from gpt.train.config import flag
+from gpt.train.flags import _coerce, _field_types, _unknown, build_config, read_toml
 
 SWEEP_OWNS = ("out_dir", "resume", "force")  # a trial's run directory is the sweep's to give
 STUDY_KEYS = {  # [study] key -> (type, default)

@@ -28,14 +28,8 @@ from gpt.model.config import GPTConfig, rope_problems
 from gpt.model.lora import LoRAConfig, apply
 from gpt.model.positions import Positions, RopeScaling
 from gpt.model.transformer import GPT
-from gpt.train.config import (
-    TrainConfig,
-    build_config,
-    find_config,
-    flag,
-    load_toml,
-    parse_cli,
-)
+from gpt.train.config import TrainConfig, flag
+from gpt.train.flags import build_config, find_config, load_toml, parse_cli
 from gpt.train.schedule import lr_at
 
 ARCHITECTURE = (

@@ -47,7 +47,7 @@ from pathlib import Path
 
 from gpt.errors import ConfigError, UserError, storage_error
 from gpt.fsutil import replacing
-from gpt.train.config import build_config
+from gpt.train.flags import build_config
 from gpt.train.space import Space, as_flag_value
 
 # The directory holding gpt/, first on the trial child's sys.path (as gpt/train/plot.py's FigureWriter does).
