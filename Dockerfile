@@ -35,24 +35,25 @@ RUN python3 -m venv /opt/venv \
 
 # The package's dependencies (read from pyproject.toml) before its code, so that a code change reinstalls no
 # dependency. torch is there already, and torch>=2.1 keeps it.
-COPY pyproject.toml README.md /src/
+COPY pyproject.toml /src/
 RUN python3 -c "import tomllib; p = tomllib.load(open('/src/pyproject.toml', 'rb'))['project']; \
 print('\\n'.join(p['dependencies'] + p['optional-dependencies']['serve']))" > /tmp/requirements.txt \
  && pip-install -r /tmp/requirements.txt \
  && rm /tmp/requirements.txt
 
-COPY gpt /src/gpt
-RUN pip-install --no-deps /src \
- && rm -rf /src /usr/local/bin/pip-install \
- && useradd --create-home --uid 10001 gpt
-
-COPY --chown=10001:10001 ${MODEL} /model
+# What the image is (its user, entrypoint, port, health check) before its code: these steps are cached, and
+# a change to gpt/ (or README.md) rebuilds only the steps after them.
+RUN useradd --create-home --uid 10001 gpt
 COPY docker/entrypoint.sh /usr/local/bin/gpt-entrypoint
-
-USER gpt
 WORKDIR /home/gpt
 ENV GPT_MODEL=/model GPT_PORT=8000
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD python3 -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ['GPT_PORT'] + '/health', timeout=4)"
 ENTRYPOINT ["gpt-entrypoint"]
+
+COPY README.md /src/
+COPY gpt /src/gpt
+RUN pip-install --no-deps /src && rm -rf /src
+COPY --chown=10001:10001 ${MODEL} /model
+USER gpt

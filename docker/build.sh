@@ -8,7 +8,8 @@
 # the Debian base that docker/base.sh makes from Debian's packages (gpt-base:bookworm). Pip's index: pip's own
 # (PIP_INDEX_URL or pip config's index-url, when it is http(s)); directories of wheels that pip is told to
 # find links in (PIP_FIND_LINKS, pip config's find-links: a local CPU torch wheel) are served to the build on
-# 127.0.0.1 for as long as it runs, and a torch wheel there replaces the PyTorch index. The build runs with
+# 127.0.0.1 for as long as it runs (on the same ports each time where they are free, so that the layers'
+# cache holds), and a torch wheel there replaces the PyTorch index. The build runs with
 # --network host (to reach them), one at a time; layers are cached, so a second build of the same tree is
 # seconds. The CA bundle pip trusts here (PIP_CERT, pip config's cert) is served the same way, for a TLS
 # proxy between this machine and the index. Arguments after the tag go to `docker build`.
@@ -48,9 +49,19 @@ case "$index" in http://* | https://*) ;; *) index=https://pypi.org/simple ;; es
 servers=()
 cert_dir=$(mktemp -d)
 trap 'for pid in "${servers[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$cert_dir"' EXIT
-serve() { # serve directory $1 on a free port of 127.0.0.1 while this script runs; print its URL
+next_port=38470
+serve() { # serve directory $1 on 127.0.0.1 while this script runs; its URL in $url
+    # The same ports each time where they are free: the URLs are build arguments, part of the layers' cache key.
     local port
-    port=$(python3 -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+    port=$(python3 -c "import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as http.server binds: a closed one's TIME_WAIT is no matter
+try:
+    s.bind(('127.0.0.1', int(sys.argv[1])))
+except OSError:
+    s.bind(('127.0.0.1', 0))
+print(s.getsockname()[1])" "$next_port")
+    next_port=$((next_port + 1))
     python3 -m http.server --bind 127.0.0.1 --directory "$1" "$port" >/dev/null 2>&1 &
     servers+=($!)
     for _ in $(seq 50); do # until it answers

@@ -9,6 +9,7 @@ machine's own base and wheels when no registry can be reached); its layers are c
 build is slow (minutes: torch and the dependencies), and a changed `gpt/` rebuilds only the last layers.
 """
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -61,14 +62,10 @@ def image():
     return IMAGE
 
 
-@pytest.fixture(scope="module")
-def container(image, trained_run, tmp_path_factory):
-    """The image running with the trained run mounted read-only at /model, its port published on loopback,
-    the API key from the environment; yields the server's base URL once the HEALTHCHECK says healthy."""
-    model = tmp_path_factory.mktemp("docker") / "shakespeare-char"
-    shutil.copytree(trained_run, model)
-    for path in [model, *model.rglob("*")]:  # the image's user (uid 10001) reads it
-        path.chmod(0o755 if path.is_dir() else 0o644)
+@contextlib.contextmanager
+def serving(image: str, model: Path):
+    """The image running with `model` mounted read-only at /model, its port published on loopback, the API
+    key from the environment; yields its name and base URL once the HEALTHCHECK says healthy, then removes it."""
     name = f"gpt-test-{uuid.uuid4().hex[:8]}"
     run = ["run", "-d", "--name", name, "-p", "127.0.0.1::8000", "-v", f"{model}:/model:ro"]
     run += ["-e", "GPT_SERVE_API_KEY", "--health-interval", "2s", image, "--threads", "1"]
@@ -81,28 +78,27 @@ def container(image, trained_run, tmp_path_factory):
         docker("rm", "-f", name, check=False)
 
 
-def test_the_container_answers_a_completion_as_the_library_does(container, trained_run):
-    name, url = container
-    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=60)
-    assert [m.id for m in client.models.list().data] == ["model"]  # the mount's directory name
-    r = client.completions.create(model="model", prompt="ROMEO:", max_tokens=30, temperature=0)
-    model, tok, _ = load_checkpoint(trained_run)
-    assert r.choices[0].text == complete(model, tok, "ROMEO:", max_new_tokens=30, temperature=0, top_k=None)[0]
-    assert r.usage.completion_tokens == 30
+def test_the_image_serves_a_completion_as_the_library_does(image, trained_run, tmp_path):
+    # One test, not several: pytest-xdist would give each worker its own build and container.
+    model = tmp_path / "shakespeare-char"
+    shutil.copytree(trained_run, model)
+    for path in [model, *model.rglob("*")]:  # the image's user (uid 10001) reads it
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    with serving(image, model) as (name, url):
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+        assert [m.id for m in client.models.list().data] == ["model"]  # the mount's directory name
+        r = client.completions.create(model="model", prompt="ROMEO:", max_tokens=30, temperature=0)
+        lm, tok, _ = load_checkpoint(trained_run)
+        assert r.choices[0].text == complete(lm, tok, "ROMEO:", max_new_tokens=30, temperature=0, top_k=None)[0]
+        assert r.usage.completion_tokens == 30
 
+        wrong = openai.OpenAI(base_url=url + "/v1", api_key="not-the-key", max_retries=0, timeout=60)
+        with pytest.raises(openai.AuthenticationError):  # the key came from the container's environment
+            wrong.completions.create(model="model", prompt="ROMEO:", max_tokens=1)
+        health = httpx.get(url + "/health", timeout=10)  # the probe's route needs no key
+        assert health.status_code == 200 and health.json()["status"] == "ok"
 
-def test_the_container_wants_the_key_from_its_environment(container):
-    name, url = container
-    wrong = openai.OpenAI(base_url=url + "/v1", api_key="not-the-key", max_retries=0, timeout=60)
-    with pytest.raises(openai.AuthenticationError):
-        wrong.completions.create(model="model", prompt="ROMEO:", max_tokens=1)
-    health = httpx.get(url + "/health", timeout=10)  # the probe's route needs no key
-    assert health.status_code == 200 and health.json()["status"] == "ok"
-
-
-def test_the_server_runs_as_a_user_not_root(container):
-    name, _ = container
-    status = docker("exec", name, "cat", "/proc/1/status").stdout  # process 1: gpt serve itself (exec'd)
-    uids = next(line.split()[1:] for line in status.splitlines() if line.startswith("Uid:"))
-    assert uids == ["10001"] * 4, status
-    assert "gpt" in docker("exec", name, "cat", "/proc/1/cmdline").stdout
+        status = docker("exec", name, "cat", "/proc/1/status").stdout  # process 1: gpt serve itself (exec'd)
+        uids = next(line.split()[1:] for line in status.splitlines() if line.startswith("Uid:"))
+        assert uids == ["10001"] * 4, status  # not root
+        assert "gpt" in docker("exec", name, "cat", "/proc/1/cmdline").stdout
