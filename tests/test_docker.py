@@ -54,7 +54,8 @@ def image():
         pytest.skip("no docker command on this machine (Debian: apt-get install docker.io; .ci/run does it as root)")
     info = docker("info", check=False)
     if info.returncode != 0:
-        pytest.skip(f"no Docker daemon answers `docker info`: {info.stderr.strip().splitlines()[-1:]}")
+        said = (info.stderr.strip().splitlines() or ["no answer"])[-1]
+        pytest.skip(f"no Docker daemon answers `docker info` ({said}); .ci/run starts one where it can")
     build = subprocess.run(
         [str(ROOT / "docker" / "build.sh"), IMAGE], cwd=ROOT, capture_output=True, text=True, timeout=3600
     )
