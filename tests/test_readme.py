@@ -21,6 +21,8 @@ CHECKED = [README, *sorted((ROOT / "docs").glob("*.md"))]  # whose prose flags m
 OTHERS = {"--nproc-per-node", "--nnodes", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--temp", "--port"}
 OTHERS |= {"--cache-type-k", "--cache-type-v", "--model", "--model-args", "--include-path", "--tasks", "--metadata"}
 OTHERS |= {"--index-url", "--check", "--maxprocesses"}  # pip, ruff, pytest-xdist
+OTHERS |= {"--build", "--build-arg", "--network", "--name", "--iptables", "--from-literal"}  # docker, dockerd, kubectl
+OTHERS |= {"--no-install-recommends", "--variant"}  # apt-get, debootstrap
 
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 FLAG = re.compile(r"(?<![\w-])--[a-zA-Z][\w-]*")
