@@ -33,7 +33,7 @@ import harness  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "data"
 PATTERNS = {"full": [], "window 128": ["--attention-window", "128"],
-            "window 128 + 4 global": ["--attention-window", "128", "--global-tokens", "4"]}  # fmt: skip
+            "window 128 and 4 global": ["--attention-window", "128", "--global-tokens", "4"]}  # fmt: skip
 MODEL = ["--n-layer", "4", "--n-head", "4", "--n-embd", "128", "--bias", "false", "--pos-encoding", "rope"]
 QUIET = ["--no-plot", "--log-interval", "25", "--device", "cpu", "--dtype", "float32", "--threads", "1"]
 
