@@ -6,8 +6,9 @@ of them, kept as far as the model agrees (Leviathan et al. 2023; Chen et al. 202
 
 Two ways to guess (`Drafter`s):
 - `PromptLookup` (prompt lookup decoding): the last n tokens (n = 3, then 2, then 1) found earlier in the
-  prompt or the text so far, and what followed them there: free, and right often on text that copies its
-  input (summaries, translations, edits of code).
+  prompt or the text so far, and the k tokens that followed them there (the latest occurrence that has k
+  after it, else the one with the most): free, and right often on text that copies its input (summaries,
+  translations, edits of code).
 - `DraftModel`: a smaller checkpoint with the same tokenizer samples k tokens with its own KV cache.
 
 The check: the model reads the pending token and the k guesses in one pass, giving its distribution p at
@@ -112,11 +113,14 @@ class PromptLookup(Drafter):
 
     def propose(self, tokens, k):
         for n in range(min(self.max_ngram, len(tokens) - 1), 0, -1):
-            tail = tokens[-n:]
-            for start in range(len(tokens) - n - 1, -1, -1):  # the latest occurrence first
-                if tokens[start : start + n] == tail:
-                    guess = tokens[start + n : start + n + k]
-                    return guess, [None] * len(guess)
+            tail, guess = tokens[-n:], []
+            for start in range(len(tokens) - n - 1, -1, -1):  # the latest occurrence with k tokens after it
+                if tokens[start : start + n] == tail and len(tokens) - start - n > len(guess):
+                    guess = tokens[start + n : start + n + k]  # (in a loop, the latest one has one token after it)
+                    if len(guess) == k:
+                        break
+            if guess:
+                return guess, [None] * len(guess)
         return [], []
 
 
