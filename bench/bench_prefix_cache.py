@@ -70,7 +70,7 @@ def main(argv=None) -> int:
         context = tok.decode(ids[r * args.context * 2 : r * args.context * 2 + args.context])
         first = context + "\n\nQuestion: what is this passage about?\nAnswer:"
         for setting, mb in (("off", 0), ("on", 512)):
-            config = ServeConfig(model_name="m", prefix_cache_mb=mb, max_tokens=64)
+            config = ServeConfig(model_name="m", prefix_cache_mb=mb, max_tokens=64, max_batch=2)  # (a small pool)
             with running(create_app(model, tok, meta, config)) as url:
                 client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
                 t1, answer = ttft(client, first, 16)
