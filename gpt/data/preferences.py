@@ -42,7 +42,6 @@ never cut.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
 import sys
@@ -51,16 +50,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from gpt.data import vocab
 from gpt.data.chat import ChatError, ChatTemplate, check_conversation, openai_messages
 from gpt.data.corpus import BadRowError, CorpusError
 from gpt.data.format import SPLITS, DataError, OutputBudget, dtype_for_vocab, new_meta, staged, store_ranks, write_meta
 from gpt.data.records import DEFAULT_MAX_ROW_BYTES
-from gpt.data.sft import LONG_POLICIES, base_tokenizer, file_rows
+from gpt.data.sft import LONG_POLICIES, MaskedSplit, base_tokenizer, file_rows
 from gpt.data.tokenizer import CharTokenizer, SpecialsTokenizer
-from gpt.fsutil import open_new
 from gpt.progress import Progress
 
 DEFAULT_VAL_FRACTION = 0.05
@@ -172,43 +168,22 @@ def fit(prompt: list[int], chosen: list[int], rejected: list[int], block_size: i
     return prompt[len(prompt) - room :], "truncated"
 
 
-class _Split:
-    """The .bin, .mask.bin and .idx of one split, filled one pair (two sequences) at a time."""
-
-    def __init__(self, tmp: Path, name: str, dtype: str, budget: OutputBudget):
-        self.name, self.dtype, self.budget = name, np.dtype(dtype).newbyteorder("<"), budget
-        self.ids = open_new(tmp / f"{name}.bin")
-        self.mask = open_new(tmp / f"{name}.mask.bin")
-        self.starts, self.max_id, self.sha256 = [0], 0, hashlib.sha256()
+class _Split(MaskedSplit):
+    """The .bin, .mask.bin and .idx of one split, filled one pair (two sequences: prompt + chosen, prompt +
+    rejected, the mask on the answers) at a time."""
 
     def add(self, prompt: list[int], chosen: list[int], rejected: list[int]) -> None:
         for answer in (chosen, rejected):
-            data = np.asarray(prompt + answer, dtype=self.dtype).tobytes()
-            self.budget.spend(2 * len(data) + 8)
-            self.sha256.update(data)
-            self.ids.write(data)
-            self.mask.write(bytes(len(prompt)) + b"\x01" * len(answer))
-            self.starts.append(self.starts[-1] + len(prompt) + len(answer))
-            self.max_id = max(self.max_id, *prompt, *answer)
+            super().add(prompt + answer, [0] * len(prompt) + [1] * len(answer))
 
     @property
     def pairs(self) -> int:
         return (len(self.starts) - 1) // 2
 
     def close(self, tmp: Path) -> dict:
-        self.ids.close()
-        self.mask.close()
-        with open_new(tmp / f"{self.name}.idx") as f:
-            np.asarray(self.starts, dtype="<i8").tofile(f)
-        return {
-            "file": f"{self.name}.bin",
-            "mask": f"{self.name}.mask.bin",
-            "index": f"{self.name}.idx",
-            "tokens": self.starts[-1],
-            "pairs": self.pairs,
-            "sha256": self.sha256.hexdigest(),
-            "max_id": self.max_id,
-        }
+        out = super().close(tmp)
+        del out["conversations"], out["targets"]
+        return {**out, "pairs": self.pairs}
 
 
 @dataclass

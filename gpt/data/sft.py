@@ -163,8 +163,8 @@ def hold_out(n: int, fraction: float, seed: int) -> np.ndarray:
     return held
 
 
-class _Split:
-    """The .bin, .mask.bin and .idx of one split, filled one conversation at a time."""
+class MaskedSplit:
+    """The .bin, .mask.bin and .idx of one split, filled one sequence (a conversation) at a time."""
 
     def __init__(self, tmp: Path, name: str, dtype: str, budget: OutputBudget):
         self.name, self.dtype, self.budget = name, np.dtype(dtype).newbyteorder("<"), budget
@@ -311,7 +311,7 @@ def _write_splits(tmp: Path, conversations, template, tok, block_size: int, long
     counts = {"truncated": 0, "skipped_long": 0}
     splits = {}
     for name, split_conversations in zip(SPLITS, conversations):
-        split = _Split(tmp, name, dtype_for_vocab(tok.vocab_size), budget)
+        split = MaskedSplit(tmp, name, dtype_for_vocab(tok.vocab_size), budget)
         try:
             for ids, mask in render_all(split_conversations, template, tok):
                 bar.update()

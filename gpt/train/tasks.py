@@ -216,13 +216,7 @@ class ChatFineTuning:
             raise ConfigError("global_tokens: not with a chat dataset's packed conversations in this version")
 
     def start(self, cfg, rt, accum: int) -> None:
-        longest = int(max(self.dataset.lengths(split).max() for split in ("train", "val")))
-        if longest > cfg.model.block_size + 1:
-            raise ConfigError(
-                f"block_size: the model's {cfg.model.block_size} is too short for the dataset's longest conversation "
-                f"({longest} tokens, a window holds block_size + 1): prepare the chat data with --block-size "
-                f"{cfg.model.block_size}"
-            )
+        fits_block(self.dataset, cfg.model.block_size, "conversation", "the chat data")
         self.cfg, self.device = cfg, rt.device
         self.sampler = packing.PackedBatches(
             self.dataset,
@@ -301,13 +295,7 @@ class PreferenceTuning:
             raise ConfigError("n_encoder_layer: a preference dataset trains a decoder-only model (no encoder)")
 
     def start(self, cfg, rt, accum: int) -> None:
-        longest = int(max(self.dataset.lengths(split).max() for split in ("train", "val")))
-        if longest > cfg.model.block_size + 1:
-            raise ConfigError(
-                f"block_size: the model's {cfg.model.block_size} is too short for the dataset's longest sequence "
-                f"({longest} tokens, a window holds block_size + 1): prepare the pairs with --block-size "
-                f"{cfg.model.block_size}"
-            )
+        fits_block(self.dataset, cfg.model.block_size, "sequence", "the pairs")
         self.cfg, self.device = cfg, rt.device
         self.sampler = preference_batches.PreferenceBatches(
             self.dataset,
@@ -356,3 +344,13 @@ def open_task(path: str):
     kind = dataset_kind(path)
     tasks = {"pairs": Translation, "chat": ChatFineTuning, "preferences": PreferenceTuning}
     return tasks.get(kind, LanguageModelling)(path)
+
+
+def fits_block(dataset, block_size: int, what: str, data: str) -> None:
+    """ConfigError unless the longest sequence of either split of `dataset` fits a window of block_size + 1."""
+    longest = int(max(dataset.lengths(split).max() for split in ("train", "val")))
+    if longest > block_size + 1:
+        raise ConfigError(
+            f"block_size: the model's {block_size} is too short for the dataset's longest {what} ({longest} tokens, "
+            f"a window holds block_size + 1): prepare {data} with --block-size {block_size}"
+        )
