@@ -469,3 +469,20 @@ def test_cli_gpt2_tiktoken_file_variable_that_is_not_a_ranks_file(tmp_path):
         f"{SHAKESPEARE} (from GPT2_TIKTOKEN_FILE) is not a tiktoken ranks file: line 1 is not "
         f"`base64-token rank`; point GPT2_TIKTOKEN_FILE at GPT-2's ranks file, gpt2.tiktoken",
     )
+
+
+@pytest.mark.parametrize("unknown", ["refuse", "replace"])
+def test_reused_char_vocabulary_in_any_order(tmp_path, unknown):
+    """A reused char vocabulary need not be sorted (an edited meta.json): each character still gets its own id."""
+    from gpt.data.vocab import Reused
+
+    chars = "zyx ba\n?c"  # deliberately out of code point order
+    text = "abc xyz?\n" * 300 + ("q" if unknown == "replace" else "")
+    (tmp_path / "t.txt").write_text(text)
+    prepare(
+        [tmp_path / "t.txt"], tmp_path / "d", tokenizer_from=Reused({"kind": "char", "chars": chars}, "char"),
+        unknown=unknown, replacement="?" if unknown == "replace" else None, block_size=8, log=lambda m: None,
+    )  # fmt: skip
+    ds = open_dataset(tmp_path / "d")
+    ids = np.concatenate([ds.split("train")[:], ds.split("val")[:]]).tolist()
+    assert "".join(chars[i] for i in ids if i < len(chars)) == text.replace("q", "?")

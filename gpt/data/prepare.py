@@ -380,19 +380,20 @@ def _encoder(tok, replace_with: str | None = None) -> Callable[[str], np.ndarray
     if isinstance(tok, TiktokenTokenizer):
         return tok.encode_to_numpy
     if isinstance(tok, CharTokenizer):
-        codepoints = np.array([ord(c) for c in tok.chars], dtype=np.uint32)  # sorted, as the vocabulary
+        # a vocabulary of this project's is sorted; one from elsewhere (an edited meta.json) need not be
+        order = np.argsort([ord(c) for c in tok.chars]).astype(np.uint32)  # ids by code point
+        codepoints = np.array([ord(c) for c in tok.chars], dtype=np.uint32)[order]
 
         def encode_chars(text: str) -> np.ndarray:
             cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-            ids = np.searchsorted(codepoints, cps).astype(np.uint32)
-            unknown = codepoints[np.minimum(ids, len(codepoints) - 1)] != cps
+            at = np.minimum(np.searchsorted(codepoints, cps), len(codepoints) - 1)
+            ids, unknown = order[at], codepoints[at] != cps
             if replace_with is not None:
                 ids[unknown] = tok.stoi[replace_with]
             elif unknown.any():
                 raise DataError("a file changed while it was being prepared (a character is new): run it again")
             return ids
 
-        assert np.all(codepoints[1:] > codepoints[:-1]), "char vocabulary must be sorted"
         return encode_chars
     return lambda text: np.asarray(tok.encode(text), dtype=np.int64)
 
