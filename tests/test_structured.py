@@ -182,7 +182,9 @@ def test_sample_cli_takes_a_schema_a_grammar_or_a_regex(trained_run, tmp_path, c
     assert "--json-schema: cannot read" in err
     (tmp_path / "bad.json").write_text("{nope")
     assert "is not JSON" in one_line_error(capsys, sample_cli.main, *args, "--json-schema", tmp_path / "bad.json")
-    assert "regex" in one_line_error(capsys, sample_cli.main, *args, "--regex", "a(b")
+    assert sample_cli.main([*args, "--regex", "a(b"]) == 2  # refused before the prompt is printed, with the reason
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("error: regex") and "unclosed group" in err, err
 
 
 def test_grammar_checks_name_the_problem(gpt2_tok):

@@ -110,8 +110,11 @@ def _llguidance():
 
 
 def _first_line(e) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0]
+    """llguidance's message on one line: its first, and the reason a first line ending in ":" announces (the
+    "error: ..." line under a drawing of where the text went wrong)."""
+    lines = (str(e).strip() or type(e).__name__).splitlines()
+    reason = [line.strip()[6:].strip() for line in lines[1:] if line.strip().startswith("error:")]
+    return f"{lines[0]} {reason[0]}" if lines[0].endswith(":") and reason else lines[0]
 
 
 _BRIDGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
