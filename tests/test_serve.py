@@ -794,6 +794,7 @@ def serve_main(*args):
             "error: --quantize int8 starts from float32 weights, not bfloat16",
         ),
         (["--device", "cuda:7"], "error: --device cuda:7: CUDA is not available on this machine"),
+        (["--port", 65536], "error: --port must be in 0-65535 (0 picks a free one), got 65536"),
         (["--header-timeout", 0], "error: invalid server settings: --header-timeout must be a number of seconds > 0"),
         (
             ["--body-idle-timeout", 0, "--max-connections-per-client", 0, "--max-logprob-values", 0],

@@ -171,6 +171,8 @@ def run(args: argparse.Namespace) -> None:
     named = [spec.partition("=") for spec in args.lora]
     if any(not sep or not adapter or not path for adapter, sep, path in named):
         raise ServeError(f"--lora takes NAME=DIR (a LoRA run trained on --ckpt), got {args.lora}")
+    if not 0 <= args.port <= 65535:
+        raise ServeError(f"--port must be in 0-65535 (0 picks a free one), got {args.port}")
     api_key = args.api_key or os.environ.get("GPT_SERVE_API_KEY") or None
     config = ServeConfig(
         model_name=name,
