@@ -169,13 +169,13 @@ class Speculator:
             best = logits.argmax(-1).tolist()
             for i in drafting:
                 row, cfg = rows[i], rows[i].request.config
-                if cfg.temperature == 0:
+                if cfg.temperature == 0 and not cfg.penalises and not cfg.logit_bias:
                     guesses[i].append(best[i])
                     qs[i].append(None)
-                else:
-                    q = probabilities(logits[i], cfg, row.tokens[row.start :] + guesses[i], 0)
-                    guesses[i].append(draw(q, row.generator))
-                    qs[i].append(q)
+                    continue
+                q = probabilities(logits[i], cfg, row.tokens + guesses[i], row.generated + len(guesses[i]))
+                guesses[i].append(int(q.argmax()) if cfg.temperature == 0 else draw(q, row.generator))
+                qs[i].append(None if cfg.temperature == 0 else q)
             if j < K - 1:
                 step = [[guesses[i][-1]] if guesses[i] else [eot] for i in range(len(rows))]
                 logits = draft._forward(step, 0, [p if guesses[i] else 0 for i, p in enumerate(pos)])[:, : self.vocab]
