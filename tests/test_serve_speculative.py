@@ -72,6 +72,29 @@ def test_greedy_text_is_plain_servings(trained, drafter):
         assert stats.kept == stats.drafted
 
 
+def test_a_rope_batch_past_its_block_gives_plain_servings_greedy_text():
+    """Rows whose cache rolls (RoPE past block_size) take their tokens from the plain forward beside the others."""
+    tok = CharTokenizer("abcdefgh \n")
+    torch.manual_seed(3)
+    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=2, n_head=2, n_embd=32, pos_encoding="rope")
+    model = GPT(cfg).eval()
+    with torch.no_grad():  # larger weights: a text that changes (random small ones repeat one letter)
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(4)
+
+    def texts(speculator=None):
+        engine = BatchEngine(model, tok, 4, speculator=speculator)
+        greedy = {"temperature": 0, "stop_at_eot": False}
+        outs = [collect(engine, tok.encode(p), max_new_tokens=n, **greedy) for p, n in (("abc abd abe", 70), ("h", 30))]
+        run(engine)
+        return [o["text"][0] for o in outs]
+
+    speculator = Speculator(4)
+    assert texts(speculator) == texts()
+    assert speculator.stats.kept > 20
+
+
 def exact_third(model, tok, prompt, cfg):
     """The distribution of the third sampled token, summed over every first and second one."""
     out = torch.zeros(tok.vocab_size)

@@ -19,10 +19,10 @@ position, masked and then overwritten. Rows without guesses take their one token
 first position, sampled as the engine samples (`BatchEngine._sample`).
 
 Footguns
-- A step speculates only while every active row has k + 1 positions left in its block (the right-padding of
-  the forward writes k + 1 positions in each row, and past the block it would wrap onto the row's oldest
-  keys): rows near the end of their block shorten every row's guesses until they slide; a RoPE row past
-  block_size (whose cache rolls) stops the batch speculating until it leaves.
+- A row speculates only with k + 1 positions left in its block (the forward's right-padding writes k + 1
+  positions in each of its rows, and past the block it would wrap onto the row's oldest keys): the rows
+  near the end of their block (and a RoPE row past block_size, whose cache rolls) are swapped after the
+  others and take one token in a second, plain forward, until they slide.
 - Not for windowed models (a ring cannot roll back) nor encoder-decoder ones (`attach` says so).
 - The draft model's cache of a row that does not draft at a step is written over (its padding goes to
   position 0): it is fed from the row's start again the next time the row drafts.
@@ -80,22 +80,22 @@ class Speculator:
         take their token (their `written` moved on by one, as `_decode_step` does), and for each row that did,
         its new tokens (the kept guesses, then the model's own) with the logits (len, V) that chose them (its
         `written` moved on by as many)."""
-        rows = engine.rows
         engine._slide()
-        k = min(self.k, min(engine.block_size - row.written for row in rows) - 1)  # the padding fits every row
-        wants = [self._wants(row, k) for row in rows]
-        if k < 1 or not any(wants):
+        m = self._fitting_first(engine)  # rows [0, m) have k + 1 positions left in their block
+        rows = engine.rows
+        wants = [self._wants(row, self.k) if i < m else 0 for i, row in enumerate(rows)]
+        if not any(wants):
             return engine._decode_step(), {}
         guesses, qs = self._lookup(rows, wants) if self.draft is None else self._drafted(rows, wants)
         if not any(guesses):
             return engine._decode_step(), {}
-        contexts = [row.tokens[-1:] + g for row, g in zip(rows, guesses)]
-        _, h = engine._forward(contexts, 0, [row.written for row in rows], hidden=True)
-        logits = engine.model.head(h).float()  # (n, T, V)
-        best = logits[..., : self.vocab].argmax(-1).tolist()  # (n, T): the greedy rows' check
+        contexts = [row.tokens[-1:] + g for row, g in zip(rows[:m], guesses)]
+        _, h = engine._forward(contexts, 0, [row.written for row in rows[:m]], hidden=True)
+        logits = engine.model.head(h).float()  # (m, T, V)
+        best = logits[..., : self.vocab].argmax(-1).tolist()  # (m, T): the greedy rows' check
         self.stats.passes += 1
         spec = {}
-        for i, row in enumerate(rows):
+        for i, row in enumerate(rows[:m]):
             if not guesses[i]:
                 row.written += 1
                 continue
@@ -107,7 +107,32 @@ class Speculator:
                 context = len(row.tokens) - row.start + len(new)
                 row.draft = (row.draft[0], min(row.draft[1], context - 1))
             spec[i] = (new, logits[i, : len(new)])
-        return logits[:, 0], spec
+        out = [logits[:, 0]]
+        if m < len(rows):  # the rows near the end of their block: one token each, in a forward of their own
+            out.append(engine._forward([row.tokens[-1:] for row in rows[m:]], m, [row.written for row in rows[m:]]))
+            for row in rows[m:]:
+                row.written += 1
+        return torch.cat(out), spec
+
+    def _fitting_first(self, engine) -> int:
+        """Put the rows with k + 1 positions left in their block first (their right-padded forward must not pass
+        it, where it would wrap onto their oldest keys), the others after them (swapped, caches and all); how
+        many fit."""
+        m = 0
+        for i, row in enumerate(engine.rows):
+            if engine.block_size - row.written >= self.k + 1:
+                if i != m:
+                    self._swap(engine, i, m)
+                m += 1
+        return m
+
+    def _swap(self, engine, i: int, j: int) -> None:
+        rows = engine.rows
+        rows[i], rows[j] = rows[j], rows[i]
+        for pool in [engine.pool] + ([self.draft.pool] if self.draft is not None else []):
+            for layer in pool.layers:
+                layer.k[[i, j]] = layer.k[[j, i]]
+                layer.v[[i, j]] = layer.v[[j, i]]
 
     def _wants(self, row, k: int) -> int:
         """How many guesses row can take: none for a grammar's (each token changes what may follow) or for its
