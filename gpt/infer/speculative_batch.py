@@ -16,13 +16,15 @@ the head gives the logits at every position, and each row keeps its guesses as f
 the request's temperature, top-k, top-p, min-p, penalties and bias through `probabilities`). A row's
 `written` moves on by the tokens that stand: the keys of refused guesses stay in its cache, past its
 position, masked and then overwritten. Rows without guesses take their one token from the same forward's
-first position, sampled as the engine samples (`BatchEngine._sample`).
+first position, sampled as the engine samples (`BatchEngine._sample`); each kept token is handed out as a
+piece as the plain step hands out its one (stop strings, max_new_tokens, end-of-text, logprobs from the
+logits at its position), so a row that ends mid-way stops there.
 
 Footguns
 - A row speculates only with k + 1 positions left in its block (the forward's right-padding writes k + 1
   positions in each of its rows, and past the block it would wrap onto the row's oldest keys): the rows
-  near the end of their block (and a RoPE row past block_size, whose cache rolls) are swapped after the
-  others and take one token in a second, plain forward, until they slide.
+  near the end of their block are swapped after the others and take one token a step in a second, plain
+  forward, until they slide; a RoPE row past block_size (whose cache rolls, never slides) does so for good.
 - Not for windowed models (a ring cannot roll back) nor encoder-decoder ones (`attach` says so).
 - The draft model's cache of a row that does not draft at a step is written over (its padding goes to
   position 0): it is fed from the row's start again the next time the row drafts.
