@@ -162,8 +162,14 @@ def test_the_server_speculates_with_plain_servings_text_and_says_how_well(traine
     config = ServeConfig(model_name="m", speculate=3, draft_ckpt=str(trained_run))  # the model as its own draft
     with running(create_app(model, tok, meta, config)) as url:
         assert httpx.post(url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"] == texts[0]
+        sampled = {**body, "temperature": 0.8, "n": 3, "seed": 1, "stop": ["\n\n"], "logprobs": 1}
+        answer = httpx.post(url + "/v1/completions", json=sampled, timeout=60).json()
         spec = httpx.get(url + "/health").json()["speculation"]
-    assert spec["drafter"] == "draft model" and spec["kept"] == spec["drafted"] > 0
+    assert spec["drafter"] == "draft model" and spec["drafted"] > 0
+    for choice in answer["choices"]:  # every choice whole: its tokens' logprobs, ended at the stop or max_tokens
+        tokens = choice["logprobs"]["tokens"]
+        assert len(tokens) == 80 if choice["finish_reason"] == "length" else choice["finish_reason"] == "stop"
+        assert "\n\n" not in choice["text"] and len(choice["logprobs"]["token_logprobs"]) == len(tokens)
 
 
 def test_bad_settings_are_one_line(trained_run, trained, tmp_path, capsys):
