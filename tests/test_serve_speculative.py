@@ -187,3 +187,5 @@ def test_bad_settings_are_one_line(trained_run, trained, tmp_path, capsys):
     windowed = GPT(GPTConfig(**{**model.config.to_dict(), "attention_window": "8,full"})).eval()
     with pytest.raises(ServeError, match="windowed"):
         Service(windowed, tok, meta, ServeConfig(model_name="m", speculate=4))
+    with pytest.raises(ServeError, match="do not fit a block of 16"):
+        Service(*load_checkpoint(other), ServeConfig(model_name="m", speculate=15))

@@ -64,6 +64,9 @@ class Speculator:
             raise SamplingError("speculative decoding continues text with decoder-only models")
         if any(m.windows.any for m in (model, self.draft_model or model)):
             raise SamplingError("speculative decoding rolls its caches back, which a windowed model's ring cannot do")
+        block = min(m.config.block_size for m in (model, self.draft_model or model))
+        if self.k + 2 > block:
+            raise SamplingError(f"{self.k} guesses, the pending token and one of context do not fit a block of {block}")
         self.vocab = min(engine.tokenizer.vocab_size, model.config.vocab_size)
         if self.draft_model is not None:
             if self.draft_model.config.vocab_size < engine.tokenizer.vocab_size:
