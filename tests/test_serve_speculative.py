@@ -95,6 +95,44 @@ def test_a_rope_batch_past_its_block_gives_plain_servings_greedy_text():
     assert speculator.stats.kept > 20
 
 
+def test_rows_of_two_lora_adapters_speculate_each_with_its_own():
+    """Adapters side by side (`gpt serve --lora`): each row's guesses are checked with its own adapter, in both the
+    speculative forward and the plain one of the rows near their block's end."""
+    import copy
+
+    from gpt.model import lora
+    from gpt.model.config import LoRAConfig
+
+    tok = CharTokenizer("abcdefgh \n")
+    torch.manual_seed(5)
+    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=2, n_head=2, n_embd=32)
+    model = GPT(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(4)
+    adapted = copy.deepcopy(model)
+    lora.apply(adapted, LoRAConfig(rank=4))
+    with torch.no_grad():
+        for m in adapted.modules():
+            if isinstance(m, lora.LoRALinear):
+                m.lora_B.normal_(0, 0.5)
+    lora.serve_side_by_side(model, [adapted])
+
+    def texts(speculator=None):
+        engine = BatchEngine(model, tok, 4, speculator=speculator)
+        greedy = {"temperature": 0, "stop_at_eot": False, "max_new_tokens": 45}
+        outs = [collect(engine, tok.encode(p), **greedy) for p in ("abc abd abe", "abc abd abe", "hag hag")]
+        outs[1]["request"].adapter = outs[2]["request"].adapter = 1
+        run(engine)
+        return [o["text"][0] for o in outs]
+
+    speculator = Speculator(4)
+    plain = texts()
+    assert texts(speculator) == plain and plain[0] != plain[1]  # (the adapter changes the text)
+    assert speculator.stats.kept > 10
+
+
 def exact_third(model, tok, prompt, cfg):
     """The distribution of the third sampled token, summed over every first and second one."""
     out = torch.zeros(tok.vocab_size)
