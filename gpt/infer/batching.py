@@ -39,8 +39,8 @@ Design notes
 - Speculative decoding (`speculator`, gpt/infer/speculative_batch.py; `gpt serve --speculate K`, `--draft-ckpt`):
   each step every row that can guesses up to K tokens (prompt lookup or a draft model batched in its own
   pool), one forward checks every row's guesses, each row keeps them as far as the model agrees and sets its
-  position back to what stands; the others take their one token from the same forward. Greedy text is plain
-  decoding's, sampled text has its distribution.
+  position back to what stands; the others take one token (from the same forward, or from a plain one for
+  the rows near their block's end). Greedy text is plain decoding's, sampled text has its distribution.
 - Adapters side by side (`gpt serve --lora`): a request names its LoRA adapter (`Request.adapter`), and every
   forward tells the model's MultiLoRALinear layers the adapter of each row: rows with different adapters
   decode in one batch.
