@@ -2,6 +2,7 @@
 
     python bench/bench_serve.py                       # both models; writes bench/results/serve.{json,md}
     python bench/bench_serve.py --models char-cpu --clients 1,8 --requests 5     # a quick look
+    python bench/bench_serve.py --speculate 8 --temperature 0 --out bench/results/serve-speculate   # speculating
 
 For each model (bench/models.py: trained briefly on tiny-shakespeare; `char-cpu` is 4 x 4 x 128 with
 a character vocabulary, `bpe-6x384` is 6 x 6 x 384 with GPT-2's BPE) a server is started as its own
@@ -55,6 +56,8 @@ def start_server(run_dir: Path, args: argparse.Namespace) -> tuple[subprocess.Po
     ]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    if args.speculate:
+        cmd += ["--speculate", str(args.speculate)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     line = proc.stderr.readline()
     if not line.startswith("serving "):
@@ -63,12 +66,12 @@ def start_server(run_dir: Path, args: argparse.Namespace) -> tuple[subprocess.Po
     return proc, line.split(" at ")[1].split("/ ")[0]
 
 
-async def one_request(client, url: str, prompt: str, seed: int, max_tokens: int) -> dict:
+async def one_request(client, url: str, prompt: str, seed: int, max_tokens: int, temperature: float) -> dict:
     body = {
         "model": "bench",
         "prompt": prompt,
         "max_tokens": max_tokens,
-        "temperature": 1.0,
+        "temperature": temperature,
         "seed": seed,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -105,7 +108,7 @@ async def one_request(client, url: str, prompt: str, seed: int, max_tokens: int)
     }
 
 
-async def level(url: str, clients: int, requests: int, prompts: list[str], max_tokens: int) -> dict:
+async def level(url: str, clients: int, requests: int, prompts: list[str], max_tokens: int, temperature: float) -> dict:
     import httpx
 
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
@@ -115,7 +118,7 @@ async def level(url: str, clients: int, requests: int, prompts: list[str], max_t
             out = []
             for i in range(requests):
                 k = u * requests + i
-                out.append(await one_request(client, url, prompts[k % len(prompts)], seed=k, max_tokens=max_tokens))
+                out.append(await one_request(client, url, prompts[k % len(prompts)], k, max_tokens, temperature))
             return out
 
         load_before = os.getloadavg()
@@ -174,21 +177,26 @@ def main() -> None:
         default=1,
         help="server's torch threads, 0 for torch's default (default: 1: on a shared CPU more threads stall)",
     )
+    p.add_argument("--temperature", type=float, default=1.0, help="the requests' temperature (0: greedy)")
+    p.add_argument("--speculate", type=int, default=0, help="the server's --speculate K (prompt lookup; 0: off)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve"), help="results path, without suffix")
     args = p.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
     env = machine()
     env["load_avg_start"] = os.getloadavg()
     print(f"CPU: {env['cpu']} ({env['cores']} cores, {env['capability']}), torch {env['torch']}", flush=True)
-    results = []
+    results, speculation = [], {}
     for name in args.models.split(","):
         run_dir = ensure(name)
         prompts = prompts_for(name, 64, args.prompt_tokens)
         proc, url = start_server(run_dir, args)
         try:
-            asyncio.run(level(url, 2, 2, prompts, 8))  # warm-up
+            asyncio.run(level(url, 2, 2, prompts, 8, args.temperature))  # warm-up
             for clients in levels:
-                r = {"model": name, **asyncio.run(level(url, clients, args.requests, prompts, args.max_tokens))}
+                r = {
+                    "model": name,
+                    **asyncio.run(level(url, clients, args.requests, prompts, args.max_tokens, args.temperature)),
+                }
                 results.append(r)
                 print(
                     f"{name:10s} {clients:3d} clients: {r['tokens_per_s']:8.1f} tokens/s | latency p50 "
@@ -197,6 +205,11 @@ def main() -> None:
                     f"load {r['load_avg_before'][0]:.1f}",
                     flush=True,
                 )
+            if args.speculate:  # the server's count of guesses over every level (and the warm-up)
+                import httpx
+
+                speculation[name] = httpx.get(url + "/health").json()["speculation"]
+                print(f"{name:10s} speculation: {speculation[name]}", flush=True)
         finally:
             proc.terminate()
             proc.wait(30)
@@ -208,7 +221,9 @@ def main() -> None:
     goal = {name: r.get(max(levels), 0) >= 4 for name, r in ratios.items()}
     failed = sum(r["failed"] for r in results)
     env["load_avg_end"] = os.getloadavg()
-    settings = {k: getattr(args, k) for k in ("requests", "max_tokens", "prompt_tokens", "threads")}
+    settings = {
+        k: getattr(args, k) for k in ("requests", "max_tokens", "prompt_tokens", "threads", "temperature", "speculate")
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(
@@ -220,6 +235,7 @@ def main() -> None:
                 "ratio_vs_1_client": ratios,
                 "goal_met": goal,
                 "failed": failed,
+                **({"speculation": speculation} if speculation else {}),
             },
             indent=2,
         )

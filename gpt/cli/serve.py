@@ -74,6 +74,23 @@ def build_parser() -> argparse.ArgumentParser:
         "prompt that starts as an earlier one prefills only what is new; answers equal up to float rounding "
         "(default: 0, off)",
     )
+    p.add_argument(
+        "--speculate",
+        type=int,
+        default=None,
+        metavar="K",
+        help="speculative decoding: each row guesses up to K tokens a step and one pass of the model checks every "
+        "row's guesses; the guesses come from --draft-ckpt, else from the row's prompt and text so far (prompt "
+        "lookup). Greedy text is plain serving's, sampled text has its distribution; rows with a grammar "
+        "(response_format) decode one token a step; not for windowed or encoder-decoder models; /health shows "
+        "how many guesses are kept (default: off; 4 with --draft-ckpt alone)",
+    )
+    p.add_argument(
+        "--draft-ckpt",
+        default=None,
+        metavar="CKPT",
+        help="speculative decoding with this smaller checkpoint's guesses (the same tokenizer) (default: none)",
+    )
     p.add_argument("--max-tokens", type=int, default=1024, help="the largest max_tokens a request may ask for")
     p.add_argument(
         "--max-prompt-tokens", type=int, default=None, help="longest prompt in tokens (default: the model's block_size)"
@@ -174,12 +191,17 @@ def run(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise ServeError(f"--port must be in 0-65535 (0 picks a free one), got {args.port}")
     api_key = args.api_key or os.environ.get("GPT_SERVE_API_KEY") or None
+    if args.speculate is not None and args.speculate < 1:
+        raise ServeError(f"--speculate must be a number of tokens >= 1, got {args.speculate}")
+    speculate = args.speculate or (4 if args.draft_ckpt else 0)
     config = ServeConfig(
         model_name=name,
         api_key=api_key,
         max_batch=args.max_batch,
         adapters=tuple(adapter for adapter, _, _ in named),
         prefix_cache_mb=args.prefix_cache_mb,
+        speculate=speculate,
+        draft_ckpt=args.draft_ckpt,
         max_queue=args.max_queue,
         max_tokens=args.max_tokens,
         max_prompt_tokens=args.max_prompt_tokens,
@@ -207,12 +229,14 @@ def run(args: argparse.Namespace) -> None:
     quantized = f"{args.quantize}/{args.group_size}" if args.quantize == "int4" else args.quantize
     config.fingerprint = fingerprint(name, str(device), str(dtype), quantized, model.config.to_dict())
     app = create_app(model, tokenizer, meta, config)
+    spec = app.state.service.worker.engine.speculator if speculate else None
     sock = listen(args.host, args.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(
         f"serving {name} at http://{shown}:{port}/ (playground; API at /v1{', docs at /docs' if args.docs else ''}): "
-        f"{n_params / 1e6:.2f}M parameters, {device}, {rt.precision()}, up to {config.max_batch} samples at once",
+        f"{n_params / 1e6:.2f}M parameters, {device}, {rt.precision()}, up to {config.max_batch} samples at once"
+        + (f", speculating {speculate} tokens ({spec.kind})" if spec is not None else ""),
         file=sys.stderr,
         flush=True,
     )
@@ -223,6 +247,14 @@ def run(args: argparse.Namespace) -> None:
             flush=True,
         )
     Server(app, log_level=args.log_level, timeout_graceful_shutdown=3).run(sockets=[sock])
+    if spec is not None:
+        stats = spec.stats
+        print(
+            f"speculation: {stats.kept} of {stats.drafted} guesses kept ({stats.acceptance:.0%}) in {stats.passes} "
+            "passes",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -36,6 +36,11 @@ Design notes
   a right-padded prefill tells it each row's real length, so padding never overwrites a row's keys.
 - Prefix cache (`prefix_cache_bytes`, gpt/infer/prefix.py): a joining row loads the keys and values of the
   longest prefix of its prompt an earlier request left (with the same adapter), and prefills the rest.
+- Speculative decoding (`speculator`, gpt/infer/speculative_batch.py; `gpt serve --speculate K`, `--draft-ckpt`):
+  each step every row that can guesses up to K tokens (prompt lookup or a draft model batched in its own
+  pool), one forward checks every row's guesses, each row keeps them as far as the model agrees and sets its
+  position back to what stands; the others take one token (from the same forward, or from a plain one for
+  the rows near their block's end). Greedy text is plain decoding's, sampled text has its distribution.
 - Adapters side by side (`gpt serve --lora`): a request names its LoRA adapter (`Request.adapter`), and every
   forward tells the model's MultiLoRALinear layers the adapter of each row: rows with different adapters
   decode in one batch.
@@ -142,6 +147,7 @@ class _Row:
     start: int = 0  # the model sees tokens[start:]
     generator: torch.Generator | None = field(default=None, repr=False)
     prompt_logprobs: list | None = field(default=None, repr=False)  # echo: handed out with the first piece
+    draft: tuple[int, int] | None = None  # speculating with a draft model: (start, tokens[start:] in its cache)
 
 
 class _Engine:
@@ -201,7 +207,15 @@ class _Engine:
 class BatchEngine(_Engine):
     """Decodes every active request one token per `step()`; see the module notes."""
 
-    def __init__(self, model: GPT, tokenizer, max_rows: int = 32, keep: int | None = None, prefix_cache_bytes: int = 0):
+    def __init__(
+        self,
+        model: GPT,
+        tokenizer,
+        max_rows: int = 32,
+        keep: int | None = None,
+        prefix_cache_bytes: int = 0,
+        speculator=None,
+    ):
         if model.config.n_encoder_layer:
             raise ValueError("BatchEngine runs decoder-only models; encoder-decoder ones use Seq2seqEngine")
         super().__init__(model, tokenizer, max_rows)
@@ -215,6 +229,9 @@ class BatchEngine(_Engine):
         self.rows: list[_Row] = []
         vocab = model.config.vocab_size
         self.vocab_size = tokenizer.vocab_size if tokenizer.vocab_size < vocab else None
+        self.speculator = speculator  # gpt/infer/speculative_batch.py's Speculator, or None: one token a step
+        if speculator is not None:
+            speculator.attach(self)
 
     def submit(self, request: Request) -> None:
         if not request.ids:
@@ -229,10 +246,14 @@ class BatchEngine(_Engine):
 
     @torch.no_grad()
     def step(self) -> None:
-        """Admit waiting requests, advance every row by one token, hand out the pieces."""
+        """Admit waiting requests, advance every row by one token (or, speculating, by the guesses it keeps and one
+        more), hand out the pieces."""
         self._leave([i for i, row in enumerate(self.rows) if row.request.cancelled])
         n_old = len(self.rows)
-        logits = [self._decode_step()] if n_old else []
+        logits, guessed = [], {}  # guessed: the rows that speculated, their new tokens and the logits that chose them
+        if n_old:
+            out, guessed = self.speculator.decode(self) if self.speculator is not None else (self._decode_step(), {})
+            logits.append(out)
         self._join(self._admit())
         self.taken.clear()  # in rows now, or answered
         if len(self.rows) > n_old:
@@ -246,28 +267,41 @@ class BatchEngine(_Engine):
             row = self.rows[i]
             if not row.request.cancelled:
                 row.request.emit(Piece(row.sample, "", [], "length", logprobs=row.prompt_logprobs))
-        for request, rows, new in self._sample(logits, skip=set(finished)):
+        for request, rows, new in self._sample(logits, skip=set(finished) | set(guessed)):
             scores = None
             if request.logprobs is not None:
                 scores = token_logprobs(logits[rows], new, self.tokenizer.vocab_size, request.logprobs)
             for j, (i, token) in enumerate(zip(rows, new.tolist())):
-                row = self.rows[i]
-                row.tokens.append(token)
-                row.generated += 1
-                piece = row.stream.piece(
-                    row.sample,
-                    token,
-                    request.config.ends(self.tokenizer),
-                    last=row.generated == request.config.max_new_tokens,
-                )
-                if scores is not None:
-                    piece.logprobs = (row.prompt_logprobs or []) + [scores[j]]
-                    row.prompt_logprobs = None
-                if piece.finish is not None:
+                if self._emit(i, token, None if scores is None else scores[j]):
                     finished.append(i)
-                if not request.cancelled:
-                    request.emit(piece)
+        for i, (new, chose) in guessed.items():
+            top = self.rows[i].request.logprobs
+            scores = (
+                None
+                if top is None
+                else token_logprobs(chose, torch.tensor(new, device=self.device), self.tokenizer.vocab_size, top)
+            )
+            for j, token in enumerate(new):
+                if self._emit(i, token, None if scores is None else scores[j]):
+                    finished.append(i)  # a row that ends mid-way leaves; the rest of its tokens are dropped
+                    break
         self._leave(finished)
+
+    def _emit(self, i: int, token: int, score=None) -> bool:
+        """Row i's next token (with its logprobs entry, if asked) handed out as a piece; whether the row ended."""
+        row = self.rows[i]
+        request = row.request
+        row.tokens.append(token)
+        row.generated += 1
+        piece = row.stream.piece(
+            row.sample, token, request.config.ends(self.tokenizer), last=row.generated == request.config.max_new_tokens
+        )
+        if score is not None:
+            piece.logprobs = (row.prompt_logprobs or []) + [score]
+            row.prompt_logprobs = None
+        if not request.cancelled:
+            request.emit(piece)
+        return piece.finish is not None
 
     def _sample(self, logits: torch.Tensor, skip: set[int] = frozenset()):
         """(request, its rows in sample order, their next ids) for every request in the batch (but the
@@ -346,14 +380,18 @@ class BatchEngine(_Engine):
         logits = self.model.head(h[torch.arange(len(contexts), device=self.device), last]).float()  # (B, V)
         return (logits, h) if hidden else logits
 
-    def _decode_step(self) -> torch.Tensor:
-        """The newest token of every active row, appended at the row's own position."""
+    def _slide(self) -> None:
+        """Slide the window of every full row (module notes)."""
         for i, row in enumerate(self.rows):
-            if row.written == self.block_size and not self.rolling:  # full: slide the window (module notes)
+            if row.written == self.block_size and not self.rolling:
                 row.start = len(row.tokens) - self.keep
                 row.written = self.keep - 1
                 if row.written:  # refill row i's cache; these logits are not needed
                     self._forward([row.tokens[row.start : -1]], i, [0])
+
+    def _decode_step(self) -> torch.Tensor:
+        """The newest token of every active row, appended at the row's own position."""
+        self._slide()
         logits = self._forward([row.tokens[-1:] for row in self.rows], 0, [row.written for row in self.rows])
         for row in self.rows:
             row.written += 1
@@ -427,6 +465,8 @@ class BatchEngine(_Engine):
             last = len(self.rows) - 1
             if i != last:
                 self.pool.move(last, i)
+                if self.speculator is not None:
+                    self.speculator.move(last, i)
                 self.rows[i] = self.rows[last]
             self.rows.pop()
 

@@ -61,9 +61,10 @@ from gpt.serve.service import Service
 __all__ = ["ServeConfig", "Server", "create_app", "fingerprint", "listen", "running"]
 
 
-def create_app(model, tokenizer, meta: dict, config: ServeConfig) -> FastAPI:
-    """The ASGI app serving `model`; its engine thread starts and stops with the app (lifespan)."""
-    service = Service(model, tokenizer, meta, config)
+def create_app(model, tokenizer, meta: dict, config: ServeConfig, draft=None) -> FastAPI:
+    """The ASGI app serving `model`; its engine thread starts and stops with the app (lifespan). `draft`: the
+    model of `config.draft_ckpt`, if loaded already."""
+    service = Service(model, tokenizer, meta, config, draft)
 
     async def lifespan(app):
         service.start()

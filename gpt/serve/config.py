@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from gpt.serve import ServeError
 
+MAX_SPECULATE = 32  # guesses a step: each costs a position of every row's forward
+
 
 @dataclass
 class ServeConfig:
@@ -17,6 +19,8 @@ class ServeConfig:
     max_queue: int = 64  # requests waiting for rows; beyond that, 429
     adapters: tuple[str, ...] = ()  # LoRA adapters served beside the model (gpt serve --lora NAME=DIR), by name
     prefix_cache_mb: int = 0  # keys and values of prompt prefixes kept across requests (gpt/infer/prefix.py); 0: off
+    speculate: int = 0  # guesses a row checks a step (speculative decoding, gpt/infer/speculative_batch.py); 0: off
+    draft_ckpt: str | None = None  # the draft model's checkpoint (its guesses); None: prompt lookup
     max_tokens: int = 1024  # the largest max_tokens a request may ask for
     max_prompt_tokens: int | None = None  # None: the model's block_size
     max_body_bytes: int = 1 << 20
@@ -39,6 +43,10 @@ class ServeConfig:
         ]
         if not isinstance(self.prefix_cache_mb, int) or self.prefix_cache_mb < 0:
             problems.append(f"--prefix-cache-mb must be an integer >= 0 (0 = off), got {self.prefix_cache_mb!r}")
+        if not isinstance(self.speculate, int) or not 0 <= self.speculate <= MAX_SPECULATE:
+            problems.append(f"--speculate must be a number of tokens from 1 to {MAX_SPECULATE}, got {self.speculate!r}")
+        elif self.draft_ckpt is not None and not self.speculate:
+            problems.append("--draft-ckpt needs --speculate K (the guesses a row checks a step)")
         for name in ("max_prompt_tokens", "max_connections", "max_connections_per_client"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(self, name)!r}")

@@ -33,12 +33,14 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
+from gpt.checkpoints.loader import load_checkpoint
 from gpt.data.chat import ChatError, check_conversation
 from gpt.errors import UserError
 from gpt.infer.batching import BatchEngine, BatchWorker, QueueFull, Request, Seq2seqEngine
 from gpt.infer.chat import PromptTooLong, chat_prompt, chat_template
-from gpt.infer.sampling import SampleConfig, prompt_ids
-from gpt.serve import checks
+from gpt.infer.sampling import SampleConfig, SamplingError, prompt_ids
+from gpt.infer.speculative_batch import Speculator
+from gpt.serve import ServeError, checks
 from gpt.serve.answers import answer_json, emit_to, read_body, respond, stream
 from gpt.serve.api import (
     APIError,
@@ -53,6 +55,36 @@ from gpt.serve.api import (
 )
 from gpt.serve.config import ServeConfig
 
+
+def speculation(config: ServeConfig, model, tokenizer, draft=None) -> Speculator | None:
+    """The engine's speculator for --speculate (prompt lookup) or --draft-ckpt (its model, loaded on the main
+    model's device and dtype unless given), or None."""
+    if not config.speculate:
+        return None
+    if config.draft_ckpt is not None and draft is None:
+        param = next(model.parameters())
+        draft, draft_tok, _ = load_checkpoint(config.draft_ckpt, param.device)
+        if draft_tok.spec != tokenizer.spec:
+            raise ServeError(
+                f"--draft-ckpt {config.draft_ckpt} has another tokenizer than the model: it must be the same"
+            )
+        draft = draft.to(dtype=param.dtype).eval()
+    return Speculator(config.speculate, draft)
+
+
+def speculation_stats(speculator: Speculator) -> dict:
+    """/health's (and the shutdown line's) account of the guesses: how many were checked and kept."""
+    stats = speculator.stats
+    return {
+        "k": speculator.k,
+        "drafter": speculator.kind,
+        "passes": stats.passes,
+        "drafted": stats.drafted,
+        "kept": stats.kept,
+        "acceptance": round(stats.acceptance, 4),
+    }
+
+
 STOPPING = APIError(
     503, "The server is shutting down; try again later.", type="server_error", code="server_shutting_down"
 )
@@ -62,14 +94,23 @@ class Service:
     """What the routes answer, for one model; its engine runs on `worker`'s thread, its text work on
     `text_threads` (`off_loop`); the app starts and stops both."""
 
-    def __init__(self, model, tokenizer, meta: dict, config: ServeConfig):
+    def __init__(self, model, tokenizer, meta: dict, config: ServeConfig, draft=None):
+        """`draft`: the model of `config.draft_ckpt` loaded already (else it is loaded here)."""
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.seq2seq = model.config.n_encoder_layer > 0
-        engine = (
-            Seq2seqEngine(model, tokenizer, meta, config.max_batch)
-            if self.seq2seq
-            else BatchEngine(model, tokenizer, config.max_batch, prefix_cache_bytes=config.prefix_cache_mb << 20)
-        )
+        if self.seq2seq:
+            if config.speculate:
+                raise ServeError("--speculate and --draft-ckpt decode decoder-only models, not encoder-decoder ones")
+            engine = Seq2seqEngine(model, tokenizer, meta, config.max_batch)
+        else:
+            prefix = config.prefix_cache_mb << 20
+            speculator = speculation(config, model, tokenizer, draft)
+            try:
+                engine = BatchEngine(
+                    model, tokenizer, config.max_batch, prefix_cache_bytes=prefix, speculator=speculator
+                )
+            except SamplingError as e:
+                raise ServeError(f"--speculate: {e}") from None
         self.worker = BatchWorker(engine, config.max_queue)
         self.limits = checks.Limits.of(config, model.config.block_size, tokenizer.vocab_size)
         self.template = None if self.seq2seq else chat_template(meta)
@@ -106,6 +147,9 @@ class Service:
     async def health(self) -> dict:
         prefix = getattr(self.worker.engine, "prefix", None)
         cached = {"prefix_cache": prefix.stats} if prefix is not None else {}
+        speculator = getattr(self.worker.engine, "speculator", None)
+        if speculator is not None:
+            cached["speculation"] = speculation_stats(speculator)
         return {"status": "ok", "model": self.config.model_name, **self.worker.load, **cached}
 
     async def models(self, request: HTTPRequest) -> dict:
