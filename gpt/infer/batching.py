@@ -35,7 +35,8 @@ Design notes
   sampler's rolling cache does. Windowed layers keep a ring of their window per row (gpt/model/cache.py):
   a right-padded prefill tells it each row's real length, so padding never overwrites a row's keys.
 - Prefix cache (`prefix_cache_bytes`, gpt/infer/prefix.py): a joining row loads the keys and values of the
-  longest prefix of its prompt an earlier request left (with the same adapter), and prefills the rest.
+  longest prefix of its prompt an earlier request left (with the same adapter), and prefills the rest; a
+  prompt to score also loads its kept scores, and prefills from the prefix's last token on.
 - Adapters side by side (`gpt serve --lora`): a request names its LoRA adapter (`Request.adapter`), and every
   forward tells the model's MultiLoRALinear layers the adapter of each row: rows with different adapters
   decode in one batch.
@@ -400,26 +401,32 @@ class BatchEngine(_Engine):
         scored: dict[Request, list] = {}  # a request's samples share its prompt's scores
         for b, row in enumerate(joined):
             request = row.request
+            if request.echo and request.logprobs is not None:
+                if request not in scored:  # submit() checked that the prompt fits: row.start == 0
+                    ids = torch.tensor(row.tokens[cached[b] + 1 :], device=self.device)  # hidden[b][0] predicts ids[0]
+                    scores = token_logprobs(
+                        self.model.head(hidden[b][: len(ids)]), ids, self.tokenizer.vocab_size, request.logprobs
+                    )
+                    scored[request] = (row.prompt_logprobs or [first_token(row.tokens[0])]) + scores
+                row.prompt_logprobs = scored[request]
             if self.prefix is not None and row.start == 0 and row.sample == 0:
-                self.prefix.store(row.tokens, self.pool.layers, first + b, salt=request.adapter)
-            if not (request.echo and request.logprobs is not None):
-                continue
-            if request not in scored:  # submit() checked that the prompt fits: row.start == 0
-                ids = torch.tensor(row.tokens[1:], device=self.device)
-                scores = token_logprobs(
-                    self.model.head(hidden[b][: len(ids)]), ids, self.tokenizer.vocab_size, request.logprobs
-                )
-                scored[request] = [first_token(row.tokens[0]), *scores]
-            row.prompt_logprobs = scored[request]
+                self.prefix.store(row.tokens, self.pool.layers, first + b, request.adapter, row.prompt_logprobs,
+                                  request.logprobs or 0)  # fmt: skip
         return torch.cat(logits)
 
     def _cached_prefix(self, index: int, row: _Row) -> int:
-        """Tokens of row `index`'s prompt loaded from the prefix cache (0 without one, for a context that slid,
-        and for a prompt to score: its scores need every position's hidden state)."""
+        """Where row `index`'s prefill starts: after the prompt's prefix loaded from the prefix cache (0 without
+        one, for a context that slid). A prompt to score loads only blocks that keep its scores (into
+        `row.prompt_logprobs`) and starts one token back, whose logits score the first token after them."""
         request = row.request
-        if self.prefix is None or row.start or (request.echo and request.logprobs is not None):
+        if self.prefix is None or row.start:
             return 0
-        return self.prefix.load(row.tokens, self.pool.layers, index, salt=request.adapter)
+        top = request.logprobs if request.echo else None
+        n = self.prefix.load(row.tokens, self.pool.layers, index, request.adapter, top)
+        if top is None or not n:
+            return n
+        row.prompt_logprobs = self.prefix.entries(row.tokens, n, request.adapter, top)
+        return n - 1
 
     def _leave(self, rows: list[int]) -> None:
         """Remove batch rows; the last active rows move into the holes."""
