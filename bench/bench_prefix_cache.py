@@ -12,8 +12,8 @@ route, streamed: turn 1 is --context tokens of WikiText-2 text (another passage 
 turn 2 is turn 1's prompt, its answer and a second question. Time to first token = request sent to the
 first text chunk. Medians and spread over the rounds.
 
-lm-eval case: lm-eval's `local-completions` model (its defaults: one request at a time, batch size 1; the
-server's tokenizer) on `gpt_wikitext2_next_sentence` (gpt/evals: a WikiText-2 validation passage of about
+lm-eval case: lm-eval's `local-completions` model (one request at a time, --batch-size prompts each:
+lm-eval's default 1; the server's tokenizer) on `gpt_wikitext2_next_sentence` (gpt/evals: a WikiText-2 validation passage of about
 2500 characters, some 600 tokens, then which of 4 sentences comes next; every choice repeats the passage),
 its first --items items, the same model served in this process. Each round runs `simple_evaluate` once without
 the cache and once with --cache-mb (its own server each: the cache starts empty), the order alternating
@@ -109,6 +109,7 @@ def lm_eval_case(args, model, tok, meta) -> dict:
     from gpt.evals import TASKS_DIR
     from gpt.serve.app import ServeConfig, create_app, running
 
+    head = {"machine": harness.machine(), "commit": harness.commit(), "date": time.strftime("%Y-%m-%d")}  # what runs
     text = SHARED / "wikitext2-valid.txt"
     manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata={"text_file": str(text)})
     seconds: dict[str, list[float]] = {"off": [], "on": []}
@@ -116,10 +117,10 @@ def lm_eval_case(args, model, tok, meta) -> dict:
     for r in range(args.rounds):
         for setting in ("off", "on") if r % 2 == 0 else ("on", "off"):
             mb = args.cache_mb if setting == "on" else 0
-            config = ServeConfig(model_name="m", prefix_cache_mb=mb, max_batch=8)
+            config = ServeConfig(model_name="m", prefix_cache_mb=mb, max_batch=max(8, args.batch_size))
             with running(create_app(model, tok, meta, config)) as url:
                 model_args = {"model": "m", "base_url": f"{url}/v1/completions", "tokenizer_backend": "remote",
-                              "max_length": model.config.block_size + 1}  # fmt: skip
+                              "max_length": model.config.block_size + 1, "batch_size": args.batch_size}  # fmt: skip
                 start = time.perf_counter()
                 out = lm_eval.simple_evaluate(
                     model="local-completions", model_args=model_args, tasks=[TASK], task_manager=manager,
@@ -138,9 +139,9 @@ def lm_eval_case(args, model, tok, meta) -> dict:
         assert scores["on"][0] == scores["off"][0], scores  # the cache changes no answer
         print(f"round {r}: lm-eval {seconds['off'][-1]:.1f} s without the cache, {seconds['on'][-1]:.1f} s with it")
     (on, on_lls), (_, off_lls) = scores["on"], scores["off"]
-    out = {"machine": harness.machine(), "commit": harness.commit(), "date": time.strftime("%Y-%m-%d")}
-    out["settings"] = {"rounds": args.rounds, "items": args.items, "task": TASK, "choices": 4, "batch_size": 1,
-                       "cache_mb": args.cache_mb, "threads": args.threads}  # fmt: skip
+    out = head
+    out["settings"] = {"rounds": args.rounds, "items": args.items, "task": TASK, "choices": 4,
+                       "batch_size": args.batch_size, "cache_mb": args.cache_mb, "threads": args.threads}  # fmt: skip
     out["results"] = {setting: harness.spread(ts) for setting, ts in seconds.items()}
     out["results"]["speedup"] = harness.spread([a / b for a, b in zip(seconds["off"], seconds["on"])])
     out["results"]["accuracy"] = {k.split(",")[0]: v for k, v in on.items()}
@@ -157,6 +158,7 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=800, help="tokens of text before turn 1's question")
     p.add_argument("--items", type=int, default=16, help="lm-eval: the task's first N items (4 requests each)")
     p.add_argument("--cache-mb", type=int, default=2048, help="lm-eval: the prefix cache's budget")
+    p.add_argument("--batch-size", type=int, default=1, help="lm-eval: prompts per request (its batch_size)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
     args = p.parse_args(argv)

@@ -4,7 +4,8 @@ the answer is the one without the cache; LRU within its budget; a second chat tu
 Scoring requests (echo + logprobs, as lm-evaluation-harness sends them) load the scores their blocks keep and
 compute the rest: every token id and top table's ids equal the cache-less answer's, every log-probability
 within 1e-5 (room for the float32 rounding of prefills of other lengths: none measured on these models). An
-entry taken one position off is another token's: a different id.
+entry taken one position off is another token's: a different id. Requests that join at one step and share a
+prefix wait for a second wave and load it (lm-eval's batches).
 """
 
 import pytest
@@ -204,3 +205,20 @@ def test_generating_and_scoring_requests_and_adapters_share_the_cache_as_they_sh
             assert abs(base[0][-1].logprob - want[0][-1].logprob) > 1e-3  # the adapter changes the scores
     reused = [b - a for a, b in zip([0, *hits], hits)]
     assert reused == [0, 0, 3 * BLOCK, 0, 0, 3 * BLOCK, 3 * BLOCK]
+
+
+def test_requests_that_join_together_wait_for_the_one_whose_prefix_they_share():
+    model = random_model(block=96, seed=3)
+    plain, cached = BatchEngine(model, _Tok(), 16), BatchEngine(model, _Tok(), 16, prefix_cache_bytes=8 << 20)
+    requests = [ids for choices in lm_eval_like() for ids in choices]  # lm-eval with batch_size 12: one step
+    answers = {}
+    for engine in (plain, cached):
+        scores = [score(engine, ids, generate=True) for ids in requests]
+        text = collect(engine, requests[0][:40] + [5], temperature=0, max_new_tokens=3)  # generating: waits too
+        assert run(engine) == 3  # all joined at the first step
+        answers[engine] = scores, text["text"]
+    for got, want in zip(answers[cached][0], answers[plain][0]):
+        assert_same_scores(got[0], want[0])
+    assert answers[cached][1] == answers[plain][1]
+    stats = cached.prefix.stats  # every context's first choice prefilled in the first wave, the others loaded it
+    assert stats["hits"] == 3 * 3 + 1 and stats["tokens_reused"] >= 3 * 3 * 2 * BLOCK + 2 * BLOCK

@@ -36,7 +36,8 @@ Design notes
   a right-padded prefill tells it each row's real length, so padding never overwrites a row's keys.
 - Prefix cache (`prefix_cache_bytes`, gpt/infer/prefix.py): a joining row loads the keys and values of the
   longest prefix of its prompt an earlier request left (with the same adapter), and prefills the rest; a
-  prompt to score also loads its kept scores, and prefills from the prefix's last token on.
+  prompt to score also loads its kept scores, and prefills from the prefix's last token on. Requests joining
+  at one step that share a prefix with an earlier one of them prefill in a second wave, after it stored.
 - Adapters side by side (`gpt serve --lora`): a request names its LoRA adapter (`Request.adapter`), and every
   forward tells the model's MultiLoRALinear layers the adapter of each row: rows with different adapters
   decode in one batch.
@@ -383,10 +384,24 @@ class BatchEngine(_Engine):
                 self._reject(request, e)
 
     def _prefill(self, first: int) -> torch.Tensor:
-        """Prompts of the rows from `first` on (the joining requests); their next-token logits. Without a prefix
-        cache one forward; with one, each row first loads its longest cached prefix and the rows prefill what
-        is left, one forward per run of rows that start at the same position."""
-        joined = self.rows[first:]
+        """Prompts of the rows from `first` on (the joining requests); their next-token logits. With a prefix
+        cache, the requests that share a prefix with an earlier one of this step wait for a second wave, which
+        loads what the first stored (`PrefixCache.later`)."""
+        joined, n = self.rows[first:], len(self.rows)
+        if self.prefix is None:
+            return self._prefill_rows(first, n)
+        requests = list(dict.fromkeys(row.request for row in joined))
+        prompts = [(r.ids if len(r.ids) <= self.block_size else [], r.adapter, r.logprobs if r.echo else None)
+                   for r in requests]  # fmt: skip
+        wait = dict(zip(requests, self.prefix.later(prompts)))
+        self.rows[first:] = sorted(joined, key=lambda row: wait[row.request])  # stable: the waiting ones last
+        split = n - sum(wait[row.request] for row in joined)
+        return torch.cat([self._prefill_rows(a, b) for a, b in ((first, split), (split, n)) if b > a])
+
+    def _prefill_rows(self, first: int, stop: int) -> torch.Tensor:
+        """Rows [first, stop)'s prompts: each row loads its longest cached prefix, and the rows prefill what is
+        left, one forward per run of rows that start at the same position."""
+        joined = self.rows[first:stop]
         cached = [self._cached_prefix(first + b, row) for b, row in enumerate(joined)]
         logits, hidden, b = [], [], 0
         while b < len(joined):  # runs of equal starts: right-padding never writes past a row's block

@@ -23,6 +23,10 @@ comes from the logits at p - 1, inside the same prefix). A scoring prompt stores
 entries for its very `top` (an exact match: lm-eval always asks for 1). The engine then prefills from one
 token before the loaded prefix's end, whose logits score the first token after it, and appends the rest.
 
+Prompts that arrive together (lm-eval's batches: a context's choices side by side) would all look up before
+any of them stored: `later` picks those that share more with an earlier one of the same step than the cache
+holds, and the engine prefills them in a second wave, after the first stored its blocks.
+
 Footguns
 - Keys hold their absolute positions (learned positions are added before attention, rotary ones rotate the
   keys), so a block is valid only at the positions it was computed at: prefixes start at position 0, and a
@@ -141,6 +145,22 @@ class PrefixCache:
             while self.bytes > self.budget:
                 _, old = self.blocks.popitem(last=False)
                 self.bytes -= old.bytes
+
+    def later(self, prompts: list[tuple[list[int], int, int | None]]) -> list[bool]:
+        """Which of one step's joining prompts (tokens, salt, top: None unless scored) prefill after the others:
+        those that share more whole blocks with an earlier one of the step than the cache holds for them (they
+        then load what it stored). Only a prompt that does not wait itself is waited for."""
+        stored: set[tuple[int, int | None]] = set()  # (key, top) the first wave will store
+        out = []
+        for tokens, salt, top in prompts:
+            keys = self.keys(tokens, (len(tokens) - 1) // BLOCK, salt)
+            missing = (
+                k for k in keys if k not in self.blocks or (top is not None and top not in self.blocks[k].entries)
+            )
+            out.append(any((k, top) in stored for k in missing))
+            if not out[-1]:
+                stored |= {(k, t) for k in self.keys(tokens, len(tokens) // BLOCK, salt) for t in (None, top)}
+        return out
 
     @property
     def stats(self) -> dict:
