@@ -12,14 +12,14 @@ route, streamed: turn 1 is --context tokens of WikiText-2 text (another passage 
 turn 2 is turn 1's prompt, its answer and a second question. Time to first token = request sent to the
 first text chunk. Medians and spread over the rounds.
 
-lm-eval case: lm-eval's `local-completions` model (one request at a time, --batch-size prompts each:
-lm-eval's default 1; the server's tokenizer) on `gpt_wikitext2_next_sentence` (gpt/evals: a WikiText-2 validation passage of about
-2500 characters, some 600 tokens, then which of 4 sentences comes next; every choice repeats the passage),
-its first --items items, the same model served in this process. Each round runs `simple_evaluate` once without
-the cache and once with --cache-mb (its own server each: the cache starts empty), the order alternating
-round by round; the wall time of `simple_evaluate`. The accuracies must be equal with and without (asserted),
-and every request's log-likelihood is compared (the largest difference is recorded). The weights are random:
-the accuracy is chance's, the time is what a trained model of this shape takes.
+lm-eval case: lm-eval's `local-completions` model (one request at a time, --batch-size prompts each: lm-eval's
+default 1; the server's tokenizer) on `gpt_wikitext2_next_sentence` (gpt/evals: a WikiText-2 validation passage
+of about 2500 characters, some 600 tokens, then which of 4 sentences comes next; every choice repeats the
+passage), its first --items items, the same model served in this process. Each round runs `simple_evaluate`
+once without the cache and once with --cache-mb (its own server each: the cache starts empty), the order
+alternating round by round; the wall time of `simple_evaluate`. The accuracies must be equal with and without
+(asserted), and so every request's log-likelihood, within 1e-3 (asserted; the largest difference is recorded).
+The weights are random: the accuracy is chance's, the time is what a trained model of this shape takes.
 
 Results: `prefix-cache.json` in `--results` (default bench/results/); a run of one case keeps the other's.
 """
@@ -147,6 +147,7 @@ def lm_eval_case(args, model, tok, meta) -> dict:
     out["results"]["accuracy"] = {k.split(",")[0]: v for k, v in on.items()}
     out["results"]["requests"] = len(on_lls)
     out["results"]["max_loglikelihood_diff"] = max(abs(a - b) for a, b in zip(on_lls, off_lls))
+    assert out["results"]["max_loglikelihood_diff"] < 1e-3, out["results"]  # float rounding, not another answer
     out["results"]["last_round_cache"] = cache
     return out
 
