@@ -1,8 +1,9 @@
-"""Time to first token of a conversation's second turn, with and without the server's prefix cache
-(`gpt serve --prefix-cache-mb`, gpt/infer/prefix.py).
+"""Time to first token of a conversation's second turn, and lm-evaluation-harness's wall time on a multiple
+choice task, with and without the server's prefix cache (`gpt serve --prefix-cache-mb`, gpt/infer/prefix.py).
 
-    python bench/bench_prefix_cache.py                 # 5 rounds
-    python bench/bench_prefix_cache.py --rounds 1 --context 200    # a smoke run
+    python bench/bench_prefix_cache.py                 # 5 rounds of each case
+    python bench/bench_prefix_cache.py --rounds 1 --context 200 --items 2    # a smoke run
+    python bench/bench_prefix_cache.py --case lm-eval  # only lm-eval's (the turns' results are kept)
 
 GPT-2 124M's shape (12 x 12 x 768, block 1024) with random weights (time to first token does not depend on
 what the weights say), float32, on the CPU with --threads threads, served in this process on loopback. Each
@@ -11,7 +12,16 @@ route, streamed: turn 1 is --context tokens of WikiText-2 text (another passage 
 turn 2 is turn 1's prompt, its answer and a second question. Time to first token = request sent to the
 first text chunk. Medians and spread over the rounds.
 
-Results: `prefix-cache.json` in `--results` (default bench/results/).
+lm-eval case: lm-eval's `local-completions` model (one request at a time, --batch-size prompts each: lm-eval's
+default 1; the server's tokenizer) on `gpt_wikitext2_next_sentence` (gpt/evals: a WikiText-2 validation passage
+of about 2500 characters, some 600 tokens, then which of 4 sentences comes next; every choice repeats the
+passage), its first --items items, the same model served in this process. Each round runs `simple_evaluate`
+once without the cache and once with --cache-mb (its own server each: the cache starts empty), the order
+alternating round by round; the wall time of `simple_evaluate`. The accuracies must be equal with and without
+(asserted), and so every request's log-likelihood, within 1e-3 (asserted; the largest difference is recorded).
+The weights are random: the accuracy is chance's, the time is what a trained model of this shape takes.
+
+Results: `prefix-cache.json` in `--results` (default bench/results/); a run of one case keeps the other's.
 """
 
 from __future__ import annotations
@@ -44,26 +54,13 @@ def ttft(client, prompt: str, max_tokens: int) -> tuple[float, str]:
     return first if first is not None else time.perf_counter() - sent, text
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--context", type=int, default=800, help="tokens of text before turn 1's question")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
-    args = p.parse_args(argv)
+def turns(args, model, tok, meta) -> dict:
+    """The conversation case: time to first token of turn 1 and turn 2, without and with the cache."""
     import openai
-    import torch
 
-    from gpt import GPT, GPTConfig
-    from gpt.data.tokenizer import get_tokenizer
     from gpt.serve.app import ServeConfig, create_app, running
 
-    torch.set_num_threads(args.threads)
-    tok = get_tokenizer("gpt2", str(SHARED / "gpt2.tiktoken"))
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768)).eval()
     ids = tok.encode((SHARED / "wikitext2-valid.txt").read_text(encoding="utf-8"))
-    meta = {"model_config": model.config.to_dict(), "tokenizer": tok.spec}
     times: dict[str, dict[str, list[float]]] = {"off": {"turn1": [], "turn2": []}, "on": {"turn1": [], "turn2": []}}
     hits = {}
     for r in range(args.rounds):
@@ -94,9 +91,97 @@ def main(argv=None) -> int:
     out["results"]["turn2_ms_saved_median"] = (
         statistics.median(times["off"]["turn2"]) * 1000 - statistics.median(times["on"]["turn2"]) * 1000
     )
+    return out
+
+
+TASK = "gpt_wikitext2_next_sentence"
+
+
+def lm_eval_case(args, model, tok, meta) -> dict:
+    """The lm-eval case: simple_evaluate's wall time without and with the cache, the accuracies (equal)."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here downloads: the task reads a local file
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from gpt.evals import TASKS_DIR
+    from gpt.serve.app import ServeConfig, create_app, running
+
+    head = {"machine": harness.machine(), "commit": harness.commit(), "date": time.strftime("%Y-%m-%d")}  # what runs
+    text = SHARED / "wikitext2-valid.txt"
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata={"text_file": str(text)})
+    seconds: dict[str, list[float]] = {"off": [], "on": []}
+    scores, cache = {}, None
+    for r in range(args.rounds):
+        for setting in ("off", "on") if r % 2 == 0 else ("on", "off"):
+            mb = args.cache_mb if setting == "on" else 0
+            config = ServeConfig(model_name="m", prefix_cache_mb=mb, max_batch=max(8, args.batch_size))
+            with running(create_app(model, tok, meta, config)) as url:
+                model_args = {"model": "m", "base_url": f"{url}/v1/completions", "tokenizer_backend": "remote",
+                              "max_length": model.config.block_size + 1, "batch_size": args.batch_size}  # fmt: skip
+                start = time.perf_counter()
+                out = lm_eval.simple_evaluate(
+                    model="local-completions", model_args=model_args, tasks=[TASK], task_manager=manager,
+                    limit=args.items, random_seed=0, bootstrap_iters=0, log_samples=True,
+                )  # fmt: skip
+                seconds[setting].append(time.perf_counter() - start)
+                if setting == "on":
+                    import httpx
+
+                    cache = httpx.get(url + "/health").json().get("prefix_cache")
+            results = {k: out["results"][TASK][k] for k in ("acc,none", "acc_norm,none")}
+            lls = [resp[0][0] for doc in out["samples"][TASK] for resp in doc["resps"]]
+            if setting in scores:
+                assert scores[setting][0] == results, (setting, scores[setting][0], results)  # deterministic
+            scores[setting] = (results, lls)
+        assert scores["on"][0] == scores["off"][0], scores  # the cache changes no answer
+        print(f"round {r}: lm-eval {seconds['off'][-1]:.1f} s without the cache, {seconds['on'][-1]:.1f} s with it")
+    (on, on_lls), (_, off_lls) = scores["on"], scores["off"]
+    out = head
+    out["settings"] = {"rounds": args.rounds, "items": args.items, "task": TASK, "choices": 4,
+                       "batch_size": args.batch_size, "cache_mb": args.cache_mb, "threads": args.threads}  # fmt: skip
+    out["results"] = {setting: harness.spread(ts) for setting, ts in seconds.items()}
+    out["results"]["speedup"] = harness.spread([a / b for a, b in zip(seconds["off"], seconds["on"])])
+    out["results"]["accuracy"] = {k.split(",")[0]: v for k, v in on.items()}
+    out["results"]["requests"] = len(on_lls)
+    out["results"]["max_loglikelihood_diff"] = max(abs(a - b) for a, b in zip(on_lls, off_lls))
+    assert out["results"]["max_loglikelihood_diff"] < 1e-3, out["results"]  # float rounding, not another answer
+    out["results"]["last_round_cache"] = cache
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--case", choices=["both", "turns", "lm-eval"], default="both")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--context", type=int, default=800, help="tokens of text before turn 1's question")
+    p.add_argument("--items", type=int, default=16, help="lm-eval: the task's first N items (4 requests each)")
+    p.add_argument("--cache-mb", type=int, default=2048, help="lm-eval: the prefix cache's budget")
+    p.add_argument("--batch-size", type=int, default=1, help="lm-eval: prompts per request (its batch_size)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
+    args = p.parse_args(argv)
+    import torch
+
+    from gpt import GPT, GPTConfig
+    from gpt.data.tokenizer import get_tokenizer
+
+    torch.set_num_threads(args.threads)
+    tok = get_tokenizer("gpt2", str(SHARED / "gpt2.tiktoken"))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768)).eval()
+    meta = {"model_config": model.config.to_dict(), "tokenizer": tok.spec}
+    path = args.results / "prefix-cache.json"
+    out = json.loads(path.read_text()) if path.exists() else {}
+    if args.case in ("both", "turns"):
+        out = {**turns(args, model, tok, meta), "lm_eval": out.get("lm_eval")}
+    if args.case in ("both", "lm-eval"):
+        out["lm_eval"] = lm_eval_case(args, model, tok, meta)
     args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "prefix-cache.json").write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {args.results / 'prefix-cache.json'}")
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {path}")
     return 0
 
 

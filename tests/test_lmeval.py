@@ -129,6 +129,28 @@ def test_hf_model_on_the_export_gives_the_same_numbers(through_server, hf_export
     assert hf["gpt_wikitext2"]["bits_per_byte,none"] == pytest.approx(bpb, rel=0.01)
 
 
+def test_with_the_prefix_cache_every_request_scores_the_same(through_server, trained_run, text_file):
+    """The server's prefix cache on (gpt/infer/prefix.py): the choices of a context load its blocks and their kept
+    scores, and every request scores as without it: the same ids and windows, float32 prefills of other lengths
+    (within 1e-6 relative). lm-eval reads the continuation's positions only, which a choice prefills itself:
+    tests/test_prefix_cache.py checks the kept scores of the context's positions."""
+    import httpx
+
+    model, tok, meta = load_checkpoint(trained_run)
+    with running(create_app(model, tok, meta, ServeConfig(model_name="m", max_batch=8, prefix_cache_mb=64))) as url:
+        common = {"model": "m", "base_url": f"{url}/v1/completions", "max_length": 65, "batch_size": 4}
+        results, samples = evaluate("local-completions", {**common, "tokenizer_backend": "remote"}, text_file, True)
+        stats = httpx.get(url + "/health").json()["prefix_cache"]
+    assert stats["hits"] >= 4 and stats["tokens_reused"] >= 4 * 16  # (lm-eval cuts most of these prompts to the
+    # 64-token window on the left: then a context's choices start at different tokens and share nothing)
+    cached = scores(samples)
+    assert cached.keys() == through_server.scores.keys()
+    for key, (args, (ll, greedy)) in cached.items():
+        plain_args, (plain_ll, plain_greedy) = through_server.scores[key]
+        assert args == plain_args and greedy == plain_greedy and ll == pytest.approx(plain_ll, rel=1e-6), key
+    assert results == through_server.results
+
+
 @pytest.fixture(scope="module")
 def unpadded(trained_run, tmp_path_factory):
     """The Hugging Face export of trained_run's weights with the padded vocabulary's rows cut off (66 rows for the

@@ -1,13 +1,22 @@
 """The prefix cache (gpt/infer/prefix.py): a prompt that starts as an earlier one prefills only what is new, and
-the answer is the one without the cache; LRU within its budget; a second chat turn through the server hits it."""
+the answer is the one without the cache; LRU within its budget; a second chat turn through the server hits it.
+
+Scoring requests (echo + logprobs, as lm-evaluation-harness sends them) load the scores their blocks keep and
+compute the rest: every token id and top table's ids equal the cache-less answer's, every log-probability
+within 1e-5 (room for the float32 rounding of prefills of other lengths: none measured on these models). An
+entry taken one position off is another token's: a different id. Requests that join at one step and share a
+prefix wait for a second wave and load it (lm-eval's batches).
+"""
 
 import pytest
 import torch
 
 from gpt import load_checkpoint
-from gpt.infer.batching import BatchEngine
-from gpt.infer.prefix import BLOCK, PrefixCache
-from gpt.infer.sampling import complete
+from gpt.infer.batching import BatchEngine, Request
+from gpt.infer.logprobs import TokenLogprob
+from gpt.infer.prefix import BLOCK, PrefixCache, entry_bytes
+from gpt.infer.sampling import SampleConfig, complete
+from gpt.model import lora
 from tests.test_batching import collect, random_model, run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -75,6 +84,14 @@ def test_the_budget_keeps_the_most_recent_blocks():
     assert cache.load(b[:BLOCK], layers, 0) == 0
     windowed = random_model(block=64, attention_window="8")
     assert BatchEngine(windowed, _Tok(), 4, prefix_cache_bytes=1 << 20).prefix is None  # rings hold the last only
+    entries = [TokenLogprob(i, -1.0, {i: -1.0, 99: -0.5}) for i in range(32)]
+    scored = per_block + entry_bytes(entries[:BLOCK])  # a block with its entries
+    cache = PrefixCache(budget_bytes=2 * scored + per_block - 1)
+    cache.store(a, layers, 0)  # three blocks without entries
+    cache.store(a[:32], layers, 0, entries=entries, top=1)  # the first two get theirs: the third goes
+    assert [block.bytes for block in cache.blocks.values()] == [scored] * 2 and cache.bytes == 2 * scored
+    assert cache.load(a + [1], layers, 0, top=1) == 2 * BLOCK and cache.entries(a, 2 * BLOCK, top=1) == entries
+    assert cache.load(a + [1], layers, 0, top=2) == 0  # kept for top 1 only
 
 
 def test_a_second_chat_turn_through_the_server_hits_the_cache(chat_run):
@@ -103,3 +120,105 @@ def test_a_second_chat_turn_through_the_server_hits_the_cache(chat_run):
             assert "prefix_cache" not in health
     assert answers[16] == answers[0]
     assert torch.is_tensor(model.transformer.wte.weight)
+
+
+def score(engine, ids, top=1, generate=False, adapter=0):
+    """A scoring request as lm-eval sends it (echo, logprobs `top`; max_tokens 0, or 1 with `generate`): its
+    first piece's entries, once the engine has run."""
+    out = []
+    cfg = SampleConfig(max_new_tokens=1, temperature=0)
+    emit = lambda piece: out.append(piece.logprobs)  # noqa: E731
+    request = Request(ids, cfg, emit, adapter=adapter, logprobs=top, echo=True, generate=generate)
+    engine.submit(request)
+    return out
+
+
+def assert_same_scores(got, want):
+    assert [e.id for e in got] == [e.id for e in want]
+    assert [None if e.top is None else list(e.top) for e in got] == [
+        None if e.top is None else list(e.top) for e in want
+    ]
+    for g, w in zip(got, want):
+        assert (g.logprob is None) == (w.logprob is None)
+        if w.logprob is not None:
+            assert g.logprob == pytest.approx(w.logprob, abs=1e-5)
+            assert list(g.top.values()) == pytest.approx(list(w.top.values()), abs=1e-5)
+
+
+def lm_eval_like(seed=0):
+    """Three contexts of 40 to 60 ids, each with 4 continuations of 3 to 9 ids: lm-eval's requests for a multiple
+    choice task (the context repeated with each choice)."""
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda lo, hi: torch.randint(0, 32, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()  # noqa: E731
+    return [[context + rand(3, 10) for _ in range(4)] for context in (rand(40, 61) for _ in range(3))]
+
+
+@pytest.mark.parametrize("generate", [False, True])
+def test_scoring_requests_load_the_kept_scores_and_answer_as_without_the_cache(generate):
+    model = random_model(block=96, seed=3)
+    plain, cached = BatchEngine(model, _Tok(), 8), BatchEngine(model, _Tok(), 8, prefix_cache_bytes=8 << 20)
+    for choices in lm_eval_like():
+        for ids in choices:  # one at a time, as lm-eval's local-completions sends them by default
+            want, got = score(plain, ids, generate=generate), score(cached, ids, generate=generate)
+            run(plain), run(cached)
+            assert len(got[0]) == len(ids) + generate
+            assert_same_scores(got[0], want[0])
+    stats = cached.prefix.stats  # each context's later 3 choices loaded its blocks (contexts are 2 blocks or more)
+    assert stats["hits"] == 3 * 3 and stats["tokens_reused"] >= 3 * 3 * 2 * BLOCK
+
+
+def test_generating_and_scoring_requests_and_adapters_share_the_cache_as_they_should():
+    model = random_model(block=96, seed=4)
+    g = torch.Generator().manual_seed(1)
+    for name, linear in list(model.named_modules()):  # adapter 1: a random update of every attention input
+        if name.endswith("attn.c_attn"):
+            update = (torch.randn(2, 32, generator=g) * 0.3, torch.randn(96, 2, generator=g) * 0.3, 1.0)
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent), attr, lora.MultiLoRALinear(linear, [update]))
+    plain, cached = BatchEngine(model, _Tok(), 8), BatchEngine(model, _Tok(), 8, prefix_cache_bytes=8 << 20)
+    context = lm_eval_like(seed=5)[0][0][:48]  # three whole blocks
+    steps = [  # (ids, what to send): a generating request stores the blocks without scores ...
+        (context + [1], "generate"),
+        (context + [2, 3], "score"),  # ... which a scoring one cannot load, but gives them their scores
+        (context + [4, 5], "score"),  # loaded
+        (context + [4, 5], "top 2"),  # another top: not loaded
+        (context + [6], "adapter 1"),  # another adapter: not loaded (its keys and scores differ)
+        (context + [6, 7], "adapter 1"),  # loaded, its own
+        (context + [8], "score"),  # the base's again
+    ]
+    hits = []
+    for ids, what in steps:
+        if what == "generate":
+            for engine in (plain, cached):
+                collect(engine, ids, temperature=0, max_new_tokens=5)
+                run(engine)
+            hits.append(cached.prefix.stats["tokens_reused"])
+            continue
+        kw = {"top": 2} if what == "top 2" else {"adapter": 1} if what == "adapter 1" else {}
+        want, got = score(plain, ids, **kw), score(cached, ids, **kw)
+        run(plain), run(cached)
+        assert_same_scores(got[0], want[0])
+        hits.append(cached.prefix.stats["tokens_reused"])
+        if what == "adapter 1":
+            base = score(plain, ids)
+            run(plain)
+            assert abs(base[0][-1].logprob - want[0][-1].logprob) > 1e-3  # the adapter changes the scores
+    reused = [b - a for a, b in zip([0, *hits], hits)]
+    assert reused == [0, 0, 3 * BLOCK, 0, 0, 3 * BLOCK, 3 * BLOCK]
+
+
+def test_requests_that_join_together_wait_for_the_one_whose_prefix_they_share():
+    model = random_model(block=96, seed=3)
+    plain, cached = BatchEngine(model, _Tok(), 16), BatchEngine(model, _Tok(), 16, prefix_cache_bytes=8 << 20)
+    requests = [ids for choices in lm_eval_like() for ids in choices]  # lm-eval with batch_size 12: one step
+    answers = {}
+    for engine in (plain, cached):
+        scores = [score(engine, ids, generate=True) for ids in requests]
+        text = collect(engine, requests[0][:40] + [5], temperature=0, max_new_tokens=3)  # generating: waits too
+        assert run(engine) == 3  # all joined at the first step
+        answers[engine] = scores, text["text"]
+    for got, want in zip(answers[cached][0], answers[plain][0]):
+        assert_same_scores(got[0], want[0])
+    assert answers[cached][1] == answers[plain][1]
+    stats = cached.prefix.stats  # every context's first choice prefilled in the first wave, the others loaded it
+    assert stats["hits"] == 3 * 3 + 1 and stats["tokens_reused"] >= 3 * 3 * 2 * BLOCK + 2 * BLOCK

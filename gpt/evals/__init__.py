@@ -11,6 +11,11 @@
   the file (the char datasets' validation part). `shakespeare_next_line.jsonl` is committed;
   `make_next_line.py` (`python -m gpt.evals.make_next_line CORPUS`) writes it again, the same for the same
   corpus (seed 1234).
+- `gpt_wikitext2_next_sentence` (`multiple_choice`, acc and acc_norm): a passage of WikiText-2 (about 2500
+  characters of whole sentences), then which of 4 sentences comes next (the 3 others drawn from elsewhere, seed
+  1234); one item per passage, in file order. Every choice repeats the long passage: the server's prefix cache
+  saves its prefill (bench/bench_prefix_cache.py measures it). It reads `text_file` in `--metadata`, else
+  `$GPT_SHARED_DATA/wikitext2-valid.txt` (never shipped here); not one of `TASKS` (the tests' pair).
 
 The tasks' data loaders (`tasks/loaders.py`) are plain files that lm-eval imports by path (`!function`); they
 import `datasets` only, never this package.

@@ -35,7 +35,9 @@ Design notes
   sampler's rolling cache does. Windowed layers keep a ring of their window per row (gpt/model/cache.py):
   a right-padded prefill tells it each row's real length, so padding never overwrites a row's keys.
 - Prefix cache (`prefix_cache_bytes`, gpt/infer/prefix.py): a joining row loads the keys and values of the
-  longest prefix of its prompt an earlier request left (with the same adapter), and prefills the rest.
+  longest prefix of its prompt an earlier request left (with the same adapter), and prefills the rest; a
+  prompt to score also loads its kept scores, and prefills from the prefix's last token on. Requests joining
+  at one step that share a prefix with an earlier one of them prefill in a second wave, after it stored.
 - Speculative decoding (`speculator`, gpt/infer/speculative_batch.py; `gpt serve --speculate K`, `--draft-ckpt`):
   each step every row that can guesses up to K tokens (prompt lookup or a draft model batched in its own
   pool), one forward checks every row's guesses, each row keeps them as far as the model agrees and sets its
@@ -420,10 +422,24 @@ class BatchEngine(_Engine):
                 self._reject(request, e)
 
     def _prefill(self, first: int) -> torch.Tensor:
-        """Prompts of the rows from `first` on (the joining requests); their next-token logits. Without a prefix
-        cache one forward; with one, each row first loads its longest cached prefix and the rows prefill what
-        is left, one forward per run of rows that start at the same position."""
-        joined = self.rows[first:]
+        """Prompts of the rows from `first` on (the joining requests); their next-token logits. With a prefix
+        cache, the requests that share a prefix with an earlier one of this step wait for a second wave, which
+        loads what the first stored (`PrefixCache.later`)."""
+        joined, n = self.rows[first:], len(self.rows)
+        if self.prefix is None:
+            return self._prefill_rows(first, n)
+        requests = list(dict.fromkeys(row.request for row in joined))
+        prompts = [(r.ids if len(r.ids) <= self.block_size else [], r.adapter, r.logprobs if r.echo else None)
+                   for r in requests]  # fmt: skip
+        wait = dict(zip(requests, self.prefix.later(prompts)))
+        self.rows[first:] = sorted(joined, key=lambda row: wait[row.request])  # stable: the waiting ones last
+        split = n - sum(wait[row.request] for row in joined)
+        return torch.cat([self._prefill_rows(a, b) for a, b in ((first, split), (split, n)) if b > a])
+
+    def _prefill_rows(self, first: int, stop: int) -> torch.Tensor:
+        """Rows [first, stop)'s prompts: each row loads its longest cached prefix, and the rows prefill what is
+        left, one forward per run of rows that start at the same position."""
+        joined = self.rows[first:stop]
         cached = [self._cached_prefix(first + b, row) for b, row in enumerate(joined)]
         logits, hidden, b = [], [], 0
         while b < len(joined):  # runs of equal starts: right-padding never writes past a row's block
@@ -438,26 +454,32 @@ class BatchEngine(_Engine):
         scored: dict[Request, list] = {}  # a request's samples share its prompt's scores
         for b, row in enumerate(joined):
             request = row.request
+            if request.echo and request.logprobs is not None:
+                if request not in scored:  # submit() checked that the prompt fits: row.start == 0
+                    ids = torch.tensor(row.tokens[cached[b] + 1 :], device=self.device)  # hidden[b][0] predicts ids[0]
+                    scores = token_logprobs(
+                        self.model.head(hidden[b][: len(ids)]), ids, self.tokenizer.vocab_size, request.logprobs
+                    )
+                    scored[request] = (row.prompt_logprobs or [first_token(row.tokens[0])]) + scores
+                row.prompt_logprobs = scored[request]
             if self.prefix is not None and row.start == 0 and row.sample == 0:
-                self.prefix.store(row.tokens, self.pool.layers, first + b, salt=request.adapter)
-            if not (request.echo and request.logprobs is not None):
-                continue
-            if request not in scored:  # submit() checked that the prompt fits: row.start == 0
-                ids = torch.tensor(row.tokens[1:], device=self.device)
-                scores = token_logprobs(
-                    self.model.head(hidden[b][: len(ids)]), ids, self.tokenizer.vocab_size, request.logprobs
-                )
-                scored[request] = [first_token(row.tokens[0]), *scores]
-            row.prompt_logprobs = scored[request]
+                self.prefix.store(row.tokens, self.pool.layers, first + b, request.adapter, row.prompt_logprobs,
+                                  request.logprobs or 0)  # fmt: skip
         return torch.cat(logits)
 
     def _cached_prefix(self, index: int, row: _Row) -> int:
-        """Tokens of row `index`'s prompt loaded from the prefix cache (0 without one, for a context that slid,
-        and for a prompt to score: its scores need every position's hidden state)."""
+        """Where row `index`'s prefill starts: after the prompt's prefix loaded from the prefix cache (0 without
+        one, for a context that slid). A prompt to score loads only blocks that keep its scores (into
+        `row.prompt_logprobs`) and starts one token back, whose logits score the first token after them."""
         request = row.request
-        if self.prefix is None or row.start or (request.echo and request.logprobs is not None):
+        if self.prefix is None or row.start:
             return 0
-        return self.prefix.load(row.tokens, self.pool.layers, index, salt=request.adapter)
+        top = request.logprobs if request.echo else None
+        n = self.prefix.load(row.tokens, self.pool.layers, index, request.adapter, top)
+        if top is None or not n:
+            return n
+        row.prompt_logprobs = self.prefix.entries(row.tokens, n, request.adapter, top)
+        return n - 1
 
     def _leave(self, rows: list[int]) -> None:
         """Remove batch rows; the last active rows move into the holes."""
