@@ -27,10 +27,10 @@ def trained(trained_run):
     return load_checkpoint(trained_run)
 
 
-def batch(model, tok, speculator=None, rows=8):
+def batch(model, tok, speculator=None, rows=8, prefix_cache_bytes=0):
     """Greedy requests of different lengths and endings, one joining after a few steps: their outputs and the
     engine's steps."""
-    engine = BatchEngine(model, tok, rows, speculator=speculator)
+    engine = BatchEngine(model, tok, rows, speculator=speculator, prefix_cache_bytes=prefix_cache_bytes)
     greedy = {"temperature": 0, "stop_at_eot": False}
     block = model.config.block_size
     outs = [
@@ -48,20 +48,22 @@ def batch(model, tok, speculator=None, rows=8):
         engine.step()
     outs.append(collect(engine, tok.encode("What say you"), max_new_tokens=50, **greedy))  # joins mid-way
     steps = run(engine)
+    assert not prefix_cache_bytes or engine.prefix.hits  # the second copy of PROMPT loaded the first's prefix
     texts = [o["text"][0] for o in outs + [logprobs]]
     return texts, [o["finish"][0] for o in outs], scores, steps
 
 
-@pytest.mark.parametrize("drafter", ["lookup", "draft", "itself"])
+@pytest.mark.parametrize("drafter", ["lookup", "draft", "itself", "lookup, prefix cache"])
 def test_greedy_text_is_plain_servings(trained, drafter):
     model, tok, _ = trained
-    plain, finishes, scores, plain_steps = batch(model, tok)
+    cache = 1 << 20 if "prefix" in drafter else 0  # rows that load a prefix speculate from it
+    plain, finishes, scores, plain_steps = batch(model, tok, prefix_cache_bytes=cache)
     assert finishes == ["length", "length", "stop", "length", "length"]
     torch.manual_seed(0)
     small = GPT(GPTConfig(**{**model.config.to_dict(), "n_layer": 1, "n_embd": 32, "n_head": 2})).eval()
-    draft = {"lookup": None, "draft": small, "itself": model}[drafter]
+    draft = {"draft": small, "itself": model}.get(drafter)
     speculator = Speculator(k=6 if draft is None else 3, draft=draft)
-    fast, _, fast_scores, steps = batch(model, tok, speculator)
+    fast, _, fast_scores, steps = batch(model, tok, speculator, prefix_cache_bytes=cache)
     assert fast == plain
     assert [s.id for s in fast_scores] == [s.id for s in scores]  # logprobs of the same tokens, equal up to rounding
     for a, b in zip(fast_scores, scores):
