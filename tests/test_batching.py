@@ -7,8 +7,10 @@ import torch
 
 from gpt import GPT, GPTConfig
 from gpt.data.tokenizer import CharTokenizer
-from gpt.infer.batching import BatchEngine, BatchWorker, QueueFull, Request, Seq2seqEngine
+from gpt.infer.batching import BatchEngine
+from gpt.infer.engine import BatchWorker, QueueFull, Request
 from gpt.infer.sampling import SampleConfig, complete, seeded_generator
+from gpt.infer.seq2seq_engine import Seq2seqEngine
 
 CHARS = "\n !,.?abcdefghijklmnopqrstuvwxyz"
 

@@ -5,7 +5,9 @@
 - `constrain.py` constrained decoding: a JSON schema, regex or grammar as each step's token mask (llguidance).
 - `prefix.py` the prefix cache: prompt prefixes' keys and values kept across requests (LRU, a byte budget).
 - `batching.py` continuous batching: requests joining and leaving one decode batch (the server's engine);
-  `speculative_batch.py` its speculative step (every row's guesses checked in one forward).
+  `speculative_batch.py` its speculative step (every row's guesses checked in one forward); `engine.py`
+  what the engines share (requests, the waiting queue, the worker thread); `seq2seq_engine.py` the engine
+  of encoder-decoder checkpoints.
 - `translate.py` seq2seq greedy and beam decoding; `evaluate.py` BLEU and ROUGE of translations.
 - `perplexity.py` loss, perplexity and bits per byte of a text file, in sliding windows.
 - `export.py` ONNX / torch.export of the logits graph; `llamacpp.py` runs a GGUF export in llama.cpp.

@@ -1,14 +1,14 @@
 """Continuous batching: many requests decoded as one batch, joining and leaving as they start and finish.
 
-    from gpt.infer.batching import BatchEngine, BatchWorker
+    from gpt.infer.batching import BatchEngine, Request
     engine = BatchEngine(model, tokenizer, max_rows=32)
     engine.submit(Request(ids, SampleConfig(num_samples=2, max_new_tokens=50, seed=1), emit=print))
     while engine.busy:
         engine.step()                        # or BatchWorker(engine).start(): a thread does it
 
-`BatchEngine` is the synchronous core (the tests drive it step by step); `BatchWorker` runs it on a
-thread with a bounded waiting queue, which is what `gpt.serve` uses. `Seq2seqEngine` has the same
-interface for encoder-decoder checkpoints (a prompt is a source sentence).
+`BatchEngine` is the synchronous core (the tests drive it step by step); `gpt.infer.engine.BatchWorker`
+runs it on a thread with a bounded waiting queue, which is what `gpt.serve` uses, and holds what it shares
+with `gpt.infer.seq2seq_engine.Seq2seqEngine` (encoder-decoder checkpoints: a prompt is a source sentence).
 
 Design notes
 - Rows. A request asks for `num_samples` rows. The KV caches are one pool of `max_rows` rows per
@@ -50,65 +50,19 @@ Design notes
 
 from __future__ import annotations
 
-import threading
-from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from gpt.errors import UserError
 from gpt.infer.constrain import GrammarError, Matchers
+from gpt.infer.engine import Engine, Request
 from gpt.infer.logprobs import first_token, token_logprobs
 from gpt.infer.prefix import PrefixCache
-from gpt.infer.sampling import (
-    Piece,
-    SampleConfig,
-    StopMatcher,
-    TextStream,
-    draw_uniforms,
-    next_token,
-    seeded_generator,
-)
-from gpt.infer.translate import check_vocab, seq2seq_ids
-from gpt.infer.translate import generate as translate_ids
+from gpt.infer.sampling import Piece, TextStream, draw_uniforms, next_token, seeded_generator
 from gpt.model import lora
 from gpt.model.cache import KVCache
 from gpt.model.positions import Positions
 from gpt.model.transformer import GPT
-
-
-class QueueFull(UserError, RuntimeError):
-    """Too many requests waiting already: try again later (the server answers 429)."""
-
-
-@dataclass(eq=False)  # compared and hashed by identity
-class Request:
-    """One prompt's decoding: `ids` (the prompt, at least one id), settings, and where pieces go.
-
-    `emit` is called (on the engine's thread) with each `Piece` as it is made, every sample ending
-    with one whose `finish` is set; or with an exception if decoding failed. `cancel()` (from any
-    thread) makes the engine drop the request at its next step and free its rows.
-
-    Scoring (`gpt.infer.logprobs` says what the numbers are): with `logprobs=N` each piece carries its
-    token's log-probability and the N most likely tokens'; with `echo` too, the first piece of each sample
-    also carries every prompt token's, read off the prompt's prefill (the one batched forward that
-    admits it: a prompt is never scored token by token). `generate=False` only scores: the row is
-    prefilled, answered with one piece (no ids, finish "length") and freed in the same step.
-    """
-
-    ids: list[int]
-    config: SampleConfig
-    emit: Callable[[Piece | Exception], None]
-    cancelled: bool = False
-    adapter: int = 0  # the LoRA adapter its rows decode with (gpt serve --lora; 0: the base)
-    logprobs: int | None = None
-    echo: bool = False
-    generate: bool = True
-    matchers: Matchers | None = field(default=None, repr=False)  # with a grammar: its samples' (the engine's)
-
-    def cancel(self) -> None:
-        self.cancelled = True
 
 
 class SlotPool:
@@ -152,61 +106,7 @@ class _Row:
     draft: tuple[int, int] | None = None  # speculating with a draft model: (start, tokens[start:] in its cache)
 
 
-class _Engine:
-    """What both engines share: the model, the waiting queue and the rows in use."""
-
-    def __init__(self, model: GPT, tokenizer, max_rows: int):
-        self.model = model.eval()
-        self.tokenizer = tokenizer
-        self.device = next(model.parameters()).device
-        self.block_size = model.config.block_size
-        self.max_rows = max_rows
-        self.rows: list = []  # the batch's rows (BatchEngine: row i of the caches is rows[i])
-        self.waiting: deque[Request] = deque()
-        self.taken: list[Request] = []  # taken off the queue at this step and not yet in rows or answered
-        self.steps = 0
-        self._queue_lock = threading.Lock()  # submit (any thread) vs. admit (the engine's thread)
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.rows or self.waiting)
-
-    def pending(self) -> int:
-        """Requests waiting for rows (cancelled ones do not count)."""
-        with self._queue_lock:
-            return sum(not r.cancelled for r in self.waiting)
-
-    def submit(self, request: Request) -> None:
-        """Queue a request; it joins the batch at a step where it has rows (first come, first served)."""
-        if request.config.num_samples > self.max_rows:
-            raise ValueError(f"{request.config.num_samples} samples do not fit a batch of {self.max_rows} rows")
-        with self._queue_lock:
-            self.waiting.append(request)
-
-    def in_flight(self) -> list[Request]:
-        """The requests a failed step would leave without an answer: those in rows and those taken."""
-        return list(dict.fromkeys([row.request for row in self.rows] + self.taken))
-
-    def _admit(self) -> list[Request]:
-        """Take the waiting requests that fit the free rows (first come, first served) into `taken`."""
-        free = self.max_rows - len(self.rows)
-        with self._queue_lock:
-            while self.waiting and (self.waiting[0].cancelled or self.waiting[0].config.num_samples <= free):
-                request = self.waiting.popleft()
-                if not request.cancelled:
-                    self.taken.append(request)
-                    free -= request.config.num_samples
-        return list(self.taken)
-
-    def _reject(self, request: Request, error: Exception) -> None:
-        """Answer one request with `error` (a fault of its own, e.g. its seed): the others go on."""
-        if request in self.taken:
-            self.taken.remove(request)
-        request.cancel()
-        request.emit(error)
-
-
-class BatchEngine(_Engine):
+class BatchEngine(Engine):
     """Decodes every active request one token per `step()`; see the module notes."""
 
     def __init__(
@@ -491,135 +391,3 @@ class BatchEngine(_Engine):
                     self.speculator.move(last, i)
                 self.rows[i] = self.rows[last]
             self.rows.pop()
-
-
-class Seq2seqEngine(_Engine):
-    """Translation requests for an encoder-decoder checkpoint, with BatchEngine's interface.
-
-    Each step takes the waiting requests (up to `max_rows` rows): those that decode greedily are
-    translated as one batch (`gpt.infer.translate.generate`), each sampling one alone with its own
-    generator. A translation is one piece: the whole text, cut at the first stop string. A prompt's
-    `ids` are the source sentence (may be empty); `meta` is the checkpoint's.
-    """
-
-    def __init__(self, model: GPT, tokenizer, meta: dict, max_rows: int = 32):
-        super().__init__(model, tokenizer, max_rows)
-        self.bos, self.eos = seq2seq_ids(meta)
-        check_vocab(tokenizer, model)
-
-    @torch.no_grad()
-    def step(self) -> None:
-        """Translate the waiting requests that fit; a group that fails answers its requests with the error
-        (a sampling group is one request: its own fault), and the other groups go on."""
-        requests = self._admit()
-        greedy = [r for r in requests if r.config.temperature == 0]
-        groups = ([greedy] if greedy else []) + [[r] for r in requests if r.config.temperature > 0]
-        for group in groups:
-            try:
-                self._translate(group)
-            except Exception as e:
-                for request in group:
-                    if request in self.taken:  # not answered yet
-                        self._reject(request, e)
-        self.steps += bool(requests)
-
-    def _translate(self, group: list[Request]) -> None:
-        sources = [r.ids[: self.block_size - 1] + [self.eos] for r in group for _ in range(r.config.num_samples)]
-        S = max(len(s) for s in sources)
-        src = torch.tensor([s + [self.eos] * (S - len(s)) for s in sources], device=self.device)
-        mask = torch.tensor([[j < len(s) for j in range(S)] for s in sources], device=self.device)
-        cfg = group[0].config  # a sampling group is one request; a greedy one ignores the settings below
-        n_new = min(max(r.config.max_new_tokens for r in group), self.block_size)
-        generator = seeded_generator(cfg.seed, self.device) if cfg.temperature > 0 else None
-        hyps = iter(
-            translate_ids(
-                self.model,
-                src,
-                mask,
-                self.bos,
-                self.eos,
-                n_new,
-                cfg.temperature,
-                cfg.top_k,
-                generator,
-                self.tokenizer.vocab_size,
-                top_p=cfg.top_p,
-            )
-        )
-        for request in group:
-            limit = min(request.config.max_new_tokens, n_new)
-            for sample in range(request.config.num_samples):
-                ids = next(hyps)[:limit]  # greedy rows do not depend on the others: a shorter limit is a cut
-                stops = StopMatcher(request.config.stop)
-                text, hit = stops.push(self.tokenizer.decode(ids))
-                finish = "stop" if hit else ("length" if len(ids) == limit else "eot")
-                if not request.cancelled:
-                    request.emit(Piece(sample, text + stops.flush(), ids, finish))
-            self.taken.remove(request)  # answered
-
-
-class BatchWorker:
-    """Runs an engine on a daemon thread: `submit` from any thread, at most `max_waiting` waiting.
-
-    The thread sleeps while there is nothing to do. An exception inside a step (a bug, or running
-    out of memory) is handed to every request the step had taken (in rows, or just taken off the
-    queue), and the engine goes on with new ones; a fault of one request's own is the engines' to
-    answer to that request alone.
-    """
-
-    def __init__(self, engine: BatchEngine | Seq2seqEngine, max_waiting: int = 64):
-        self.engine = engine
-        self.max_waiting = max_waiting
-        self._wake = threading.Condition()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="gpt-batch", daemon=True)
-
-    def start(self) -> BatchWorker:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        with self._wake:
-            self._stopping = True
-            self._wake.notify()
-        self._thread.join()
-
-    def submit(self, requests: list[Request]) -> None:
-        """Queue requests together, or none of them: QueueFull when they would pass max_waiting."""
-        with self._wake:
-            waiting = self.engine.pending()
-            if waiting + len(requests) > self.max_waiting:
-                raise QueueFull(f"{waiting} requests are waiting already (at most {self.max_waiting}): try again later")
-            for request in requests:
-                self.engine.submit(request)
-            self._wake.notify()
-
-    @property
-    def load(self) -> dict:
-        with self._wake:
-            return {
-                "rows": len(self.engine.rows),
-                "max_rows": self.engine.max_rows,
-                "waiting": self.engine.pending(),
-                "max_waiting": self.max_waiting,
-            }
-
-    def _run(self) -> None:
-        while True:
-            with self._wake:
-                while not self.engine.busy and not self._stopping:
-                    self._wake.wait()
-                if self._stopping:
-                    return
-            try:
-                self.engine.step()  # submit only appends to the waiting queue: no lock needed here
-            except Exception as e:
-                self._fail(e)
-
-    def _fail(self, error: Exception) -> None:
-        requests = self.engine.in_flight()
-        self.engine.rows.clear()
-        self.engine.taken.clear()
-        for request in requests:
-            request.cancel()
-            request.emit(error)

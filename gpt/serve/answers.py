@@ -21,8 +21,8 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
-from gpt.infer.batching import Request
 from gpt.infer.constrain import GrammarError
+from gpt.infer.engine import Request
 from gpt.serve.api import APIError, Completion
 
 log = logging.getLogger("gpt.serve")

@@ -36,9 +36,11 @@ from pydantic import ValidationError
 from gpt.checkpoints.loader import load_checkpoint
 from gpt.data.chat import ChatError, check_conversation
 from gpt.errors import UserError
-from gpt.infer.batching import BatchEngine, BatchWorker, QueueFull, Request, Seq2seqEngine
+from gpt.infer.batching import BatchEngine
 from gpt.infer.chat import PromptTooLong, chat_prompt, chat_template
+from gpt.infer.engine import BatchWorker, QueueFull, Request
 from gpt.infer.sampling import SampleConfig, SamplingError, prompt_ids
+from gpt.infer.seq2seq_engine import Seq2seqEngine
 from gpt.infer.speculative_batch import Speculator
 from gpt.serve import ServeError, checks
 from gpt.serve.answers import answer_json, emit_to, read_body, respond, stream
