@@ -135,7 +135,9 @@ def test_a_failed_compile_is_one_line(failure, message, monkeypatch):
 
 
 @pytest.mark.skipif(not NATIVE_BF16, reason="oneDNN computes bf16 natively only")
-@pytest.mark.parametrize("template_below", [compiled.SMALL_PARAMS, 0])  # small models' kernels; big ones'
+@pytest.mark.parametrize(  # small models' kernels (the C++ template: slow to compile, -m slow); big ones'
+    "template_below", [pytest.param(compiled.SMALL_PARAMS, marks=pytest.mark.slow), 0]
+)
 def test_bf16_compiled_step_equals_eager_to_bf16_rounding(template_below, monkeypatch):
     """A small model's rows through the template; a big one's single row (GPT-2's `gpt sample --compile`)
     through the row products (`row_products`)."""

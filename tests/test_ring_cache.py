@@ -215,7 +215,7 @@ def compiled_twin(model: GPT, compiled: bool) -> GPT:
 
 @pytest.mark.parametrize(
     "compiled, rows",
-    [(False, 2), (False, 1), (True, 1)],
+    [(False, 2), (False, 1), pytest.param(True, 1, marks=pytest.mark.slow)],  # AOTInductor's compile: -m slow
     ids=["exported-module-2-rows", "exported-module-1-row", "compiled-1-row"],
 )
 def test_the_compiled_step_through_the_ring_equals_eager(compiled, rows, monkeypatch):

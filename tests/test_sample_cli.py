@@ -76,7 +76,14 @@ def test_fixed_seed_reproduces_and_greedy_ignores_the_seed(run_dir, capsys):
     assert cli(capsys, *greedy, "--seed", 1)[1] == cli(capsys, *greedy, "--seed", 2)[1]
 
 
-@pytest.mark.parametrize("quantize", [[], ["--quantize", "int8"], ["--quantize", "int4"]])
+@pytest.mark.parametrize(  # int8 and int4's compiled steps are checked against eager in test_compile_decoding.py
+    "quantize",
+    [
+        [],
+        pytest.param(["--quantize", "int8"], marks=pytest.mark.slow),
+        pytest.param(["--quantize", "int4"], marks=pytest.mark.slow),
+    ],
+)
 def test_compile_prints_what_eager_prints(run_dir, capsys, quantize):
     """`--compile` (the compiled one-token step, tests/test_compile_decoding.py) through the script: two rows
     in one batch, past the 16-token context (window slides), the same greedy text as eager, in int8 and int4
