@@ -202,7 +202,7 @@ def base(tiny_char_data, tmp_path):
     return path.parent
 
 
-def save_random_lm(path: Path, chars: str) -> Path:
+def save_random_lm(path: Path, chars: str, block_size: int = 16) -> Path:
     """A run directory holding best.pt: a 1-layer char model over `chars` with random weights, for the entry
     points that need a checkpoint to load rather than a trained one."""
     from gpt.checkpoints import native
@@ -210,7 +210,7 @@ def save_random_lm(path: Path, chars: str) -> Path:
     from gpt.model.transformer import GPT
 
     tok = CharTokenizer(chars)
-    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16)
+    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=block_size, n_layer=1, n_head=2, n_embd=16)
     native.save(path / "best.pt", {"model": GPT(cfg).state_dict()}, native.build_meta(cfg.to_dict(), tok.spec))
     return path
 

@@ -27,7 +27,7 @@ lm_eval = pytest.importorskip("lm_eval", reason="the eval extra is not installed
 pytest.importorskip("fastapi", reason="the serve extra is not installed: pip install -e '.[serve]'")
 pytest.importorskip("transformers", reason="the dev extra is not installed: pip install -e '.[dev]'")
 
-from conftest import SHAKESPEARE, one_line_error  # noqa: E402
+from conftest import SHAKESPEARE, one_line_error, save_random_lm  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
 from gpt import load_checkpoint  # noqa: E402
@@ -216,6 +216,27 @@ def test_lm_eval_mistakes_are_one_line_errors(trained_run, tmp_path, capsys, mon
     assert "unknown lm-eval task 'gpt_nothing_like_this'" in msg
     msg = one_line_error(capsys, evaluate_main, *base, "--lm-eval", "gpt_wikitext2", "--stride", "8")
     assert "--stride: not for --lm-eval" in msg
+    msg = one_line_error(capsys, evaluate_main, *base, "--lm-eval", "gpt_wikitext2", "--prefix-cache-mb", "-1")
+    assert "--prefix-cache-mb must be an integer >= 0" in msg
+
+
+def test_gpt_evaluate_runs_the_next_sentence_task_with_its_prefix_cache(tmp_path, capsys):
+    """gpt_wikitext2_next_sentence on --text (sentences a char model spells, its context longer than a passage),
+    offline and without indexing lm-eval's own tasks; the prefix cache (on by default) changes no result, and
+    every context's later choices hit it."""
+    lines = [line.strip() for line in SHAKESPEARE.read_text().splitlines()[-1500:] if len(line.strip()) > 25]
+    text = tmp_path / "sentences.txt"
+    text.write_text("\n".join(" . ".join(lines[i : i + 5]) for i in range(0, len(lines), 5)), encoding="utf-8")
+    run = save_random_lm(tmp_path, "".join(sorted(set(text.read_text()))), block_size=4096)
+    argv = ["--ckpt", run, "--lm-eval", "gpt_wikitext2_next_sentence", "--text", text, "--limit", 3]
+    results = {}
+    for mb in (0, 256):
+        out = tmp_path / f"{mb}.json"
+        assert evaluate_main([str(a) for a in [*argv, "--json", out, "--prefix-cache-mb", mb]]) == 0
+        results[mb] = json.loads(out.read_text())
+    assert "gpt_wikitext2_next_sentence" in capsys.readouterr().out
+    assert results[0]["results"] == results[256]["results"] and results[0]["prefix_cache"] is None
+    assert results[256]["prefix_cache"]["hits"] >= 3 * 3  # every context's choices after its first
 
 
 def test_the_committed_multiple_choice_items_are_the_generators():

@@ -59,8 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--lm-eval",
         metavar="TASKS",
         help="run lm-evaluation-harness on these comma-separated tasks through the server (gpt/cli/lmeval.py): "
-        "this repository's gpt_shakespeare_next_line and gpt_wikitext2 (which scores --text, default "
-        "$GPT_SHARED_DATA/wikitext2-test.txt), or lm-eval's own",
+        "this repository's gpt_shakespeare_next_line, gpt_wikitext2 (which scores --text, default "
+        "$GPT_SHARED_DATA/wikitext2-test.txt) and gpt_wikitext2_next_sentence (passages of --text, default "
+        "$GPT_SHARED_DATA/wikitext2-valid.txt), or lm-eval's own",
+    )
+    p.add_argument(
+        "--prefix-cache-mb",
+        type=int,
+        default=256,
+        help="--lm-eval: the server's prefix cache, so that the choices of one context share its prefill "
+        "(the scores equal those without it; 0 = off)",
     )
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="--lm-eval: lm-eval's random seed")
     p.add_argument(

@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 
 from gpt.errors import UserError
-from gpt.evals import TASKS, TASKS_DIR
+from gpt.evals import LOCAL_TASKS, TASKS, TASKS_DIR
 
 DEFAULT_SEED = 1234
 
@@ -66,7 +66,11 @@ def run_lm_eval(args: argparse.Namespace, write_json, check_output) -> str:
         raise LmEvalError(f"--batch-size must be an integer >= 1, got {batch}")
     if args.json:
         check_output(args.json, "--json")
-    metadata = {"text_file": str(text_file(args))} if "gpt_wikitext2" in names else {}
+    if args.prefix_cache_mb < 0:
+        raise LmEvalError(f"--prefix-cache-mb must be an integer >= 0 (0 = off), got {args.prefix_cache_mb}")
+    metadata = {}  # the text file of the tasks that read one: --text, else each task's own default
+    if "gpt_wikitext2" in names or (args.text is not None and "gpt_wikitext2_next_sentence" in names):
+        metadata = {"text_file": str(text_file(args))}
     try:
         # lm-eval, the server and torch: imported once the flags are checked (--help and mistakes answer at once)
         import lm_eval  # optional: the eval extra
@@ -78,12 +82,12 @@ def run_lm_eval(args: argparse.Namespace, write_json, check_output) -> str:
     from gpt.serve.app import ServeConfig, create_app, running  # fastapi and torch: after the flags
 
     # lm-eval's own thousands of task files take seconds to index: only when a task is not one of ours
-    ours = all(n in TASKS for n in names)
+    ours = all(n in LOCAL_TASKS for n in names)
     manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=not ours, metadata=metadata)
     unknown = [n for n in names if n not in manager.all_tasks]
     if unknown:
         raise LmEvalError(
-            f"unknown lm-eval task {unknown[0]!r}: this repository's are {', '.join(TASKS)} (gpt/evals); "
+            f"unknown lm-eval task {unknown[0]!r}: this repository's are {', '.join(LOCAL_TASKS)} (gpt/evals); "
             f"`lm_eval ls tasks` lists lm-eval's own"
         )
     rt, model, tok, meta, _ = load_for_inference(
@@ -104,7 +108,14 @@ def run_lm_eval(args: argparse.Namespace, write_json, check_output) -> str:
     name = "gpt"
     # lm-eval's remote tokenizer posts a rolling task's whole document to /tokenize in one request
     body = max(1 << 20, 2 * Path(metadata["text_file"]).stat().st_size + 4096) if metadata else 1 << 20
-    config = ServeConfig(model_name=name, max_batch=batch, max_queue=64, max_body_bytes=body, body_timeout=300.0)
+    config = ServeConfig(
+        model_name=name,
+        max_batch=batch,
+        max_queue=64,
+        max_body_bytes=body,
+        body_timeout=300.0,
+        prefix_cache_mb=args.prefix_cache_mb,  # a context's choices share its prefill (gpt/infer/prefix.py)
+    )
     app = create_app(model, tok, meta, config)
     with running(app) as url:
         model_args = {
@@ -129,6 +140,7 @@ def run_lm_eval(args: argparse.Namespace, write_json, check_output) -> str:
         )
     if results is None:
         raise LmEvalError("lm-eval returned no results")
+    prefix = app.state.worker.engine.prefix
     settings = {
         "ckpt": str(args.ckpt),
         "tasks": names,
@@ -137,6 +149,7 @@ def run_lm_eval(args: argparse.Namespace, write_json, check_output) -> str:
         "text_file": metadata.get("text_file"),
         "max_length": block_size + 1,
         "batch_size": batch,
+        "prefix_cache": {"mb": args.prefix_cache_mb, **prefix.stats} if prefix is not None else None,
         "device": str(rt.device),
         "precision": rt.precision(),
         "lm_eval": lm_eval.__version__ if hasattr(lm_eval, "__version__") else None,

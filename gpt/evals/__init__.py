@@ -25,3 +25,4 @@ from pathlib import Path
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 TASKS = ("gpt_wikitext2", "gpt_shakespeare_next_line")
+LOCAL_TASKS = (*TASKS, "gpt_wikitext2_next_sentence")  # every task in TASKS_DIR
