@@ -7,6 +7,7 @@ A server runs on a thread of the test process (uvicorn on a free port); a few te
 import contextlib
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -733,6 +734,8 @@ def test_sigterm_ends_open_streams_with_an_error_event(trained_run):
         "1",
         "--max-tokens",
         "100000",
+        "--speculate",
+        "4",
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -749,6 +752,7 @@ def test_sigterm_ends_open_streams_with_an_error_event(trained_run):
         assert time.monotonic() - start < 2.5
         assert json.loads(rest[-1])["error"]["code"] == "server_shutting_down", rest[-3:]
         assert proc.wait(30) in (0, -signal.SIGTERM)  # (uvicorn raises the signal again once it has stopped)
+        assert re.search(r"speculation: \d+ of \d+ guesses kept", proc.stderr.read())  # the run's summary
     finally:
         proc.kill()
         proc.wait(30)

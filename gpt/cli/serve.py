@@ -246,15 +246,18 @@ def run(args: argparse.Namespace) -> None:
             file=sys.stderr,
             flush=True,
         )
-    Server(app, log_level=args.log_level, timeout_graceful_shutdown=3).run(sockets=[sock])
-    if spec is not None:
-        stats = spec.stats
-        print(
-            f"speculation: {stats.kept} of {stats.drafted} guesses kept ({stats.acceptance:.0%}) in {stats.passes} "
-            "passes",
-            file=sys.stderr,
-            flush=True,
-        )
+
+    def farewell() -> None:  # the run's summary, once it has stopped
+        if spec is not None:
+            stats = spec.stats
+            print(
+                f"speculation: {stats.kept} of {stats.drafted} guesses kept ({stats.acceptance:.0%}) in "
+                f"{stats.passes} passes",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    Server(app, farewell, log_level=args.log_level, timeout_graceful_shutdown=3).run(sockets=[sock])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -144,9 +144,11 @@ def listen(host: str, port: int) -> socket.socket:
 
 class Server(uvicorn.Server):
     """uvicorn serving one of our apps: its connection limit, and every open completion ended (a stream's
-    last event is a 503 error) when it begins to shut down, before uvicorn waits for the connections."""
+    last event is a 503 error) when it begins to shut down, before uvicorn waits for the connections;
+    `farewell` is called once it has shut down (uvicorn then raises a SIGTERM again: code after `run` never
+    runs)."""
 
-    def __init__(self, app: FastAPI, **settings):
+    def __init__(self, app: FastAPI, farewell=None, **settings):
         config = app.state.config
         super().__init__(
             uvicorn.Config(
@@ -157,10 +159,13 @@ class Server(uvicorn.Server):
             )
         )
         self.app = app
+        self.farewell = farewell
 
     async def shutdown(self, sockets=None) -> None:
         self.app.state.end_completions()
         await super().shutdown(sockets)
+        if self.farewell is not None:
+            self.farewell()
 
 
 @contextlib.contextmanager
