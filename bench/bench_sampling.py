@@ -302,7 +302,7 @@ def run_compiled(model, prompt: list[int], new_tokens: int, repeats: int) -> dic
 @torch.no_grad()
 def run_recompute(model, prompt, new_tokens, budget):
     """nanoGPT's sample loop: crop, full forward, last position's logits, sample."""
-    from gpt.infer.sampling import next_token
+    from gpt.infer.logits import next_token
 
     block = model.config.block_size
     g = torch.Generator().manual_seed(0)

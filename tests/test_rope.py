@@ -9,7 +9,8 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from gpt import GPT, GPTConfig
-from gpt.infer.sampling import Decoder, complete, next_token
+from gpt.infer.logits import next_token
+from gpt.infer.sampling import Decoder, complete
 from gpt.infer.translate import generate as translate_ids
 from gpt.model.transformer import apply_rope, rope_cos_sin
 

@@ -7,19 +7,9 @@ import torch
 
 from gpt import GPT, GPTConfig, generate
 from gpt.data.tokenizer import CharTokenizer, get_tokenizer
-from gpt.infer.sampling import (
-    ContextWarning,
-    Decoder,
-    SampleConfig,
-    SamplingError,
-    StopMatcher,
-    apply_repetition_penalty,
-    complete,
-    next_token,
-    sample_probs,
-    top_k_filter,
-    top_p_filter,
-)
+from gpt.infer.logits import apply_repetition_penalty, next_token, sample_probs, top_k_filter, top_p_filter
+from gpt.infer.sampling import ContextWarning, Decoder, SampleConfig, SamplingError, complete
+from gpt.infer.stream import StopMatcher
 from gpt.model.cache import KVCache
 
 CHARS = "abcdefghijklmnopqrstuvwxyz .,\n"

@@ -8,15 +8,8 @@ import pytest
 import torch
 
 from gpt.cli import sample as sample_cli
-from gpt.infer.sampling import (
-    SampleConfig,
-    SamplingError,
-    apply_logit_bias,
-    apply_presence_frequency,
-    complete,
-    min_p_filter,
-    next_token,
-)
+from gpt.infer.logits import apply_logit_bias, apply_presence_frequency, min_p_filter, next_token
+from gpt.infer.sampling import SampleConfig, SamplingError, complete
 from tests.conftest import one_line_error
 
 llama = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the dev extra)")

@@ -38,7 +38,7 @@ def random_sources(lengths, seed=1):
 
 
 def test_sampled_decoding_draws_through_next_token():
-    """Sampling is gpt.infer.sampling.next_token's: top-k 1 is greedy, a seeded generator reproduces, ids
+    """Sampling is gpt.infer.logits.next_token's: top-k 1 is greedy, a seeded generator reproduces, ids
     beyond the tokenizer's vocabulary (a padded embedding) are never drawn."""
     model = random_model()
     src, mask = random_sources([6, 3, 5])

@@ -1,6 +1,7 @@
 """The inference room: from a loaded model to tokens.
 
-- `sampling.py` next-token sampling (temperature, top-k, top-p, penalties) and the KV-cached decode loop.
+- `sampling.py` the sampling settings and the KV-cached decode loop; `logits.py` logits -> next token (penalties,
+  temperature, top-k, top-p, min-p); `stream.py` ids -> text as it comes (stop strings).
 - `speculative.py` speculative decoding (prompt lookup, a draft model): guesses checked in one pass.
 - `constrain.py` constrained decoding: a JSON schema, regex or grammar as each step's token mask (llguidance).
 - `prefix.py` the prefix cache: prompt prefixes' keys and values kept across requests (LRU, a byte budget).

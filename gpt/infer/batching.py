@@ -56,9 +56,11 @@ import torch
 
 from gpt.infer.constrain import GrammarError, Matchers
 from gpt.infer.engine import Engine, Request
+from gpt.infer.logits import draw_uniforms, next_token
 from gpt.infer.logprobs import first_token, token_logprobs
 from gpt.infer.prefix import PrefixCache
-from gpt.infer.sampling import Piece, TextStream, draw_uniforms, next_token, seeded_generator
+from gpt.infer.sampling import seeded_generator
+from gpt.infer.stream import Piece, TextStream
 from gpt.model import lora
 from gpt.model.cache import KVCache
 from gpt.model.positions import Positions

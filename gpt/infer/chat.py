@@ -30,7 +30,8 @@ import torch
 from gpt.data.chat import ChatError, ChatTemplate, check_conversation, openai_messages
 from gpt.data.records import BadJSONError, parse_json_line
 from gpt.infer import speculative
-from gpt.infer.sampling import Decoder, Piece, SampleConfig, generate
+from gpt.infer.sampling import Decoder, SampleConfig, generate
+from gpt.infer.stream import Piece
 
 DEFAULT_CHAT = SampleConfig(max_new_tokens=256, temperature=0.7, top_k=50)
 

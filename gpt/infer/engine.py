@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 from gpt.errors import UserError
 from gpt.infer.constrain import Matchers
-from gpt.infer.sampling import Piece, SampleConfig
+from gpt.infer.sampling import SampleConfig
+from gpt.infer.stream import Piece
 from gpt.model.transformer import GPT
 
 

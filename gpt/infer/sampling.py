@@ -6,10 +6,10 @@
         print(piece.text, end="", flush=True)
 
 Layers, bottom up
-- Pure functions on a (B, V) logits tensor, each with explicit arguments (a seq2seq decoder and beam
-  search reuse them): `apply_repetition_penalty`, `top_k_filter`, `top_p_filter`, `sample_probs`,
-  and `next_token`, which composes them in the usual order (penalty, temperature, top-k, top-p) and
-  draws with an explicit `torch.Generator`. Temperature 0 is argmax and never touches the generator.
+- `gpt.infer.logits`: pure functions on a (B, V) logits tensor (penalties, filters, `next_token`, which
+  composes them and draws with an explicit `torch.Generator`); `gpt.infer.stream`: ids -> text (`TextStream`,
+  stop strings) and the `Piece`s handed out.
+- `SampleConfig`: every setting, checked once.
 - `Decoder`: next-token logits for a batch of sequences; one prefill of the prompt, then one token
   per step through a `KVCache` per layer; finished rows can be dropped from the batch.
 - `generate`: a prompt string in, `Piece`s of text out (streamed UTF-8, stop strings, end-of-text).
@@ -51,17 +51,18 @@ Design notes
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from gpt.data.tokenizer import StreamDecoder, Tokenizer
+from gpt.data.tokenizer import Tokenizer
 from gpt.errors import UserError
 from gpt.infer.constrain import Grammar, Matchers
+from gpt.infer.logits import next_token
+from gpt.infer.stream import Piece, TextStream
 from gpt.model.positions import Positions
 from gpt.model.transformer import GPT
 
@@ -165,138 +166,6 @@ class SampleConfig:
     def ends(self, tokenizer: Tokenizer) -> frozenset[int]:
         """The ids that end a sample: end-of-text (unless stop_at_eot is off) and `end_tokens`."""
         return frozenset(self.end_tokens) | ({tokenizer.eot_token} if self.stop_at_eot else set())
-
-
-# ---- logits -> next token (pure functions) --------------------------------------------------------
-
-
-def apply_repetition_penalty(logits: torch.Tensor, prev_ids: torch.Tensor, penalty: float) -> torch.Tensor:
-    """CTRL's penalty: logits (B, V) of the ids in prev_ids (B, T) are divided by `penalty` where
-    positive and multiplied by it where negative. Each id counts once, however often it occurs."""
-    if penalty == 1.0 or prev_ids.numel() == 0:
-        return logits
-    seen = logits.gather(-1, prev_ids)
-    seen = torch.where(seen > 0, seen / penalty, seen * penalty)
-    return logits.scatter(-1, prev_ids, seen)
-
-
-def apply_presence_frequency(
-    logits: torch.Tensor, generated: torch.Tensor, presence: float, frequency: float
-) -> torch.Tensor:
-    """OpenAI's penalties: logits[j] - frequency * c[j] - presence * (c[j] > 0), c[j] the times id j occurs in
-    `generated` (B, n), each row's own sample so far (not its prompt, as vLLM counts)."""
-    if (not presence and not frequency) or generated.size(-1) == 0:
-        return logits
-    counts = torch.zeros_like(logits).scatter_add_(-1, generated, torch.ones_like(generated, dtype=logits.dtype))
-    return logits - frequency * counts - presence * (counts > 0).to(logits.dtype)
-
-
-def apply_logit_bias(logits: torch.Tensor, bias: tuple[tuple[int, float], ...]) -> torch.Tensor:
-    """OpenAI's logit_bias: each (id, b) adds b to that id's logit in every row (-100 all but bans it)."""
-    if not bias:
-        return logits
-    ids, values = zip(*bias)
-    ids = torch.tensor(ids, device=logits.device)
-    return logits.index_add(
-        -1, ids, torch.tensor(values, dtype=logits.dtype, device=logits.device).expand(len(logits), -1)
-    )
-
-
-def min_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
-    """llama.cpp's min-p: ids whose probability is below p times the most likely id's become -inf. Applied to
-    the logits before temperature, where llama.cpp's sampler chain applies it (a ratio of probabilities is
-    exp(logit difference), so no softmax is needed)."""
-    if p <= 0:
-        return logits
-    return logits.masked_fill(logits < logits.amax(-1, keepdim=True) + math.log(p), float("-inf"))
-
-
-def top_k_filter(logits: torch.Tensor, k: int | None) -> torch.Tensor:
-    """Exactly the k largest logits per row survive (ties broken by torch.topk); the rest are -inf."""
-    if k is None or k >= logits.size(-1):
-        return logits
-    values, indices = torch.topk(logits, k, dim=-1)
-    return torch.full_like(logits, float("-inf")).scatter(-1, indices, values)
-
-
-def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
-    """Nucleus filtering: keep the smallest set of most likely ids whose total probability is >= p
-    (an id survives when the probability of the ids ranked above it is < p; the top id always does)."""
-    if p >= 1.0:
-        return logits
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    probs = torch.softmax(sorted_logits, dim=-1)
-    before = torch.cumsum(probs, dim=-1) - probs  # probability mass ranked above each id
-    sorted_logits = sorted_logits.masked_fill(before >= p, float("-inf"))
-    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-
-
-def draw_uniforms(n: int, generator: torch.Generator | None = None, device=None) -> torch.Tensor:
-    """The (n, 1) float64 uniforms `sample_probs` draws for n rows from `generator`."""
-    return torch.rand(n, 1, generator=generator, device=device, dtype=torch.float64)
-
-
-def sample_probs(
-    probs: torch.Tensor, generator: torch.Generator | None = None, uniforms: torch.Tensor | None = None
-) -> torch.Tensor:
-    """One draw per row of probs (B, V) by inverting the CDF with a uniform from `generator`, or with
-    `uniforms` (B, 1) drawn by the caller (`draw_uniforms`; rows from several generators in one batch).
-
-    An id of probability 0 is never drawn. (torch.multinomial draws V exponentials per row, which
-    is most of a decode step's sampling time with a 50k vocabulary on CPU.)
-    """
-    cdf = probs.double().cumsum(dim=-1)
-    u = uniforms if uniforms is not None else draw_uniforms(probs.size(0), generator, probs.device)
-    ids = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # first id whose cdf exceeds u * total
-    return ids.clamp_(max=probs.size(-1) - 1).squeeze(-1)
-
-
-def next_token(
-    logits: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float = 1.0,
-    repetition_penalty: float = 1.0,
-    prev_ids: torch.Tensor | None = None,
-    vocab_size: int | None = None,
-    generator: torch.Generator | None = None,
-    uniforms: torch.Tensor | None = None,
-    min_p: float = 0.0,
-    presence_penalty: float = 0.0,
-    frequency_penalty: float = 0.0,
-    logit_bias: tuple[tuple[int, float], ...] = (),
-    generated: int = 0,
-    allowed: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Next ids (B,) from logits (B, V): only ids < vocab_size (a padded vocabulary's extra rows are
-    cut off), logit_bias, the repetition penalty on prev_ids (B, T) and the presence and frequency
-    penalties on its last `generated` ids, only the `allowed` ids (B, V) bool (a grammar's), then greedy
-    argmax (temperature 0) or min-p, then a draw from
-    softmax(logits / temperature) restricted by top-k, then top-p, with a uniform per row from
-    `generator` or given as `uniforms` (see `sample_probs`).
-
-    With top-k the draw happens among the k candidates only (the same distribution as filtering the
-    whole vocabulary, at a fraction of the cost).
-    """
-    logits = logits.float()
-    if vocab_size is not None:
-        logits = logits[..., :vocab_size]
-    logits = apply_logit_bias(logits, logit_bias)
-    if prev_ids is not None:
-        logits = apply_repetition_penalty(logits, prev_ids, repetition_penalty)
-        if generated:
-            logits = apply_presence_frequency(logits, prev_ids[:, -generated:], presence_penalty, frequency_penalty)
-    if allowed is not None:
-        logits = logits.masked_fill(~allowed, float("-inf"))
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    logits = min_p_filter(logits, min_p) / temperature
-    if top_k is not None and top_k < logits.size(-1):
-        values, candidates = torch.topk(logits, top_k, dim=-1)  # (B, k), sorted
-        choice = sample_probs(torch.softmax(top_p_filter(values, top_p), dim=-1), generator, uniforms)
-        return candidates.gather(-1, choice[:, None]).squeeze(-1)
-    return sample_probs(torch.softmax(top_p_filter(logits, top_p), dim=-1), generator, uniforms)
 
 
 # ---- the KV-cached decode loop --------------------------------------------------------------------
@@ -414,90 +283,6 @@ class Decoder:
         for cache in self.caches:
             cache.reorder(rows)
         self._static = None  # new buffers and batch size: record again
-
-
-# ---- text: streaming decode and stop strings ------------------------------------------------------
-
-
-class StopMatcher:
-    """Releases text as it arrives, holding back any tail that could begin a stop string.
-
-    `push(text)` returns (text safe to show, whether a stop string was found); after a hit, the text
-    before the earliest match is released and the rest discarded.
-    """
-
-    def __init__(self, stops: Sequence[str] = ()):
-        self.stops = [s for s in stops if s]
-        self.pending = ""
-
-    def push(self, text: str) -> tuple[str, bool]:
-        self.pending += text
-        if not self.stops:
-            out, self.pending = self.pending, ""
-            return out, False
-        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            out, self.pending = self.pending[: min(hits)], ""
-            return out, True
-        hold = 0
-        for s in self.stops:  # the longest tail of pending that is a proper prefix of a stop string
-            for n in range(min(len(s) - 1, len(self.pending)), hold, -1):
-                if self.pending.endswith(s[:n]):
-                    hold = n
-                    break
-        cut = len(self.pending) - hold
-        out, self.pending = self.pending[:cut], self.pending[cut:]
-        return out, False
-
-    def flush(self) -> str:
-        out, self.pending = self.pending, ""
-        return out
-
-
-class TextStream:
-    """One sample's ids -> text: UTF-8 completed across tokens, then stop strings held back."""
-
-    def __init__(self, tokenizer: Tokenizer, stops: Sequence[str] = ()):
-        self.utf8 = StreamDecoder(tokenizer)
-        self.stops = StopMatcher(stops)
-
-    def push(self, token: int) -> tuple[str, bool]:
-        return self.stops.push(self.utf8.push([token]))
-
-    def finish(self) -> str:
-        """What is held back, at the end (an incomplete trailing character is dropped)."""
-        return self.stops.flush()
-
-    def piece(self, sample: int, token: int, ends: frozenset[int], last: bool) -> Piece:
-        """The Piece that `token`, the next id of `sample`, makes; its `finish` is set when the sample
-        ends here: at one of the `ends` ids (end-of-text, a chat's end of turn), at a stop string, or at
-        the `last` token allowed."""
-        if token in ends:
-            return Piece(sample, self.finish(), [token], "eot")
-        text, hit = self.push(token)
-        if hit:
-            return Piece(sample, text, [token], "stop")
-        if last:
-            return Piece(sample, text + self.finish(), [token], "length")
-        return Piece(sample, text, [token])
-
-
-@dataclass
-class Piece:
-    """A step of one sample: the text it adds (possibly "" while held back) and the ids behind it.
-
-    `ids` holds the token generated at this step (end-of-text and the tokens of a stop string
-    included, though their text is not); `finish` is None until the sample's last piece, then
-    "eot" (end-of-text), "stop" (a stop string) or "length" (max_new_tokens reached).
-    `logprobs` (only for a request that asks for them, `gpt.infer.batching`) holds a `TokenLogprob`
-    per id this piece accounts for: the prompt's first (under echo), then the generated one.
-    """
-
-    sample: int
-    text: str
-    ids: list[int] = field(default_factory=list)
-    finish: str | None = None
-    logprobs: list | None = None
 
 
 def encode_prompt(tokenizer: Tokenizer, prompt: str | Sequence[int]) -> list[int]:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from gpt.infer.engine import Engine, Request
-from gpt.infer.sampling import Piece, StopMatcher, seeded_generator
+from gpt.infer.sampling import seeded_generator
+from gpt.infer.stream import Piece, StopMatcher
 from gpt.infer.translate import check_vocab, seq2seq_ids
 from gpt.infer.translate import generate as translate_ids
 from gpt.model.transformer import GPT

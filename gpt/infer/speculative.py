@@ -35,20 +35,16 @@ from dataclasses import dataclass, field
 import torch
 
 from gpt.data.tokenizer import Tokenizer
-from gpt.infer.sampling import (
-    Piece,
-    SampleConfig,
-    SamplingError,
-    TextStream,
+from gpt.infer.logits import (
     apply_logit_bias,
     apply_presence_frequency,
     apply_repetition_penalty,
     min_p_filter,
-    prompt_ids,
-    seeded_generator,
     top_k_filter,
     top_p_filter,
 )
+from gpt.infer.sampling import SampleConfig, SamplingError, prompt_ids, seeded_generator
+from gpt.infer.stream import Piece, TextStream
 from gpt.model.cache import KVCache
 from gpt.model.transformer import GPT
 

@@ -26,7 +26,7 @@ rule; comparing it at its current length, Hugging Face's default, stopped before
 outputs the penalty prefers: on Multi30k's test_2016_flickr at alpha 1.5, length ratio 0.948 instead
 of 0.996). At the length limit the live ones count as finished. With alpha <= 0, beam size 1 is exactly greedy.
 
-Greedy and sampled decoding pick each token with `gpt.infer.sampling.next_token`, the same logits -> token
+Greedy and sampled decoding pick each token with `gpt.infer.logits.next_token`, the same logits -> token
 step as text generation: argmax at temperature 0 (the generator is never touched), else a draw
 restricted by top-k, then top-p, with an explicit `torch.Generator`; ids at or above the
 tokenizer's vocab_size (a padded embedding's extra rows) are never chosen.
@@ -42,7 +42,8 @@ import torch
 import torch.nn.functional as F
 
 from gpt.errors import UserError
-from gpt.infer.sampling import next_token, seeded_generator
+from gpt.infer.logits import next_token
+from gpt.infer.sampling import seeded_generator
 from gpt.model.transformer import GPT
 
 # GNMT's alpha for beam search, chosen on Multi30k's val split, never on a test set (tuned on the test set,
