@@ -7,7 +7,8 @@
     client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
     client.completions.create(model="shakespeare-char", prompt="ROMEO:", max_tokens=100, stream=True)
 
-The server room: `api.py` (the API's request and response shapes, OpenAI's error shape), `config.py` (the
+The server room: `api.py` (the API's request shapes, validated, and OpenAI's error shape), `responses.py` (the
+answers' and stream chunks' shapes), `config.py` (the
 server's settings), `checks.py` (a request checked against the server's limits and model, one concern each),
 `service.py` (the request handling, one method per route, over a `gpt.infer.batching` engine thread),
 `answers.py` (the engine's pieces as a response or a stream), `app.py` (the FastAPI app wiring the routes, and

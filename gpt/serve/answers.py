@@ -23,7 +23,8 @@ from starlette.requests import ClientDisconnect
 
 from gpt.infer.constrain import GrammarError
 from gpt.infer.engine import Request
-from gpt.serve.api import APIError, Completion
+from gpt.serve.api import APIError
+from gpt.serve.responses import Completion
 
 log = logging.getLogger("gpt.serve")
 

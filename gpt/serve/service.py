@@ -46,16 +46,14 @@ from gpt.serve import ServeError, checks
 from gpt.serve.answers import answer_json, emit_to, read_body, respond, stream
 from gpt.serve.api import (
     APIError,
-    ChatCompletion,
     ChatCompletionRequest,
-    Completion,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
-    model_card,
     validation_error,
 )
 from gpt.serve.config import ServeConfig
+from gpt.serve.responses import ChatCompletion, Completion, model_card
 
 
 def speculation(config: ServeConfig, model, tokenizer, draft=None) -> Speculator | None:
