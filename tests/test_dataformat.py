@@ -11,9 +11,10 @@ import sys
 import pytest
 from conftest import ROOT, SHAKESPEARE
 
-from gpt.data.format import DataError, read_meta, staged, write_meta
+from gpt.data.format import DataError, read_meta, write_meta
 from gpt.data.pairs import prepare_pairs
 from gpt.data.prepare import prepare
+from gpt.data.staging import staged
 from gpt.errors import StorageError
 
 

@@ -29,7 +29,6 @@ from collections.abc import Sequence
 from gpt.cli import ArgumentParser, fail, run_main
 from gpt.cli.pairs import add_pairs_options, run_cli
 from gpt.data.chat import FORMATS
-from gpt.data.format import OUTPUT_FLOOR, OUTPUT_RATIO
 from gpt.data.pairs import DEFAULT_VAL_FRACTION
 from gpt.data.preferences import DEFAULT_VAL_FRACTION as DEFAULT_PREFERENCE_VAL_FRACTION
 from gpt.data.preferences import prepare_preferences
@@ -37,6 +36,7 @@ from gpt.data.prepare import TOKENIZERS, prepare
 from gpt.data.records import DEFAULT_MAX_ROW_BYTES
 from gpt.data.sft import DEFAULT_VAL_FRACTION as DEFAULT_CHAT_VAL_FRACTION
 from gpt.data.sft import LONG_POLICIES, prepare_chat
+from gpt.data.staging import OUTPUT_FLOOR, OUTPUT_RATIO
 from gpt.data.vocab import UNKNOWN_POLICIES, dataset_spec
 
 DEFAULT_BLOCK_SIZE = 1024

@@ -11,7 +11,8 @@
 - `sft.py` turns chat files into a chat dataset (ids, a loss mask, where each conversation starts);
   `packing.py` packs its conversations into training windows. `preferences.py` turns preference files
   (prompt, chosen, rejected) into a preference dataset; `preference_batches.py` batches its pairs.
-- `format.py` owns the on-disk format: meta.json's schema, dtypes, checksums, atomic publishing.
+- `format.py` owns the on-disk format: meta.json's schema, dtypes, checksums; `staging.py` writes a dataset
+  into a hidden directory and publishes it atomically, within a byte budget.
 - `tokens.py` opens a token dataset memory-mapped and draws training / evaluation batches.
 
 May import: the foundations (`gpt.errors`, `gpt.fsutil`, `gpt.progress`, `gpt.runtime`). Never the

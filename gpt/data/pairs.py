@@ -69,7 +69,6 @@ from gpt.data.format import (
     new_meta,
     prepare_hint,
     read_meta,
-    staged,
     store_ranks,
     write_meta,
 )
@@ -78,6 +77,7 @@ from gpt.data.prepare import (
     TOKENIZER_FILE_FLAG,
     check_tokenizer_options,
 )
+from gpt.data.staging import staged
 from gpt.data.tokenizer import (
     CharTokenizer,
     Tokenizer,
@@ -167,7 +167,7 @@ def write_split(out_dir: Path, split: str, pairs: list, dtype: str) -> dict:
         (i for s, t in pairs for i in (*s, *t)), dtype=np.dtype(dtype).newbyteorder("<"), count=int(offsets[-1])
     )
     for array, name in ((tokens, f"{split}.bin"), (offsets, f"{split}.idx")):
-        with open_new(out_dir / name) as f:  # (in the fresh directory format.staged made)
+        with open_new(out_dir / name) as f:  # (in the fresh directory staging.staged made)
             array.tofile(f)
     src_len, tgt_len = lengths[0::2], lengths[1::2]
     return {

@@ -53,9 +53,10 @@ from pathlib import Path
 from gpt.data import vocab
 from gpt.data.chat import ChatError, ChatTemplate, check_conversation, openai_messages
 from gpt.data.corpus import BadRowError, CorpusError
-from gpt.data.format import SPLITS, DataError, OutputBudget, dtype_for_vocab, new_meta, staged, store_ranks, write_meta
+from gpt.data.format import SPLITS, DataError, dtype_for_vocab, new_meta, store_ranks, write_meta
 from gpt.data.records import DEFAULT_MAX_ROW_BYTES
 from gpt.data.sft import LONG_POLICIES, MaskedSplit, base_tokenizer, file_rows
+from gpt.data.staging import OutputBudget, staged
 from gpt.data.tokenizer import CharTokenizer, SpecialsTokenizer
 from gpt.progress import Progress
 

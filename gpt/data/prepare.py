@@ -25,7 +25,7 @@ writing in gpt/data/format.py)
   text (`bytes`), which turn its loss into bits per byte.
 - Each split must hold at least one training window (block_size + 1 tokens).
 - train.bin and val.bin together may take at most `max_output_bytes` (default: 32 times the inputs' bytes
-  on disk, at least 16 MiB; format.OutputBudget): past it the prepare stops with one error and writes
+  on disk, at least 16 MiB; staging.OutputBudget): past it the prepare stops with one error and writes
   nothing, so a record file that decodes to GBs (a Parquet or gzip bomb) never fills the disk.
 """
 
@@ -56,18 +56,9 @@ from gpt.data.corpus import (
     text_pieces,
     val_row,
 )
-from gpt.data.format import (
-    SPLITS,
-    TOKENIZERS,
-    DataError,
-    OutputBudget,
-    dtype_for_vocab,
-    new_meta,
-    staged,
-    store_ranks,
-    write_meta,
-)
+from gpt.data.format import SPLITS, TOKENIZERS, DataError, dtype_for_vocab, new_meta, store_ranks, write_meta
 from gpt.data.records import DEFAULT_MAX_ROW_BYTES, record_texts
+from gpt.data.staging import OutputBudget, staged
 from gpt.data.tokenizer import (
     CharTokenizer,
     TiktokenTokenizer,
@@ -142,7 +133,7 @@ def prepare(
     """Tokenize the text files, record files (`.jsonl`, `.jsonl.gz`, `.parquet`: `text_field` of each row,
     bad rows (rows longer than `max_row_bytes` too) an error or, with `skip_bad_rows`, skipped and counted)
     and directories in `inputs` into the dataset directory `out` (train.bin and val.bin at most
-    `max_output_bytes` together; None: format.OutputBudget's rule), with a new tokenizer of kind `tokenizer`
+    `max_output_bytes` together; None: staging.OutputBudget's rule), with a new tokenizer of kind `tokenizer`
     (default gpt2), or the one of `tokenizer_from` (a dataset, or the `vocab.Reused` of a run or checkpoint
     from `gpt.checkpoints.loader.tokenizer_source`: see gpt/data/vocab.py for it and the `unknown` /
     `replacement` policy).
@@ -403,7 +394,7 @@ def _encoder(tok, replace_with: str | None = None) -> Callable[[str], np.ndarray
 
 class _SplitWriter:
     def __init__(self, path: Path, dtype: str, vocab_size: int, budget: OutputBudget):
-        self.f = open_new(path)  # (in the fresh directory format.staged made)
+        self.f = open_new(path)  # (in the fresh directory staging.staged made)
         self.dtype = np.dtype(dtype).newbyteorder("<")
         self.vocab_size = vocab_size
         self.budget = budget

@@ -19,10 +19,10 @@ Policies
 - A conversation longer than a window (`block_size + 1` tokens) is cut to the window (`long="truncate"`)
   or left out (`long="skip"`); both are counted. One whose cut leaves no assistant token is left out.
 - Without `val_inputs`, `val_fraction` of the conversations (at least one) is held out, chosen by `seed`.
-- The dataset's files may take at most `max_output_bytes` (default: format.OutputBudget's rule, a multiple of
+- The dataset's files may take at most `max_output_bytes` (default: staging.OutputBudget's rule, a multiple of
   the chat files' bytes on disk): a Parquet or gzip chat file of a million copies of one conversation stops
   at it with one error. (The conversations are read into memory first: RAM bounds them, not this.)
-- Written to a hidden directory and moved into place at the end, as every dataset (format.staged).
+- Written to a hidden directory and moved into place at the end, as every dataset (staging.staged).
 """
 
 from __future__ import annotations
@@ -40,18 +40,10 @@ import numpy as np
 from gpt.data import vocab
 from gpt.data.chat import ChatError, ChatTemplate, conversation
 from gpt.data.corpus import BadRowError, CorpusError
-from gpt.data.format import (
-    SPLITS,
-    DataError,
-    OutputBudget,
-    dtype_for_vocab,
-    new_meta,
-    staged,
-    store_ranks,
-    write_meta,
-)
+from gpt.data.format import SPLITS, DataError, dtype_for_vocab, new_meta, store_ranks, write_meta
 from gpt.data.prepare import reused_spec, reused_tokenizer
 from gpt.data.records import DEFAULT_MAX_ROW_BYTES, BadJSONError, jsonl_rows, parquet_rows, parse_json_line
+from gpt.data.staging import OutputBudget, staged
 from gpt.data.tokenizer import CharTokenizer, TokenizerError, gpt2_tokenizer
 from gpt.fsutil import open_new
 from gpt.progress import Progress
@@ -168,7 +160,7 @@ class MaskedSplit:
 
     def __init__(self, tmp: Path, name: str, dtype: str, budget: OutputBudget):
         self.name, self.dtype, self.budget = name, np.dtype(dtype).newbyteorder("<"), budget
-        self.ids = open_new(tmp / f"{name}.bin")  # (in the fresh directory format.staged made)
+        self.ids = open_new(tmp / f"{name}.bin")  # (in the fresh directory staging.staged made)
         self.mask = open_new(tmp / f"{name}.mask.bin")
         self.starts = [0]
         self.targets = 0
