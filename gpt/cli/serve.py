@@ -257,7 +257,7 @@ def run(args: argparse.Namespace) -> None:
                 flush=True,
             )
 
-    Server(app, farewell, log_level=args.log_level, timeout_graceful_shutdown=3).run(sockets=[sock])
+    Server(app, farewell=farewell, log_level=args.log_level, timeout_graceful_shutdown=3).run(sockets=[sock])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
