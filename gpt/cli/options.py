@@ -223,7 +223,6 @@ def add_speculation_options(p: argparse.ArgumentParser) -> None:
 
 def speculation(args: argparse.Namespace, model, tokenizer):
     """(drafter, its stats) of --speculate / --draft-ckpt, or (None, None) without them."""
-    from gpt.checkpoints.loader import load_checkpoint  # torch: after flags
     from gpt.infer import speculative  # torch: after flags
     from gpt.infer.sampling import SamplingError  # torch: after flags
 
@@ -233,11 +232,5 @@ def speculation(args: argparse.Namespace, model, tokenizer):
         raise SamplingError(f"--speculate must be a number of tokens >= 1, got {args.speculate}")
     if args.draft_ckpt is None:
         return speculative.PromptLookup(k=args.speculate), speculative.Stats()
-    param = next(model.parameters())
-    draft, draft_tok, _ = load_checkpoint(args.draft_ckpt, param.device)
-    if draft_tok.spec != tokenizer.spec:
-        raise SamplingError(
-            f"--draft-ckpt {args.draft_ckpt} has another tokenizer than {args.ckpt}: it must be the same"
-        )
-    draft = draft.to(dtype=param.dtype).eval()
+    draft = speculative.load_draft(args.draft_ckpt, model, tokenizer, args.ckpt)
     return speculative.DraftModel(draft, k=args.speculate or 4), speculative.Stats()

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gpt.checkpoints.loader import load_checkpoint
 from gpt.data.tokenizer import Tokenizer
 from gpt.infer.logits import (
     apply_logit_bias,
@@ -162,6 +163,16 @@ class DraftModel(Drafter):
         self.fed = min(self.fed, valid)
         for cache in self.caches:
             cache.pos = self.fed
+
+
+def load_draft(ckpt, model: GPT, tokenizer: Tokenizer, name: str = "the model") -> GPT:
+    """The draft checkpoint `ckpt` (--draft-ckpt) on `model`'s device and in its dtype; a SamplingError unless
+    its tokenizer is `tokenizer` (`name`: the model's, for the message)."""
+    param = next(model.parameters())
+    draft, draft_tok, _ = load_checkpoint(ckpt, param.device)
+    if draft_tok.spec != tokenizer.spec:
+        raise SamplingError(f"--draft-ckpt {ckpt} has another tokenizer than {name}: it must be the same")
+    return draft.to(dtype=param.dtype).eval()
 
 
 @dataclass

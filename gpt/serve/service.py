@@ -33,7 +33,6 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
-from gpt.checkpoints.loader import load_checkpoint
 from gpt.data.chat import ChatError, check_conversation
 from gpt.errors import UserError
 from gpt.infer.batching import BatchEngine
@@ -41,6 +40,7 @@ from gpt.infer.chat import PromptTooLong, chat_prompt, chat_template
 from gpt.infer.engine import BatchWorker, QueueFull, Request
 from gpt.infer.sampling import SampleConfig, SamplingError, prompt_ids
 from gpt.infer.seq2seq_engine import Seq2seqEngine
+from gpt.infer.speculative import load_draft
 from gpt.infer.speculative_batch import Speculator
 from gpt.serve import ServeError, checks
 from gpt.serve.answers import answer_json, emit_to, read_body, respond, stream
@@ -62,13 +62,7 @@ def speculation(config: ServeConfig, model, tokenizer, draft=None) -> Speculator
     if not config.speculate:
         return None
     if config.draft_ckpt is not None and draft is None:
-        param = next(model.parameters())
-        draft, draft_tok, _ = load_checkpoint(config.draft_ckpt, param.device)
-        if draft_tok.spec != tokenizer.spec:
-            raise ServeError(
-                f"--draft-ckpt {config.draft_ckpt} has another tokenizer than the model: it must be the same"
-            )
-        draft = draft.to(dtype=param.dtype).eval()
+        draft = load_draft(config.draft_ckpt, model, tokenizer)
     return Speculator(config.speculate, draft)
 
 

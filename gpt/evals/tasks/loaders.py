@@ -18,20 +18,26 @@ class MissingData(FileNotFoundError):
     """A task's data file is not there (gpt evaluate turns it into one `error:` line)."""
 
 
-def text_file(text_file=None, **_):
-    """The whole text file as one document {"page": text}: `text_file` from --metadata, else
-    $GPT_SHARED_DATA/wikitext2-test.txt."""
+def _text_path(text_file, task: str, default: str) -> Path:
+    """`text_file` from --metadata, else $GPT_SHARED_DATA/`default`; MissingData names `task` when neither is."""
     if text_file is None:
         shared = os.environ.get("GPT_SHARED_DATA")
         if not shared:
             raise MissingData(
-                'gpt_wikitext2 needs a text file: pass --metadata \'{"text_file": "PATH"}\' '
-                "(e.g. wikitext2-test.txt) or set GPT_SHARED_DATA to the directory that holds wikitext2-test.txt"
+                f'{task} needs a text file: pass --metadata \'{{"text_file": "PATH"}}\' '
+                f"(e.g. {default}) or set GPT_SHARED_DATA to the directory that holds {default}"
             )
-        text_file = Path(shared) / "wikitext2-test.txt"
+        text_file = Path(shared) / default
     path = Path(text_file)
     if not path.is_file():
-        raise MissingData(f"gpt_wikitext2: no text file {path}: give an existing one as text_file in --metadata")
+        raise MissingData(f"{task}: no text file {path}: give an existing one as text_file in --metadata")
+    return path
+
+
+def text_file(text_file=None, **_):
+    """The whole text file as one document {"page": text}: `text_file` from --metadata, else
+    $GPT_SHARED_DATA/wikitext2-test.txt."""
+    path = _text_path(text_file, "gpt_wikitext2", "wikitext2-test.txt")
     text = path.read_bytes().decode("utf-8")  # byte for byte: bits per byte counts the file's own bytes
     return datasets.DatasetDict({"test": datasets.Dataset.from_list([{"page": text}])})
 
@@ -49,17 +55,7 @@ def next_sentence(text_file=None, context_chars=2500, **_):
     $GPT_SHARED_DATA/wikitext2-valid.txt): a passage of whole sentences, at least `context_chars` characters,
     then which of 4 sentences comes next (the true one and 3 drawn from elsewhere, seed 1234). Headings are
     left out; sentences end at " . "; the passages follow each other through the file, one item each."""
-    if text_file is None:
-        shared = os.environ.get("GPT_SHARED_DATA")
-        if not shared:
-            raise MissingData(
-                'gpt_wikitext2_next_sentence needs a text file: pass --metadata \'{"text_file": "PATH"}\' '
-                "(e.g. wikitext2-valid.txt) or set GPT_SHARED_DATA to the directory that holds wikitext2-valid.txt"
-            )
-        text_file = Path(shared) / "wikitext2-valid.txt"
-    path = Path(text_file)
-    if not path.is_file():
-        raise MissingData(f"gpt_wikitext2_next_sentence: no text file {path}: give an existing one as text_file")
+    path = _text_path(text_file, "gpt_wikitext2_next_sentence", "wikitext2-valid.txt")
     lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
     sentences = [s.strip() for line in lines if line and not line.startswith("=") for s in line.split(" . ")]
     sentences = [s if s.endswith(".") else s + " ." for s in sentences if len(s) >= 20]
