@@ -4,8 +4,9 @@ texts, and how much faster they come on text that copies its prompt.
     python bench/bench_serve_speculative.py               # 5 rounds; trains its models first if not cached
     python bench/bench_serve_speculative.py --rounds 1 --clients 1 --prompts 2 --tokens 32   # a smoke run
 
-Two servers of each model run side by side as their own processes on free loopback ports, one plain and one
-with `--speculate 8` (prompt lookup), `--threads` each (they take turns: only one is ever asked at a time).
+Two servers of each model run side by side as their own processes on free loopback ports (bench_serve.py's
+`start_server`: the precision `--dtype auto` picks), one plain and one with `--speculate 8` (prompt lookup),
+`--threads` each (they take turns: only one is ever asked at a time).
 Each round sends every prompt to each server in turn (which one goes first alternates), `--clients` at once
 (threads, one `openai.OpenAI` client each), greedy, `--tokens` new tokens (no end-of-text stop). Measured:
 completion tokens / wall time of the round's requests at each server; the texts must be equal (the run stops
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 import urllib.request
@@ -34,20 +34,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 
 import harness  # noqa: E402
+from bench_serve import start_server  # noqa: E402
 from bench_speculative import SHAKESPEARE, first_functions, train_char, train_text  # noqa: E402
-
-
-def serve(run: Path, threads: int, speculate: int) -> tuple[subprocess.Popen, str]:
-    """A `gpt serve` process on a free loopback port; (the process, its base URL)."""
-    cmd = [sys.executable, "-m", "gpt", "serve", "--ckpt", str(run), "--port", "0", "--model-name", "bench"]
-    cmd += ["--threads", str(threads), "--dtype", "float32", "--max-tokens", "4096"]
-    cmd += ["--speculate", str(speculate)] if speculate else []
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    line = proc.stderr.readline()
-    if not line.startswith("serving "):
-        proc.kill()
-        raise SystemExit(f"the server did not start: {line}{proc.stderr.read()}")
-    return proc, line.split(" at ")[1].split("/ ")[0]
 
 
 def ask(url: str, prompts: list[str], tokens: int, clients: int) -> tuple[float, list[str], int]:
@@ -88,7 +76,8 @@ def main(argv=None) -> int:
     levels = [int(c) for c in args.clients.split(",")]
     results = {}
     for name, (run, prompts) in cases.items():
-        servers = {k: serve(run, args.threads, k) for k in (0, 8)}
+        settings = {"max_tokens": args.tokens, "threads": args.threads}  # bench_serve.py's server, speculating or not
+        servers = {k: start_server(run, argparse.Namespace(**settings, speculate=k)) for k in (0, 8)}
         try:
             rates = {(k, c): [] for k in servers for c in levels}
             for r in range(args.rounds):

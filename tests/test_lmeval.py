@@ -216,7 +216,9 @@ def test_lm_eval_mistakes_are_one_line_errors(trained_run, tmp_path, capsys, mon
     assert "unknown lm-eval task 'gpt_nothing_like_this'" in msg
     msg = one_line_error(capsys, evaluate_main, *base, "--lm-eval", "gpt_wikitext2", "--stride", "8")
     assert "--stride: not for --lm-eval" in msg
-    msg = one_line_error(capsys, evaluate_main, *base, "--lm-eval", "gpt_wikitext2", "--prefix-cache-mb", "-1")
+    msg = one_line_error(
+        capsys, evaluate_main, *base, "--lm-eval", "gpt_shakespeare_next_line", "--prefix-cache-mb", "-1"
+    )
     assert "--prefix-cache-mb must be an integer >= 0" in msg
 
 

@@ -66,8 +66,6 @@ def run_lm_eval(args: argparse.Namespace, write_json, check_output) -> str:
         raise LmEvalError(f"--batch-size must be an integer >= 1, got {batch}")
     if args.json:
         check_output(args.json, "--json")
-    if args.prefix_cache_mb < 0:
-        raise LmEvalError(f"--prefix-cache-mb must be an integer >= 0 (0 = off), got {args.prefix_cache_mb}")
     metadata = {}  # the text file of the tasks that read one: --text, else each task's own default
     if "gpt_wikitext2" in names or (args.text is not None and "gpt_wikitext2_next_sentence" in names):
         metadata = {"text_file": str(text_file(args))}
@@ -80,6 +78,18 @@ def run_lm_eval(args: argparse.Namespace, write_json, check_output) -> str:
         raise LmEvalError("--lm-eval needs lm-evaluation-harness: pip install -e '.[eval]'") from None
     from gpt.checkpoints.loader import load_for_inference  # torch: after the flags are checked
     from gpt.serve.app import ServeConfig, create_app, running  # fastapi and torch: after the flags
+
+    name = "gpt"
+    # lm-eval's remote tokenizer posts a rolling task's whole document to /tokenize in one request
+    body = max(1 << 20, 2 * Path(metadata["text_file"]).stat().st_size + 4096) if metadata else 1 << 20
+    config = ServeConfig(  # its settings checked (--prefix-cache-mb) before the model loads
+        model_name=name,
+        max_batch=batch,
+        max_queue=64,
+        max_body_bytes=body,
+        body_timeout=300.0,
+        prefix_cache_mb=args.prefix_cache_mb,  # a context's choices share its prefill (gpt/infer/prefix.py)
+    )
 
     # lm-eval's own thousands of task files take seconds to index: only when a task is not one of ours
     ours = all(n in LOCAL_TASKS for n in names)
@@ -105,17 +115,6 @@ def run_lm_eval(args: argparse.Namespace, write_json, check_output) -> str:
                 f"gpt_wikitext2: {metadata['text_file']}: {e}: the checkpoint's tokenizer cannot encode this text"
             ) from None
     block_size = model.config.block_size
-    name = "gpt"
-    # lm-eval's remote tokenizer posts a rolling task's whole document to /tokenize in one request
-    body = max(1 << 20, 2 * Path(metadata["text_file"]).stat().st_size + 4096) if metadata else 1 << 20
-    config = ServeConfig(
-        model_name=name,
-        max_batch=batch,
-        max_queue=64,
-        max_body_bytes=body,
-        body_timeout=300.0,
-        prefix_cache_mb=args.prefix_cache_mb,  # a context's choices share its prefill (gpt/infer/prefix.py)
-    )
     app = create_app(model, tok, meta, config)
     with running(app) as url:
         model_args = {

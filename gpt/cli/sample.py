@@ -287,8 +287,6 @@ def run(args: argparse.Namespace) -> None:
         if args.stream:
             out.flush()
 
-    if cfg.grammar is not None:  # a grammar llguidance refuses: the one-line error before the prompt is printed
-        cfg.grammar.check(tokenizer)
     if args.compile:
         print(COMPILE_NOTE, file=sys.stderr)
     start = time.perf_counter()

@@ -341,6 +341,9 @@ def generate(
             ContextWarning,
             stacklevel=2,
         )
+    cfg.check_vocab(tokenizer.vocab_size)
+    if cfg.grammar is not None:  # one the engine would not follow in full: refused before the first piece
+        cfg.grammar.check(tokenizer)
     device = next(model.parameters()).device
     if generator is None:
         generator = seeded_generator(cfg.seed, device)
@@ -390,11 +393,7 @@ def _generate(
     streams = [TextStream(tokenizer, cfg.stop) for _ in rows]
     ends = cfg.ends(tokenizer)
     vocab_size = tokenizer.vocab_size if tokenizer.vocab_size < model.config.vocab_size else None
-    cfg.check_vocab(tokenizer.vocab_size)
-    grammar = None
-    if cfg.grammar is not None:
-        cfg.grammar.check(tokenizer)
-        grammar = Matchers(cfg.grammar, tokenizer, ends, n)
+    grammar = Matchers(cfg.grammar, tokenizer, ends, n) if cfg.grammar is not None else None
     for step in range(cfg.max_new_tokens):
         new = next_token(
             dec.logits,
