@@ -11,21 +11,24 @@ several) and compiled by AOTInductor into one C++ function; each token is then o
 guards. bench/bench_llamacpp.py times it as `gpt sample` runs it, eager and compiled, at each precision
 (bench/README.md, "Against llama.cpp"). Three choices make most of that (`inductor_options`):
 - freezing: the weights are constants of the compiled code, laid out for their kernels when compiling;
-- float32 matrix products by Inductor's own C++ GEMM template (`max_autotune_gemm_backends="CPP"`): no
-  dispatcher and no MKL call per Linear (a small MKL product's cost is mostly fixed), faster than MKL on
-  frozen weights for GPT-2 float32. bf16: the template for small models (faster than oneDNN for the char
-  model), not for big ones (slower than oneDNN for GPT-2); the cut at 10M parameters (`SMALL_PARAMS`) lies
-  between the two sizes measured, not at a measured crossover;
+- matrix products by Inductor's own C++ GEMM template (`max_autotune_gemm_backends="CPP"`): no dispatcher
+  and no MKL or oneDNN call per Linear (a small library product's cost is mostly fixed). Its kernel streams
+  frozen weights for one row faster than MKL's float32 and oneDNN's bf16 kernels do: float32 always; bf16
+  for one row (GPT-2 bf16 decoded faster with it than with the row products below: bench/README.md,
+  "Against llama.cpp") and for the rows of a small model; a big bf16 model's program for many rows keeps
+  oneDNN's packed kernels, not measured against the template. The cut at 10M parameters (`SMALL_PARAMS`)
+  lies between the char model and GPT-2, not at a measured crossover;
 - one query's attention spelled out (`one_query_attention`, under compilation) so the compiler fuses it
   into its own loops; the fused SDPA kernel has a fixed cost per call whatever the length;
-- a big model's one-row bf16 and int8 products as the row times each of the matrix's rows, summed
-  (`row_products`): a decode step reads each weight once for one row, so it is bound by how fast the weights
-  stream in, and oneDNN's bf16 and int8 kernels stream them slower for a single row than this loop does
-  (each weight converted to float32 as it is read, no packing). The inputs of these loops are computed
-  once, not again for each output (`realize_opcount_threshold`: Inductor would otherwise recompute a
-  LayerNorm or GELU feeding a product for every one of its rows). Programs for many rows keep the kernels,
-  which read a weight once for all the rows, and so do small models (the char model's step is bound by its
-  many small kernels, not by its weights: one loop per product made its int8 step slower).
+- a big int8 model's one-row products as the row times each of the matrix's rows, summed (`row_products`):
+  a decode step reads each weight once for one row, so it is bound by how fast the weights stream in, and
+  `torch._int_mm` streams them slower for a single row than this loop does (each int8 weight converted to
+  float32 as it is read, no packing; the template makes no int8 product). The inputs of these loops are
+  computed once, not again for each output (`realize_opcount_threshold`: Inductor would otherwise recompute
+  a LayerNorm or GELU feeding a product for every one of its rows). Programs for many rows keep
+  `torch._int_mm`, which reads a weight once for all the rows, and so do small models (the char model's
+  step is bound by its many small kernels, not by its weights: one loop per product made its int8 step
+  slower).
 
 Footguns
 - The weights are compiled into the step as constants (the GEMM template reorders them when compiling):
@@ -58,7 +61,7 @@ from gpt.model.quantize import QUANTIZED, Int8Linear
 
 NO_COMPILE = "or decode without --compile"
 TEMPLATE = {"max_autotune": True, "max_autotune_gemm_backends": "CPP"}  # Inductor's C++ GEMM template
-SMALL_PARAMS = 10_000_000  # below: small models' kernels (bf16: the template; int8: torch._int_mm); module notes
+SMALL_PARAMS = 10_000_000  # below: small models' kernels (bf16: the template for many rows; int8: torch._int_mm)
 
 
 class CompileError(UserError, ValueError):
@@ -225,14 +228,14 @@ class DynamoStep:
 
 
 def inductor_options(model: nn.Module, one_row: bool = False) -> dict:
-    """Freezing (the weights are constants, laid out for their kernels when compiling) and, for float32 and small
-    bf16 models, Inductor's own GEMM template. Small int8 models keep `torch._int_mm`; a big bf16 or int8 model
-    takes oneDNN's kernels (packed bf16 weights, `torch._int_mm`) for many rows and, for one row, the row
-    products (`row_products`) with their inputs computed once (module notes)."""
+    """Freezing (the weights are constants, laid out for their kernels when compiling) and Inductor's own GEMM
+    template for float32, for one row, and for small models. Quantised models keep their kernels
+    (`torch._int_mm`, int4's), a big bf16 model oneDNN's for many rows; a big int8 model's one row takes the
+    row products (`row_products`) with their inputs computed once (module notes)."""
     weight = model.transformer.wte.weight
     small = sum(t.numel() for t in (*model.parameters(), *model.buffers())) < SMALL_PARAMS  # (int8: buffers)
     quantized = any(isinstance(m, QUANTIZED) for m in model.modules())
-    if (weight.dtype == torch.float32 or small) and not quantized:
+    if (weight.dtype == torch.float32 or small or one_row) and not quantized:
         return {"freezing": True} | TEMPLATE
     return {"freezing": True} | ({"realize_opcount_threshold": 0} if one_row and not small else {})
 
