@@ -1,0 +1,137 @@
+"""Where an eager GPT-2 124M decode step spends its time: the matrix products' library kernels, and the rest.
+
+    python bench/bench_kernels.py                      # float32, bf16 (native bf16 only), int8; 2 threads, 5 rounds
+    python bench/bench_kernels.py --rounds 1 --tokens 8 --out /tmp/kernels     # a quick check that it runs
+
+`gpt sample`'s eager path (load_for_inference, then gpt.infer.sampling.Decoder one token at a time, as
+generate runs it) on GPT-2 124M's shape with random weights, after a 22-token prompt. Each round times
+`--tokens` steps plainly (ms a token), then the same number again under torch.profiler, which gives the
+products' own time: MKL's column blocks for float32 (`ChunkedLinear`), oneDNN's packed bf16
+(`PackedLinear`), `torch._int_mm` for int8, each with the weights that the step streams from memory.
+
+Against llama.cpp's whole token (llama-bench's tok/s for the same pair in bench/results/llamacpp.json, or
+--llamacpp), the products' time alone bounds what eager decoding can reach with these kernels: even if
+everything else cost nothing, ours / llama.cpp <= llama.cpp's ms a token / the products' ms a token.
+Writes bench/results/kernels.json (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import profile
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+import harness  # noqa: E402
+from bench_llamacpp import PROMPT, random_checkpoint  # noqa: E402
+
+from gpt.checkpoints.loader import load_for_inference  # noqa: E402
+from gpt.infer.sampling import Decoder  # noqa: E402
+from gpt.runtime import cpu_has_native_bf16  # noqa: E402
+
+PRECISIONS = [("float32", "none", "f32"), ("bfloat16", "none", "f16"), ("float32", "int8", "q8_0")]
+PRODUCTS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_int_mm", "mkldnn::_linear_pointwise"}
+
+
+def started(model, prompt: list[int]) -> Decoder:
+    """A decoder after the prompt's prefill and its first step (greedy, as generate)."""
+    dec = Decoder(model, torch.tensor([prompt]))
+    dec.advance(dec.logits.argmax(-1))
+    return dec
+
+
+def advance(dec: Decoder, n: int) -> None:
+    for _ in range(n):
+        dec.advance(dec.logits.argmax(-1))
+
+
+def round_of(model, prompt: list[int], n: int) -> dict:
+    """ms a token decoding plainly, then the products' and all ops' ms a token under the profiler."""
+    dec = started(model, prompt)
+    t0 = time.perf_counter()
+    advance(dec, n)
+    wall = (time.perf_counter() - t0) / n
+    dec = started(model, prompt)
+    with profile() as prof:
+        advance(dec, n)
+    events = prof.key_averages()
+    products = sum(e.self_cpu_time_total for e in events if e.key in PRODUCTS) / n
+    return {
+        "ms": wall * 1e3,
+        "products_ms": products / 1e3,
+        "calls": sum(e.count for e in events if e.key in PRODUCTS) / n,
+    }
+
+
+def llamacpp_ms(results: Path, theirs: str) -> float | None:
+    """llama-bench's ms a token for GPT-2 against `theirs` (f32, f16, q8_0) in an eager row of that file."""
+    if not results.exists():
+        return None
+    for row in json.loads(results.read_text())["rows"]:
+        if (
+            row["model"] == "gpt2"
+            and row["llama_cpp"] == theirs
+            and "--compile" not in row["ours"]
+            and "bench_tok_s" in row
+        ):
+            return 1e3 / row["bench_tok_s"]["median"]
+    return None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--tokens", type=int, default=64, help="steps timed in each round (and again profiled)")
+    p.add_argument("--llamacpp", default=str(ROOT / "bench" / "results" / "llamacpp.json"), help="llama.cpp's figures")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "kernels"), help="writes OUT.json")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    precisions = [x for x in PRECISIONS if x[0] != "bfloat16" or cpu_has_native_bf16()]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+        ckpt = random_checkpoint("gpt2", Path(tmp))
+        for dtype, quantize, theirs in precisions:
+            _, model, tok, _, _ = load_for_inference(ckpt, "cpu", dtype, args.threads, quantize)
+            prompt = tok.encode(PROMPT)[:22]
+            advance(started(model, prompt), 4)  # warm-up
+            got = [round_of(model, prompt, args.tokens) for _ in range(args.rounds)]
+            print(f"{dtype} {quantize}: {got}", file=sys.stderr)
+            row = {
+                "ours": dtype if quantize == "none" else quantize,
+                "llama_cpp": theirs,
+                "ms_per_token": harness.spread(g["ms"] for g in got),
+                "products_ms_per_token": harness.spread(g["products_ms"] for g in got),
+                "products_share": harness.spread(g["products_ms"] / g["ms"] for g in got),
+                "product_calls_per_token": got[0]["calls"],
+            }
+            theirs_ms = llamacpp_ms(Path(args.llamacpp), theirs)
+            if theirs_ms:
+                row["llama_bench_ms_per_token"] = theirs_ms
+                row["bound_by_products"] = theirs_ms / row["products_ms_per_token"]["median"]
+            rows.append(row)
+            del model
+    out = Path(args.out).with_suffix(".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    info = {"machine": harness.machine(), "threads": args.threads, "rounds": args.rounds, "tokens": args.tokens}
+    out.write_text(json.dumps({"info": info, "rows": rows}, indent=2) + "\n")
+    for r in rows:
+        bound = f", at most {r['bound_by_products']:.2f}x llama.cpp" if "bound_by_products" in r else ""
+        print(
+            f"{r['ours']}: {r['ms_per_token']['median']:.2f} ms a token, products "
+            f"{r['products_ms_per_token']['median']:.2f} ms ({r['products_share']['median']:.0%}){bound}"
+        )
+
+
+if __name__ == "__main__":
+    main()
