@@ -1,16 +1,19 @@
-"""Where an eager GPT-2 124M decode step spends its time: the matrix products' library kernels, and the rest.
+"""Where an eager GPT-2 124M decode step spends its time: the Linear layers' products, and the rest, with our C
+kernels (gpt/model/rowkernels.py) and with PyTorch's.
 
     python bench/bench_kernels.py                      # float32, bf16 (native bf16 only), int8; 2 threads, 5 rounds
     python bench/bench_kernels.py --rounds 1 --tokens 8 --out /tmp/kernels     # a quick check that it runs
 
 `gpt sample`'s eager path (load_for_inference, then gpt.infer.sampling.Decoder one token at a time, as
-generate runs it) on GPT-2 124M's shape with random weights, after a 22-token prompt. Each round times
-`--tokens` steps plainly (ms a token), then the same number again under torch.profiler, which gives the
-products' own time: MKL's column blocks for float32 (`ChunkedLinear`), oneDNN's packed bf16
-(`PackedLinear`), `torch._int_mm` for int8, each with the weights that the step streams from memory.
+generate runs it) on GPT-2 124M's shape with random weights, after a 22-token prompt, twice for each precision:
+with our kernels (`RowLinear`, what load_for_inference lays out where they build) and with PyTorch's
+(GPT_ROW_KERNELS=off: MKL's column blocks for float32 `ChunkedLinear`, oneDNN's packed bf16 `PackedLinear`,
+`Int8Linear`'s `torch._int_mm` and the ops around it). Each round times `--tokens` steps plainly (ms a token),
+then the same number again with a clock around every Linear layer's forward: the products' own time, each with
+the weights it streams from memory.
 
 Against llama.cpp's whole token (llama-bench's tok/s for the same pair in bench/results/llamacpp.json, or
---llamacpp), the products' time alone bounds what eager decoding can reach with these kernels: even if
+--llamacpp), the products' time alone bounds what eager decoding can reach with those kernels: even if
 everything else cost nothing, ours / llama.cpp <= llama.cpp's ms a token / the products' ms a token.
 Writes bench/results/kernels.json (or --out).
 """
@@ -19,13 +22,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import torch
-from torch.profiler import profile
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -35,10 +40,14 @@ from bench_llamacpp import PROMPT, random_checkpoint  # noqa: E402
 
 from gpt.checkpoints.loader import load_for_inference  # noqa: E402
 from gpt.infer.sampling import Decoder  # noqa: E402
+from gpt.model.packed import ChunkedLinear, PackedLinear  # noqa: E402
+from gpt.model.quantize import Int8Linear  # noqa: E402
+from gpt.model.rowkernels import RowLinear  # noqa: E402
 from gpt.runtime import cpu_has_native_bf16  # noqa: E402
 
 PRECISIONS = [("float32", "none", "f32"), ("bfloat16", "none", "f16"), ("float32", "int8", "q8_0")]
-PRODUCTS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_int_mm", "mkldnn::_linear_pointwise"}
+KERNELS = {"ours": "native", "pytorch": "off"}  # GPT_ROW_KERNELS for each
+LINEARS = (RowLinear, ChunkedLinear, PackedLinear, Int8Linear, torch.nn.Linear)
 
 
 def started(model, prompt: list[int]) -> Decoder:
@@ -53,22 +62,37 @@ def advance(dec: Decoder, n: int) -> None:
         dec.advance(dec.logits.argmax(-1))
 
 
+@contextmanager
+def clocked(model):
+    """Every Linear layer of `model` timed while inside: yields a list whose one entry sums their seconds."""
+    total = [0.0]
+    layers = [m for m in model.modules() if isinstance(m, LINEARS)]
+
+    def timed(forward, x):
+        t0 = time.perf_counter()
+        y = forward(x)
+        total[0] += time.perf_counter() - t0
+        return y
+
+    for m in layers:
+        m.forward = partial(timed, m.forward)
+    try:
+        yield total
+    finally:
+        for m in layers:
+            del m.forward
+
+
 def round_of(model, prompt: list[int], n: int) -> dict:
-    """ms a token decoding plainly, then the products' and all ops' ms a token under the profiler."""
+    """ms a token decoding plainly, then the Linear layers' ms a token and their calls."""
     dec = started(model, prompt)
     t0 = time.perf_counter()
     advance(dec, n)
     wall = (time.perf_counter() - t0) / n
     dec = started(model, prompt)
-    with profile() as prof:
+    with clocked(model) as products:
         advance(dec, n)
-    events = prof.key_averages()
-    products = sum(e.self_cpu_time_total for e in events if e.key in PRODUCTS) / n
-    return {
-        "ms": wall * 1e3,
-        "products_ms": products / 1e3,
-        "calls": sum(e.count for e in events if e.key in PRODUCTS) / n,
-    }
+    return {"ms": wall * 1e3, "products_ms": products[0] / n * 1e3}
 
 
 def llamacpp_ms(results: Path, theirs: str) -> float | None:
@@ -92,7 +116,9 @@ def main() -> None:
     )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--tokens", type=int, default=64, help="steps timed in each round (and again profiled)")
+    p.add_argument(
+        "--tokens", type=int, default=64, help="steps timed in each round (and again, clocking the products)"
+    )
     p.add_argument("--llamacpp", default=str(ROOT / "bench" / "results" / "llamacpp.json"), help="llama.cpp's figures")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "kernels"), help="writes OUT.json")
     args = p.parse_args()
@@ -102,25 +128,34 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         ckpt = random_checkpoint("gpt2", Path(tmp))
         for dtype, quantize, theirs in precisions:
-            _, model, tok, _, _ = load_for_inference(ckpt, "cpu", dtype, args.threads, quantize)
+            models = {}
+            for kernels, env in KERNELS.items():  # each laid out as load_for_inference does with that setting
+                os.environ["GPT_ROW_KERNELS"] = env
+                _, models[kernels], tok, _, _ = load_for_inference(ckpt, "cpu", dtype, args.threads, quantize)
+            os.environ.pop("GPT_ROW_KERNELS")
             prompt = tok.encode(PROMPT)[:22]
-            advance(started(model, prompt), 4)  # warm-up
-            got = [round_of(model, prompt, args.tokens) for _ in range(args.rounds)]
+            got = {kernels: [] for kernels in models}
+            for model in models.values():
+                advance(started(model, prompt), 4)  # warm-up
+            for _ in range(args.rounds):  # interleaved: both see the same load
+                for kernels, model in models.items():
+                    got[kernels].append(round_of(model, prompt, args.tokens))
             print(f"{dtype} {quantize}: {got}", file=sys.stderr)
-            row = {
-                "ours": dtype if quantize == "none" else quantize,
-                "llama_cpp": theirs,
-                "ms_per_token": harness.spread(g["ms"] for g in got),
-                "products_ms_per_token": harness.spread(g["products_ms"] for g in got),
-                "products_share": harness.spread(g["products_ms"] / g["ms"] for g in got),
-                "product_calls_per_token": got[0]["calls"],
-            }
             theirs_ms = llamacpp_ms(Path(args.llamacpp), theirs)
-            if theirs_ms:
-                row["llama_bench_ms_per_token"] = theirs_ms
-                row["bound_by_products"] = theirs_ms / row["products_ms_per_token"]["median"]
-            rows.append(row)
-            del model
+            for kernels, runs in got.items():
+                row = {
+                    "ours": dtype if quantize == "none" else quantize,
+                    "kernels": kernels,
+                    "llama_cpp": theirs,
+                    "ms_per_token": harness.spread(g["ms"] for g in runs),
+                    "products_ms_per_token": harness.spread(g["products_ms"] for g in runs),
+                    "products_share": harness.spread(g["products_ms"] / g["ms"] for g in runs),
+                }
+                if theirs_ms:
+                    row["llama_bench_ms_per_token"] = theirs_ms
+                    row["bound_by_products"] = theirs_ms / row["products_ms_per_token"]["median"]
+                rows.append(row)
+            del models
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     info = {"machine": harness.machine(), "threads": args.threads, "rounds": args.rounds, "tokens": args.tokens}
@@ -128,7 +163,7 @@ def main() -> None:
     for r in rows:
         bound = f", at most {r['bound_by_products']:.2f}x llama.cpp" if "bound_by_products" in r else ""
         print(
-            f"{r['ours']}: {r['ms_per_token']['median']:.2f} ms a token, products "
+            f"{r['ours']} ({r['kernels']} kernels): {r['ms_per_token']['median']:.2f} ms a token, products "
             f"{r['products_ms_per_token']['median']:.2f} ms ({r['products_share']['median']:.0%}){bound}"
         )
 

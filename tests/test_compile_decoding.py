@@ -173,9 +173,12 @@ def test_one_query_attention_is_sdpa(dtype):
         torch.testing.assert_close(got, want, atol=1e-5 if dtype == torch.float32 else 1e-2, rtol=1e-2)
 
 
-def test_packed_layers_are_refused_in_one_line():
-    with pytest.raises(CompileError, match="plain nn.Linear .* not ChunkedLinear: compile before packing") as e:
-        AheadOfTimeStep(pack(tiny(), chunks=2, chunk_bytes=0))
+@pytest.mark.parametrize("kernels, kind", [(False, "ChunkedLinear"), (True, "RowLinear")])
+def test_packed_layers_are_refused_in_one_line(kernels, kind):
+    model = pack(tiny(), chunks=2, chunk_bytes=0, kernels=kernels)
+    kind = kind if any(type(m).__name__ == kind for m in model.modules()) else "ChunkedLinear"  # (no compiler)
+    with pytest.raises(CompileError, match=f"plain nn.Linear .* not {kind}: compile before packing") as e:
+        AheadOfTimeStep(model)
     assert "\n" not in str(e.value)
 
 

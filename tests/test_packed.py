@@ -1,4 +1,5 @@
-"""CPU decode layout (gpt/model/packed.py): which layers change, that nothing else does, where it applies."""
+"""CPU decode layout (gpt/model/packed.py): which layers change, that nothing else does, where it applies. PyTorch's
+layouts (`kernels=False`, as without a C compiler) and our kernels' (tests/test_rowkernels.py has their numbers)."""
 
 import pytest
 import torch
@@ -8,8 +9,10 @@ from gpt import GPT, GPTConfig
 from gpt.checkpoints.loader import load_for_inference
 from gpt.infer.batching import BatchEngine, Request
 from gpt.infer.sampling import Decoder, SampleConfig, complete
+from gpt.model import rowkernels
 from gpt.model.packed import ChunkedLinear, PackedLinear, can_pack, pack
 from gpt.model.quantize import Int8Linear
+from gpt.model.rowkernels import RowLinear
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -30,7 +33,7 @@ def greedy(model: GPT, idx: torch.Tensor, steps: int) -> tuple[torch.Tensor, tor
 def test_float32_packs_every_linear_layer_and_computes_the_same():
     model, reference = tiny(), tiny()
     idx = torch.randint(0, 50, (3, 9))
-    pack(model)
+    pack(model, kernels=False)
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     assert len(linears) == 2 * 4 + 1
     assert all(m.weight.stride() == (1, m.out_features) for m in linears)  # (in, out) contiguous
@@ -53,7 +56,7 @@ def test_float32_column_blocks_compute_what_nn_linear_does_and_decode_the_same(b
     model, token for token the same greedy decode, and the cached steps equal a full recompute; 3 blocks
     of 50 ids pad the last one, which must never show up as logits."""
     model, reference = tiny(bias=bias), tiny(bias=bias)
-    pack(model, chunks=3, chunk_bytes=0)
+    pack(model, chunks=3, chunk_bytes=0, kernels=False)
     chunked = [m for m in model.modules() if isinstance(m, ChunkedLinear)]
     assert len(chunked) == 2 * 4 + 1 and not any(isinstance(m, nn.Linear) for m in model.modules())
     assert model.lm_head.weight.shape == (3, 32, 17)  # 50 ids in 3 blocks of 17, the last padded
@@ -80,7 +83,9 @@ def test_float32_blocks_follow_the_thread_count_and_small_matrices_stay_transpos
     n = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        model = pack(tiny(), chunk_bytes=32 * 128 * 4)  # the MLP's matrices are that big, the rest smaller
+        model = pack(
+            tiny(), chunk_bytes=32 * 128 * 4, kernels=False
+        )  # the MLP's matrices are that big, the rest smaller
     finally:
         torch.set_num_threads(n)
     assert (
@@ -90,14 +95,16 @@ def test_float32_blocks_follow_the_thread_count_and_small_matrices_stay_transpos
     assert type(model.transformer.h[0].attn.c_attn) is nn.Linear
     assert model.transformer.h[0].attn.c_attn.weight.stride() == (1, 96)
     assert model.lm_head.weight is model.transformer.wte.weight  # a small head stays tied to the embedding
-    assert type(pack(tiny(), chunk_bytes=0).lm_head) is nn.Linear  # one thread (this test file's): no blocks
+    assert (
+        type(pack(tiny(), chunk_bytes=0, kernels=False).lm_head) is nn.Linear
+    )  # one thread (this test file's): no blocks
 
 
 def test_bf16_is_packed_where_onednn_computes_it_natively():
     model, reference = tiny().to(torch.bfloat16), tiny().to(torch.bfloat16)
     native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     assert can_pack(model) == native
-    pack(model)
+    pack(model, kernels=False)
     assert isinstance(model.lm_head, PackedLinear if native else nn.Linear)
     idx = torch.randint(0, 50, (2, 7))
     with torch.no_grad():
@@ -106,20 +113,32 @@ def test_bf16_is_packed_where_onednn_computes_it_natively():
     assert torch.equal(tokens, greedy(reference, idx[:1, :4], 8)[0])
 
 
-def test_cross_attention_and_other_devices_stay_as_they_are():
+@pytest.mark.parametrize("kernels", [False, True])
+def test_cross_attention_and_other_devices_stay_as_they_are(kernels):
     model = tiny(n_encoder_layer=1)
-    pack(model)
+    pack(model, kernels=kernels)
     assert model.transformer.h[0].cross_attn.c_attn.weight.is_contiguous()  # slices its weight: kept
-    assert not model.transformer.h[0].attn.c_attn.weight.is_contiguous()
-    assert not model.encoder.h[0].mlp.c_fc.weight.is_contiguous()
+    assert type(model.transformer.h[0].cross_attn.c_attn) is nn.Linear
+    if kernels and rowkernels.library():
+        assert isinstance(model.transformer.h[0].attn.c_attn, RowLinear)
+        assert isinstance(model.encoder.h[0].mlp.c_fc, RowLinear)
+    else:
+        assert not model.transformer.h[0].attn.c_attn.weight.is_contiguous()
+        assert not model.encoder.h[0].mlp.c_fc.weight.is_contiguous()
     assert not can_pack(tiny().to(torch.float16))  # not a CPU inference precision
     if torch.cuda.is_available():
         assert not can_pack(tiny().cuda())
 
 
-def test_load_for_inference_packs_on_the_cpu_unless_int8(trained_run):
+def test_load_for_inference_lays_out_float32_and_int8_on_the_cpu(trained_run):
+    """With our kernels (where they build) float32 and int8 become RowLinear; without, float32 is transposed and
+    int8 stays Int8Linear. Either way greedy decoding agrees with the server's batch engine."""
     rt, model, tok, _, _ = load_for_inference(trained_run, "cpu", "float32")
-    assert not model.lm_head.weight.is_contiguous() and not model.transformer.h[0].mlp.c_fc.weight.is_contiguous()
+    if rowkernels.library():
+        assert isinstance(model.lm_head, RowLinear) and isinstance(model.transformer.h[0].mlp.c_fc, RowLinear)
+    else:
+        assert not model.lm_head.weight.is_contiguous()
+        assert not model.transformer.h[0].mlp.c_fc.weight.is_contiguous()
     text = complete(model, tok, "ROMEO:", max_new_tokens=20, temperature=0)[0]
     engine = BatchEngine(model, tok, max_rows=3)  # the server: several rows, per-row positions
     out = []
@@ -129,7 +148,7 @@ def test_load_for_inference_packs_on_the_cpu_unless_int8(trained_run):
         engine.step()
     assert "".join(out) == text
     _, int8, _, _, _ = load_for_inference(trained_run, "cpu", "float32", quantize="int8")
-    assert isinstance(int8.lm_head, Int8Linear)  # int8, not re-laid out
+    assert isinstance(int8.lm_head, RowLinear if rowkernels.library() else Int8Linear)
 
 
 def test_a_bf16_model_on_the_cpu_attends_over_a_float32_cache_and_decodes_as_it_recomputes():

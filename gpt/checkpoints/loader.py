@@ -193,8 +193,8 @@ def load_for_inference(
 ) -> Inference:
     """What sample.py, translation, evaluation and the server share: the runtime for --device / --dtype /
     --threads, the checkpoint in that precision, its Linear layers in int8 or int4 with --quantize (int4 in
-    groups of `group_size`), else on
-    the CPU laid out for decoding (`gpt.model.packed`).
+    groups of `group_size`), and on the CPU (but int4) laid out for decoding (`gpt.model.packed`: our own
+    kernels where the machine builds them, `gpt.model.rowkernels`).
     `single_stream` (one sequence decoded at a time, sample.py): on CPU without --threads, the thread
     count `decode_threads` picks for the model's size.
     `compile_step` (`sample.py --compile`): the one-token decode step compiled (`GPT.compile_decoding`) and
@@ -221,7 +221,7 @@ def load_for_inference(
         rt.reason = quantize_summary(model, quantize, group_size)
     if compile_step:
         model.compile_decoding()
-    elif quantize == "none":
+    elif quantize != "int4":
         pack(model)
     return Inference(rt, model, tokenizer, meta, n_params)
 

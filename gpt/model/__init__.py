@@ -13,7 +13,8 @@
   layer, a ring of its window).
 - `lora.py` LoRA adapter layers (apply, merge); `quantize.py` int8 and int4 Linear layers; `grids.py` the
   quantisation grids (int8, int4, llama.cpp's Q4_0) they and `qat.py` (quantisation-aware training) share;
-  `packed.py` the Linear weights laid out for CPU decoding (transposed float32, oneDNN-packed bf16);
+  `packed.py` the Linear weights laid out for CPU decoding (our kernels', else transposed float32, oneDNN-packed
+  bf16); `rowkernels.py` those kernels of our own (`rowkernels.c`, built on first use), a few rows times a weight;
   `compiled.py` the one-token decode step compiled (ahead of time on the CPU, `GPT.compile_decoding`); `stepcache.py` those
   compiled steps kept on disk for the next run on the same weights.
 

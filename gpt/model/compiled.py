@@ -262,6 +262,6 @@ def row_products(model: nn.Module, on: bool = True):
 
 
 def _opaque(module: nn.Module) -> str | None:
-    """The name of a layer export cannot see through (packed: oneDNN, column blocks), else None."""
+    """The name of a layer export cannot see through (packed: oneDNN, column blocks, our C kernels), else None."""
     kind = type(module).__name__
-    return kind if kind in ("PackedLinear", "ChunkedLinear") else None
+    return kind if kind in ("PackedLinear", "ChunkedLinear", "RowLinear") else None

@@ -1,8 +1,13 @@
 """CPU inference: the Linear layers' weights laid out for the matrix-vector products of decoding.
 
     from gpt.model.packed import pack
-    pack(model)        # in place; float32 or bf16 on the CPU; what load_for_inference does there
-    pack(model, chunks=4)   # float32's big matrices in 4 column blocks (default: torch.get_num_threads())
+    pack(model)        # in place; float32, bf16 or int8 on the CPU; what load_for_inference does there
+    pack(model, kernels=False)   # PyTorch's kernels only, as on a machine without a C compiler
+    pack(model, kernels=False, chunks=4)   # float32's big matrices in 4 column blocks (default: the threads)
+
+Where the machine builds them (gpt/model/rowkernels.py: a C compiler, Linux), every Linear layer becomes a
+`RowLinear`: our own kernels, with the weights in 64-output blocks (float32, bf16, int8). Otherwise, or with
+`kernels=False`, PyTorch's kernels with the layouts below (int8 keeps Int8Linear).
 
 A decode step multiplies one row per sequence by every weight matrix, so it is bound by how fast the
 kernel streams the weights from memory. `nn.Linear` computes x @ W.T on an (out, in) weight, and for
@@ -42,6 +47,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from gpt.model import rowkernels
+from gpt.model.quantize import QUANTIZED
 from gpt.model.transformer import GPT
 
 
@@ -121,35 +128,50 @@ def transposed(weight: torch.Tensor) -> nn.Parameter:
 def can_pack(model: GPT) -> bool:
     """Whether `pack` changes this model: on the CPU, float32, or bf16 where oneDNN computes it natively."""
     param = model.transformer.wte.weight
-    if param.device.type != "cpu":
+    if param.device.type != "cpu" or any(isinstance(m, QUANTIZED) for m in model.modules()):
         return False
     if param.dtype == torch.bfloat16:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     return param.dtype == torch.float32
 
 
-def pack(model: GPT, chunks: int | None = None, chunk_bytes: int = CHUNK_BYTES) -> GPT:
-    """The model with its Linear layers (but cross-attention's) laid out for CPU decoding, in place:
-    float32 weights of at least `chunk_bytes` as `ChunkedLinear` in `chunks` column blocks (default
+def pack(model: GPT, chunks: int | None = None, chunk_bytes: int = CHUNK_BYTES, kernels: bool = True) -> GPT:
+    """The model with its Linear layers (but cross-attention's) laid out for CPU decoding, in place: with
+    `kernels`, where `rowkernels.library()` builds, as `RowLinear`; otherwise float32 weights of at least `chunk_bytes` as `ChunkedLinear` in `chunks` column blocks (default
     torch.get_num_threads(); 1 keeps them nn.Linear), the others transposed in memory (still nn.Linear;
     a tied head and embedding share the one transposed matrix, so no copy), bf16 layers as
     `PackedLinear`. Unchanged where `can_pack` says no. For inference only (eval mode, no gradients)."""
+    model.eval()
+    if kernels and rowkernels.library() is not None:  # our own kernels, where the machine can build them
+        for parent, name, child in _layers(model):
+            if rowkernels.fits(child):
+                setattr(parent, name, rowkernels.RowLinear(child))
+        return model
     if not can_pack(model):
         return model
-    model.eval()
     onednn = model.transformer.wte.weight.dtype == torch.bfloat16
     chunks = chunks or torch.get_num_threads()
     tied = model.lm_head.weight is model.transformer.wte.weight
-    for prefix, parent in list(model.named_modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is not nn.Linear or ".cross_attn" in f".{prefix}":
-                continue
-            if onednn:
-                setattr(parent, name, PackedLinear(child))
-            elif chunks > 1 and child.weight.numel() * child.weight.element_size() >= chunk_bytes:
-                setattr(parent, name, ChunkedLinear(child, chunks))  # a tied embedding keeps the original
-            elif child is not model.lm_head or not tied:
-                child.weight = transposed(child.weight)
-            else:  # tied: one transposed matrix for both
-                model.transformer.wte.weight = model.lm_head.weight = transposed(model.lm_head.weight)
+    for parent, name, child in _layers(model):
+        if type(child) is not nn.Linear:
+            continue
+        if onednn:
+            setattr(parent, name, PackedLinear(child))
+        elif chunks > 1 and child.weight.numel() * child.weight.element_size() >= chunk_bytes:
+            setattr(parent, name, ChunkedLinear(child, chunks))  # a tied embedding keeps the original
+        elif child is not model.lm_head or not tied:
+            child.weight = transposed(child.weight)
+        else:  # tied: one transposed matrix for both
+            model.transformer.wte.weight = model.lm_head.weight = transposed(model.lm_head.weight)
     return model
+
+
+def _layers(model: GPT) -> list[tuple[nn.Module, str, nn.Module]]:
+    """(parent, name, layer) for every layer `pack` may replace: all but cross-attention's (it slices its weight,
+    `Attention.project_kv`)."""
+    return [
+        (parent, name, child)
+        for prefix, parent in model.named_modules()
+        for name, child in parent.named_children()
+        if ".cross_attn" not in f".{prefix}"
+    ]

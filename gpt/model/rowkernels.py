@@ -1,0 +1,171 @@
+"""Our own CPU products for decoding: a few rows times a weight in float32, bf16 or int8 (gpt/model/rowkernels.c).
+
+    from gpt.model.rowkernels import RowLinear, library
+    if library():                      # built on first use with the machine's C compiler (about 0.3 s), else None
+        layer = RowLinear(linear)      # an nn.Linear's float32 or bf16 product, weights in 64-output blocks
+        layer = RowLinear(int8_linear) # an Int8Linear's (gpt.model.quantize): the same numbers
+
+    GPT_ROW_KERNELS=off        # never build: decoding keeps PyTorch's kernels (gpt.model.packed)
+    GPT_ROW_KERNELS=x86-64-v3  # build for that -march instead of the machine's own (tests run the AVX2 code so)
+
+A decode step multiplies one row per sequence by every weight, so it is bound by how fast the weights stream
+from memory. PyTorch's CPU kernels (MKL, oneDNN, `torch._int_mm`) stream one row far below the memory's rate:
+bench/results/kernels.json times them inside the eager step. The C file lays each weight out in blocks of 64
+output features, so a block streams in one run and every input value multiplies 64 outputs in four vectors,
+and uses the CPU's pair and quad dot products where it has them (AVX512_BF16, AVX512_VNNI); elsewhere the
+same loops in plain vectors. What it gains: bench/README.md, "Against llama.cpp".
+
+The library is compiled with `-O3 -march=native -fopenmp` into a private temporary directory, loaded, and the
+file removed: nothing is cached on disk, so nothing another user could write is ever loaded. Its OpenMP is
+torch's own libgomp (linked from torch/lib), and each call passes torch.get_num_threads(). A machine
+without a C compiler, or where the build fails, gets None and decodes with PyTorch's kernels.
+
+Footguns
+- Inference only: no gradients, and the blocked weights are no state_dict entries of the layer's own (like
+  gpt.model.packed's); a model with these layers is never saved or trained.
+- A tied output head gets its own blocked copy; the token embedding keeps the original (GPT-2: 154 MB float32).
+- float32 and bf16 sums run in another order than MKL's or oneDNN's: the results equal nn.Linear's up to
+  float rounding, and a row's result is the same whatever rows come beside it. int8's are exact integers
+  scaled as Int8Linear scales them: the same numbers.
+- ctypes releases the GIL for each call: the server's other threads run meanwhile.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from gpt.model import grids
+from gpt.model.quantize import Int8Linear
+
+SOURCE = Path(__file__).with_name("rowkernels.c")
+BLOCK = 64  # output features a block (the C file's)
+KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # the C file's F32, BF16, INT8
+_P, _L, _I, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
+
+
+def library(march: str | None = None) -> ctypes.CDLL | None:
+    """The kernels built for this machine (or for `march`, default $GPT_ROW_KERNELS, else native) and loaded,
+    once a process, or None: GPT_ROW_KERNELS=off, not Linux, no C compiler, or the build failed (`why_not`)."""
+    return _build(chosen(march))[0]
+
+
+def why_not(march: str | None = None) -> str:
+    """Why `library(march)` is None ("" when it is not)."""
+    return _build(chosen(march))[1]
+
+
+def chosen(march: str | None = None) -> str:
+    """The build asked for: `march`, else $GPT_ROW_KERNELS, else "native"."""
+    return march or os.environ.get("GPT_ROW_KERNELS") or "native"
+
+
+@functools.cache
+def _build(march: str) -> tuple[ctypes.CDLL | None, str]:
+    if march == "off":
+        return None, "GPT_ROW_KERNELS=off"
+    if platform.system() != "Linux":
+        return None, f"built on Linux only, not {platform.system()}"
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if not cc:
+        return None, "no C compiler (gcc or $CC)"
+    torch_lib = Path(torch.__file__).parent / "lib"
+    with tempfile.TemporaryDirectory(prefix="gpt-rowkernels-") as tmp:
+        so = Path(tmp) / "rowkernels.so"
+        cmd = [cc, "-O3", f"-march={march}", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", str(SOURCE)]
+        cmd += ["-o", str(so), f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}", "-lgomp"]
+        try:
+            built = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return None, f"{cc} failed: {e}"
+        if built.returncode:
+            return None, f"{cc} failed: {(built.stderr.strip().splitlines() or ['?'])[-1]}"
+        lib = ctypes.CDLL(str(so))  # loaded: the file can go with its directory
+    lib.layout.argtypes, lib.layout.restype = [_I], _I
+    lib.f32_rows.argtypes = [_P, _L, _L, _P, _P, _P, _L, _I]
+    lib.bf16_rows.argtypes = [_P, _L, _L, _P, _P, _P, _L, _I]
+    lib.int8_rows.argtypes = [_P, _L, _L, _P, _P, _P, _P, _P, _L, _F, _I]
+    lib.int8_rows.restype = _I
+    return lib, ""
+
+
+def blocks(weight: torch.Tensor, k: int) -> torch.Tensor:
+    """An (out, in) weight as the C file's (blocks, in / k, 64, k): 64 output features a block, the last padded
+    with zero rows, each output's k consecutive input features together."""
+    out, n_in = weight.shape
+    padded = weight.new_zeros(-(-out // BLOCK) * BLOCK, n_in)
+    padded[:out] = weight
+    return padded.view(-1, BLOCK, n_in // k, k).permute(0, 2, 1, 3).contiguous()
+
+
+def fits(module: nn.Module, march: str | None = None) -> bool:
+    """Whether `RowLinear` takes this layer: an nn.Linear in float32 or bf16 on the CPU, or an Int8Linear, with an
+    input width the layout's pairs or quads divide."""
+    if isinstance(module, Int8Linear):
+        weight = module.weight_int8
+    elif type(module) is nn.Linear:
+        weight = module.weight
+    else:
+        return False
+    lib = library(march)
+    return (
+        lib is not None
+        and weight.device.type == "cpu"
+        and weight.dtype in KINDS
+        and weight.size(1) % lib.layout(KINDS[weight.dtype]) == 0
+    )
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class RowLinear(nn.Module):
+    """An nn.Linear's (float32, bf16) or an Int8Linear's product through the C kernels (module notes). Buffers
+    only, on the CPU; check `fits` first."""
+
+    def __init__(self, linear: nn.Module, march: str | None = None):
+        super().__init__()
+        self.march = chosen(march)  # the build each call runs
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight_int8 if isinstance(linear, Int8Linear) else linear.weight.detach()
+        self.kind = KINDS[weight.dtype]
+        self.register_buffer("weight_blocks", blocks(weight, library(march).layout(self.kind)), persistent=False)
+        bias = None if linear.bias is None else linear.bias.detach().contiguous()
+        self.register_buffer("bias", bias, persistent=False)
+        if isinstance(linear, Int8Linear):  # float32 in and out, the row quantised inside
+            self.register_buffer("weight_sum", weight.sum(1, dtype=torch.int32), persistent=False)
+            self.register_buffer("weight_scale", linear.weight_scale.contiguous(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = torch.bfloat16 if self.kind == KINDS[torch.bfloat16] else torch.float32
+        rows = x.reshape(-1, self.in_features).to(dtype).contiguous()
+        y = rows.new_empty(rows.size(0), self.out_features)
+        if not rows.size(0):
+            return y.view(*x.shape[:-1], self.out_features)
+        lib = _build(self.march)[0]
+        m, n_in, w, b, threads = rows.size(0), self.in_features, self.weight_blocks, self.bias, torch.get_num_threads()
+        if self.kind == KINDS[torch.int8]:
+            failed = lib.int8_rows(
+                rows.data_ptr(), m, n_in, w.data_ptr(), self.weight_sum.data_ptr(), self.weight_scale.data_ptr(),
+                _ptr(b), y.data_ptr(), self.out_features, grids.TINY, threads,
+            )  # fmt: skip
+            if failed:
+                raise MemoryError(f"no memory for {m} quantised rows of {n_in}")
+        else:
+            run = lib.f32_rows if self.kind == KINDS[torch.float32] else lib.bf16_rows
+            run(rows.data_ptr(), m, n_in, w.data_ptr(), _ptr(b), y.data_ptr(), self.out_features, threads)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        kind = {v: str(k).replace("torch.", "") for k, v in KINDS.items()}[self.kind]
+        return f"in_features={self.in_features}, out_features={self.out_features}, {kind} in 64-output blocks"

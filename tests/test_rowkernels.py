@@ -1,0 +1,144 @@
+"""Our C decode kernels (gpt/model/rowkernels.py): the numbers of nn.Linear and Int8Linear, a row's result
+independent of its neighbours and of the threads, both builds (this machine's and AVX2's), decoding through them,
+and the fallbacks when they cannot be built."""
+
+import platform
+
+import pytest
+import torch
+import torch.nn as nn
+
+from gpt import GPT, GPTConfig
+from gpt.infer.sampling import Decoder
+from gpt.model import rowkernels
+from gpt.model.packed import pack
+from gpt.model.quantize import Int8Linear, quantize
+from gpt.model.rowkernels import RowLinear, fits, library
+from gpt.runtime import cpu_flags
+
+AVX2 = platform.machine() == "x86_64" and "avx2" in cpu_flags()
+BUILDS = ["native", pytest.param("x86-64-v3", marks=pytest.mark.skipif(not AVX2, reason="no AVX2 on this CPU"))]
+needs_kernels = pytest.mark.skipif(library() is None, reason=f"the kernels do not build here: {rowkernels.why_not()}")
+pytestmark = needs_kernels
+
+
+def layer(kind: str, bias: bool, out: int = 100, n_in: int = 64) -> nn.Module:
+    """A Linear layer of `kind`: 100 outputs, so the last block of 64 is padded."""
+    torch.manual_seed(0)
+    linear = nn.Linear(n_in, out, bias=bias)
+    return Int8Linear(linear) if kind == "int8" else linear.to(getattr(torch, kind)).eval()
+
+
+def int8_exact(q: Int8Linear, x: torch.Tensor) -> torch.Tensor:
+    """Int8Linear's numbers with the products in int64: each row quantised by its largest magnitude, the integer
+    dot products, scaled back (row scale x channel scale) and the bias added after."""
+    amax = x.abs().amax(1, keepdim=True).clamp_min(1e-30)
+    dot = torch.round(x * (127 / amax)).long() @ q.weight_int8.long().t()
+    y = dot.float() * (amax * q.weight_scale)
+    return y if q.bias is None else q.bias + y
+
+
+@pytest.mark.parametrize("march", BUILDS)
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_few_rows_or_many_give_the_layers_numbers(march, kind, bias):
+    base = layer(kind, bias)
+    ours = RowLinear(base, march)
+    x = torch.randn(40, 64)
+    x[3] = 0  # an all-zero row quantises to zeros, not NaN
+    if kind == "bfloat16":
+        x = x.bfloat16()
+    with torch.no_grad():
+        got = ours(x)
+        if kind == "int8":
+            assert torch.equal(got, int8_exact(base, x))  # exact integer products, the same scaling
+        else:  # float sums in another order: to the precision's rounding
+            want = x.float() @ base.weight.float().t() + (base.bias.float() if bias else 0)
+            tol = 1e-5 if kind == "float32" else 2e-2
+            assert got.dtype == x.dtype
+            torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+        for m in (1, 3, 4, 5, 7):  # one row, fewer than a group of rows, a group and a remainder
+            assert torch.equal(ours(x[:m]), got[:m])  # the same numbers whatever rows come beside
+        assert torch.equal(ours(x[7:9].view(2, 1, 64)), got[7:9].view(2, 1, 100))  # (B, T, C) in, (B, T, out)
+        assert ours(x[:0]).shape == (0, 100)
+
+
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8"])
+def test_the_threads_share_the_blocks_without_changing_a_number(kind, monkeypatch):
+    ours = RowLinear(layer(kind, True, out=1000, n_in=128))
+    x = torch.randn(3, 128).to(torch.bfloat16 if kind == "bfloat16" else torch.float32)
+    n = torch.get_num_threads()
+    with torch.no_grad():
+        try:
+            torch.set_num_threads(1)
+            one = ours(x)
+            torch.set_num_threads(2)
+            assert torch.equal(ours(x), one)
+        finally:
+            torch.set_num_threads(n)
+
+
+def test_the_native_build_uses_the_cpus_dot_products():
+    """Pairs of bf16 where the CPU has AVX512_BF16, quads of int8 where it has AVX512_VNNI; plain vectors in the
+    AVX2 build and elsewhere (the layout follows)."""
+    flags = cpu_flags()
+    assert library().layout(0) == 1
+    assert library().layout(1) == (2 if {"avx512_bf16", "avx512bw"} <= flags else 1)
+    assert library().layout(2) == (4 if {"avx512_vnni", "avx512bw"} <= flags else 1)
+    if AVX2:
+        assert [library("x86-64-v3").layout(k) for k in range(3)] == [1, 1, 1]
+    assert RowLinear(layer("int8", False)).weight_blocks.shape == (
+        2,
+        64 // library().layout(2),
+        64,
+        library().layout(2),
+    )
+
+
+def test_fits_takes_cpu_float_and_int8_layers_only():
+    assert fits(nn.Linear(64, 8)) and fits(layer("int8", False)) and fits(nn.Linear(64, 8).bfloat16())
+    assert not fits(nn.Linear(64, 8).half()) and not fits(nn.Embedding(4, 64))
+    assert fits(nn.Linear(33, 8).bfloat16()) == (library().layout(1) == 1)  # pairs need an even width
+
+
+def tiny(**over) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32, **over)).eval()
+
+
+def greedy(model: GPT, idx: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    dec = Decoder(model, idx)
+    for _ in range(steps):
+        dec.advance(dec.logits.argmax(-1))
+    return dec.tokens, dec.logits
+
+
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8"])
+def test_a_packed_model_decodes_as_the_plain_one_and_as_it_recomputes(kind):
+    def make():
+        model = tiny()
+        return quantize(model, "int8") if kind == "int8" else model.to(getattr(torch, kind))
+
+    model, reference = pack(make()), make()
+    n = sum(isinstance(m, RowLinear) for m in model.modules())
+    assert n == 2 * 4 + 1 and not any(isinstance(m, (nn.Linear, Int8Linear)) for m in model.modules())
+    assert torch.equal(model.transformer.wte.weight, reference.transformer.wte.weight)  # the embedding's own copy
+    idx = torch.randint(0, 50, (1, 5))
+    tokens, logits = greedy(model, idx, 10)
+    assert torch.equal(tokens, greedy(reference, idx, 10)[0])
+    with torch.no_grad():
+        full = model.head(model.hidden(tokens))[:, -1].float()
+    tol = 3e-2 if kind == "bfloat16" else 1e-4
+    torch.testing.assert_close(logits, full, atol=tol, rtol=tol)
+
+
+def test_without_kernels_pack_keeps_pytorchs_and_says_why(monkeypatch):
+    assert rowkernels._build("off") == (None, "GPT_ROW_KERNELS=off")
+    monkeypatch.setenv("GPT_ROW_KERNELS", "off")
+    assert library() is None and rowkernels.why_not() == "GPT_ROW_KERNELS=off"
+    model = pack(tiny())
+    assert not any(isinstance(m, RowLinear) for m in model.modules())
+    assert not model.transformer.h[0].mlp.c_fc.weight.is_contiguous()  # PyTorch's layout instead
+    monkeypatch.setenv("CC", "false")  # a compiler that fails: no library, the reason kept
+    lib, why = rowkernels._build.__wrapped__("native")
+    assert lib is None and why.startswith("false failed")
