@@ -215,13 +215,14 @@ def run_layouts(model, prompt: list[int], new_tokens: int, repeats: int) -> dict
     from gpt.model.packed import can_pack, pack
     from gpt.model.quantize import quantize
 
-    variants = {"float32": model, "float32-packed": pack(copy.deepcopy(model))}
+    # PyTorch's layouts (kernels=False), not our kernels': bench_kernels.py measures those against these
+    variants = {"float32": model, "float32-packed": pack(copy.deepcopy(model), kernels=False)}
     if torch.get_num_threads() > 1:  # packed's float32 column blocks against the transposed layout alone
-        variants["float32-transposed"] = pack(copy.deepcopy(model), chunks=1)
+        variants["float32-transposed"] = pack(copy.deepcopy(model), chunks=1, kernels=False)
     bf16 = copy.deepcopy(model).to(torch.bfloat16)
     if can_pack(bf16):
         bf16.cache_dtype = lambda: torch.bfloat16  # before: bf16 KV caches (GPT.cache_dtype)
-        variants |= {"bf16": bf16, "bf16-packed": pack(copy.deepcopy(model).to(torch.bfloat16))}
+        variants |= {"bf16": bf16, "bf16-packed": pack(copy.deepcopy(model).to(torch.bfloat16), kernels=False)}
     variants["int8"] = quantize(copy.deepcopy(model), "int8")
     for m in variants.values():
         decode_speed(m, prompt[:8], 4)  # warm-up

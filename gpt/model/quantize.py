@@ -42,8 +42,9 @@ Footguns
   bench/README.md, "int8 against float32".
 - Eager, each Int8Linear is about ten small ops (quantise the row, multiply, scale back): GPT-2 124M decoded
   slower eager than with the fused fbgemm kernel of `torch.ao` this layer replaced, and a model as small as
-  the char one runs int8 slower than float32 eager (bench/README.md, "int8 against float32"). `--compile`
-  fuses them (bench/README.md, "Against llama.cpp").
+  the char one runs int8 slower than float32 eager (bench/README.md, "int8 against float32"). So
+  load_for_inference hands them to our C kernels where they build (gpt.model.packed, gpt.model.rowkernels:
+  one call a layer, the same numbers), and `--compile` fuses them (bench/README.md, "Against llama.cpp").
 - A row with one huge activation (an outlier channel) quantises its other entries coarsely: llama.cpp's
   q8_0 scales every 32 entries instead, which this layer's single int8 product cannot.
 - Why not PyTorch's own tooling: `torch.ao.quantization` (deprecated) shares one activation scale across
