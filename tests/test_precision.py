@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpt import GPT, GPTConfig, runtime
 from gpt.cli import evaluate, sample
+from gpt.model.rowkernels import RowLinear
 from gpt.runtime import INFERENCE_BF16_MIN_PARAMS, DeviceError, resolve_dtype
 from gpt.train.start import resolve_run
 from gpt.train.trainer import train
@@ -57,6 +58,23 @@ class Products(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.seen: dict[str, Counter] = {"linear": Counter(), "attention": Counter()}
+
+    def __enter__(self):
+        """Also our C kernels' products (gpt/model/rowkernels.py), which no dispatcher sees: by the dtype of the
+        weights each streams (the rows are turned into it)."""
+        forward = RowLinear.forward
+
+        def recorded(layer, x):
+            self.seen["linear"][layer.weight_blocks.dtype] += 1
+            return forward(layer, x)
+
+        self._restore = forward
+        RowLinear.forward = recorded
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        RowLinear.forward = self._restore
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kind, n = self.OPERANDS.get(func.overloadpacket.__name__, (None, 0))

@@ -38,13 +38,20 @@ def int8_exact(q: Int8Linear, x: torch.Tensor) -> torch.Tensor:
     return y if q.bias is None else q.bias + y
 
 
+def reference(base: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """What `base` computes, in float32 (int8: `int8_exact`)."""
+    if isinstance(base, Int8Linear):
+        return int8_exact(base, x)
+    return x.float() @ base.weight.float().t() + (base.bias.float() if base.bias is not None else 0)
+
+
 @pytest.mark.parametrize("march", BUILDS)
 @pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_a_few_rows_or_many_give_the_layers_numbers(march, kind, bias):
+def test_a_few_rows_give_the_layers_numbers_whatever_rows_come_beside(march, kind, bias):
     base = layer(kind, bias)
     ours = RowLinear(base, march)
-    x = torch.randn(40, 64)
+    x = torch.randn(rowkernels.MANY_ROWS, 64)
     x[3] = 0  # an all-zero row quantises to zeros, not NaN
     if kind == "bfloat16":
         x = x.bfloat16()
@@ -53,14 +60,26 @@ def test_a_few_rows_or_many_give_the_layers_numbers(march, kind, bias):
         if kind == "int8":
             assert torch.equal(got, int8_exact(base, x))  # exact integer products, the same scaling
         else:  # float sums in another order: to the precision's rounding
-            want = x.float() @ base.weight.float().t() + (base.bias.float() if bias else 0)
             tol = 1e-5 if kind == "float32" else 2e-2
             assert got.dtype == x.dtype
-            torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+            torch.testing.assert_close(got.float(), reference(base, x), atol=tol, rtol=tol)
         for m in (1, 3, 4, 5, 7):  # one row, fewer than a group of rows, a group and a remainder
             assert torch.equal(ours(x[:m]), got[:m])  # the same numbers whatever rows come beside
         assert torch.equal(ours(x[7:9].view(2, 1, 64)), got[7:9].view(2, 1, 100))  # (B, T, C) in, (B, T, out)
         assert ours(x[:0]).shape == (0, 100)
+
+
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8"])
+def test_many_rows_go_through_pytorchs_product_with_the_same_numbers(kind, monkeypatch):
+    """More than MANY_ROWS rows (a prefill): PyTorch's kernels on the weight unblocked, so not our kernels."""
+    base = layer(kind, True)
+    ours = RowLinear(base)
+    x = torch.randn(rowkernels.MANY_ROWS + 9, 64).to(torch.bfloat16 if kind == "bfloat16" else torch.float32)
+    with torch.no_grad():
+        want = base(x)
+        monkeypatch.setattr(rowkernels, "_build", lambda march: (None, "not called"))  # our kernels: out of reach
+        got = ours(x.view(1, -1, 64))[0]
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)  # int8: exact, but for the bias's rounding
 
 
 @pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8"])
@@ -79,14 +98,16 @@ def test_the_threads_share_the_blocks_without_changing_a_number(kind, monkeypatc
 
 
 def test_the_native_build_uses_the_cpus_dot_products():
-    """Pairs of bf16 where the CPU has AVX512_BF16, quads of int8 where it has AVX512_VNNI; plain vectors in the
-    AVX2 build and elsewhere (the layout follows)."""
+    """Pairs of bf16 where the CPU has AVX512_BF16, quads of int8 where it has AVX512_VNNI or AVX2 (the layout
+    follows); a build without AVX2 is not used."""
     flags = cpu_flags()
     assert library().layout(0) == 1
     assert library().layout(1) == (2 if {"avx512_bf16", "avx512bw"} <= flags else 1)
-    assert library().layout(2) == (4 if {"avx512_vnni", "avx512bw"} <= flags else 1)
+    assert library().layout(2) == (4 if "avx2" in flags else 1)
     if AVX2:
-        assert [library("x86-64-v3").layout(k) for k in range(3)] == [1, 1, 1]
+        assert [library("x86-64-v3").layout(k) for k in range(3)] == [1, 1, 4]  # int8 pairs of pairs
+        assert library("x86-64") is None  # SSE2 only: PyTorch's kernels do as well
+        assert rowkernels.why_not("x86-64") == "-march=x86-64 has neither AVX2 nor AVX-512"
     assert RowLinear(layer("int8", False)).weight_blocks.shape == (
         2,
         64 // library().layout(2),
@@ -139,6 +160,22 @@ def test_without_kernels_pack_keeps_pytorchs_and_says_why(monkeypatch):
     model = pack(tiny())
     assert not any(isinstance(m, RowLinear) for m in model.modules())
     assert not model.transformer.h[0].mlp.c_fc.weight.is_contiguous()  # PyTorch's layout instead
-    monkeypatch.setenv("CC", "false")  # a compiler that fails: no library, the reason kept
-    lib, why = rowkernels._build.__wrapped__("native")
+    monkeypatch.setenv("CC", "false")  # a compiler that fails: no library, the reason kept and said
+    with pytest.warns(rowkernels.KernelWarning, match="not used: false failed"):
+        lib, why = rowkernels._build.__wrapped__("native")
     assert lib is None and why.startswith("false failed")
+    monkeypatch.setenv("CC", "/nonexistent/cc")  # one that does not run
+    with pytest.warns(rowkernels.KernelWarning, match="/nonexistent/cc or loading its library failed"):
+        assert rowkernels._build.__wrapped__("native")[0] is None
+
+
+def test_a_library_that_cannot_be_loaded_is_a_warning_not_an_error(monkeypatch):
+    """A temporary directory mounted noexec: the compiler writes the library, loading it fails."""
+
+    def refuse(path, *args, **kwargs):
+        raise OSError(f"{path}: failed to map segment from shared object")
+
+    monkeypatch.setattr(rowkernels.ctypes, "CDLL", refuse)
+    with pytest.warns(rowkernels.KernelWarning, match="failed to map segment"):
+        lib, why = rowkernels._build.__wrapped__("native")
+    assert lib is None and "failed to map segment" in why

@@ -82,8 +82,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # as few ops as can be: each costs ~2 us in eager decoding, 49 layers a token for GPT-2
-        return self._product(x, lambda q: torch._int_mm(q.to(torch.int8), self.weight_int8.t()))  # int32, exact
+        return int8_product(x, self.weight_int8, self.weight_scale, self.bias)
 
     def row_forward(self, x: torch.Tensor) -> torch.Tensor:
         """`forward` for the compiled one-row step (`gpt.model.compiled.row_products`): the same quantised row
@@ -91,20 +90,25 @@ class Int8Linear(nn.Module):
         the products are integers of at most 127 x 64 in magnitude and float32 sums integers exactly below
         2**24, which a row of typical activations stays far under (only 2,065 products all at the extremes
         and of one sign could pass it)."""
-        return self._product(x, lambda q: (q.unsqueeze(-2) * self.weight_int8).sum(-1))  # int8 read as it is
-
-    def _product(self, x: torch.Tensor, times_weight) -> torch.Tensor:
-        """Each row of `x` quantised with its own scale (integers in [-127, 127], still float), multiplied by the
-        int8 weight by `times_weight`, and scaled back (row scale x channel scale) with the bias added."""
-        rows = x.reshape(-1, self.in_features)
-        amax = rows.abs().amax(dim=1, keepdim=True).clamp_min(TINY)
-        product = times_weight(torch.round(rows * (127 / amax)))  # within [-127, 127]: no clamp needed
-        scale = amax * self.weight_scale  # (rows, out)
-        y = product * scale if self.bias is None else torch.addcmul(self.bias, product, scale)
-        return y.view(*x.shape[:-1], self.out_features)
+        times_weight = lambda q: (q.unsqueeze(-2) * self.weight_int8).sum(-1)  # noqa: E731 (int8 read as it is)
+        return int8_product(x, self.weight_int8, self.weight_scale, self.bias, times_weight)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def int8_product(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias, times_weight=None):
+    """`Int8Linear`'s y = x W^T + b: each row of `x` quantised with its own scale (integers in [-127, 127], still
+    float), multiplied by the (out, in) int8 `weight` (`torch._int_mm`'s exact int32, or `times_weight`), and scaled
+    back (row scale x channel scale) with the bias added. As few ops as can be: each costs ~2 us in eager
+    decoding, 49 layers a token for GPT-2."""
+    rows = x.reshape(-1, weight.size(1))
+    amax = rows.abs().amax(dim=1, keepdim=True).clamp_min(TINY)
+    q = torch.round(rows * (127 / amax))  # within [-127, 127]: no clamp needed
+    product = times_weight(q) if times_weight else torch._int_mm(q.to(torch.int8), weight.t())
+    scale = amax * weight_scale  # (rows, out)
+    y = product * scale if bias is None else torch.addcmul(bias, product, scale)
+    return y.view(*x.shape[:-1], weight.size(0))
 
 
 class Int4Linear(nn.Module):

@@ -2,10 +2,11 @@
 
    Every weight matrix is stored in blocks of 64 output features: block b holds features 64b..64b+63 for every
    input feature in turn, so a block streams from memory in one run and each input value multiplies 64 outputs
-   at once, in 4 vectors of 16 sums that never need adding across (the zero-padded last block included). Where
-   the CPU multiplies pairs of bf16 (AVX512_BF16) or quads of int8 (AVX512_VNNI) in one instruction, each
-   output's pair or quad of weights sits together: (blocks, in / k, 64, k), k = layout(kind). The rows go
-   through each block ROWS at a time, so a block is read from memory once for all of them; the blocks are
+   at once, in vectors of sums that never need adding across (4 of 16 with AVX-512, 8 of 8 with AVX2; the
+   zero-padded last block included). Where the CPU multiplies pairs of bf16 (AVX512_BF16) or quads of int8
+   (AVX512_VNNI; AVX2 in two steps, vpmaddubsw then vpmaddwd) at once, each output's pair or quad of weights
+   sits together: (blocks, in / k, 64, k), k = layout(kind). The rows go through each block ROWS at a time
+   (4 with AVX-512, 1 with AVX2), so a block is read from memory once for all of them; the blocks are
    shared among `threads` OpenMP threads (torch's own runtime: the library is linked against its libgomp).
    Each output is the same sum in the same order whatever the number of rows, so a row's result does not depend
    on the rows beside it. Built with -ffp-contract=off: int8 scales back as (dot x scale) + bias, as
@@ -14,28 +15,45 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
-#if defined(__AVX512F__)
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
-#define ROWS 4
-#else
-#define ROWS 2 /* 16 vector registers (AVX2): two rows' 8 sums, the weights and the inputs */
 #endif
+#if defined(__AVX512F__)
+#define VL 16  /* floats a vector */
+#define ROWS 4 /* rows a pass: 4 x 4 sums in 32 vector registers */
+#else
+#define VL 8   /* AVX2 (or plain vectors): 8 floats */
+#define ROWS 1 /* 8 sums a row in 16 vector registers */
+#endif
+#define NV (64 / VL) /* vectors a block */
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #define BF16_K 2
 #else
 #define BF16_K 1
 #endif
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#define INT8_K 4
+#if (defined(__AVX512VNNI__) && defined(__AVX512BW__)) || defined(__AVX2__)
+#define INT8_K 4 /* VNNI's dot product of quads, or AVX2's pairs (vpmaddubsw) added to quads (vpmaddwd) */
 #else
 #define INT8_K 1
 #endif
 
 enum { F32 = 0, BF16 = 1, INT8 = 2 };
-typedef float vf __attribute__((vector_size(64), aligned(4)));   /* 16 floats, loads need no alignment */
-typedef int32_t vi __attribute__((vector_size(64), aligned(4)));
-typedef int8_t vb __attribute__((vector_size(16), aligned(1)));
-typedef uint16_t vh __attribute__((vector_size(32), aligned(2)));
+/* Fewer products than this (blocks x in x rows, 64 each) run on the calling thread: waking the others and
+   waiting for them costs more than a small layer's whole product (the char model's). */
+#define PARALLEL_WORK (1L << 12)
+typedef float vf __attribute__((vector_size(VL * 4), aligned(4))); /* loads need no alignment */
+typedef int32_t vi __attribute__((vector_size(VL * 4), aligned(4)));
+typedef int8_t vb __attribute__((vector_size(VL), aligned(1)));
+typedef uint16_t vh __attribute__((vector_size(VL * 2), aligned(2)));
+
+/* 1 where this build has the vector paths that beat PyTorch's kernels (AVX2 or AVX-512), else 0. */
+int fast(void) {
+#if defined(__AVX2__) || defined(__AVX512F__)
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 int layout(int kind) { return kind == BF16 ? BF16_K : kind == INT8 ? INT8_K : 1; }
 
@@ -64,13 +82,13 @@ static inline float from_bf16(uint16_t h) {
 /* ---- float32: (blocks, in, 64) ---- */
 static inline __attribute__((always_inline)) void f32_block(const float *x, long in, const float *w, int R,
                                                             float *sums) {
-    vf acc[ROWS][4] = {{{0}}};
+    vf acc[ROWS][NV] = {{{0}}};
     for (long i = 0; i < in; i++, w += 64) {
-        vf w0 = *(const vf *)w, w1 = *(const vf *)(w + 16), w2 = *(const vf *)(w + 32), w3 = *(const vf *)(w + 48);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             float xv = x[r * in + i];
-            acc[r][0] += xv * w0, acc[r][1] += xv * w1, acc[r][2] += xv * w2, acc[r][3] += xv * w3;
+#pragma GCC unroll 8
+            for (int q = 0; q < NV; q++) acc[r][q] += xv * *(const vf *)(w + q * VL);
         }
     }
     for (int r = 0; r < R; r++) memcpy(sums + r * 64, acc[r], sizeof acc[r]);
@@ -78,7 +96,7 @@ static inline __attribute__((always_inline)) void f32_block(const float *x, long
 
 void f32_rows(const float *x, long m, long in, const float *w, const float *bias, float *y, long out, int threads) {
     long blocks = (out + 63) / 64;
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(threads) if (blocks * in * m >= PARALLEL_WORK)
     for (long b = 0; b < blocks; b++) {
         float sums[ROWS * 64];
         for (long r0 = 0; r0 < m; r0 += ROWS) {
@@ -110,17 +128,19 @@ static inline __attribute__((always_inline)) void bf16_block(const uint16_t *x, 
         }
     }
 #else
-    vf acc[ROWS][4] = {{{0}}};
+    vf acc[ROWS][NV] = {{{0}}};
     for (long i = 0; i < in; i++, w += 64) {
-        vf wf[4];
-        for (int q = 0; q < 4; q++) {
-            vi bits = __builtin_convertvector(*(const vh *)(w + 16 * q), vi) << 16;
-            memcpy(&wf[q], &bits, 64);
+        vf wf[NV];
+#pragma GCC unroll 8
+        for (int q = 0; q < NV; q++) { /* bf16 is float32's upper half */
+            vi bits = __builtin_convertvector(*(const vh *)(w + q * VL), vi) << 16;
+            memcpy(&wf[q], &bits, sizeof bits);
         }
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             float xv = from_bf16(x[r * in + i]);
-            acc[r][0] += xv * wf[0], acc[r][1] += xv * wf[1], acc[r][2] += xv * wf[2], acc[r][3] += xv * wf[3];
+#pragma GCC unroll 8
+            for (int q = 0; q < NV; q++) acc[r][q] += xv * wf[q];
         }
     }
 #endif
@@ -130,7 +150,7 @@ static inline __attribute__((always_inline)) void bf16_block(const uint16_t *x, 
 void bf16_rows(const uint16_t *x, long m, long in, const uint16_t *w, const uint16_t *bias, uint16_t *y, long out,
                int threads) {
     long blocks = (out + 63) / 64;
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(threads) if (blocks * in * m >= PARALLEL_WORK)
     for (long b = 0; b < blocks; b++) {
         float sums[ROWS * 64];
         for (long r0 = 0; r0 < m; r0 += ROWS) {
@@ -152,7 +172,7 @@ void bf16_rows(const uint16_t *x, long m, long in, const uint16_t *w, const uint
    `wsum`, comes off again. The sums are exact integers in int32. */
 static inline __attribute__((always_inline)) void int8_block(const uint8_t *q, long in, const int8_t *w, int R,
                                                              int32_t *sums) {
-#if INT8_K == 4
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
     __m512i acc[ROWS][4];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm512_setzero_si512();
     for (long i = 0; i < in; i += 4, w += 256) {
@@ -167,22 +187,40 @@ static inline __attribute__((always_inline)) void int8_block(const uint8_t *q, l
             acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], xv, w2), acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], xv, w3);
         }
     }
+#elif defined(__AVX2__) /* u8 x s8 pairs in int16 (at most 2 x 255 x 64: never saturates), then pairs of those */
+    __m256i acc[ROWS][8], ones = _mm256_set1_epi16(1);
+    for (int r = 0; r < R; r++)
+        for (int q = 0; q < 8; q++) acc[r][q] = _mm256_setzero_si256();
+    for (long i = 0; i < in; i += 4, w += 256) {
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            uint32_t quad;
+            memcpy(&quad, q + r * in + i, 4);
+            __m256i xv = _mm256_set1_epi32((int)quad);
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                __m256i pairs = _mm256_maddubs_epi16(xv, _mm256_loadu_si256((const __m256i *)(w + 32 * k)));
+                acc[r][k] = _mm256_add_epi32(acc[r][k], _mm256_madd_epi16(pairs, ones));
+            }
+        }
+    }
 #else
-    vi acc[ROWS][4] = {{{0}}};
+    vi acc[ROWS][NV] = {{{0}}};
     for (long i = 0; i < in; i++, w += 64) {
-        vi wi[4];
-        for (int k = 0; k < 4; k++) wi[k] = __builtin_convertvector(*(const vb *)(w + 16 * k), vi);
+        vi wi[NV];
+        for (int k = 0; k < NV; k++) wi[k] = __builtin_convertvector(*(const vb *)(w + VL * k), vi);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             int32_t xv = (int32_t)q[r * in + i] - 128;
-            acc[r][0] += xv * wi[0], acc[r][1] += xv * wi[1], acc[r][2] += xv * wi[2], acc[r][3] += xv * wi[3];
+            for (int k = 0; k < NV; k++) acc[r][k] += xv * wi[k];
         }
     }
 #endif
     for (int r = 0; r < R; r++) memcpy(sums + r * 64, acc[r], sizeof acc[r]);
 }
 
-/* y = round(x x 127 / amax) . w, times amax x wscale, plus bias (amax at least `tiny`); the same numbers as Int8Linear._product.
+/* y = round(x x 127 / amax) . w, times amax x wscale, plus bias (amax at least `tiny`): the numbers of
+   gpt.model.quantize.int8_product.
    Returns 1 when it cannot allocate the quantised rows (nothing written), else 0. */
 int int8_rows(const float *x, long m, long in, const int8_t *w, const int32_t *wsum, const float *wscale,
               const float *bias, float *y, long out, float tiny, int threads) {
@@ -200,7 +238,7 @@ int int8_rows(const float *x, long m, long in, const int8_t *w, const int32_t *w
         for (long i = 0; i < in; i++) q[r * in + i] = (uint8_t)((int)nearbyintf(x[r * in + i] * s) + 128);
     }
     long blocks = (out + 63) / 64;
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(threads) if (blocks * in * m >= PARALLEL_WORK)
     for (long b = 0; b < blocks; b++) {
         int32_t sums[ROWS * 64];
         for (long r0 = 0; r0 < m; r0 += ROWS) {
@@ -213,7 +251,7 @@ int int8_rows(const float *x, long m, long in, const int8_t *w, const int32_t *w
             for (int r = 0; r < R; r++)
                 for (long c = 0; c < n; c++) {
                     long o = b * 64 + c;
-                    float dot = (float)(sums[r * 64 + c] - (INT8_K == 4 ? 128 * wsum[o] : 0));
+                    float dot = (float)(sums[r * 64 + c] - (INT8_K == 4 ? 128 * wsum[o] : 0)); /* q + 128 went in */
                     float v = dot * (amax[r0 + r] * wscale[o]);
                     y[(r0 + r) * out + o] = bias ? bias[o] + v : v;
                 }

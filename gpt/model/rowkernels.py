@@ -12,21 +12,27 @@ A decode step multiplies one row per sequence by every weight, so it is bound by
 from memory. PyTorch's CPU kernels (MKL, oneDNN, `torch._int_mm`) stream one row far below the memory's rate:
 bench/results/kernels.json times them inside the eager step. The C file lays each weight out in blocks of 64
 output features, so a block streams in one run and every input value multiplies 64 outputs in four vectors,
-and uses the CPU's pair and quad dot products where it has them (AVX512_BF16, AVX512_VNNI); elsewhere the
-same loops in plain vectors. What it gains: bench/README.md, "Against llama.cpp".
+and uses the CPU's pair and quad dot products where it has them (AVX512_BF16, AVX512_VNNI, AVX2's int8
+pairs); elsewhere the same loops in plain vectors. A build with neither AVX2 nor AVX-512 is not used
+(PyTorch's kernels do as well there). What it gains: bench/README.md, "Against llama.cpp".
 
 The library is compiled with `-O3 -march=native -fopenmp` into a private temporary directory, loaded, and the
 file removed: nothing is cached on disk, so nothing another user could write is ever loaded. Its OpenMP is
 torch's own libgomp (linked from torch/lib), and each call passes torch.get_num_threads(). A machine
-without a C compiler, or where the build fails, gets None and decodes with PyTorch's kernels.
+without a C compiler, or where the build or the load fails (a noexec temporary directory), gets None and
+decodes with PyTorch's kernels, after one warning line that says why (a `KernelWarning`).
 
 Footguns
 - Inference only: no gradients, and the blocked weights are no state_dict entries of the layer's own (like
   gpt.model.packed's); a model with these layers is never saved or trained.
 - A tied output head gets its own blocked copy; the token embedding keeps the original (GPT-2: 154 MB float32).
 - float32 and bf16 sums run in another order than MKL's or oneDNN's: the results equal nn.Linear's up to
-  float rounding, and a row's result is the same whatever rows come beside it. int8's are exact integers
-  scaled as Int8Linear scales them: the same numbers.
+  float rounding, and a row's result is the same whatever rows come beside it, up to MANY_ROWS rows at once
+  (a decode step of up to that many sequences); more rows (a prompt's prefill, an evaluation) go through
+  PyTorch's product on the weight unblocked for the call, which is faster there (our loops keep a block's
+  sums of a few rows in registers, not a GEMM's cache blocking, nor AMX) and rounds as nn.Linear does. int8's
+  are exact integers scaled as Int8Linear scales them: the same numbers, to the last bit but for a bias added
+  after (torch.addcmul's rounding, which PyTorch's own kernel varies with the shape).
 - ctypes releases the GIL for each call: the server's other threads run meanwhile.
 """
 
@@ -39,16 +45,19 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from gpt.model import grids
-from gpt.model.quantize import Int8Linear
+from gpt.model.quantize import Int8Linear, int8_product
 
 SOURCE = Path(__file__).with_name("rowkernels.c")
 BLOCK = 64  # output features a block (the C file's)
+MANY_ROWS = 32  # more rows at once (a prompt, an evaluation): PyTorch's product, on the weight unblocked
 KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # the C file's F32, BF16, INT8
 _P, _L, _I, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
 
@@ -69,28 +78,50 @@ def chosen(march: str | None = None) -> str:
     return march or os.environ.get("GPT_ROW_KERNELS") or "native"
 
 
+class KernelWarning(UserWarning):
+    """Our kernels could not be built or loaded here: decoding runs on PyTorch's (the message says why)."""
+
+
 @functools.cache
 def _build(march: str) -> tuple[ctypes.CDLL | None, str]:
+    """(the library, "") or (None, why); a warning, once a process, when a build or a load failed."""
     if march == "off":
         return None, "GPT_ROW_KERNELS=off"
     if platform.system() != "Linux":
         return None, f"built on Linux only, not {platform.system()}"
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if not cc:
-        return None, "no C compiler (gcc or $CC)"
+    lib, why = _compiled(cc, march) if cc else (None, "no C compiler (gcc, or $CC)")
+    if lib is not None and not lib.fast():  # plain vectors: PyTorch's kernels do as well, no warning
+        return None, f"-march={march} has neither AVX2 nor AVX-512"
+    if lib is None:
+        warnings.warn(
+            f"our CPU decoding kernels are not used: {why}; PyTorch's decode slower (GPT_ROW_KERNELS=off hides "
+            "this line)",
+            KernelWarning,
+            stacklevel=3,
+        )
+    return lib, why
+
+
+def _compiled(cc: str, march: str) -> tuple[ctypes.CDLL | None, str]:
+    """The C file compiled by `cc` for `march` in a private temporary directory and loaded (the file is removed
+    with the directory, the library stays mapped), or (None, why)."""
     torch_lib = Path(torch.__file__).parent / "lib"
-    with tempfile.TemporaryDirectory(prefix="gpt-rowkernels-") as tmp:
-        so = Path(tmp) / "rowkernels.so"
-        cmd = [cc, "-O3", f"-march={march}", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", str(SOURCE)]
-        cmd += ["-o", str(so), f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}", "-lgomp"]
-        try:
+    cmd = [cc, "-O3", f"-march={march}", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", str(SOURCE)]
+    try:
+        with tempfile.TemporaryDirectory(prefix="gpt-rowkernels-") as tmp:
+            so = Path(tmp) / "rowkernels.so"
+            cmd += ["-o", str(so), f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}", "-lgomp"]
             built = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return None, f"{cc} failed: {e}"
-        if built.returncode:
-            return None, f"{cc} failed: {(built.stderr.strip().splitlines() or ['?'])[-1]}"
-        lib = ctypes.CDLL(str(so))  # loaded: the file can go with its directory
+            if built.returncode:
+                return None, f"{cc} failed: {(built.stderr.strip().splitlines() or ['?'])[-1]}"
+            lib = ctypes.CDLL(str(so))
+    except subprocess.TimeoutExpired:
+        return None, f"{cc} took more than 120 s"
+    except OSError as e:  # no temporary directory, a compiler that does not run, a noexec /tmp
+        return None, f"{cc} or loading its library failed: {e}"
     lib.layout.argtypes, lib.layout.restype = [_I], _I
+    lib.fast.argtypes, lib.fast.restype = [], _I
     lib.f32_rows.argtypes = [_P, _L, _L, _P, _P, _P, _L, _I]
     lib.bf16_rows.argtypes = [_P, _L, _L, _P, _P, _P, _L, _I]
     lib.int8_rows.argtypes = [_P, _L, _L, _P, _P, _P, _P, _P, _L, _F, _I]
@@ -149,6 +180,8 @@ class RowLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = torch.bfloat16 if self.kind == KINDS[torch.bfloat16] else torch.float32
         rows = x.reshape(-1, self.in_features).to(dtype).contiguous()
+        if rows.size(0) > MANY_ROWS:
+            return self._library(rows).view(*x.shape[:-1], self.out_features)
         y = rows.new_empty(rows.size(0), self.out_features)
         if not rows.size(0):
             return y.view(*x.shape[:-1], self.out_features)
@@ -165,6 +198,14 @@ class RowLinear(nn.Module):
             run = lib.f32_rows if self.kind == KINDS[torch.float32] else lib.bf16_rows
             run(rows.data_ptr(), m, n_in, w.data_ptr(), _ptr(b), y.data_ptr(), self.out_features, threads)
         return y.view(*x.shape[:-1], self.out_features)
+
+    def _library(self, rows: torch.Tensor) -> torch.Tensor:
+        """Many rows (a prompt, an evaluation): PyTorch's product on the weight unblocked for the call (a copy,
+        cheap beside the product), which uses the CPU's matrix units and cache blocking."""
+        w = self.weight_blocks.permute(0, 2, 1, 3).reshape(-1, self.in_features)[: self.out_features]
+        if self.kind == KINDS[torch.int8]:
+            return int8_product(rows, w, self.weight_scale, self.bias)
+        return F.linear(rows, w, self.bias)
 
     def extra_repr(self) -> str:
         kind = {v: str(k).replace("torch.", "") for k, v in KINDS.items()}[self.kind]
