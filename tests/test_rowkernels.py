@@ -7,9 +7,8 @@ import platform
 import pytest
 import torch
 import torch.nn as nn
+from test_packed import greedy, tiny
 
-from gpt import GPT, GPTConfig
-from gpt.infer.sampling import Decoder
 from gpt.model import rowkernels
 from gpt.model.packed import pack
 from gpt.model.quantize import Int8Linear, quantize
@@ -120,18 +119,6 @@ def test_fits_takes_cpu_float_and_int8_layers_only():
     assert fits(nn.Linear(64, 8)) and fits(layer("int8", False)) and fits(nn.Linear(64, 8).bfloat16())
     assert not fits(nn.Linear(64, 8).half()) and not fits(nn.Embedding(4, 64))
     assert fits(nn.Linear(33, 8).bfloat16()) == (library().layout(1) == 1)  # pairs need an even width
-
-
-def tiny(**over) -> GPT:
-    torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32, **over)).eval()
-
-
-def greedy(model: GPT, idx: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
-    dec = Decoder(model, idx)
-    for _ in range(steps):
-        dec.advance(dec.logits.argmax(-1))
-    return dec.tokens, dec.logits
 
 
 @pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8"])
