@@ -137,7 +137,8 @@ def can_pack(model: GPT) -> bool:
 
 def pack(model: GPT, chunks: int | None = None, chunk_bytes: int = CHUNK_BYTES, kernels: bool = True) -> GPT:
     """The model with its Linear layers (but cross-attention's) laid out for CPU decoding, in place: with
-    `kernels`, where `rowkernels.library()` builds, as `RowLinear`; otherwise float32 weights of at least `chunk_bytes` as `ChunkedLinear` in `chunks` column blocks (default
+    `kernels`, where `rowkernels.library()` builds, every layer `rowkernels.fits` as a `RowLinear`; otherwise
+    float32 weights of at least `chunk_bytes` as `ChunkedLinear` in `chunks` column blocks (default
     torch.get_num_threads(); 1 keeps them nn.Linear), the others transposed in memory (still nn.Linear;
     a tied head and embedding share the one transposed matrix, so no copy), bf16 layers as
     `PackedLinear`. Unchanged where `can_pack` says no. For inference only (eval mode, no gradients)."""

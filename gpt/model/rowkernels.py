@@ -1,7 +1,7 @@
 """Our own CPU products for decoding: a few rows times a weight in float32, bf16 or int8 (gpt/model/rowkernels.c).
 
     from gpt.model.rowkernels import RowLinear, library
-    if library():                      # built on first use with the machine's C compiler (about 0.3 s), else None
+    if library():                      # built on first use with the machine's C compiler, else None
         layer = RowLinear(linear)      # an nn.Linear's float32 or bf16 product, weights in 64-output blocks
         layer = RowLinear(int8_linear) # an Int8Linear's (gpt.model.quantize): the same numbers
 
@@ -11,7 +11,7 @@
 A decode step multiplies one row per sequence by every weight, so it is bound by how fast the weights stream
 from memory. PyTorch's CPU kernels (MKL, oneDNN, `torch._int_mm`) stream one row far below the memory's rate:
 bench/results/kernels.json times them inside the eager step. The C file lays each weight out in blocks of 64
-output features, so a block streams in one run and every input value multiplies 64 outputs in four vectors,
+output features, so a block streams in one run and every input value multiplies 64 outputs in a few vectors,
 and uses the CPU's pair and quad dot products where it has them (AVX512_BF16, AVX512_VNNI, AVX2's int8
 pairs); elsewhere the same loops in plain vectors. A build with neither AVX2 nor AVX-512 is not used
 (PyTorch's kernels do as well there). What it gains: bench/README.md, "Against llama.cpp".
