@@ -10,9 +10,11 @@ import torch.nn as nn
 from test_packed import greedy, tiny
 
 from gpt.model import rowkernels
+from gpt.model.config import GPTConfig
 from gpt.model.packed import pack
 from gpt.model.quantize import Int8Linear, quantize
 from gpt.model.rowkernels import RowLinear, fits, library
+from gpt.model.transformer import GPT
 from gpt.runtime import cpu_flags
 
 AVX2 = platform.machine() == "x86_64" and "avx2" in cpu_flags()
@@ -166,3 +168,101 @@ def test_a_library_that_cannot_be_loaded_is_a_warning_not_an_error(monkeypatch):
     with pytest.warns(rowkernels.KernelWarning, match="failed to map segment"):
         lib, why = rowkernels._build.__wrapped__("native")
     assert lib is None and "failed to map segment" in why
+
+
+def decoded(model, idx: torch.Tensor, steps: int, taken: list[int]) -> tuple[torch.Tensor, list]:
+    """The hidden states of `steps` one-token steps after a prefill of idx's first tokens, and the caches; `taken`
+    counts the block steps our C code ran."""
+    with torch.no_grad():
+        caches = model.new_caches(idx.size(0))
+        model.hidden(idx[:, :-steps], caches)
+        out = torch.cat([model.hidden(idx[:, t : t + 1], caches) for t in range(idx.size(1) - steps, idx.size(1))], 1)
+    return out.float(), caches
+
+
+@pytest.fixture
+def taken(monkeypatch) -> list[int]:
+    """[block steps run in C, block calls given to it but not taken]"""
+    counts = [0, 0]
+    call = rowkernels.BlockStep.__call__
+
+    def counted(step, x, cache):
+        y = call(step, x, cache)
+        counts[y is None] += 1
+        return y
+
+    monkeypatch.setattr(rowkernels.BlockStep, "__call__", counted)
+    return counts
+
+
+@pytest.mark.parametrize("march", BUILDS)
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("activation", ["gelu_tanh", "gelu", "relu2"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_blocks_decode_step_in_c_computes_what_the_block_does(march, kind, activation, bias, monkeypatch, taken):
+    """Head size 12: the attention's dot products in 8s and the rest; the caches hold the same keys and values."""
+    monkeypatch.setenv("GPT_ROW_KERNELS", march)
+    torch.manual_seed(0)
+    model = GPT(
+        GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=4, n_embd=48, activation=activation, bias=bias)
+    )
+    for p in model.parameters():  # values of about 1 everywhere: GELU's cube and attention's scale matter
+        nn.init.normal_(p, std=0.3)
+    model = pack(quantize(model.eval(), "int8") if kind == "int8" else model.eval().to(getattr(torch, kind)))
+    assert all(isinstance(b.step, rowkernels.BlockStep) and b.step.march == march for b in model.transformer.h)
+    idx = torch.randint(0, 50, (3, 9))
+    ours, our_caches = decoded(model, idx, 4, taken)
+    assert taken == [2 * 4, 2]  # every one-token step; the prefill went through the blocks
+    steps = [b.step for b in model.transformer.h]
+    for b in model.transformer.h:
+        b.step = None
+    blocks, caches = decoded(model, idx, 4, taken)
+    # an int8 row's float rounding can move a quantised value by one step, a bf16 result by one rounding
+    tol = 1e-5 if kind == "float32" else 3e-2
+    torch.testing.assert_close(ours, blocks, atol=tol, rtol=tol)
+    if kind == "bfloat16":  # rounded to bf16 where the eager step rounds: nearly every value the same bf16 number
+        assert (ours != blocks).float().mean() <= 0.02
+    for a, b in zip(our_caches, caches):
+        assert a.pos == b.pos == 9
+        torch.testing.assert_close(a.k, b.k, atol=tol, rtol=tol)
+        torch.testing.assert_close(a.v, b.v, atol=tol, rtol=tol)
+    for b, step in zip(model.transformer.h, steps):
+        b.step = step
+
+
+def test_the_step_takes_one_token_over_a_plain_cache_only(taken):
+    model = pack(tiny())
+    idx = torch.randint(0, 50, (2, 6))
+    with torch.no_grad():
+        caches = model.new_caches(2)
+        model.hidden(idx[:, :4], caches)  # a prefill: through the blocks
+        assert taken == [0, 2]
+        model.hidden(idx[:, 4:5], caches, mask=torch.ones(2, 1, 1, 5, dtype=torch.bool))  # a mask: the blocks'
+        assert taken == [0, 2]
+        model.hidden(idx[:, 5:6], caches)
+        assert taken == [2, 2]
+        for cache in caches:  # a static cache (a tensor position): the blocks'
+            cache.pos = torch.tensor(5)
+        model.hidden(idx[:, 5:6], caches)
+        assert taken[0] == 2
+        maps = model.attention_maps(idx[:, :1])  # recording attention weights: the blocks'
+        assert len(maps["self"]) == 2 and taken[0] == 2
+    windowed = pack(tiny(attention_window="4"))  # a ring cache: its keys are in no order
+    with torch.no_grad():
+        caches = windowed.new_caches(1)
+        for t in range(6):
+            windowed.hidden(idx[:1, t : t + 1], caches)
+    assert caches[0].ring and taken[0] == 2
+
+
+@pytest.mark.parametrize("over", [{"norm": "post"}, {"qk_norm": True}, {"n_encoder_layer": 1}])
+def test_blocks_the_c_step_does_not_compute_keep_their_own(over):
+    model = pack(tiny(**over))
+    assert all(b.step is None for b in model.transformer.h)
+    gated = pack(tiny(value_embeds=True)).transformer.h  # value embeddings in alternate layers: those keep theirs
+    assert [b.step is None for b in gated] == [hasattr(b.attn, "ve_gate") for b in gated] != [False, False]
+    assert any(isinstance(m, RowLinear) for m in model.transformer.h.modules())  # their products are still ours
+    rope = pack(tiny(pos_encoding="rope"))  # a step; its blocks get rotations, which it does not take
+    assert all(b.step is not None for b in rope.transformer.h)
+    tokens, _ = greedy(rope, torch.randint(0, 50, (1, 3)), 4)
+    assert tokens.size(1) == 7

@@ -58,6 +58,10 @@ class Block(nn.Module):
         # Activation checkpointing (gpt/train/parallel.py): a wrapper the block's computation runs through,
         # e.g. torch.utils.checkpoint; None runs it directly. Parameter names and state dicts do not change.
         self.wrapper: Callable | None = None
+        # A one-token decode step in one call of our C kernels (gpt/model/rowkernels.py's BlockStep, set by
+        # gpt.model.packed.pack): given x and the cache it returns the block's output, or None for a call it
+        # does not take.
+        self.step: Callable | None = None
 
     def _sublayer(self, x, ln, fn):
         return ln(x + fn(x)) if self.post_norm else x + fn(ln(x))
@@ -78,6 +82,10 @@ class Block(nn.Module):
         return self._compute(x, mask, causal, cache, memory, memory_mask, rope, ve)
 
     def _compute(self, x, mask, causal, cache, memory, memory_mask, rope, ve) -> torch.Tensor:
+        if self.step is not None and mask is None and memory is None and rope is None and ve is None:
+            y = self.step(x, cache)
+            if y is not None:
+                return y
         attend = lambda h: self.attn(h, mask=mask, causal=causal, cache=cache, rope=rope, ve=ve)  # noqa: E731
         x = self._sublayer(x, self.ln_1, attend)
         if memory is not None:

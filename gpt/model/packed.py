@@ -147,6 +147,8 @@ def pack(model: GPT, chunks: int | None = None, chunk_bytes: int = CHUNK_BYTES, 
         for parent, name, child in _layers(model):
             if rowkernels.fits(child):
                 setattr(parent, name, rowkernels.RowLinear(child))
+        for block in model.transformer.h:  # and where a block allows, its whole decode step in one call
+            block.step = rowkernels.BlockStep(block) if rowkernels.BlockStep.fits(block) else None
         return model
     if not can_pack(model):
         return model

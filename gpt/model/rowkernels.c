@@ -260,3 +260,168 @@ int int8_rows(const float *x, long m, long in, const int8_t *w, const int32_t *w
     free(q), free(amax);
     return 0;
 }
+
+/* ---- one decode step of a pre-norm block: the whole layer in one call (gpt/model/rowkernels.py, BlockStep) ----
+   x + attn(ln_1(x)), then + mlp(ln_2(x)), for m rows of one new token each, whose keys and values go to slot
+   `pos` of a float32 cache (m, n_head, max_len, head_dim); the query attends over slots 0 .. pos. The products
+   are the functions above; the rest is what PyTorch's eager step computes, with its rounding: for BF16 every
+   tensor the eager step holds in bf16 (the residual stream, each LayerNorm's, product's and activation's
+   result, attention's output) is rounded to bf16 where it does, the rest is float32. */
+enum { GELU = 0, GELU_TANH = 1, RELU2 = 2 };
+
+typedef struct {
+    int kind, act;           /* F32, BF16 or INT8; GELU, GELU_TANH or RELU2 */
+    long n_embd, n_head, hidden;
+    float eps;               /* the LayerNorms' */
+    const float *ln_w[2], *ln_b[2]; /* ln_1, ln_2 in float32; a bias may be NULL */
+    const void *w[4], *b[4]; /* c_attn, attn.c_proj, c_fc, mlp.c_proj: blocked weights, bias (the kind's dtype;
+                                float32 for INT8) or NULL */
+    const int32_t *wsum[4];  /* INT8: each output's weight sum and scale */
+    const float *wscale[4];
+} block_t;
+
+static inline float bf16_round(float f) { return from_bf16(to_bf16(f)); }
+
+/* exp(x) in float32 for x <= 88 (Cephes' polynomial, within 2 ulp): branch-free, so the loops calling it
+   vectorise (the C library's expf does not). */
+static inline float exp_poly(float x) {
+    x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f, p = p * r + 8.3334519073e-3f, p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f, p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
+static void layer_norm(const float *x, long m, long n, const float *w, const float *b, float eps, int bf16,
+                       void *out) {
+    for (long r = 0; r < m; r++) {
+        const float *xr = x + r * n;
+        float mean = 0.0f, var = 0.0f;
+        for (long i = 0; i < n; i++) mean += xr[i];
+        mean /= (float)n;
+        for (long i = 0; i < n; i++) var += (xr[i] - mean) * (xr[i] - mean);
+        float rstd = 1.0f / sqrtf(var / (float)n + eps);
+        for (long i = 0; i < n; i++) {
+            float y = (xr[i] - mean) * rstd * w[i] + (b ? b[i] : 0.0f);
+            if (bf16) ((uint16_t *)out)[r * n + i] = to_bf16(y);
+            else ((float *)out)[r * n + i] = y;
+        }
+    }
+}
+
+/* Product j of the block: rows `in` (the kind's input: bf16 for BF16, else float32) times its weight into `out`
+   (bf16 for BF16, else float32). Returns int8_rows' failure. */
+static int product(const block_t *L, int j, const void *in, long m, long n_in, void *out, long n_out, float tiny,
+                   int threads) {
+    if (L->kind == INT8)
+        return int8_rows(in, m, n_in, L->w[j], L->wsum[j], L->wscale[j], L->b[j], out, n_out, tiny, threads);
+    if (L->kind == BF16) bf16_rows(in, m, n_in, L->w[j], L->b[j], out, n_out, threads);
+    else f32_rows(in, m, n_in, L->w[j], L->b[j], out, n_out, threads);
+    return 0;
+}
+
+static inline float value(const void *t, long i, int bf16) {
+    return bf16 ? from_bf16(((const uint16_t *)t)[i]) : ((const float *)t)[i];
+}
+
+/* One query per row and head over the keys in slots 0 .. pos: softmax(q.k / sqrt(hs)) . v, in float32. */
+static void attention(const void *qkv, long m, long nh, long hs, const float *kc, const float *vc, long max_len,
+                      long pos, int bf16, float *att, int threads) {
+    long C = nh * hs, L = pos + 1;
+    float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for schedule(static) num_threads(threads) if (m * nh * L * hs >= 64 * PARALLEL_WORK)
+    for (long bh = 0; bh < m * nh; bh++) {
+        long b = bh / nh, h = bh % nh;
+        const float *k = kc + bh * max_len * hs, *v = vc + bh * max_len * hs;
+        float q[hs], *s = malloc(sizeof(float) * (size_t)L), *o = att + b * C + h * hs;
+        for (long d = 0; d < hs; d++) q[d] = value(qkv, b * 3 * C + h * hs + d, bf16) * scale;
+        float top = -INFINITY;
+        for (long t = 0; t < L; t++) {
+            float part[8] = {0};
+            long d = 0;
+            for (; d + 8 <= hs; d += 8)
+                for (int j = 0; j < 8; j++) part[j] += q[d + j] * k[t * hs + d + j];
+            for (; d < hs; d++) part[0] += q[d] * k[t * hs + d];
+            s[t] = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+            top = s[t] > top ? s[t] : top;
+        }
+        float sum = 0.0f;
+        for (long t = 0; t < L; t++) s[t] = exp_poly(s[t] - top);
+        for (long t = 0; t < L; t++) sum += s[t];
+        for (long d = 0; d < hs; d++) o[d] = 0.0f;
+        for (long t = 0; t < L; t++) {
+            float p = s[t] / sum;
+            for (long d = 0; d < hs; d++) o[d] += p * v[t * hs + d];
+        }
+        free(s);
+    }
+}
+
+static void activate(void *t, long n, int act, int bf16) {
+    for (long i = 0; i < n; i++) {
+        float x = value(t, i, bf16), y;
+        if (act == RELU2) y = x > 0.0f ? x * x : 0.0f;
+        else if (act == GELU) y = 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+        else {
+            float u = 0.79788456080286536f * (x + 0.044715f * x * x * x);
+            u = u < -9.0f ? -9.0f : u > 9.0f ? 9.0f : u;
+            float e = exp_poly(2.0f * u);
+            y = 0.5f * x * (1.0f + (e - 1.0f) / (e + 1.0f));
+        }
+        if (bf16) ((uint16_t *)t)[i] = to_bf16(y);
+        else ((float *)t)[i] = y;
+    }
+}
+
+/* x (m, n_embd) in the kind's dtype (bf16 for BF16, else float32) through the block into `out` (the same shape
+   and dtype), the new keys and values written to slot `pos`. Returns 1 when memory ran out (the cache may hold
+   this step's keys, `out` is unwritten), else 0. */
+int block_step(const block_t *L, const void *x, long m, void *out, float *kc, float *vc, long max_len, long pos,
+               float tiny, int threads) {
+    long C = L->n_embd, nh = L->n_head, hs = C / nh, H = L->hidden;
+    int bf16 = L->kind == BF16;
+    size_t el = bf16 ? 2 : 4;
+    float *res = malloc(sizeof(float) * (size_t)(m * C)), *att = malloc(sizeof(float) * (size_t)(m * C));
+    void *h = malloc(el * (size_t)(m * C)), *qkv = malloc(el * (size_t)(m * 3 * C));
+    void *y = malloc(el * (size_t)(m * C)), *fc = malloc(el * (size_t)(m * H));
+    int failed = !res || !att || !h || !qkv || !y || !fc;
+    for (long i = 0; !failed && i < m * C; i++) res[i] = value(x, i, bf16);
+    /* attention */
+    if (!failed) layer_norm(res, m, C, L->ln_w[0], L->ln_b[0], L->eps, bf16, h);
+    failed = failed || product(L, 0, h, m, C, qkv, 3 * C, tiny, threads);
+    for (long b = 0; !failed && b < m; b++)
+        for (long hd = 0; hd < nh; hd++)
+            for (long d = 0; d < hs; d++) {
+                long slot = ((b * nh + hd) * max_len + pos) * hs + d;
+                kc[slot] = value(qkv, b * 3 * C + C + hd * hs + d, bf16);
+                vc[slot] = value(qkv, b * 3 * C + 2 * C + hd * hs + d, bf16);
+            }
+    if (!failed) {
+        attention(qkv, m, nh, hs, kc, vc, max_len, pos, bf16, att, threads);
+        if (bf16)
+            for (long i = 0; i < m * C; i++) ((uint16_t *)h)[i] = to_bf16(att[i]);
+    }
+    failed = failed || product(L, 1, bf16 ? h : (void *)att, m, C, y, C, tiny, threads);
+    for (long i = 0; !failed && i < m * C; i++) {
+        float r = res[i] + value(y, i, bf16);
+        res[i] = bf16 ? bf16_round(r) : r;
+    }
+    /* MLP */
+    if (!failed) layer_norm(res, m, C, L->ln_w[1], L->ln_b[1], L->eps, bf16, h);
+    failed = failed || product(L, 2, h, m, C, fc, H, tiny, threads);
+    if (!failed) activate(fc, m * H, L->act, bf16);
+    failed = failed || product(L, 3, fc, m, H, y, C, tiny, threads);
+    for (long i = 0; !failed && i < m * C; i++) {
+        float r = res[i] + value(y, i, bf16);
+        if (bf16) ((uint16_t *)out)[i] = to_bf16(r);
+        else ((float *)out)[i] = r;
+    }
+    free(res), free(att), free(h), free(qkv), free(y), free(fc);
+    return failed;
+}

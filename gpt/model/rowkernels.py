@@ -53,6 +53,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt.model import grids
+from gpt.model.block import ReLU2
 from gpt.model.quantize import Int8Linear, int8_product
 
 SOURCE = Path(__file__).with_name("rowkernels.c")
@@ -76,6 +77,15 @@ def why_not(march: str | None = None) -> str:
 def chosen(march: str | None = None) -> str:
     """The build asked for: `march`, else $GPT_ROW_KERNELS, else "native"."""
     return march or os.environ.get("GPT_ROW_KERNELS") or "native"
+
+
+class _BlockArgs(ctypes.Structure):
+    """The C file's block_t: one block's weights for `block_step`."""
+
+    _fields_ = [
+        ("kind", _I), ("act", _I), ("n_embd", _L), ("n_head", _L), ("hidden", _L), ("eps", _F),
+        ("ln_w", _P * 2), ("ln_b", _P * 2), ("w", _P * 4), ("b", _P * 4), ("wsum", _P * 4), ("wscale", _P * 4),
+    ]  # fmt: skip
 
 
 class KernelWarning(UserWarning):
@@ -126,6 +136,8 @@ def _compiled(cc: str, march: str) -> tuple[ctypes.CDLL | None, str]:
     lib.bf16_rows.argtypes = [_P, _L, _L, _P, _P, _P, _L, _I]
     lib.int8_rows.argtypes = [_P, _L, _L, _P, _P, _P, _P, _P, _L, _F, _I]
     lib.int8_rows.restype = _I
+    lib.block_step.argtypes = [ctypes.POINTER(_BlockArgs), _P, _L, _P, _P, _P, _L, _L, _F, _I]
+    lib.block_step.restype = _I
     return lib, ""
 
 
@@ -210,3 +222,92 @@ class RowLinear(nn.Module):
     def extra_repr(self) -> str:
         kind = {v: str(k).replace("torch.", "") for k, v in KINDS.items()}[self.kind]
         return f"in_features={self.in_features}, out_features={self.out_features}, {kind} in 64-output blocks"
+
+
+ACTIVATIONS = {"none": 0, "tanh": 1}  # nn.GELU's `approximate`: the C file's GELU, GELU_TANH
+RELU2 = 2  # the C file's RELU2
+
+
+class BlockStep:
+    """A pre-norm block's one-token decode step as one call of the C file's `block_step`: LayerNorm, the fused
+    projection, the new key and value written to the cache, one query's attention over it, the output
+    projection, the residual, LayerNorm, the MLP and its residual, with the block's RowLinear weights (`fits`
+    says which blocks). `Block` calls it with every cached call (`Block.step`, set by gpt.model.packed.pack);
+    it returns the block's output, or None for a call it does not take (then the block runs as always): more
+    than one token, a static or ring cache, a mask, attention maps being recorded.
+
+    A decode step of GPT-2's shape dispatches about 20 small aten ops a layer besides its products, and the
+    Python between them; here they are one call (what it gains: bench/README.md, "Against llama.cpp"). The
+    numbers are the eager step's up to float rounding (the same roundings to bf16 in a bf16 model).
+    """
+
+    def __init__(self, block: nn.Module):
+        attn, mlp = block.attn, block.mlp
+        layers = [attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj]
+        self.march, self.kind, self.attn = layers[0].march, layers[0].kind, attn
+        self.dtype = torch.bfloat16 if self.kind == KINDS[torch.bfloat16] else torch.float32
+        self.n_head, self.head_dim = attn.n_head, attn.head_dim
+        norms = [block.ln_1, block.ln_2]
+        self._keep = [n.weight.detach().float() for n in norms] + [
+            None if n.bias is None else n.bias.detach().float() for n in norms
+        ]  # the tensors the pointers below point into, alive as long as this step
+        self._keep += [t for m in layers for t in (m.weight_blocks, m.bias, *_int8_parts(m))]
+        self.args = _BlockArgs(
+            self.kind, RELU2 if isinstance(mlp.gelu, ReLU2) else ACTIVATIONS[mlp.gelu.approximate],
+            attn.n_embd, attn.n_head, mlp.c_fc.out_features, block.ln_1.eps,
+            (_P * 2)(*map(_ptr, self._keep[:2])), (_P * 2)(*map(_ptr, self._keep[2:4])),
+            (_P * 4)(*(_ptr(m.weight_blocks) for m in layers)), (_P * 4)(*(_ptr(m.bias) for m in layers)),
+            (_P * 4)(*(_ptr(getattr(m, "weight_sum", None)) for m in layers)),
+            (_P * 4)(*(_ptr(getattr(m, "weight_scale", None)) for m in layers)),
+        )  # fmt: skip
+
+    @staticmethod
+    def fits(block: nn.Module) -> bool:
+        """Whether a block's decode step can run in C: pre-norm, LayerNorms, no cross-attention, value
+        embeddings or qk_norm, a GELU (either) or relu2 MLP, its four layers RowLinear of one kind and build."""
+        attn, mlp = block.attn, block.mlp
+        layers = [attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj]
+        gelu = mlp.gelu
+        return (
+            not block.post_norm
+            and not hasattr(block, "cross_attn")
+            and not hasattr(attn, "ve_gate")
+            and not attn.qk_norm
+            and attn.n_head * attn.head_dim == attn.n_embd
+            and all(type(n) is nn.LayerNorm and n.weight is not None for n in (block.ln_1, block.ln_2))
+            and block.ln_1.eps == block.ln_2.eps
+            and (type(gelu) is nn.GELU and gelu.approximate in ACTIVATIONS or type(gelu) is ReLU2)
+            and all(type(m) is RowLinear for m in layers)
+            and len({(m.kind, m.march) for m in layers}) == 1
+        )
+
+    def __call__(self, x: torch.Tensor, cache) -> torch.Tensor | None:
+        """The block's output for x (B, 1, C) continuing `cache` (written, its position advanced), or None."""
+        if (
+            cache is None
+            or x.size(1) != 1
+            or type(cache.pos) is not int
+            or cache.ring
+            or cache.pos >= cache.max_len
+            or x.dtype != self.dtype
+            or x.device.type != "cpu"
+            or cache.k.dtype != torch.float32
+            or cache.k.shape != (x.size(0), self.n_head, cache.max_len, self.head_dim)
+            or not (cache.k.is_contiguous() and cache.v.is_contiguous())
+            or self.attn.weights is not None
+        ):
+            return None
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        failed = _build(self.march)[0].block_step(
+            ctypes.byref(self.args), x.data_ptr(), x.size(0), out.data_ptr(), cache.k.data_ptr(),
+            cache.v.data_ptr(), cache.max_len, cache.pos, grids.TINY, torch.get_num_threads(),
+        )  # fmt: skip
+        if failed:
+            raise MemoryError(f"no memory for a decode step of {x.size(0)} rows")
+        cache.pos += 1
+        return out
+
+
+def _int8_parts(m: RowLinear) -> tuple[torch.Tensor, ...]:
+    return (m.weight_sum, m.weight_scale) if m.kind == KINDS[torch.int8] else ()
