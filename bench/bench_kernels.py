@@ -1,20 +1,25 @@
 """Where an eager GPT-2 124M decode step spends its time: the Linear layers' products, and the rest, with our C
-kernels (gpt/model/rowkernels.py) and with PyTorch's.
+kernels (gpt/model/rowkernels.py), whole blocks or layer by layer, and with PyTorch's.
 
     python bench/bench_kernels.py                      # float32, bf16 (native bf16 only), int8; 2 threads, 5 rounds
     python bench/bench_kernels.py --rounds 1 --tokens 8 --out /tmp/kernels     # a quick check that it runs
 
 `gpt sample`'s eager path (load_for_inference, then gpt.infer.sampling.Decoder one token at a time, as
-generate runs it) on GPT-2 124M's shape with random weights, after a 22-token prompt, twice for each precision:
-with our kernels (`RowLinear`, what load_for_inference lays out where they build) and with PyTorch's
-(GPT_ROW_KERNELS=off: MKL's column blocks for float32 `ChunkedLinear`, oneDNN's packed bf16 `PackedLinear`,
-`Int8Linear`'s `torch._int_mm` and the ops around it). Each round times `--tokens` steps plainly (ms a token),
-then the same number again with a clock around every Linear layer's forward: the products' own time, each with
-the weights it streams from memory.
+generate runs it) on GPT-2 124M's shape with random weights, after a 22-token prompt, three times for each
+precision:
+- `steps`: what load_for_inference lays out where our kernels build: each block's whole step one C call
+  (`BlockStep`), the output head a `RowLinear`;
+- `layers`: the same with the block steps off: every Linear layer a `RowLinear` call, the rest PyTorch's ops;
+- `pytorch`: GPT_ROW_KERNELS=off: MKL's column blocks for float32 `ChunkedLinear`, oneDNN's packed bf16
+  `PackedLinear`, `Int8Linear`'s `torch._int_mm` and the ops around it.
+Each round times `--tokens` steps plainly (ms a token), then the same number again with a clock around every
+Linear layer's forward and every block step: the time inside the products (`layers`, `pytorch`: each with the
+weights it streams from memory) or inside our C calls (`steps`: the blocks whole, and the head's product).
 
 Against llama.cpp's whole token (llama-bench's tok/s for the same pair in bench/results/llamacpp.json, or
---llamacpp), the products' time alone bounds what eager decoding can reach with those kernels: even if
-everything else cost nothing, ours / llama.cpp <= llama.cpp's ms a token / the products' ms a token.
+--llamacpp): `vs_llama_bench`, its ms a token over ours (these 64 tokens, not bench_llamacpp's 256); and for
+`layers` and `pytorch`, the products' time alone bounds what eager decoding can reach with those kernels: even
+if everything else cost nothing, ours / llama.cpp <= llama.cpp's ms a token / the products' ms a token.
 Writes bench/results/kernels.json (or --out).
 """
 
@@ -46,7 +51,7 @@ from gpt.model.rowkernels import RowLinear  # noqa: E402
 from gpt.runtime import cpu_has_native_bf16  # noqa: E402
 
 PRECISIONS = [("float32", "none", "f32"), ("bfloat16", "none", "f16"), ("float32", "int8", "q8_0")]
-KERNELS = {"ours": "native", "pytorch": "off"}  # GPT_ROW_KERNELS for each
+KERNELS = {"steps": "native", "layers": "native", "pytorch": "off"}  # GPT_ROW_KERNELS for each
 LINEARS = (RowLinear, ChunkedLinear, PackedLinear, Int8Linear, torch.nn.Linear)
 
 
@@ -64,27 +69,33 @@ def advance(dec: Decoder, n: int) -> None:
 
 @contextmanager
 def clocked(model):
-    """Every Linear layer of `model` timed while inside: yields a list whose one entry sums their seconds."""
+    """Every Linear layer and block step of `model` timed while inside: yields a list whose one entry sums their
+    seconds."""
     total = [0.0]
     layers = [m for m in model.modules() if isinstance(m, LINEARS)]
+    steps = [b for b in model.transformer.h if b.step is not None]
 
-    def timed(forward, x):
+    def timed(forward, *args):
         t0 = time.perf_counter()
-        y = forward(x)
+        y = forward(*args)
         total[0] += time.perf_counter() - t0
         return y
 
     for m in layers:
         m.forward = partial(timed, m.forward)
+    for b in steps:
+        b.step = partial(timed, b.step)
     try:
         yield total
     finally:
         for m in layers:
             del m.forward
+        for b in steps:
+            b.step = b.step.args[0]
 
 
 def round_of(model, prompt: list[int], n: int) -> dict:
-    """ms a token decoding plainly, then the Linear layers' ms a token and their calls."""
+    """ms a token decoding plainly, then the ms a token inside the Linear layers and block steps."""
     dec = started(model, prompt)
     t0 = time.perf_counter()
     advance(dec, n)
@@ -132,6 +143,9 @@ def main() -> None:
             for kernels, env in KERNELS.items():  # each laid out as load_for_inference does with that setting
                 os.environ["GPT_ROW_KERNELS"] = env
                 _, models[kernels], tok, _, _ = load_for_inference(ckpt, "cpu", dtype, args.threads, quantize)
+                if kernels == "layers":
+                    for block in models[kernels].transformer.h:
+                        block.step = None
             os.environ.pop("GPT_ROW_KERNELS")
             prompt = tok.encode(PROMPT)[:22]
             got = {kernels: [] for kernels in models}
@@ -143,17 +157,20 @@ def main() -> None:
             print(f"{dtype} {quantize}: {got}", file=sys.stderr)
             theirs_ms = llamacpp_ms(Path(args.llamacpp), theirs)
             for kernels, runs in got.items():
+                inside = "in_c" if kernels == "steps" else "products"  # (the blocks' products are inside the steps)
                 row = {
                     "ours": dtype if quantize == "none" else quantize,
                     "kernels": kernels,
                     "llama_cpp": theirs,
                     "ms_per_token": harness.spread(g["ms"] for g in runs),
-                    "products_ms_per_token": harness.spread(g["products_ms"] for g in runs),
-                    "products_share": harness.spread(g["products_ms"] / g["ms"] for g in runs),
+                    f"{inside}_ms_per_token": harness.spread(g["products_ms"] for g in runs),
+                    "rest_ms_per_token": harness.spread(g["ms"] - g["products_ms"] for g in runs),
                 }
                 if theirs_ms:
                     row["llama_bench_ms_per_token"] = theirs_ms
-                    row["bound_by_products"] = theirs_ms / row["products_ms_per_token"]["median"]
+                    row["vs_llama_bench"] = theirs_ms / row["ms_per_token"]["median"]
+                    if inside == "products":
+                        row["bound_by_products"] = theirs_ms / row["products_ms_per_token"]["median"]
                 rows.append(row)
             del models
     out = Path(args.out).with_suffix(".json")
@@ -161,10 +178,13 @@ def main() -> None:
     info = {"machine": harness.machine(), "threads": args.threads, "rounds": args.rounds, "tokens": args.tokens}
     out.write_text(json.dumps({"info": info, "rows": rows}, indent=2) + "\n")
     for r in rows:
-        bound = f", at most {r['bound_by_products']:.2f}x llama.cpp" if "bound_by_products" in r else ""
+        inside = "in C" if r["kernels"] == "steps" else "products"
+        ms = r.get("in_c_ms_per_token") or r["products_ms_per_token"]
+        vs = f", {r['vs_llama_bench']:.2f}x llama-bench" if "vs_llama_bench" in r else ""
+        bound = f" (at most {r['bound_by_products']:.2f}x with these products)" if "bound_by_products" in r else ""
         print(
-            f"{r['ours']} ({r['kernels']} kernels): {r['ms_per_token']['median']:.2f} ms a token, products "
-            f"{r['products_ms_per_token']['median']:.2f} ms ({r['products_share']['median']:.0%}){bound}"
+            f"{r['ours']} ({r['kernels']}): {r['ms_per_token']['median']:.2f} ms a token, {inside} "
+            f"{ms['median']:.2f} ms, the rest {r['rest_ms_per_token']['median']:.2f} ms{vs}{bound}"
         )
 
 
