@@ -335,7 +335,7 @@ static void attention(const void *qkv, long m, long nh, long hs, const float *kc
                       long pos, int bf16, float *att, int threads) {
     long C = nh * hs, L = pos + 1;
     float scale = 1.0f / sqrtf((float)hs);
-#pragma omp parallel for schedule(static) num_threads(threads) if (m * nh * L * hs >= 64 * PARALLEL_WORK)
+#pragma omp parallel for schedule(static) num_threads(threads) if (m * nh * L * hs >= 8 * PARALLEL_WORK)
     for (long bh = 0; bh < m * nh; bh++) {
         long b = bh / nh, h = bh % nh;
         const float *k = kc + bh * max_len * hs, *v = vc + bh * max_len * hs;
