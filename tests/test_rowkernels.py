@@ -3,6 +3,7 @@ independent of its neighbours and of the threads, both builds (this machine's an
 and the fallbacks when they cannot be built."""
 
 import platform
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,12 +11,13 @@ import torch.nn as nn
 from test_packed import greedy, tiny
 
 from gpt.model import rowkernels
+from gpt.model.cache import KVCache
 from gpt.model.config import GPTConfig
 from gpt.model.packed import pack
 from gpt.model.quantize import Int8Linear, quantize
 from gpt.model.rowkernels import RowLinear, fits, library
 from gpt.model.transformer import GPT
-from gpt.runtime import cpu_flags
+from gpt.runtime import HUGE_PAGE, cpu_flags, on_huge_pages
 
 AVX2 = platform.machine() == "x86_64" and "avx2" in cpu_flags()
 BUILDS = ["native", pytest.param("x86-64-v3", marks=pytest.mark.skipif(not AVX2, reason="no AVX2 on this CPU"))]
@@ -256,7 +258,7 @@ def test_the_step_takes_one_token_over_a_plain_cache_only(taken):
 
 
 @pytest.mark.parametrize("over", [{"norm": "post"}, {"qk_norm": True}, {"n_encoder_layer": 1}])
-def test_blocks_the_c_step_does_not_compute_keep_their_own(over):
+def test_blocks_the_c_step_does_not_compute_keep_their_own(over, taken):
     model = pack(tiny(**over))
     assert all(b.step is None for b in model.transformer.h)
     gated = pack(tiny(value_embeds=True)).transformer.h  # value embeddings in alternate layers: those keep theirs
@@ -264,5 +266,30 @@ def test_blocks_the_c_step_does_not_compute_keep_their_own(over):
     assert any(isinstance(m, RowLinear) for m in model.transformer.h.modules())  # their products are still ours
     rope = pack(tiny(pos_encoding="rope"))  # a step; its blocks get rotations, which it does not take
     assert all(b.step is not None for b in rope.transformer.h)
-    tokens, _ = greedy(rope, torch.randint(0, 50, (1, 3)), 4)
-    assert tokens.size(1) == 7
+    tokens, logits = greedy(rope, torch.randint(0, 50, (1, 3)), 4)
+    assert taken == [0, 0]
+    with torch.no_grad():
+        torch.testing.assert_close(logits, rope.head(rope.hidden(tokens))[:, -1], atol=1e-4, rtol=1e-4)
+
+
+def test_the_weights_live_on_huge_pages_where_the_kernel_gives_them():
+    layer = RowLinear(nn.Linear(768, 3072))  # 9 MiB of blocks
+    w = layer.weight_blocks
+    assert w.data_ptr() % HUGE_PAGE == 0 and w.is_contiguous()
+    assert KVCache(1, 12, 1024, 64, "cpu", torch.float32).k.data_ptr() % HUGE_PAGE == 0  # a 3 MiB cache too
+    small = torch.randn(10)
+    assert on_huge_pages(small) is small  # under a page: as it is
+    big = torch.randn(3 * HUGE_PAGE // 4 + 5)
+    assert torch.equal(on_huge_pages(big), big) and on_huge_pages(big).data_ptr() != big.data_ptr()
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not thp.exists() or "[never]" in thp.read_text():
+        pytest.skip("transparent huge pages are off here")
+    start = w.data_ptr()
+    for entry in Path("/proc/self/smaps").read_text().split("\n")[:-1]:
+        if entry and entry[0] in "0123456789abcdef" and "-" in entry.split()[0]:
+            lo, hi = (int(a, 16) for a in entry.split()[0].split("-"))
+            mine = lo <= start < hi
+        elif mine and entry.startswith("AnonHugePages:"):
+            assert int(entry.split()[1]) >= 2048  # kB: at least one 2 MiB page
+            return
+    pytest.fail("the mapping of the blocks was not found")

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import torch
 
+from gpt.runtime import on_huge_pages
+
 
 class KVCache:
     """Keys and values of one attention layer for incremental decoding.
@@ -68,8 +70,9 @@ class KVCache:
         self.lengths: torch.Tensor | None = None  # real new tokens per row of a right-padded prefill (a ring's)
         shape = (batch, n_head, max_len, head_dim)
         # zeros, not empty: static mode attends over unwritten slots too (masked, but 0 * NaN = NaN)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        # (on the CPU on huge pages where the kernel gives them: a decode step streams the whole cache)
+        self.k = on_huge_pages(torch.zeros(shape, device=device, dtype=dtype))
+        self.v = on_huge_pages(torch.zeros(shape, device=device, dtype=dtype))
         self.pos: int | torch.Tensor = 0
 
     @property

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import mmap
 import os
 import platform
 import shutil
@@ -56,11 +55,11 @@ import torch.nn.functional as F
 from gpt.model import grids
 from gpt.model.block import ReLU2
 from gpt.model.quantize import Int8Linear, int8_product
+from gpt.runtime import on_huge_pages
 
 SOURCE = Path(__file__).with_name("rowkernels.c")
 BLOCK = 64  # output features a block (the C file's)
 MANY_ROWS = 32  # more rows at once (a prompt, an evaluation): PyTorch's product, on the weight unblocked
-HUGE_PAGE = 2 << 20  # bytes: x86-64's transparent huge page
 KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # the C file's F32, BF16, INT8
 _P, _L, _I, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
 
@@ -150,24 +149,6 @@ def blocks(weight: torch.Tensor, k: int) -> torch.Tensor:
     padded = weight.new_zeros(-(-out // BLOCK) * BLOCK, n_in)
     padded[:out] = weight
     return padded.view(-1, BLOCK, n_in // k, k).permute(0, 2, 1, 3).contiguous()
-
-
-def on_huge_pages(t: torch.Tensor) -> torch.Tensor:
-    """A copy of `t` in private memory the kernel is asked to back with 2 MiB pages (`madvise`, transparent huge
-    pages): a weight streamed from memory once a token reads faster through them (fewer TLB misses, and the
-    prefetchers do not stop at every 4 KiB page; bench/README.md, "Against llama.cpp"). Where the kernel gives
-    none (THP off) it is ordinary memory. `t` itself when it is under 2 MiB, or where that memory cannot be had."""
-    nbytes = t.numel() * t.element_size()
-    if nbytes < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return t
-    try:
-        buf = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        buf.madvise(mmap.MADV_HUGEPAGE)
-    except OSError:  # no memory for the mapping, or a kernel without THP
-        return t
-    start = -ctypes.addressof(ctypes.c_char.from_buffer(buf)) % HUGE_PAGE  # the first 2 MiB boundary
-    out = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=start)  # (it keeps `buf` mapped)
-    return out.view(t.dtype).view(t.shape).copy_(t)
 
 
 def fits(module: nn.Module, march: str | None = None) -> bool:
