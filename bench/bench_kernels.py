@@ -7,14 +7,14 @@ kernels (gpt/model/rowkernels.py), whole blocks or layer by layer, and with PyTo
 `gpt sample`'s eager path (load_for_inference, then gpt.infer.sampling.Decoder one token at a time, as
 generate runs it) on GPT-2 124M's shape with random weights, after a 22-token prompt, three times for each
 precision:
-- `steps`: what load_for_inference lays out where our kernels build: each block's whole step one C call
-  (`BlockStep`), the output head a `RowLinear`;
-- `layers`: the same with the block steps off: every Linear layer a `RowLinear` call, the rest PyTorch's ops;
+- `steps`: what load_for_inference lays out where our kernels build: the embeddings, every block and the final
+  LayerNorm one C call (`StackStep`), the output head a `RowLinear`;
+- `layers`: the same with the steps in C off: every Linear layer a `RowLinear` call, the rest PyTorch's ops;
 - `pytorch`: GPT_ROW_KERNELS=off: MKL's column blocks for float32 `ChunkedLinear`, oneDNN's packed bf16
   `PackedLinear`, `Int8Linear`'s `torch._int_mm` and the ops around it.
 Each round times `--tokens` steps plainly (ms a token), then the same number again with a clock around every
-Linear layer's forward and every block step: the time inside the products (`layers`, `pytorch`: each with the
-weights it streams from memory) or inside our C calls (`steps`: the blocks whole, and the head's product).
+Linear layer's forward and every step in C: the time inside the products (`layers`, `pytorch`: each with the
+weights it streams from memory) or inside our C calls (`steps`: the model's whole step, and the head's product).
 
 Against llama.cpp's whole token (llama-bench's tok/s for the same pair in bench/results/llamacpp.json, or
 --llamacpp): `vs_llama_bench`, its ms a token over ours (these 64 tokens, not bench_llamacpp's 256); and for
@@ -69,11 +69,11 @@ def advance(dec: Decoder, n: int) -> None:
 
 @contextmanager
 def clocked(model):
-    """Every Linear layer and block step of `model` timed while inside: yields a list whose one entry sums their
+    """Every Linear layer and step in C of `model` timed while inside: yields a list whose one entry sums their
     seconds."""
     total = [0.0]
     layers = [m for m in model.modules() if isinstance(m, LINEARS)]
-    steps = [b for b in model.transformer.h if b.step is not None]
+    steps = [b for b in [model, *model.transformer.h] if b.step is not None]
 
     def timed(forward, *args):
         t0 = time.perf_counter()
@@ -95,7 +95,7 @@ def clocked(model):
 
 
 def round_of(model, prompt: list[int], n: int) -> dict:
-    """ms a token decoding plainly, then the ms a token inside the Linear layers and block steps."""
+    """ms a token decoding plainly, then the ms a token inside the Linear layers and steps in C."""
     dec = started(model, prompt)
     t0 = time.perf_counter()
     advance(dec, n)
@@ -144,8 +144,8 @@ def main() -> None:
                 os.environ["GPT_ROW_KERNELS"] = env
                 _, models[kernels], tok, _, _ = load_for_inference(ckpt, "cpu", dtype, args.threads, quantize)
                 if kernels == "layers":
-                    for block in models[kernels].transformer.h:
-                        block.step = None
+                    for part in [models[kernels], *models[kernels].transformer.h]:
+                        part.step = None
             os.environ.pop("GPT_ROW_KERNELS")
             prompt = tok.encode(PROMPT)[:22]
             got = {kernels: [] for kernels in models}

@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpt import GPT, GPTConfig, runtime
 from gpt.cli import evaluate, sample
-from gpt.model.rowkernels import KINDS, BlockStep, RowLinear
+from gpt.model.rowkernels import KINDS, BlockStep, RowLinear, StackStep
 from gpt.runtime import INFERENCE_BF16_MIN_PARAMS, DeviceError, resolve_dtype
 from gpt.train.start import resolve_run
 from gpt.train.trainer import train
@@ -61,27 +61,34 @@ class Products(TorchDispatchMode):
 
     def __enter__(self):
         """Also our C kernels' products (gpt/model/rowkernels.py), which no dispatcher sees: by the dtype of the
-        weights each streams (the rows are turned into it); a block's whole step in C (BlockStep) as its four
-        products and an attention over its cache, in the cache's dtype."""
-        forward, step = RowLinear.forward, BlockStep.__call__
+        weights each streams (the rows are turned into it); a step in C (a block's BlockStep, the whole model's
+        StackStep) as each block's four products and an attention over its cache, in the cache's dtype."""
+        forward, block, stack = RowLinear.forward, BlockStep.__call__, StackStep.__call__
+        weights = {v: k for k, v in KINDS.items()}
 
         def recorded(layer, x):
             self.seen["linear"][layer.weight_blocks.dtype] += 1
             return forward(layer, x)
 
-        def stepped(block_step, x, cache):
-            y = step(block_step, x, cache)
-            if y is not None:
-                self.seen["linear"][{v: k for k, v in KINDS.items()}[block_step.kind]] += 4
-                self.seen["attention"][cache.k.dtype] += 1
-            return y
+        def stepped(call):
+            def run(step, x, caches):
+                y = call(step, x, caches)
+                if y is not None:
+                    caches = caches if isinstance(caches, list) else [caches]
+                    kind = step.blocks[0].kind if call is stack else step.kind
+                    self.seen["linear"][weights[kind]] += 4 * len(caches)
+                    self.seen["attention"][caches[0].k.dtype] += len(caches)
+                return y
 
-        self._restore = forward, step
-        RowLinear.forward, BlockStep.__call__ = recorded, stepped
+            return run
+
+        self._restore = forward, block, stack
+        RowLinear.forward = recorded
+        BlockStep.__call__, StackStep.__call__ = stepped(block), stepped(stack)
         return super().__enter__()
 
     def __exit__(self, *exc):
-        RowLinear.forward, BlockStep.__call__ = self._restore
+        RowLinear.forward, BlockStep.__call__, StackStep.__call__ = self._restore
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -172,9 +172,8 @@ def test_a_library_that_cannot_be_loaded_is_a_warning_not_an_error(monkeypatch):
     assert lib is None and "failed to map segment" in why
 
 
-def decoded(model, idx: torch.Tensor, steps: int, taken: list[int]) -> tuple[torch.Tensor, list]:
-    """The hidden states of `steps` one-token steps after a prefill of idx's first tokens, and the caches; `taken`
-    counts the block steps our C code ran."""
+def decoded(model, idx: torch.Tensor, steps: int) -> tuple[torch.Tensor, list]:
+    """The hidden states of `steps` one-token steps after a prefill of idx's first tokens, and the caches."""
     with torch.no_grad():
         caches = model.new_caches(idx.size(0))
         model.hidden(idx[:, :-steps], caches)
@@ -183,26 +182,34 @@ def decoded(model, idx: torch.Tensor, steps: int, taken: list[int]) -> tuple[tor
 
 
 @pytest.fixture
-def taken(monkeypatch) -> list[int]:
-    """[block steps run in C, block calls given to it but not taken]"""
-    counts = [0, 0]
-    call = rowkernels.BlockStep.__call__
+def taken(monkeypatch) -> dict[str, list[int]]:
+    """Calls of our C steps, by kind ("stack": StackStep, the model's; "block": BlockStep): [taken, declined]."""
+    counts = {"stack": [0, 0], "block": [0, 0]}
+    for kind, cls in (("stack", rowkernels.StackStep), ("block", rowkernels.BlockStep)):
 
-    def counted(step, x, cache):
-        y = call(step, x, cache)
-        counts[y is None] += 1
-        return y
+        def counted(step, *args, _call=cls.__call__, _kind=kind):
+            y = _call(step, *args)
+            counts[_kind][y is None] += 1
+            return y
 
-    monkeypatch.setattr(rowkernels.BlockStep, "__call__", counted)
+        monkeypatch.setattr(cls, "__call__", counted)
     return counts
+
+
+def unstepped(model, blocks: bool = True):
+    """The model's own step off, and its blocks' too (`blocks`): it computes through the modules."""
+    model.step = None
+    for b in model.transformer.h if blocks else ():
+        b.step = None
 
 
 @pytest.mark.parametrize("march", BUILDS)
 @pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8"])
 @pytest.mark.parametrize("activation", ["gelu_tanh", "gelu", "relu2"])
 @pytest.mark.parametrize("bias", [True, False])
-def test_a_blocks_decode_step_in_c_computes_what_the_block_does(march, kind, activation, bias, monkeypatch, taken):
-    """Head size 12: the attention's dot products in 8s and the rest; the caches hold the same keys and values."""
+def test_the_decode_step_in_c_computes_what_the_blocks_do(march, kind, activation, bias, monkeypatch, taken):
+    """The whole step (StackStep), then block by block (BlockStep), against the modules. Head size 12: the
+    attention's dot products in 8s and the rest; the caches hold the same keys and values."""
     monkeypatch.setenv("GPT_ROW_KERNELS", march)
     torch.manual_seed(0)
     model = GPT(
@@ -211,25 +218,26 @@ def test_a_blocks_decode_step_in_c_computes_what_the_block_does(march, kind, act
     for p in model.parameters():  # values of about 1 everywhere: GELU's cube and attention's scale matter
         nn.init.normal_(p, std=0.3)
     model = pack(quantize(model.eval(), "int8") if kind == "int8" else model.eval().to(getattr(torch, kind)))
+    assert isinstance(model.step, rowkernels.StackStep)
     assert all(isinstance(b.step, rowkernels.BlockStep) and b.step.march == march for b in model.transformer.h)
     idx = torch.randint(0, 50, (3, 9))
-    ours, our_caches = decoded(model, idx, 4, taken)
-    assert taken == [2 * 4, 2]  # every one-token step; the prefill went through the blocks
-    steps = [b.step for b in model.transformer.h]
-    for b in model.transformer.h:
-        b.step = None
-    blocks, caches = decoded(model, idx, 4, taken)
+    runs = [decoded(model, idx, 4)]
+    assert taken == {"stack": [4, 1], "block": [0, 2]}  # every one-token step; the prefill through the blocks
+    unstepped(model, blocks=False)
+    runs.append(decoded(model, idx, 4))
+    assert taken == {"stack": [4, 1], "block": [2 * 4, 2 + 2]}
+    unstepped(model)
+    blocks, caches = decoded(model, idx, 4)
     # an int8 row's float rounding can move a quantised value by one step, a bf16 result by one rounding
     tol = 1e-5 if kind == "float32" else 3e-2
-    torch.testing.assert_close(ours, blocks, atol=tol, rtol=tol)
-    if kind == "bfloat16":  # rounded to bf16 where the eager step rounds: nearly every value the same bf16 number
-        assert (ours != blocks).float().mean() <= 0.02
-    for a, b in zip(our_caches, caches):
-        assert a.pos == b.pos == 9
-        torch.testing.assert_close(a.k, b.k, atol=tol, rtol=tol)
-        torch.testing.assert_close(a.v, b.v, atol=tol, rtol=tol)
-    for b, step in zip(model.transformer.h, steps):
-        b.step = step
+    for ours, our_caches in runs:
+        torch.testing.assert_close(ours, blocks, atol=tol, rtol=tol)
+        if kind == "bfloat16":  # rounded to bf16 where the eager step rounds: nearly every value the same number
+            assert (ours != blocks).float().mean() <= 0.02
+        for a, b in zip(our_caches, caches):
+            assert a.pos == b.pos == 9
+            torch.testing.assert_close(a.k, b.k, atol=tol, rtol=tol)
+            torch.testing.assert_close(a.v, b.v, atol=tol, rtol=tol)
 
 
 def test_the_step_takes_one_token_over_a_plain_cache_only(taken):
@@ -238,23 +246,31 @@ def test_the_step_takes_one_token_over_a_plain_cache_only(taken):
     with torch.no_grad():
         caches = model.new_caches(2)
         model.hidden(idx[:, :4], caches)  # a prefill: through the blocks
-        assert taken == [0, 2]
+        assert taken == {"stack": [0, 1], "block": [0, 2]}
         model.hidden(idx[:, 4:5], caches, mask=torch.ones(2, 1, 1, 5, dtype=torch.bool))  # a mask: the blocks'
-        assert taken == [0, 2]
+        assert taken == {"stack": [0, 1], "block": [0, 2]}
         model.hidden(idx[:, 5:6], caches)
-        assert taken == [2, 2]
+        assert taken == {"stack": [1, 1], "block": [0, 2]}
+        with pytest.raises(IndexError, match="index out of range"):  # as nn.Embedding says it
+            model.hidden(torch.tensor([[50], [0]]), caches)
+        assert all(c.pos == 6 for c in caches)
+        unstepped(model, blocks=False)  # the blocks' steps, over the same caches
+        model.hidden(idx[:, 5:6], caches)
+        assert taken["block"] == [2, 2] and all(c.pos == 7 for c in caches)
         for cache in caches:  # a static cache (a tensor position): the blocks'
             cache.pos = torch.tensor(5)
         model.hidden(idx[:, 5:6], caches)
-        assert taken[0] == 2
+        assert taken["block"][0] == 2
         maps = model.attention_maps(idx[:, :1])  # recording attention weights: the blocks'
-        assert len(maps["self"]) == 2 and taken[0] == 2
+        assert len(maps["self"]) == 2 and taken["block"][0] == 2
+    for over in ({"attention_window": "4"}, {"x0_skip": True}, {"pos_encoding": "sinusoidal"}):
+        assert pack(tiny(**over)).step is None  # masks, skips, a fixed table: the blocks' steps only
     windowed = pack(tiny(attention_window="4"))  # a ring cache: its keys are in no order
     with torch.no_grad():
         caches = windowed.new_caches(1)
         for t in range(6):
             windowed.hidden(idx[:1, t : t + 1], caches)
-    assert caches[0].ring and taken[0] == 2
+    assert caches[0].ring and taken["block"][0] == 2
 
 
 @pytest.mark.parametrize("over", [{"norm": "post"}, {"qk_norm": True}, {"n_encoder_layer": 1}])
@@ -267,7 +283,7 @@ def test_blocks_the_c_step_does_not_compute_keep_their_own(over, taken):
     rope = pack(tiny(pos_encoding="rope"))  # a step; its blocks get rotations, which it does not take
     assert all(b.step is not None for b in rope.transformer.h)
     tokens, logits = greedy(rope, torch.randint(0, 50, (1, 3)), 4)
-    assert taken == [0, 0]
+    assert rope.step is None and taken == {"stack": [0, 0], "block": [0, 0]}
     with torch.no_grad():
         torch.testing.assert_close(logits, rope.head(rope.hidden(tokens))[:, -1], atol=1e-4, rtol=1e-4)
 

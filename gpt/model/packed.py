@@ -149,6 +149,7 @@ def pack(model: GPT, chunks: int | None = None, chunk_bytes: int = CHUNK_BYTES, 
                 setattr(parent, name, rowkernels.RowLinear(child))
         for block in model.transformer.h:  # and where a block allows, its whole decode step in one call
             block.step = rowkernels.BlockStep(block) if rowkernels.BlockStep.fits(block) else None
+        model.step = rowkernels.StackStep(model) if rowkernels.StackStep.fits(model) else None  # every block's
         return model
     if not can_pack(model):
         return model

@@ -425,3 +425,38 @@ int block_step(const block_t *L, const void *x, long m, void *out, float *kc, fl
     free(res), free(att), free(h), free(qkv), free(y), free(fc);
     return failed;
 }
+
+/* ---- a decoder-only model's whole one-token step (gpt/model/rowkernels.py, StackStep) ----
+   The token's embedding plus its position's, every block (block_step, in place), and the final LayerNorm: the
+   hidden state (m, n_embd) of m rows at position `pos`, in the blocks' dtype. */
+typedef struct {
+    long n_layer, vocab;
+    const block_t *blocks;
+    const void *wte, *wpe; /* (vocab, n_embd) and (positions, n_embd), the blocks' dtype */
+    const float *ln_w, *ln_b;
+    float eps;
+} stack_t;
+
+/* Returns 0, 1 when memory ran out, 2 for a token id outside the vocabulary (nothing written then). */
+int stack_step(const stack_t *S, const int64_t *idx, long m, void *out, float *const *kc, float *const *vc,
+               long max_len, long pos, float tiny, int threads) {
+    const block_t *L = S->blocks;
+    long C = L->n_embd;
+    int bf16 = L->kind == BF16;
+    for (long b = 0; b < m; b++)
+        if (idx[b] < 0 || idx[b] >= S->vocab) return 2;
+    for (long b = 0; b < m; b++)
+        for (long i = 0; i < C; i++) {
+            float e = value(S->wte, idx[b] * C + i, bf16) + value(S->wpe, pos * C + i, bf16);
+            if (bf16) ((uint16_t *)out)[b * C + i] = to_bf16(e);
+            else ((float *)out)[b * C + i] = e;
+        }
+    for (long l = 0; l < S->n_layer; l++)
+        if (block_step(L + l, out, m, out, kc[l], vc[l], max_len, pos, tiny, threads)) return 1;
+    float *x = malloc(sizeof(float) * (size_t)(m * C));
+    if (!x) return 1;
+    for (long i = 0; i < m * C; i++) x[i] = value(out, i, bf16);
+    layer_norm(x, m, C, S->ln_w, S->ln_b, S->eps, bf16, out);
+    free(x);
+    return 0;
+}

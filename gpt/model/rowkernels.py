@@ -89,6 +89,15 @@ class _BlockArgs(ctypes.Structure):
     ]  # fmt: skip
 
 
+class _StackArgs(ctypes.Structure):
+    """The C file's stack_t: a model's embeddings, blocks and final LayerNorm for `stack_step`."""
+
+    _fields_ = [
+        ("n_layer", _L), ("vocab", _L), ("blocks", ctypes.POINTER(_BlockArgs)), ("wte", _P), ("wpe", _P),
+        ("ln_w", _P), ("ln_b", _P), ("eps", _F),
+    ]  # fmt: skip
+
+
 class KernelWarning(UserWarning):
     """Our kernels could not be built or loaded here: decoding runs on PyTorch's (the message says why)."""
 
@@ -139,6 +148,8 @@ def _compiled(cc: str, march: str) -> tuple[ctypes.CDLL | None, str]:
     lib.int8_rows.restype = _I
     lib.block_step.argtypes = [ctypes.POINTER(_BlockArgs), _P, _L, _P, _P, _P, _L, _L, _F, _I]
     lib.block_step.restype = _I
+    lib.stack_step.argtypes = [ctypes.POINTER(_StackArgs), _P, _L, _P, _P, _P, _L, _L, _F, _I]
+    lib.stack_step.restype = _I
     return lib, ""
 
 
@@ -313,3 +324,84 @@ class BlockStep:
 
 def _int8_parts(m: RowLinear) -> tuple[torch.Tensor, ...]:
     return (m.weight_sum, m.weight_scale) if m.kind == KINDS[torch.int8] else ()
+
+
+class StackStep:
+    """A decoder-only model's whole one-token decode step as one call of the C file's `stack_step`: the token and
+    position embeddings, every block's `BlockStep`, and the final LayerNorm; what `GPT.hidden` returns. Set by
+    gpt.model.packed.pack as `GPT.step` where `fits` says; `hidden` calls it with every cached call, and it
+    returns None for a call it does not take (then each block is called as always): more than one token, caches
+    that are static, rings or not all at one position, a position past the learned table, attention maps being
+    recorded. Python's part of a decode step is then this call and the output head's."""
+
+    def __init__(self, model: nn.Module):
+        steps = [b.step for b in model.transformer.h]
+        self.dtype, self.block_size, self.attn = steps[0].dtype, model.config.block_size, steps[0].attn
+        self.attns = [s.attn for s in steps]
+        self.n_head, self.head_dim = steps[0].n_head, steps[0].head_dim
+        ln_f = model.transformer.ln_f
+        wte, wpe = model.transformer.wte.weight.detach(), model.transformer.wpe.weight.detach()
+        self._keep = [steps, wte, wpe, ln_f.weight.detach().float()]  # what the pointers point into
+        self._keep.append(None if ln_f.bias is None else ln_f.bias.detach().float())
+        self.blocks = (_BlockArgs * len(steps))(*(s.args for s in steps))
+        self.args = _StackArgs(
+            len(steps), wte.size(0), self.blocks, _ptr(wte), _ptr(wpe), _ptr(self._keep[3]), _ptr(self._keep[4]),
+            ln_f.eps,
+        )  # fmt: skip
+
+    @staticmethod
+    def fits(model: nn.Module) -> bool:
+        """Whether every block of a decoder-only model has a `BlockStep` and the rest is what `stack_step`
+        computes: learned positions added to the token embeddings (unscaled), no x0 skips or value embeddings,
+        a final LayerNorm, the embeddings contiguous in the blocks' dtype."""
+        cfg, steps = model.config, [b.step for b in model.transformer.h]
+        if cfg.n_encoder_layer or not steps or not all(isinstance(s, BlockStep) for s in steps):
+            return False
+        wte, wpe, ln_f = model.transformer.wte.weight, getattr(model.transformer, "wpe", None), model.transformer.ln_f
+        return (
+            model.positions.adds == "wpe"
+            and not model.positions.scaled
+            and not model.windows.any  # (windowed layers attend through masks, even over caches of every position)
+            and not cfg.x0_skip
+            and not cfg.value_embeds
+            and type(ln_f) is nn.LayerNorm
+            and ln_f.weight is not None
+            and len({(s.kind, s.march) for s in steps}) == 1
+            and all(
+                t.dtype == steps[0].dtype and t.is_contiguous() and t.device.type == "cpu" for t in (wte, wpe.weight)
+            )
+        )
+
+    def __call__(self, idx: torch.Tensor, caches: list) -> torch.Tensor | None:
+        """The final hidden state (B, 1, C) after ids `idx` (B, 1) continuing `caches` (written, their positions
+        advanced), or None."""
+        pos = caches[0].pos
+        if idx.size(1) != 1 or type(pos) is not int or pos >= self.block_size or idx.device.type != "cpu":
+            return None
+        shape = (idx.size(0), self.n_head, -1, self.head_dim)
+        for cache, attn in zip(caches, self.attns):
+            if (
+                cache.pos != pos
+                or cache.ring
+                or pos >= cache.max_len
+                or cache.k.dtype != torch.float32
+                or cache.k.shape != (shape[0], shape[1], cache.max_len, shape[3])
+                or not (cache.k.is_contiguous() and cache.v.is_contiguous())
+                or attn.weights is not None
+            ):
+                return None
+        ids = idx.to(torch.int64).contiguous()
+        out = torch.empty(idx.size(0), 1, self.blocks[0].n_embd, dtype=self.dtype)
+        keys = (_P * len(caches))(*(c.k.data_ptr() for c in caches))
+        values = (_P * len(caches))(*(c.v.data_ptr() for c in caches))
+        failed = _build(self._keep[0][0].march)[0].stack_step(
+            ctypes.byref(self.args), ids.data_ptr(), ids.size(0), out.data_ptr(), keys, values, caches[0].max_len, pos,
+            grids.TINY, torch.get_num_threads(),
+        )  # fmt: skip
+        if failed == 2:
+            raise IndexError("index out of range in self")  # (what nn.Embedding says)
+        if failed:
+            raise MemoryError(f"no memory for a decode step of {ids.size(0)} rows")
+        for cache in caches:
+            cache.pos += 1
+        return out

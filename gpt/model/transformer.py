@@ -133,6 +133,10 @@ class GPT(nn.Module):
                 {str(i): nn.Embedding(config.vocab_size, config.n_embd) for i in ve_layers}
             )
         self.apply(self._init_weights)
+        # The whole one-token decode step in one call of our C kernels (gpt/model/rowkernels.py's StackStep, set
+        # by gpt.model.packed.pack): given ids and caches it returns `hidden`'s result, or None for a call it
+        # does not take.
+        self.step = None
 
     def _init_weights(self, module: nn.Module) -> None:
         """GPT-2 initialisation, all in one place:
@@ -206,6 +210,10 @@ class GPT(nn.Module):
         caches, each layer's mask comes from the positions its cache holds (`cache_masks`): a windowed
         layer's cache is a ring of its window (gpt/model/cache.py).
         """
+        if self.step is not None and caches and memory is None and mask is None and doc is None:
+            h = self.step(idx, caches)
+            if h is not None:
+                return h
         start = caches[0].pos if caches else 0
         pos = None
         bands = self.bands(mask, doc, idx.size(1), causal=True) if caches is None else None
