@@ -309,3 +309,25 @@ def test_the_weights_live_on_huge_pages_where_the_kernel_gives_them():
             assert int(entry.split()[1]) >= 2048  # kB: at least one 2 MiB page
             return
     pytest.fail("the mapping of the blocks was not found")
+
+
+def test_compile_keeps_our_step_for_int8_where_it_takes_the_whole_model(tmp_path, monkeypatch, capsys):
+    """`gpt sample --compile --quantize int8` on a CPU where our kernels take the whole step: no Inductor compile,
+    the model laid out for them, the same text as without --compile, and a line that says so."""
+    from conftest import save_random_lm
+
+    from gpt.checkpoints.loader import load_for_inference
+    from gpt.cli import sample as sample_cli
+
+    compiled = []
+    monkeypatch.setattr(GPT, "compile_decoding", lambda self: compiled.append(self))
+    run = save_random_lm(tmp_path, "abcdefgh ")
+    model = load_for_inference(run, "cpu", quantize="int8", compile_step=True).model
+    assert not compiled and isinstance(model.step, rowkernels.StackStep) and model.decode_step is None
+    load_for_inference(run, "cpu", compile_step=True)  # float32: compiled as always
+    assert len(compiled) == 1
+    args = ["--ckpt", str(run), "--prompt", "ab", "--max-new-tokens", "12", "--temperature", "0", "--no-stop-at-eot"]
+    assert sample_cli.main([*args, "--quantize", "int8", "--compile"]) == 0
+    out, err = capsys.readouterr()
+    assert "nothing to compile" in err and "s of it compiling" not in err
+    assert sample_cli.main([*args, "--quantize", "int8"]) == 0 and capsys.readouterr().out == out

@@ -50,6 +50,7 @@ from gpt.model.packed import pack
 from gpt.model.quantize import dtype_flag
 from gpt.model.quantize import quantize as quantize_model
 from gpt.model.quantize import summary as quantize_summary
+from gpt.model.rowkernels import whole_step
 from gpt.model.transformer import GPT
 from gpt.runtime import Runtime, decode_threads, resolve_dtype, setup
 
@@ -198,7 +199,10 @@ def load_for_inference(
     `single_stream` (one sequence decoded at a time, sample.py): on CPU without --threads, the thread
     count `decode_threads` picks for the model's size.
     `compile_step` (`sample.py --compile`): the one-token decode step compiled (`GPT.compile_decoding`) and
-    the Linear layers left unpacked (on the CPU the compiled step lays its weights out itself).
+    the Linear layers left unpacked (on the CPU the compiled step lays its weights out itself); but not an
+    int8 model on a CPU where our kernels take its whole step (`rowkernels.whole_step`): that step is compiled
+    C already and decodes faster than Inductor's int8 step (bench/README.md, "Against llama.cpp"), so the
+    model is laid out as without it (its `decode_step` stays None).
     `adapters`: LoRA checkpoints of this very model served beside it (`serve_adapters`, `gpt serve --lora`)."""
     if adapters and (quantize != "none" or compile_step):
         raise lora.LoRAError("--lora adapters are served on the model's float weights: leave out --quantize")
@@ -219,7 +223,7 @@ def load_for_inference(
     model = quantize_model(model.to(rt.dtype), quantize, group_size)
     if quantize != "none":  # the run's header and summary: "float32 (int8 Linear layers)"
         rt.reason = quantize_summary(model, quantize, group_size)
-    if compile_step:
+    if compile_step and not (rt.device.type == "cpu" and quantize == "int8" and whole_step(model)):
         model.compile_decoding()
     elif quantize != "int4":
         pack(model)

@@ -255,8 +255,7 @@ class BlockStep:
     """
 
     def __init__(self, block: nn.Module):
-        attn, mlp = block.attn, block.mlp
-        layers = [attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj]
+        attn, mlp, layers = block.attn, block.mlp, _four(block)
         self.march, self.kind, self.attn = layers[0].march, layers[0].kind, attn
         self.dtype = torch.bfloat16 if self.kind == KINDS[torch.bfloat16] else torch.float32
         self.n_head, self.head_dim = attn.n_head, attn.head_dim
@@ -276,20 +275,11 @@ class BlockStep:
 
     @staticmethod
     def fits(block: nn.Module) -> bool:
-        """Whether a block's decode step can run in C: pre-norm, LayerNorms, no cross-attention, value
-        embeddings or qk_norm, a GELU (either) or relu2 MLP, its four layers RowLinear of one kind and build."""
-        attn, mlp = block.attn, block.mlp
-        layers = [attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj]
-        gelu = mlp.gelu
+        """Whether a block's decode step can run in C: `_block_shape`, and its four layers RowLinear of one kind
+        and build."""
+        layers = _four(block)
         return (
-            not block.post_norm
-            and not hasattr(block, "cross_attn")
-            and not hasattr(attn, "ve_gate")
-            and not attn.qk_norm
-            and attn.n_head * attn.head_dim == attn.n_embd
-            and all(type(n) is nn.LayerNorm and n.weight is not None for n in (block.ln_1, block.ln_2))
-            and block.ln_1.eps == block.ln_2.eps
-            and (type(gelu) is nn.GELU and gelu.approximate in ACTIVATIONS or type(gelu) is ReLU2)
+            _block_shape(block)
             and all(type(m) is RowLinear for m in layers)
             and len({(m.kind, m.march) for m in layers}) == 1
         )
@@ -326,6 +316,59 @@ def _int8_parts(m: RowLinear) -> tuple[torch.Tensor, ...]:
     return (m.weight_sum, m.weight_scale) if m.kind == KINDS[torch.int8] else ()
 
 
+def _four(block: nn.Module) -> list[nn.Module]:
+    """A block's four product layers, in the C file's order."""
+    return [block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj]
+
+
+def _block_shape(block: nn.Module) -> bool:
+    """A block `block_step` computes, whatever its layers: pre-norm, LayerNorms of one eps, no cross-attention,
+    value embeddings or qk_norm, all the model's heads (no tensor-parallel share), a GELU (either) or relu2."""
+    attn, gelu = block.attn, block.mlp.gelu
+    return (
+        not block.post_norm
+        and not hasattr(block, "cross_attn")
+        and not hasattr(attn, "ve_gate")
+        and not attn.qk_norm
+        and attn.n_head * attn.head_dim == attn.n_embd
+        and all(type(n) is nn.LayerNorm and n.weight is not None for n in (block.ln_1, block.ln_2))
+        and block.ln_1.eps == block.ln_2.eps
+        and (type(gelu) is nn.GELU and gelu.approximate in ACTIVATIONS or type(gelu) is ReLU2)
+    )
+
+
+def _stack_shape(model: nn.Module, dtype: torch.dtype) -> bool:
+    """A decoder-only model whose step around its blocks `stack_step` computes, the blocks' rows in `dtype`: learned
+    positions added to the token embeddings (unscaled), no windows, x0 skips or value embeddings, a final
+    LayerNorm, the embeddings contiguous in `dtype` on the CPU."""
+    cfg, ln_f = model.config, model.transformer.ln_f
+    return (
+        not cfg.n_encoder_layer
+        and model.positions.adds == "wpe"
+        and not model.positions.scaled
+        and not model.windows.any  # (windowed layers attend through masks, even over caches of every position)
+        and not cfg.x0_skip
+        and not cfg.value_embeds
+        and type(ln_f) is nn.LayerNorm
+        and ln_f.weight is not None
+        and all(
+            t.dtype == dtype and t.is_contiguous() and t.device.type == "cpu"
+            for t in (model.transformer.wte.weight, model.transformer.wpe.weight)
+        )
+    )
+
+
+def whole_step(model: nn.Module) -> bool:
+    """Whether gpt.model.packed.pack would give `model` a `StackStep`, asked before packing: the kernels build, and
+    every block's four layers `fits`, all of one dtype, in a model of the shapes `BlockStep` and `StackStep` take."""
+    blocks = list(model.transformer.h)
+    layers = [m for b in blocks for m in _four(b)]
+    if not blocks or not all(_block_shape(b) for b in blocks) or not all(fits(m) for m in layers):
+        return False
+    kinds = {(m.weight_int8 if isinstance(m, Int8Linear) else m.weight).dtype for m in layers}
+    return len(kinds) == 1 and _stack_shape(model, torch.bfloat16 if kinds == {torch.bfloat16} else torch.float32)
+
+
 class StackStep:
     """A decoder-only model's whole one-token decode step as one call of the C file's `stack_step`: the token and
     position embeddings, every block's `BlockStep`, and the final LayerNorm; what `GPT.hidden` returns. Set by
@@ -351,25 +394,14 @@ class StackStep:
 
     @staticmethod
     def fits(model: nn.Module) -> bool:
-        """Whether every block of a decoder-only model has a `BlockStep` and the rest is what `stack_step`
-        computes: learned positions added to the token embeddings (unscaled), no x0 skips or value embeddings,
-        a final LayerNorm, the embeddings contiguous in the blocks' dtype."""
-        cfg, steps = model.config, [b.step for b in model.transformer.h]
-        if cfg.n_encoder_layer or not steps or not all(isinstance(s, BlockStep) for s in steps):
-            return False
-        wte, wpe, ln_f = model.transformer.wte.weight, getattr(model.transformer, "wpe", None), model.transformer.ln_f
+        """Whether every block of a decoder-only model has a `BlockStep`, of one kind and build, and the rest is
+        what `stack_step` computes (`_stack_shape`)."""
+        steps = [b.step for b in model.transformer.h]
         return (
-            model.positions.adds == "wpe"
-            and not model.positions.scaled
-            and not model.windows.any  # (windowed layers attend through masks, even over caches of every position)
-            and not cfg.x0_skip
-            and not cfg.value_embeds
-            and type(ln_f) is nn.LayerNorm
-            and ln_f.weight is not None
+            bool(steps)
+            and all(isinstance(s, BlockStep) for s in steps)
             and len({(s.kind, s.march) for s in steps}) == 1
-            and all(
-                t.dtype == steps[0].dtype and t.is_contiguous() and t.device.type == "cpu" for t in (wte, wpe.weight)
-            )
+            and _stack_shape(model, steps[0].dtype)
         )
 
     def __call__(self, idx: torch.Tensor, caches: list) -> torch.Tensor | None:
