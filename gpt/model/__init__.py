@@ -14,7 +14,8 @@
 - `lora.py` LoRA adapter layers (apply, merge); `quantize.py` int8 and int4 Linear layers; `grids.py` the
   quantisation grids (int8, int4, llama.cpp's Q4_0) they and `qat.py` (quantisation-aware training) share;
   `packed.py` the Linear weights laid out for CPU decoding (our kernels', else transposed float32, oneDNN-packed
-  bf16); `rowkernels.py` those kernels of our own (`rowkernels.c`, built on first use), a few rows times a weight;
+  bf16); `rowkernels.py` those kernels of our own (`rowkernels.c`, built on first use), a few rows times a weight, and
+  the whole one-token step of the common block and model in one call;
   `compiled.py` the one-token decode step compiled (ahead of time on the CPU, `GPT.compile_decoding`); `stepcache.py` those
   compiled steps kept on disk for the next run on the same weights.
 

@@ -1,9 +1,13 @@
-"""Our own CPU products for decoding: a few rows times a weight in float32, bf16 or int8 (gpt/model/rowkernels.c).
+"""Our own CPU decoding in C (gpt/model/rowkernels.c): a few rows times a weight in float32, bf16 or int8, and
+the whole one-token step of the common block and model.
 
     from gpt.model.rowkernels import RowLinear, library
     if library():                      # built on first use with the machine's C compiler, else None
         layer = RowLinear(linear)      # an nn.Linear's float32 or bf16 product, weights in 64-output blocks
         layer = RowLinear(int8_linear) # an Int8Linear's (gpt.model.quantize): the same numbers
+    block.step = BlockStep(block)      # a block of RowLinear layers: its one-token step in one call
+    model.step = StackStep(model)      # every block stepped so: embeddings, blocks, final LayerNorm in one call
+    whole_step(model)                  # whether gpt.model.packed.pack would give a model its StackStep
 
     GPT_ROW_KERNELS=off        # never build: decoding keeps PyTorch's kernels (gpt.model.packed)
     GPT_ROW_KERNELS=x86-64-v3  # build for that -march instead of the machine's own (tests run the AVX2 code so)
@@ -14,7 +18,11 @@ bench/results/kernels.json times them inside the eager step. The C file lays eac
 output features, so a block streams in one run and every input value multiplies 64 outputs in a few vectors,
 and uses the CPU's pair and quad dot products where it has them (AVX512_BF16, AVX512_VNNI, AVX2's int8
 pairs); elsewhere the same loops in plain vectors. A build with neither AVX2 nor AVX-512 is not used
-(PyTorch's kernels do as well there). What it gains: bench/README.md, "Against llama.cpp".
+(PyTorch's kernels do as well there). Around the products, a decode step of GPT-2's shape dispatched about 20
+small aten ops a layer and the Python between them: `BlockStep` and `StackStep` compute the step in C too (a
+pre-norm block with LayerNorms and a GELU or relu2 MLP over a float32 KV cache; the others keep their modules).
+The blocked weights and CPU KV caches live on transparent huge pages where the kernel gives them
+(gpt.runtime.on_huge_pages). What it gains: bench/README.md, "Against llama.cpp".
 
 The library is compiled with `-O3 -march=native -fopenmp` into a private temporary directory, loaded, and the
 file removed: nothing is cached on disk, so nothing another user could write is ever loaded. Its OpenMP is
