@@ -266,7 +266,6 @@ class BlockStep:
         attn, mlp, layers = block.attn, block.mlp, _four(block)
         self.march, self.kind, self.attn = layers[0].march, layers[0].kind, attn
         self.dtype = torch.bfloat16 if self.kind == KINDS[torch.bfloat16] else torch.float32
-        self.n_head, self.head_dim = attn.n_head, attn.head_dim
         norms = [block.ln_1, block.ln_2]
         self._keep = [n.weight.detach().float() for n in norms] + [
             None if n.bias is None else n.bias.detach().float() for n in norms
@@ -297,15 +296,9 @@ class BlockStep:
         if (
             cache is None
             or x.size(1) != 1
-            or type(cache.pos) is not int
-            or cache.ring
-            or cache.pos >= cache.max_len
             or x.dtype != self.dtype
             or x.device.type != "cpu"
-            or cache.k.dtype != torch.float32
-            or cache.k.shape != (x.size(0), self.n_head, cache.max_len, self.head_dim)
-            or not (cache.k.is_contiguous() and cache.v.is_contiguous())
-            or self.attn.weights is not None
+            or not _takes(cache, cache.pos, x.size(0), self.attn)
         ):
             return None
         x = x.contiguous()
@@ -318,6 +311,22 @@ class BlockStep:
             raise MemoryError(f"no memory for a decode step of {x.size(0)} rows")
         cache.pos += 1
         return out
+
+
+def _takes(cache, pos, rows: int, attn: nn.Module) -> bool:
+    """Whether a step in C can continue `cache` at `pos`: a float32 cache of every position for `rows` rows and
+    all of `attn`'s heads, contiguous, at that int position with a slot left, and no attention maps recorded."""
+    return (
+        type(cache.pos) is int
+        and cache.pos == pos
+        and not cache.ring
+        and pos < cache.max_len
+        and cache.k.dtype == torch.float32
+        and cache.k.shape == (rows, attn.n_head, cache.max_len, attn.head_dim)
+        and cache.k.is_contiguous()
+        and cache.v.is_contiguous()
+        and attn.weights is None
+    )
 
 
 def _int8_parts(m: RowLinear) -> tuple[torch.Tensor, ...]:
@@ -387,9 +396,8 @@ class StackStep:
 
     def __init__(self, model: nn.Module):
         steps = [b.step for b in model.transformer.h]
-        self.dtype, self.block_size, self.attn = steps[0].dtype, model.config.block_size, steps[0].attn
+        self.dtype, self.march, self.block_size = steps[0].dtype, steps[0].march, model.config.block_size
         self.attns = [s.attn for s in steps]
-        self.n_head, self.head_dim = steps[0].n_head, steps[0].head_dim
         ln_f = model.transformer.ln_f
         wte, wpe = model.transformer.wte.weight.detach(), model.transformer.wpe.weight.detach()
         self._keep = [steps, wte, wpe, ln_f.weight.detach().float()]  # what the pointers point into
@@ -415,26 +423,16 @@ class StackStep:
     def __call__(self, idx: torch.Tensor, caches: list) -> torch.Tensor | None:
         """The final hidden state (B, 1, C) after ids `idx` (B, 1) continuing `caches` (written, their positions
         advanced), or None."""
-        pos = caches[0].pos
+        pos, rows = caches[0].pos, idx.size(0)
         if idx.size(1) != 1 or type(pos) is not int or pos >= self.block_size or idx.device.type != "cpu":
             return None
-        shape = (idx.size(0), self.n_head, -1, self.head_dim)
-        for cache, attn in zip(caches, self.attns):
-            if (
-                cache.pos != pos
-                or cache.ring
-                or pos >= cache.max_len
-                or cache.k.dtype != torch.float32
-                or cache.k.shape != (shape[0], shape[1], cache.max_len, shape[3])
-                or not (cache.k.is_contiguous() and cache.v.is_contiguous())
-                or attn.weights is not None
-            ):
-                return None
+        if not all(_takes(cache, pos, rows, attn) for cache, attn in zip(caches, self.attns, strict=True)):
+            return None
         ids = idx.to(torch.int64).contiguous()
         out = torch.empty(idx.size(0), 1, self.blocks[0].n_embd, dtype=self.dtype)
         keys = (_P * len(caches))(*(c.k.data_ptr() for c in caches))
         values = (_P * len(caches))(*(c.v.data_ptr() for c in caches))
-        failed = _build(self._keep[0][0].march)[0].stack_step(
+        failed = _build(self.march)[0].stack_step(
             ctypes.byref(self.args), ids.data_ptr(), ids.size(0), out.data_ptr(), keys, values, caches[0].max_len, pos,
             grids.TINY, torch.get_num_threads(),
         )  # fmt: skip
