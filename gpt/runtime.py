@@ -47,6 +47,7 @@ The allocator (`tune_allocator`, which `setup` calls first, so every command get
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import os
 import platform
@@ -457,14 +458,28 @@ def on_huge_pages(t: torch.Tensor) -> torch.Tensor:
     """A copy of CPU tensor `t` in a private mapping the kernel is asked to back with 2 MiB pages (`madvise`;
     module notes), or `t` itself: under 2 MiB, not on the CPU, no madvise (not Linux), or no mapping to be had.
     Where the kernel gives no huge pages (THP off) the copy is ordinary memory."""
-    nbytes = t.numel() * t.element_size()
-    if nbytes < HUGE_PAGE or t.device.type != "cpu" or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return t
+    out = _huge_mapping(t.shape, t.dtype) if t.device.type == "cpu" else None
+    return t if out is None else out.copy_(t)
+
+
+def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
+    """torch.zeros(shape) in such a mapping on the CPU (anonymous memory is zero already: nothing is written, and
+    pages come as they are first touched), else torch.zeros."""
+    out = _huge_mapping(shape, dtype) if torch.device(device).type == "cpu" else None
+    return torch.zeros(shape, dtype=dtype, device=device) if out is None else out
+
+
+def _huge_mapping(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+    """An uninitialised (zero) CPU tensor in a private mapping advised MADV_HUGEPAGE, from its first 2 MiB boundary,
+    or None: under 2 MiB, no madvise, or no mapping to be had."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return None
     try:
         buf = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         buf.madvise(mmap.MADV_HUGEPAGE)
     except OSError:  # no memory for the mapping, or a kernel without THP
-        return t
+        return None
     start = -ctypes.addressof(ctypes.c_char.from_buffer(buf)) % HUGE_PAGE  # the first 2 MiB boundary
     out = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=start)  # (it keeps `buf` mapped)
-    return out.view(t.dtype).view(t.shape).copy_(t)
+    return out.view(dtype).view(shape)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from gpt.runtime import on_huge_pages
+from gpt.runtime import zeros_on_huge_pages
 
 
 class KVCache:
@@ -71,8 +71,8 @@ class KVCache:
         shape = (batch, n_head, max_len, head_dim)
         # zeros, not empty: static mode attends over unwritten slots too (masked, but 0 * NaN = NaN)
         # (on the CPU on huge pages where the kernel gives them: a decode step streams the whole cache)
-        self.k = on_huge_pages(torch.zeros(shape, device=device, dtype=dtype))
-        self.v = on_huge_pages(torch.zeros(shape, device=device, dtype=dtype))
+        self.k = zeros_on_huge_pages(shape, dtype, device)
+        self.v = zeros_on_huge_pages(shape, dtype, device)
         self.pos: int | torch.Tensor = 0
 
     @property
