@@ -6,12 +6,13 @@
     python bench/bench_llamacpp.py --models gpt2 --pairs f32 --out /tmp/f32      # one precision only
     python bench/bench_llamacpp.py --pairs f32,q8_0,q4_0 --out bench/results/llamacpp-int4   # int4 beside them
     python bench/bench_llamacpp.py --ckpt out/shakespeare-char --models char     # a trained run as the char model
+    python bench/bench_llamacpp.py --as-avx2      # as a CPU without AVX-512 runs both: bench/results/llamacpp-avx2
 
 Pairs, each at a comparable precision, on the same random weights (speed does not depend on them):
 | ours (gpt.checkpoints.loader.load_for_inference + gpt.infer.sampling.generate, as sample.py) | llama.cpp |
 |----------------------------------------------------------------------------------------------|-----------|
 | float32                                                                                      | f32       |
-| bf16 weights (only on a CPU with native bf16: elsewhere it is emulated, not a fair pair)     | f16       |
+| bf16 weights (where the CPU has native bf16 or our C kernels build: elsewhere it is emulated)  | f16       |
 | `--quantize int8` (int8 Linear layers, weights and activations: gpt/model/quantize.py)        | q8_0      |
 | float32 `--compile` (the decode step compiled ahead of time: gpt/model/compiled.py)           | f32       |
 | bf16 `--compile`                                                                             | f16       |
@@ -37,7 +38,12 @@ Each round runs every pair, ours then both of theirs, so all see the same load; 
 over rounds with its min and max. The decode length is capped at block_size - prompt (llama.cpp's learned
 positions end there; ours would slide).
 
-Writes bench/results/llamacpp.{json,md} (or --out). The goal (issue 43), GPT-2 124M, 2 threads, against
+`--as-avx2` approximates a CPU without AVX-512 and without native bf16 on this one (harness.AS_AVX2: PyTorch,
+MKL, oneDNN and our kernels on their AVX2 code, our precision policy as for such a CPU) against llama.cpp built
+as for any AVX2 CPU (`llamacpp_native.py --avx2`): the code paths such a CPU runs, on this machine's memory and
+clock.
+
+Writes bench/results/llamacpp.{json,md} (or --out; with --as-avx2, llamacpp-avx2). The goal (issue 43), GPT-2 124M, 2 threads, against
 llama-bench: ours / llama.cpp >= 1.0 with --compile at each precision, >= 0.8 eager.
 """
 
@@ -68,6 +74,7 @@ from gpt.checkpoints.loader import load_checkpoint, load_for_inference  # noqa: 
 from gpt.data.tokenizer import CharTokenizer  # noqa: E402
 from gpt.infer import llamacpp  # noqa: E402
 from gpt.infer.sampling import SampleConfig, generate  # noqa: E402
+from gpt.model import rowkernels  # noqa: E402
 from gpt.runtime import cpu_has_native_bf16  # noqa: E402
 
 MODELS = {
@@ -205,7 +212,14 @@ def markdown(rows: list[dict], info: dict) -> str:
         f"Batch-1 greedy decode, {info['threads']} threads, {m['cpu']} ({m.get('cpu_family_model', '')}, torch "
         f"capability {m['capability']}, native bf16 {m['native_bf16']}), torch {m['torch']}, commit "
         f"{m.get('commit', '?')}, {m.get('date', '?')}; llama.cpp {info['llama_cpp']}; medians (min-max) of "
-        f"{info['rounds']} interleaved rounds; ratios are the median of each round's ratio.",
+        f"{info['rounds']} interleaved rounds; ratios are the median of each round's ratio."
+        + (
+            " Both sides as a CPU without AVX-512 or native bf16 runs them, approximated on this one (--as-avx2: "
+            + ", ".join(f"{k}={v}" for k, v in info["as_avx2"].items())
+            + ")."
+            if "as_avx2" in info
+            else ""
+        ),
         "",
         "| model | ours | llama.cpp | new tokens | ours tok/s | llama-bench tok/s | ours / llama-bench "
         "| llama-cpp-python tok/s | ours / llama-cpp-python | ours load + warm-up s |",
@@ -242,12 +256,18 @@ def main() -> None:
         action="store_true",
         help="llama.cpp as the installed llama-cpp-python wheel has it (no llama-bench) instead of the native build",
     )
+    p.add_argument(
+        "--as-avx2",
+        action="store_true",
+        help="both sides as a CPU without AVX-512 or native bf16 runs them (module notes); llama.cpp's AVX2 build",
+    )
     p.add_argument("--new-tokens", type=int, default=256, help="greedy tokens (capped at block_size - prompt)")
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "llamacpp"), help="writes OUT.json and OUT.md")
+    p.add_argument("--out", help="writes OUT.json and OUT.md (default bench/results/llamacpp, or llamacpp-avx2)")
     args = p.parse_args()
+    as_avx2 = harness.as_avx2() if args.as_avx2 else None
     bench_bin = None
-    if not args.portable:  # the native libraries, loaded by llama-cpp-python instead of its own
-        native_bin = llamacpp_native.ensure() / "bin"
+    if not args.portable:  # the native (or AVX2) libraries, loaded by llama-cpp-python instead of its own
+        native_bin = llamacpp_native.ensure(args.as_avx2) / "bin"
         os.environ["LLAMA_CPP_LIB_PATH"] = str(native_bin)
         bench_bin = native_bin / "llama-bench"
     import llama_cpp
@@ -256,7 +276,8 @@ def main() -> None:
     wanted = set(args.pairs.split(","))
     if not wanted <= {pair[3] for pair in PAIRS}:
         p.error(f"--pairs: {args.pairs!r}: each one of f32, f16, q8_0, q4_0")
-    pairs = [pair for pair in PAIRS if pair[3] in wanted and (pair[0] != "bfloat16" or cpu_has_native_bf16())]
+    bf16 = cpu_has_native_bf16() or rowkernels.library() is not None  # else bf16 products are emulated
+    pairs = [pair for pair in PAIRS if pair[3] in wanted and (pair[0] != "bfloat16" or bf16)]
     if args.no_compile:
         pairs = [pair for pair in pairs if not pair[2]]
     rows = []
@@ -269,10 +290,18 @@ def main() -> None:
         "threads": args.threads,
         "rounds": args.rounds,
         "llama_cpp": f"{llama_cpp.__version__}'s sources, "
-        + ("the installed wheel (llama-cpp-python only)" if args.portable else "built natively (-march=native)"),
-        "bf16_pair": "run" if any(p[0] == "bfloat16" for p in pairs) else "skipped: no native bf16 on this CPU",
+        + (
+            "the installed wheel (llama-cpp-python only)"
+            if args.portable
+            else "built for any AVX2 CPU (GGML_NATIVE=OFF)"
+            if args.as_avx2
+            else "built natively (-march=native)"
+        ),
+        "bf16_pair": "run" if any(p[0] == "bfloat16" for p in pairs) else "skipped: no native bf16, no C kernels",
     }
-    out = Path(args.out)
+    if as_avx2:
+        info["as_avx2"] = as_avx2
+    out = Path(args.out or ROOT / "bench" / "results" / ("llamacpp-avx2" if args.as_avx2 else "llamacpp"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"info": info, "rows": rows}, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(rows, info))

@@ -2,6 +2,7 @@
 copied to a scratch directory (never imported, never copied into the project).
 
     from harness import machine, launch, nanogpt_copy, SHARED_DATA   # ../shared/data, or $GPT_SHARED_DATA
+    as_avx2()          # this process again, as a CPU without AVX-512 or native bf16 runs it (AS_AVX2)
 """
 
 from __future__ import annotations
@@ -24,6 +25,30 @@ if (SHARED_DATA / "gpt2.tiktoken").exists():  # offline: GPT-2's BPE ranks for t
     os.environ.setdefault("GPT2_TIKTOKEN_FILE", str(SHARED_DATA / "gpt2.tiktoken"))
 # --compile timings are compiles, not loads of a step an earlier run kept (gpt/model/stepcache.py)
 os.environ.setdefault("GPT_COMPILE_CACHE", "off")
+
+
+# A CPU without AVX-512 and without native bf16 (an AVX2-only EPYC or Core), approximated on this one: each
+# library's own switch to its AVX2 code, and our kernels built for x86-64-v3. The memory, caches and clock stay
+# this machine's, so it tells what the code paths do, not what such a machine measures.
+AS_AVX2 = {
+    "ATEN_CPU_CAPABILITY": "avx2",  # PyTorch's vectorised kernels
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",  # MKL's (float32 products)
+    "ONEDNN_MAX_CPU_ISA": "AVX2",  # oneDNN's
+    "GPT_CPU_BF16": "0",  # our precision policy: a CPU without native bf16
+    "GPT_ROW_KERNELS": "x86-64-v3",  # our C kernels: the AVX2 build
+}
+
+
+def as_avx2() -> dict:
+    """Run this process as `AS_AVX2` says: re-executed with those variables (they act at start-up), then
+    PyTorch's oneDNN bf16 products off (PyTorch picks them by the CPU's flags, which no variable hides; a CPU
+    without AVX-512 runs its own bf16 GEMM). Returns what was set, for the results file."""
+    if any(os.environ.get(k) != v for k, v in AS_AVX2.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **AS_AVX2})
+    import torch
+
+    torch.backends.mkldnn.enabled = False
+    return {**AS_AVX2, "torch.backends.mkldnn.enabled": False}
 
 
 def machine() -> dict:
