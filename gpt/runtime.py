@@ -13,6 +13,10 @@ Precision policy (`dtype="auto"`)
   product is emulated and many times slower than float32 (an AVX2-only EPYC's step: bench/README.md,
   "Training"), so an explicit `--dtype bfloat16` there warns. Inference (bf16 weights, no
   autocast) only from INFERENCE_BF16_MIN_PARAMS parameters: smaller models decode faster in float32.
+  Decoding one sequence through our C kernels' whole step (gpt.model.rowkernels: `bf16_steps`) picks bf16
+  from that size on any CPU: the step is bound by the weights' bytes, and the kernels widen bf16 to float32
+  in registers where the CPU has no bf16 arithmetic (AVX2); every larger product of such a model
+  (a prompt over rowkernels.MANY_ROWS tokens) runs in float32 there.
   $GPT_CPU_BF16=0|1 overrides the CPU check (tests and developers run the other CPU class's path).
 - Other devices (mps): float32.
 `Runtime.reason` says why, for the run header.
@@ -160,10 +164,15 @@ def resolve_device(name: str = "auto") -> torch.device:
     return device
 
 
-def resolve_dtype(name: str, device: torch.device, inference_params: int | None = None) -> tuple[torch.dtype, str]:
+def resolve_dtype(
+    name: str, device: torch.device, inference_params: int | None = None, bf16_steps: bool = False
+) -> tuple[torch.dtype, str]:
     """The compute precision for `name` on `device`, and the reason (see the module notes).
     `inference_params`: the model's parameter count when it only runs forward (sampling, serving,
-    evaluation), where `auto` on a CPU with native bf16 depends on the model's size."""
+    evaluation), where `auto` on a CPU with native bf16 depends on the model's size.
+    `bf16_steps`: the caller decodes one token at a time through our C kernels' whole step
+    (gpt.model.rowkernels), which reads bf16 weights without native bf16 too: from that size, `auto`
+    picks bf16 on any CPU."""
     if name != "auto" and name not in DTYPES:
         raise DeviceError(f"--dtype {name!r} is not one of auto, {', '.join(DTYPES)}")
     if name == "float16" and device.type != "cuda":
@@ -189,9 +198,12 @@ def resolve_dtype(name: str, device: torch.device, inference_params: int | None 
             if cpu_bf16_override() is None
             else f"{BF16_OVERRIDE}={int(native_bf16)}: as a CPU that {has} native bf16"
         )
-        if native_bf16 and inference_params is not None and inference_params < INFERENCE_BF16_MIN_PARAMS:
-            below = f"{INFERENCE_BF16_MIN_PARAMS / 1e6:g}M parameters"
+        below = f"{INFERENCE_BF16_MIN_PARAMS / 1e6:g}M parameters"
+        small = inference_params is not None and inference_params < INFERENCE_BF16_MIN_PARAMS
+        if native_bf16 and small:
             return torch.float32, f"{why}, but decodes faster in float32 below {below}"
+        if not native_bf16 and bf16_steps and inference_params is not None and not small:
+            return torch.bfloat16, f"{why}, but our C decoding kernels read bf16 weights faster from {below}"
         return (torch.bfloat16 if native_bf16 else torch.float32), why
     return torch.float32, f"{device.type} default"
 

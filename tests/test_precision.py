@@ -12,8 +12,9 @@ from test_sample_seq2seq import save_seq2seq
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpt import GPT, GPTConfig, runtime
+from gpt.checkpoints import loader
 from gpt.cli import evaluate, sample
-from gpt.model.rowkernels import KINDS, BlockStep, RowLinear, StackStep
+from gpt.model.rowkernels import KINDS, MANY_ROWS, BlockStep, RowLinear, StackStep, library
 from gpt.runtime import INFERENCE_BF16_MIN_PARAMS, DeviceError, resolve_dtype
 from gpt.train.start import resolve_run
 from gpt.train.trainer import train
@@ -61,13 +62,17 @@ class Products(TorchDispatchMode):
 
     def __enter__(self):
         """Also our C kernels' products (gpt/model/rowkernels.py), which no dispatcher sees: by the dtype of the
-        weights each streams (the rows are turned into it); a step in C (a block's BlockStep, the whole model's
+        weights each streams (the rows are turned into it; up to MANY_ROWS rows, past which RowLinear calls
+        PyTorch's product); a step in C (a block's BlockStep, the whole model's
         StackStep) as each block's four products and an attention over its cache, in the cache's dtype."""
         forward, block, stack = RowLinear.forward, BlockStep.__call__, StackStep.__call__
         weights = {v: k for k, v in KINDS.items()}
 
         def recorded(layer, x):
-            self.seen["linear"][layer.weight_blocks.dtype] += 1
+            if (
+                x.numel() <= MANY_ROWS * layer.in_features
+            ):  # more rows: PyTorch's product, which __torch_dispatch__ sees
+                self.seen["linear"][layer.weight_blocks.dtype] += 1
             return forward(layer, x)
 
         def stepped(call):
@@ -239,9 +244,41 @@ def test_sample_py(override, lm_dir, capsys):
 
 
 def test_sample_py_bf16(any_size, override, lm_dir, capsys):
+    """Above the size, bf16 where the CPU has it, and also where it has not but our C kernels take the whole
+    decode step (they widen bf16 weights in registers); float32 there with --compile or without the kernels."""
     products = decode(["--ckpt", str(lm_dir), "--prompt", "a", "--max-new-tokens", "2"])
-    assert said(BF16[override], override) + ")" in capsys.readouterr().err
-    computed_in(products, BF16[override])
+    err = capsys.readouterr().err
+    if override == "1" or library() is None:
+        assert said(BF16[override], override) + ")" in err, err
+        computed_in(products, BF16[override])
+    else:
+        assert said(torch.bfloat16, "0") + ", but our C decoding kernels read bf16 weights faster from 0M" in err
+        computed_in(products, torch.bfloat16)
+        assert products.seen["linear"][torch.bfloat16] and not products.seen["linear"][torch.float32]
+
+
+def test_sample_py_without_native_bf16_where_our_kernels_take_no_step(any_size, lm_dir, monkeypatch, capsys):
+    monkeypatch.setenv("GPT_CPU_BF16", "0")
+    monkeypatch.setattr(loader, "whole_step", lambda model: False)  # as where our kernels do not build
+    computed_in(decode(["--ckpt", str(lm_dir), "--prompt", "a", "--max-new-tokens", "2"]), torch.float32)
+    assert said(torch.float32, "0") + ")" in capsys.readouterr().err
+
+
+def test_bf16_over_many_rows_without_native_bf16_is_computed_in_float32(monkeypatch):
+    """A prompt longer than MANY_ROWS goes through PyTorch's product: without native bf16 that would be its
+    emulated bf16 GEMM, so a bf16 RowLinear computes it in float32 and rounds; with native bf16, in bf16."""
+    if library() is None:
+        pytest.skip("our C kernels do not build here")
+    linear = torch.nn.Linear(64, 96).to(torch.bfloat16)
+    row = RowLinear(linear)
+    x = torch.randn(MANY_ROWS + 3, 64).to(torch.bfloat16)
+    for flag, dtype in (("0", torch.float32), ("1", torch.bfloat16)):
+        monkeypatch.setenv("GPT_CPU_BF16", flag)
+        with Products() as products, torch.inference_mode():
+            y = row(x)
+        assert products.linear == {dtype} and y.dtype == torch.bfloat16
+        want = torch.nn.functional.linear(x.float(), linear.weight.float(), linear.bias.float())
+        torch.testing.assert_close(y.float(), want, rtol=1e-2, atol=1e-2)
 
 
 def test_evaluate(any_size, override, tmp_path, capsys):

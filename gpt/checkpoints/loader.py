@@ -211,8 +211,9 @@ def load_for_inference(
     model, meta = load_model(path, device=rt.device)
     tokenizer = get_tokenizer(meta["tokenizer"])
     n_params = model.num_params()
-    if dtype == "auto":  # inference's rule, which depends on the model's size
-        rt.dtype, rt.reason = resolve_dtype(dtype, rt.device, inference_params=n_params)
+    if dtype == "auto":  # inference's rule, which depends on the model's size (and, decoding, on our kernels)
+        steps = single_stream and quantize == "none" and rt.device.type == "cpu" and not compile_step
+        rt.dtype, rt.reason = resolve_dtype(dtype, rt.device, n_params, bf16_steps=steps and whole_step(model))
     if single_stream and rt.device.type == "cpu" and not threads:
         torch.set_num_threads(decode_threads(n_params))
     warning = qat.mismatch(meta.get("qat"), quantize, group_size)

@@ -63,7 +63,7 @@ import torch.nn.functional as F
 from gpt.model import grids
 from gpt.model.block import ReLU2
 from gpt.model.quantize import Int8Linear, int8_product
-from gpt.runtime import on_huge_pages
+from gpt.runtime import cpu_has_native_bf16, on_huge_pages
 
 SOURCE = Path(__file__).with_name("rowkernels.c")
 BLOCK = 64  # output features a block (the C file's)
@@ -234,10 +234,14 @@ class RowLinear(nn.Module):
 
     def _library(self, rows: torch.Tensor) -> torch.Tensor:
         """Many rows (a prompt, an evaluation): PyTorch's product on the weight unblocked for the call (a copy,
-        cheap beside the product), which uses the CPU's matrix units and cache blocking."""
+        cheap beside the product), which uses the CPU's matrix units and cache blocking; bf16 on a CPU without
+        native bf16 in float32 (then rounded to bf16 as oneDNN's product rounds its float32 sums)."""
         w = self.weight_blocks.permute(0, 2, 1, 3).reshape(-1, self.in_features)[: self.out_features]
         if self.kind == KINDS[torch.int8]:
             return int8_product(rows, w, self.weight_scale, self.bias)
+        if self.kind == KINDS[torch.bfloat16] and not cpu_has_native_bf16():  # PyTorch's bf16 GEMM is emulated
+            bias = None if self.bias is None else self.bias.float()
+            return F.linear(rows.float(), w.float(), bias).to(torch.bfloat16)
         return F.linear(rows, w, self.bias)
 
     def extra_repr(self) -> str:
