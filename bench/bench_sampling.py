@@ -174,10 +174,14 @@ def run_ours(model, tok, prompt, new_tokens):
 
 
 def run_dtypes(model, tok, prompt, repeats: int) -> dict:
-    """`run_ours` in float32 and in bf16 weights, alternated (which goes first alternates too), medians."""
+    """`run_ours` in float32 and in bf16 weights, each laid out as load_for_inference lays it out on the CPU
+    (gpt.model.packed.pack: our C kernels where they build), alternated (which goes first alternates too),
+    medians."""
     import statistics
 
-    models = {"float32": model, "bfloat16": copy.deepcopy(model).to(torch.bfloat16)}
+    from gpt.model.packed import pack
+
+    models = {"float32": pack(copy.deepcopy(model)), "bfloat16": pack(copy.deepcopy(model).to(torch.bfloat16))}
     speed = {name: [] for name in models}
     for i in range(repeats):
         for name in ("float32", "bfloat16") if i % 2 == 0 else ("bfloat16", "float32"):
@@ -188,6 +192,8 @@ def run_dtypes(model, tok, prompt, repeats: int) -> dict:
         "tokens_per_s_float32": statistics.median(speed["float32"]),
         "tokens_per_s_bfloat16": statistics.median(speed["bfloat16"]),
         "bf16_vs_float32": statistics.median(ratios),
+        "bf16_vs_float32_min": min(ratios),
+        "bf16_vs_float32_max": max(ratios),
         "repeats": repeats,
         **{f"all_{name}": [round(x, 1) for x in values] for name, values in speed.items()},
     }
@@ -396,6 +402,8 @@ def run_val_loss(name: str, windows: int) -> dict:
 
 
 def child(args) -> None:
+    if args.as_avx2:
+        harness.as_avx2()  # (the variables came from the parent: PyTorch's oneDNN bf16 products off)
     if args.threads:
         torch.set_num_threads(args.threads)
     job = json.loads(args.child)
@@ -613,10 +621,16 @@ def main() -> None:
     p.add_argument("--layout-tokens", type=int, default=256, help="new tokens of each layout run (default: 256)")
     p.add_argument("--val-windows", type=int, default=64, help="block_size windows of the val split for val-loss")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "sampling"), help="results path, without suffix")
+    p.add_argument(
+        "--as-avx2",
+        action="store_true",
+        help="as a CPU without AVX-512 or native bf16 runs it, approximated on this one (harness.AS_AVX2)",
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         return child(args)
+    as_avx2 = harness.as_avx2() if args.as_avx2 else None
 
     from gpt.checkpoints.hf import export_hf
     from gpt.runtime import cpu_has_native_bf16, cpu_name
@@ -657,6 +671,7 @@ def main() -> None:
                     str(args.repeats),
                     "--layout-tokens",
                     str(args.layout_tokens),
+                    *(["--as-avx2"] if as_avx2 else []),
                 ]
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
                 result = json.loads(out.strip().splitlines()[-1])
@@ -714,6 +729,10 @@ def main() -> None:
         threads=args.threads,
         load_avg_before=load_before,
         load_avg_after=os.getloadavg(),
+        cpu_family_model=harness.cpu_family_model(),
+        commit=harness.commit(),
+        date=time.strftime("%Y-%m-%d"),
+        **({"as_avx2": as_avx2} if as_avx2 else {}),
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -747,12 +766,17 @@ def main() -> None:
             f"{args.repeats} interleaved pairs in one process, medians; load average {load_before[0]:.1f} before, "
             f"{env['load_avg_after'][0]:.1f} after: other jobs may share the CPU, the ratios are the figures to read):",
             "",
-            "| model | parameters | float32 tokens/s | bf16 tokens/s | bf16 / float32 |",
+            "| model | parameters | float32 tokens/s | bf16 tokens/s | bf16 / float32 (min-max) |",
             "|---|---|---|---|---|",
         ]
         md += [
             f"| {r['model']} | {r['n_params'] / 1e6:.1f}M | {r['tokens_per_s_float32']:.0f} | "
-            f"{r['tokens_per_s_bfloat16']:.0f} | {r['bf16_vs_float32']:.2f} |"
+            f"{r['tokens_per_s_bfloat16']:.0f} | {r['bf16_vs_float32']:.2f} "
+            + (
+                f"({r['bf16_vs_float32_min']:.2f}-{r['bf16_vs_float32_max']:.2f}) |"
+                if "bf16_vs_float32_min" in r
+                else "|"
+            )
             for r in dtypes
         ]
     layouts = [r for r in results if r["run"] == "layout"]
