@@ -51,10 +51,11 @@ def reference(base: nn.Module, x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("march", BUILDS)
 @pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_a_few_rows_give_the_layers_numbers_whatever_rows_come_beside(march, kind, bias):
-    base = layer(kind, bias)
+@pytest.mark.parametrize("n_in", [64, 200])  # 200: AVX2's bf16 rows widen 64 inputs at a time, and the rest
+def test_a_few_rows_give_the_layers_numbers_whatever_rows_come_beside(march, kind, bias, n_in):
+    base = layer(kind, bias, n_in=n_in)
     ours = RowLinear(base, march)
-    x = torch.randn(rowkernels.MANY_ROWS, 64)
+    x = torch.randn(rowkernels.MANY_ROWS, n_in)
     x[3] = 0  # an all-zero row quantises to zeros, not NaN
     if kind == "bfloat16":
         x = x.bfloat16()
@@ -68,7 +69,7 @@ def test_a_few_rows_give_the_layers_numbers_whatever_rows_come_beside(march, kin
             torch.testing.assert_close(got.float(), reference(base, x), atol=tol, rtol=tol)
         for m in (1, 3, 4, 5, 7):  # one row, fewer than a group of rows, a group and a remainder
             assert torch.equal(ours(x[:m]), got[:m])  # the same numbers whatever rows come beside
-        assert torch.equal(ours(x[7:9].view(2, 1, 64)), got[7:9].view(2, 1, 100))  # (B, T, C) in, (B, T, out)
+        assert torch.equal(ours(x[7:9].view(2, 1, n_in)), got[7:9].view(2, 1, 100))  # (B, T, C) in, (B, T, out)
         assert ours(x[:0]).shape == (0, 100)
 
 

@@ -147,24 +147,62 @@ static inline __attribute__((always_inline)) void bf16_block(const uint16_t *x, 
     for (int r = 0; r < R; r++) memcpy(sums + r * 64, acc[r], sizeof acc[r]);
 }
 
+/* Several rows where the build keeps one row's sums a pass (AVX2): each row's pass would widen the block's bf16
+   weights again, three times float32's work a weight, so the block is widened once, CHUNK inputs at a time into
+   a float32 copy that stays in L1, and every row's sums run over that (in the same order: the same numbers). */
+#define CHUNK 64
+static void bf16_block_rows(const uint16_t *x, long m, long in, const uint16_t *w, float *sums) {
+    float wf[CHUNK * 64] __attribute__((aligned(64)));
+    for (long i0 = 0; i0 < in; i0 += CHUNK) {
+        long n = min_l(CHUNK, in - i0);
+        for (long k = 0; k < n * 64; k += VL) { /* bf16 is float32's upper half */
+            vi bits = __builtin_convertvector(*(const vh *)(w + i0 * 64 + k), vi) << 16;
+            memcpy(wf + k, &bits, sizeof bits);
+        }
+        for (long r = 0; r < m; r++) {
+            vf acc[NV], *s = (vf *)(sums + r * 64); /* (element-wise: registers, not memcpy's stack copies) */
+#pragma GCC unroll 8
+            for (int q = 0; q < NV; q++) acc[q] = i0 ? s[q] : (vf){0};
+            for (long i = 0; i < n; i++) {
+                float xv = from_bf16(x[r * in + i0 + i]);
+#pragma GCC unroll 8
+                for (int q = 0; q < NV; q++) acc[q] += xv * *(const vf *)(wf + i * 64 + q * VL);
+            }
+#pragma GCC unroll 8
+            for (int q = 0; q < NV; q++) s[q] = acc[q];
+        }
+    }
+}
+
+/* The block's 64 sums for row r written to y as bf16, plus the bias, for the outputs that exist. */
+static inline void put_bf16(uint16_t *y, const float *sums, const uint16_t *bias, long o0, long out) {
+    long n = min_l(64, out - o0);
+    for (long c = 0; c < n; c++) y[o0 + c] = to_bf16(sums[c] + (bias ? from_bf16(bias[o0 + c]) : 0.0f));
+}
+
 void bf16_rows(const uint16_t *x, long m, long in, const uint16_t *w, const uint16_t *bias, uint16_t *y, long out,
                int threads) {
     long blocks = (out + 63) / 64;
+    float *widened = BF16_K == 1 && ROWS == 1 && m > 1 ? malloc(sizeof(float) * 64 * m * (size_t)blocks) : NULL;
 #pragma omp parallel for schedule(static) num_threads(threads) if (blocks * in * m >= PARALLEL_WORK)
     for (long b = 0; b < blocks; b++) {
+        const uint16_t *wb = w + b * in * 64;
+        if (widened) { /* (without the memory: row by row below) */
+            float *sums = widened + b * 64 * m;
+            bf16_block_rows(x, m, in, wb, sums);
+            for (long r = 0; r < m; r++) put_bf16(y + r * out, sums + r * 64, bias, b * 64, out);
+            continue;
+        }
         float sums[ROWS * 64];
         for (long r0 = 0; r0 < m; r0 += ROWS) {
             int R = (int)min_l(ROWS, m - r0);
-            const uint16_t *xr = x + r0 * in, *wb = w + b * in * 64;
+            const uint16_t *xr = x + r0 * in;
             if (R == ROWS) bf16_block(xr, in, wb, ROWS, sums);
             else for (int r = 0; r < R; r++) bf16_block(xr + r * in, in, wb, 1, sums + r * 64);
-            long n = min_l(64, out - b * 64);
-            for (int r = 0; r < R; r++)
-                for (long c = 0; c < n; c++)
-                    y[(r0 + r) * out + b * 64 + c] =
-                        to_bf16(sums[r * 64 + c] + (bias ? from_bf16(bias[b * 64 + c]) : 0.0f));
+            for (int r = 0; r < R; r++) put_bf16(y + (r0 + r) * out, sums + r * 64, bias, b * 64, out);
         }
     }
+    free(widened);
 }
 
 /* ---- int8: (blocks, in / INT8_K, 64, INT8_K); each row quantised to [-127, 127] by its largest magnitude ----
