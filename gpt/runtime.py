@@ -14,9 +14,9 @@ Precision policy (`dtype="auto"`)
   "Training"), so an explicit `--dtype bfloat16` there warns. Inference (bf16 weights, no
   autocast) only from INFERENCE_BF16_MIN_PARAMS parameters: smaller models decode faster in float32.
   Decoding one sequence through our C kernels' whole step (gpt.model.rowkernels: `bf16_steps`) picks bf16
-  from that size on any CPU: the step is bound by the weights' bytes, and the kernels widen bf16 to float32
-  in registers where the CPU has no bf16 arithmetic (AVX2); every larger product of such a model
-  (a prompt over rowkernels.MANY_ROWS tokens) runs in float32 there.
+  at any size on a CPU with native bf16, and from that size on one without: there the kernels widen bf16
+  weights to float32 in registers (AVX2), which pays once the step is bound by the weights' bytes, and a
+  prompt's products over rowkernels.MANY_ROWS rows run in float32 (bench/README.md, "bf16 against float32").
   $GPT_CPU_BF16=0|1 overrides the CPU check (tests and developers run the other CPU class's path).
 - Other devices (mps): float32.
 `Runtime.reason` says why, for the run header.
@@ -68,10 +68,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from gpt.errors import UserError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# Inference on a CPU with native bf16 (sampling, serving, evaluation): below this many parameters bf16
-# weights decode no faster than float32, and the smallest models slower (bf16 / float32 tokens/s by model
-# size: bench/README.md, "bf16 against float32"). A decode step of a small model is dispatch overhead,
-# which bf16's conversions add to; wide matmuls are where bf16 pays.
+# Inference on a CPU with native bf16 through PyTorch's kernels (serving, evaluation; sampling where our C
+# step does not run): below this many parameters bf16 weights decode no faster than float32, and the smallest
+# models slower (bf16 / float32 tokens/s by model size: bench/README.md, "bf16 against float32"). A decode step
+# of a small model is dispatch overhead, which bf16's conversions add to; wide matmuls are where bf16 pays.
+# Our C step pays it with native bf16 at any size; without, from this size (`resolve_dtype`'s bf16_steps).
 INFERENCE_BF16_MIN_PARAMS = 7_000_000
 
 
@@ -170,9 +171,9 @@ def resolve_dtype(
     """The compute precision for `name` on `device`, and the reason (see the module notes).
     `inference_params`: the model's parameter count when it only runs forward (sampling, serving,
     evaluation), where `auto` on a CPU with native bf16 depends on the model's size.
-    `bf16_steps`: the caller decodes one token at a time through our C kernels' whole step
-    (gpt.model.rowkernels), which reads bf16 weights without native bf16 too: from that size, `auto`
-    picks bf16 on any CPU."""
+    `bf16_steps`: the caller decodes one sequence through our C kernels' whole step (gpt.model.rowkernels):
+    with native bf16, `auto` picks bf16 at any size; without it (the kernels widen bf16 weights in
+    registers), from INFERENCE_BF16_MIN_PARAMS."""
     if name != "auto" and name not in DTYPES:
         raise DeviceError(f"--dtype {name!r} is not one of auto, {', '.join(DTYPES)}")
     if name == "float16" and device.type != "cuda":
@@ -200,7 +201,7 @@ def resolve_dtype(
         )
         below = f"{INFERENCE_BF16_MIN_PARAMS / 1e6:g}M parameters"
         small = inference_params is not None and inference_params < INFERENCE_BF16_MIN_PARAMS
-        if native_bf16 and small:
+        if native_bf16 and small and not bf16_steps:
             return torch.float32, f"{why}, but decodes faster in float32 below {below}"
         if not native_bf16 and bf16_steps and inference_params is not None and not small:
             return torch.bfloat16, f"{why}, but our C decoding kernels read bf16 weights faster from {below}"

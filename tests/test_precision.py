@@ -157,7 +157,8 @@ def params(name: str) -> int:
     "name,dtype", [("char-cpu", torch.float32), ("char-gpu", torch.bfloat16), ("bpe-6x384", torch.bfloat16)]
 )
 def test_inference_on_a_cpu_with_native_bf16_picks_by_model_size(monkeypatch, name, dtype):
-    """bench/results/sampling-dtype.md: bf16 decodes the 4x4x128 model slower than float32, the 6x6x384 ones faster."""
+    """PyTorch's kernels (bench/results/sampling-dtype-2026-11-24.md): bf16 decodes the 4x4x128 model slower than
+    float32, the 6x6x384 ones faster."""
     monkeypatch.setenv("GPT_CPU_BF16", "1")
     picked, reason = resolve_dtype("auto", CPU, inference_params=params(name))
     assert picked == dtype
@@ -167,8 +168,11 @@ def test_inference_on_a_cpu_with_native_bf16_picks_by_model_size(monkeypatch, na
             f"{INFERENCE_BF16_MIN_PARAMS / 1e6:g}M parameters"
         )
     assert resolve_dtype("bfloat16", CPU, inference_params=1)[0] == torch.bfloat16  # asked for: never overruled
+    assert resolve_dtype("auto", CPU, params(name), bf16_steps=True)[0] == torch.bfloat16  # our C step: any size
     monkeypatch.setenv("GPT_CPU_BF16", "0")
     assert resolve_dtype("auto", CPU, inference_params=params(name))[0] == torch.float32
+    # our C step without native bf16: from the size (it widens bf16 weights in registers)
+    assert resolve_dtype("auto", CPU, params(name), bf16_steps=True)[0] == dtype
 
 
 def test_training_on_a_cpu_with_native_bf16_picks_bf16_at_any_size(monkeypatch):
@@ -234,13 +238,26 @@ def decode(argv: list[str]) -> Products:
 
 
 def test_sample_py(override, lm_dir, capsys):
+    """A tiny model: with native bf16 our C step decodes bf16 at any size (bench/README.md, "bf16 against
+    float32"); PyTorch's kernels (where ours do not build) keep float32 below the size, and say why."""
     products = decode(["--ckpt", str(lm_dir), "--prompt", "a", "--max-new-tokens", "2"])
     err = capsys.readouterr().err
-    if override == "1":  # a tiny model: float32, and why
+    if override == "1" and library() is not None:
+        assert said(torch.bfloat16, "1") + ")" in err, err
+        computed_in(products, torch.bfloat16)
+        return
+    if override == "1":
         assert said(torch.float32, "1") + ", but decodes faster in float32 below" in err, err
     else:
         assert said(torch.float32, "0") + ")" in err, err
     computed_in(products, torch.float32)
+
+
+def test_sample_py_with_native_bf16_where_our_kernels_take_no_step(lm_dir, monkeypatch, capsys):
+    monkeypatch.setenv("GPT_CPU_BF16", "1")
+    monkeypatch.setattr(loader, "whole_step", lambda model: False)  # as where our kernels do not build
+    computed_in(decode(["--ckpt", str(lm_dir), "--prompt", "a", "--max-new-tokens", "2"]), torch.float32)
+    assert said(torch.float32, "1") + ", but decodes faster in float32 below" in capsys.readouterr().err
 
 
 def test_sample_py_bf16(any_size, override, lm_dir, capsys):
