@@ -4,7 +4,7 @@ transformers' GPT2LMHeadModel.generate on the same (exported) weights.
     python bench/bench_sampling.py                       # ~5 minutes; writes bench/results/sampling.{json,md}
     python bench/bench_sampling.py --threads 0 --budget 10     # torch's default thread count
     python bench/bench_sampling.py --runs cached,int8,val-loss --out bench/results/sampling-int8   # int8 only
-    python bench/bench_sampling.py --runs dtype --out bench/results/sampling-dtype   # bf16 against float32
+    python bench/bench_sampling.py --runs dtype --models char-cpu,char-gpu,bpe-6x384 --out bench/results/sampling-dtype
 
 Models (random weights: speed does not depend on them; end-of-text never stops a run, so every run
 generates exactly the tokens asked for):
