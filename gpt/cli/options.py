@@ -132,8 +132,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype",
         default="auto",
-        help="auto (bfloat16 on a capable GPU or a CPU with native bf16, else "
-        "float32), float32, bfloat16, float16 (CUDA only) (default: auto)",
+        help="auto (bfloat16 on a capable GPU; on a CPU by its bf16 support, the model's size and whether our C "
+        "kernels decode it: docs/training.md, Precision), float32, bfloat16, float16 (CUDA only) (default: auto)",
     )
     p.add_argument(
         "--threads",
