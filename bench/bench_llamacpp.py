@@ -43,8 +43,9 @@ MKL, oneDNN and our kernels on their AVX2 code, our precision policy as for such
 as for any AVX2 CPU (`llamacpp_native.py --avx2`): the code paths such a CPU runs, on this machine's memory and
 clock.
 
-Writes bench/results/llamacpp.{json,md} (or --out; with --as-avx2, llamacpp-avx2). The goal (issue 43), GPT-2 124M, 2 threads, against
-llama-bench: ours / llama.cpp >= 1.0 with --compile at each precision, >= 0.8 eager.
+Writes bench/results/llamacpp.{json,md} (or --out; with --as-avx2, llamacpp-avx2). The goal (issue 43),
+GPT-2 124M, 2 threads, against llama-bench: ours / llama.cpp >= 1.0 with --compile at each precision, >= 0.8
+eager.
 """
 
 from __future__ import annotations

@@ -69,9 +69,8 @@ class Products(TorchDispatchMode):
         weights = {v: k for k, v in KINDS.items()}
 
         def recorded(layer, x):
-            if (
-                x.numel() <= MANY_ROWS * layer.in_features
-            ):  # more rows: PyTorch's product, which __torch_dispatch__ sees
+            # (more rows: PyTorch's product, which __torch_dispatch__ sees)
+            if x.numel() <= MANY_ROWS * layer.in_features:
                 self.seen["linear"][layer.weight_blocks.dtype] += 1
             return forward(layer, x)
 
@@ -262,7 +261,7 @@ def test_sample_py_with_native_bf16_where_our_kernels_take_no_step(lm_dir, monke
 
 def test_sample_py_bf16(any_size, override, lm_dir, capsys):
     """Above the size, bf16 where the CPU has it, and also where it has not but our C kernels take the whole
-    decode step (they widen bf16 weights in registers); float32 there with --compile or without the kernels."""
+    decode step (they widen bf16 weights in registers); float32 there without the kernels (the next test)."""
     products = decode(["--ckpt", str(lm_dir), "--prompt", "a", "--max-new-tokens", "2"])
     err = capsys.readouterr().err
     if override == "1" or library() is None:
